@@ -1,0 +1,32 @@
+# kvroute: the two commands that matter are `make demo` and `make test`.
+GO ?= go
+ENVOY_COMPAT ?=
+
+.PHONY: all wasm wasm-tinygo test demo bench fuzz oci vet clean
+
+all: wasm
+
+# dist/kvroute.wasm: official Go toolchain, wasip1, c-shared, ABI bridge overlay.
+wasm:
+	$(GO) run ./internal/wasmbuild -out dist/kvroute.wasm $(if $(ENVOY_COMPAT),-envoy-compat $(ENVOY_COMPAT),)
+
+# Every test, including the Wasm integration tests (which need dist/kvroute.wasm)
+# and the fuzz seed corpora.
+test: wasm
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 20m ./...
+
+demo: wasm
+	$(GO) run ./cmd/kvroute demo
+
+bench: wasm
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+fuzz:
+	@echo "fuzz targets are added by their packages"
+
+oci: wasm
+	$(GO) run ./cmd/kvroute oci build --wasm dist/kvroute.wasm --out dist/kvroute-oci.tar
+
+clean:
+	rm -rf dist .wasmbuild

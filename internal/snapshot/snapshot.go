@@ -1,0 +1,57 @@
+// Package snapshot defines the cluster state that `kvroute metrics` pushes to
+// every gateway's state endpoint (POST /.kvroute/v1/state by default).
+//
+// It is the one wire contract between the cluster-metrics service and the
+// router filter, so it lives in its own package with no dependencies: the
+// service marshals it with encoding/json, the filter (inside Wasm) decodes it.
+// Field names are camelCase like the plugin configuration. Add fields; never
+// rename or repurpose one, since gateways and the service roll out separately.
+package snapshot
+
+// Version is the snapshot format version carried in State.Version.
+const Version = 1
+
+// State is one full picture of the fleet. A push replaces the previous
+// picture: hosts absent from Hosts are no longer candidates.
+type State struct {
+	Version int `json:"version"`
+	// TimestampMs is when the service assembled the snapshot (Unix ms).
+	// The gateway compares it with its own clock to decide staleness.
+	TimestampMs int64 `json:"timestampMs"`
+	// Source names the pushing service instance, for logs.
+	Source string `json:"source,omitempty"`
+	Hosts  []Host `json:"hosts"`
+}
+
+// Host is one engine replica as last scraped.
+type Host struct {
+	// Address is host:port as Envoy's override_host policy sees it.
+	Address string `json:"address"`
+	// Role is "prefill", "decode" or "both" (the default when empty).
+	Role string `json:"role,omitempty"`
+	// Model is the served base model name.
+	Model string `json:"model,omitempty"`
+	// Adapters lists LoRA adapters currently loaded (vllm:lora_requests_info).
+	Adapters []string `json:"adapters,omitempty"`
+	// Healthy is false when the engine stopped answering scrapes.
+	Healthy bool `json:"healthy"`
+	// Waiting and Running are the engine's queue: vllm:num_requests_waiting,
+	// vllm:num_requests_running (sglang:num_queue_reqs, sglang:num_running_reqs).
+	Waiting int `json:"waiting"`
+	Running int `json:"running"`
+	// KVUsage is the fraction of KV blocks in use, 0..1
+	// (vllm:kv_cache_usage_perc, sglang:token_usage).
+	KVUsage float64 `json:"kvUsage"`
+	// BlockSize (tokens per KV block) and NumGPUBlocks come from
+	// vllm:cache_config_info; their product is the engine's KV capacity in tokens.
+	BlockSize    int `json:"blockSize,omitempty"`
+	NumGPUBlocks int `json:"numGpuBlocks,omitempty"`
+	// CachedBlocks is the number of blocks the engine reported stored and not
+	// removed through KV events (0 when KV events are not subscribed).
+	CachedBlocks int `json:"cachedBlocks,omitempty"`
+	// ClearedAtMs is the last time (Unix ms) the engine reported
+	// AllBlocksCleared; the gateway forgets that host's blocks recorded before it.
+	ClearedAtMs int64 `json:"clearedAtMs,omitempty"`
+	// ScrapedAtMs is when this host was last scraped successfully (Unix ms).
+	ScrapedAtMs int64 `json:"scrapedAtMs,omitempty"`
+}
