@@ -1,0 +1,134 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvroute/kvroute/internal/metricsvc/internal/ratelog"
+)
+
+// Subscriber follows one engine's KV event publisher and applies what it
+// receives to Tracker. It owns its reconnection: zmq4's own automatic
+// reconnect dials synchronously from inside the socket, so instead a dead
+// connection closes the socket and Run dials a fresh one after a backoff.
+type Subscriber struct {
+	// Endpoint is the engine's PUB address, e.g. tcp://10.0.0.7:5557.
+	Endpoint string
+	// Topic filters messages by prefix; empty takes all (vLLM's default
+	// topic is empty).
+	Topic   string
+	Tracker *Tracker
+	Log     *slog.Logger
+	// OnChange, when set, is called after each applied batch (the service
+	// uses it to assemble and push a new snapshot).
+	OnChange func()
+	// DialTimeout bounds one connection attempt (default 2 s).
+	DialTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the wait between attempts
+	// (defaults 100 ms and 5 s).
+	MinBackoff, MaxBackoff time.Duration
+
+	connected atomic.Bool
+	limiter   ratelog.Limiter
+}
+
+// Connected reports whether a connection to the publisher is up.
+func (s *Subscriber) Connected() bool { return s.connected.Load() }
+
+// Run subscribes until ctx is done.
+func (s *Subscriber) Run(ctx context.Context) {
+	log := s.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("kv_events", s.Endpoint)
+	minB, maxB := s.MinBackoff, s.MaxBackoff
+	if minB <= 0 {
+		minB = 100 * time.Millisecond
+	}
+	if maxB <= 0 {
+		maxB = 5 * time.Second
+	}
+	backoff := minB
+	for ctx.Err() == nil {
+		received, err := s.session(ctx, log)
+		s.connected.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if received {
+			backoff = minB
+		}
+		s.limiter.Log(log, slog.LevelWarn, "session", "KV event subscription interrupted; reconnecting",
+			"err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, maxB)
+	}
+}
+
+// session dials, subscribes and receives until the connection fails.
+// received says whether any message arrived (to reset the backoff).
+func (s *Subscriber) session(ctx context.Context, log *slog.Logger) (received bool, err error) {
+	dt := s.DialTimeout
+	if dt <= 0 {
+		dt = 2 * time.Second
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sock := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dt))
+	defer sock.Close()
+	if err := sock.Dial(s.Endpoint); err != nil {
+		return false, fmt.Errorf("dial %s: %w (check the engine's --kv-events-config endpoint and port)", s.Endpoint, err)
+	}
+	if err := sock.SetOption(zmq4.OptionSubscribe, s.Topic); err != nil {
+		return false, fmt.Errorf("subscribe: %w", err)
+	}
+	s.connected.Store(true)
+	log.Info("KV event subscription up")
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			return received, err
+		}
+		received = true
+		s.handle(msg.Frames, log)
+	}
+}
+
+func (s *Subscriber) handle(frames [][]byte, log *slog.Logger) {
+	now := time.Now()
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		s.Tracker.DecodeFailed(0, false)
+		s.limiter.Log(log, slog.LevelWarn, "frames", "KV event message is not [topic, 8-byte seq, payload]; dropped",
+			"frames", len(frames))
+		return
+	}
+	seq := binary.BigEndian.Uint64(frames[1])
+	batch, err := Decode(frames[2])
+	if err != nil {
+		s.Tracker.DecodeFailed(seq, true)
+		s.limiter.Log(log, slog.LevelWarn, "decode", "KV event batch dropped", "seq", seq, "err", err)
+		return
+	}
+	res := s.Tracker.Apply(seq, batch, now)
+	switch {
+	case res.Missed > 0:
+		log.Warn("KV event sequence gap: batches lost, cached block counts may drift until the next clear",
+			"seq", seq, "missed", res.Missed)
+	case res.Restarted:
+		log.Info("KV event sequence restarted: engine restarted, its blocks are cleared", "seq", seq)
+	}
+	if s.OnChange != nil {
+		s.OnChange()
+	}
+}
