@@ -1,0 +1,45 @@
+package oci
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+// PushOptions tune Push.
+type PushOptions struct {
+	// Insecure allows plain HTTP and unverified TLS (a local registry).
+	Insecure bool
+	// Keychain resolves credentials; nil means the Docker config
+	// (~/.docker/config.json and credential helpers), as docker push uses.
+	Keychain authn.Keychain
+}
+
+// Push uploads img to ref (registry/repository:tag or @digest) and returns
+// the reference by digest, which is what manifests should pin.
+func Push(ctx context.Context, ref string, img v1.Image, opts PushOptions) (name.Digest, error) {
+	var nameOpts []name.Option
+	if opts.Insecure {
+		nameOpts = append(nameOpts, name.Insecure)
+	}
+	r, err := name.ParseReference(ref, nameOpts...)
+	if err != nil {
+		return name.Digest{}, fmt.Errorf("oci: %q is not an image reference (want registry/repository:tag): %w", ref, err)
+	}
+	kc := opts.Keychain
+	if kc == nil {
+		kc = authn.DefaultKeychain
+	}
+	if err := remote.Write(r, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc)); err != nil {
+		return name.Digest{}, fmt.Errorf("oci: push %s: %w", r, err)
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return name.Digest{}, err
+	}
+	return r.Context().Digest(d.String()), nil
+}
