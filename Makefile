@@ -10,6 +10,12 @@ all: wasm
 wasm:
 	$(GO) run ./internal/wasmbuild -out dist/kvroute.wasm $(if $(ENVOY_COMPAT),-envoy-compat $(ENVOY_COMPAT),)
 
+# dist/kvroute-tinygo.wasm for users with TinyGo >= 0.32 (the SDK's own //export
+# path; no bridge). Not tested here: TinyGo cannot be installed on our machines.
+wasm-tinygo:
+	@command -v tinygo >/dev/null || { echo "wasm-tinygo: needs TinyGo >= 0.32 on PATH (untested in kvroute CI; use 'make wasm' otherwise)"; exit 1; }
+	mkdir -p dist && tinygo build -o dist/kvroute-tinygo.wasm -scheduler=none -target=wasip1 -ldflags="-X main.buildVariant=tinygo" ./filter/module
+
 # Every test, including the Wasm integration tests (which need dist/kvroute.wasm)
 # and the fuzz seed corpora.
 test: wasm
