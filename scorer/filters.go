@@ -1,0 +1,225 @@
+package scorer
+
+import "slices"
+
+func init() {
+	Register("healthy", KindFilter,
+		"drops hosts whose circuit breaker is open, that stopped answering scrapes, or (dropStale) whose pushed state is stale; keeps everyone if nobody is left (failOpen)",
+		func(p *Params) Plugin {
+			return &healthyFilter{dropStale: p.Bool("dropStale", true), failOpen: p.Bool("failOpen", true)}
+		})
+	Register("role", KindFilter,
+		"keeps hosts that serve the role being picked (auto: decode or prefill in a disaggregated handler, any otherwise)",
+		func(p *Params) Plugin {
+			r := p.Enum("role", "auto", "auto", "prefill", "decode", "both")
+			f := &roleFilter{auto: r == "auto"}
+			if !f.auto {
+				f.role, _ = ParseRole(r)
+			}
+			return f
+		})
+	Register("model", KindFilter,
+		"keeps hosts serving the request's model (hosts that declare no model serve any); requireAdapter also requires the LoRA adapter loaded or loadable",
+		func(p *Params) Plugin {
+			return &modelFilter{requireAdapter: p.Bool("requireAdapter", false)}
+		})
+	Register("saturation", KindFilter,
+		"drops hosts over the waiting-queue or KV-utilization threshold while others remain",
+		func(p *Params) Plugin {
+			return &saturationFilter{
+				maxWaiting: p.Int("maxWaiting", 128, 1, 1<<30),
+				maxKVUsage: p.Float("maxKVUsage", 0.95, 0, 1),
+			}
+		})
+	Register("load_guard", KindFilter,
+		"the imbalance guard: drops hosts whose outstanding token work exceeds the least-loaded host's by more than absoluteTokens AND by more than relative times, while others remain",
+		func(p *Params) Plugin {
+			return &loadGuard{
+				absTokens:    float64(p.Int("absoluteTokens", 32768, 0, 1<<40)),
+				rel:          p.Float("relative", 1.5, 1, 1000),
+				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
+				queuedTokens: float64(p.Int("waitingTokens", 0, 0, 1<<30)),
+			}
+		})
+}
+
+// keep filters cand in place by pred.
+func keep(cand []int, pred func(h int) bool) []int {
+	out := cand[:0]
+	for _, h := range cand {
+		if pred(h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+type healthyFilter struct{ dropStale, failOpen bool }
+
+func (*healthyFilter) Type() string { return "healthy" }
+
+func (f *healthyFilter) ok(h *Host) bool {
+	return !h.BreakerOpen && !h.Unhealthy && !(f.dropStale && h.Stale)
+}
+
+func (f *healthyFilter) Filter(c *Cycle, cand []int) []int {
+	n := 0
+	for _, h := range cand {
+		if f.ok(&c.Hosts[h]) {
+			n++
+		}
+	}
+	if n == len(cand) {
+		return cand
+	}
+	if n == 0 && f.failOpen {
+		// Nobody healthy: a stale or breaker-open host may still answer,
+		// and Envoy's retries follow the fallbacks. Refusing would turn a
+		// partial outage into a total one.
+		c.Note("no healthy host: failing open")
+		return cand
+	}
+	return keep(cand, func(h int) bool { return f.ok(&c.Hosts[h]) })
+}
+
+type roleFilter struct {
+	auto bool
+	role Role
+}
+
+func (*roleFilter) Type() string { return "role" }
+
+func (f *roleFilter) Filter(c *Cycle, cand []int) []int {
+	want := f.role
+	if f.auto {
+		want = c.Role
+	}
+	if want == RoleBoth && f.auto {
+		return cand
+	}
+	return keep(cand, func(h int) bool {
+		r := c.Hosts[h].Role
+		if want == RoleBoth {
+			return r == RoleBoth
+		}
+		return r.Serves(want)
+	})
+}
+
+type modelFilter struct{ requireAdapter bool }
+
+func (*modelFilter) Type() string { return "model" }
+
+func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
+	model, adapter := c.Req.Model, c.Req.Adapter
+	if model == "" && (adapter == "" || !f.requireAdapter) {
+		return cand
+	}
+	return keep(cand, func(i int) bool {
+		h := &c.Hosts[i]
+		if model != "" && h.Model != "" && h.Model != model {
+			return false
+		}
+		if f.requireAdapter && adapter != "" {
+			return adapterState(h, adapter) > 0
+		}
+		return true
+	})
+}
+
+// adapterState is 2 when the adapter is loaded, 1 when a slot is free to
+// load it (or capacity is unknown), 0 when the host is full.
+func adapterState(h *Host, adapter string) int {
+	if slices.Contains(h.Adapters, adapter) {
+		return 2
+	}
+	if h.MaxAdapters == 0 || len(h.Adapters) < h.MaxAdapters {
+		return 1
+	}
+	return 0
+}
+
+type saturationFilter struct {
+	maxWaiting int
+	maxKVUsage float64
+}
+
+func (*saturationFilter) Type() string { return "saturation" }
+
+func (f *saturationFilter) saturated(h *Host) bool {
+	if h.Stale {
+		return false // no trustworthy figures: do not judge
+	}
+	return h.Waiting >= f.maxWaiting || h.KVUsage >= f.maxKVUsage
+}
+
+func (f *saturationFilter) Filter(c *Cycle, cand []int) []int {
+	n := 0
+	for _, h := range cand {
+		if !f.saturated(&c.Hosts[h]) {
+			n++
+		}
+	}
+	if n == 0 || n == len(cand) {
+		return cand // all saturated: dropping everyone helps nobody
+	}
+	c.Note("saturated hosts skipped")
+	return keep(cand, func(h int) bool { return !f.saturated(&c.Hosts[h]) })
+}
+
+// loadGuard is kvroute's imbalance guard, in the spirit of SGLang's two
+// thresholds but measured in tokens, not requests: one 100k-token prompt is
+// not the same load as one 100-token prompt. A host is too loaded to chase
+// affinity on when its outstanding work exceeds the least-loaded
+// candidate's by more than absTokens and by more than rel times. The
+// absolute term keeps an idle fleet from ping-ponging over a few tokens;
+// the relative term scales with traffic.
+type loadGuard struct {
+	absTokens    float64
+	rel          float64
+	decodeWeight float64
+	queuedTokens float64 // tokens assumed per pushed waiting request
+}
+
+func (*loadGuard) Type() string { return "load_guard" }
+
+// tokenLoad is outstanding work in prompt-token equivalents.
+func tokenLoad(h *Host, decodeWeight, queuedTokens float64) float64 {
+	l := float64(h.PendingPrefillTokens) + decodeWeight*float64(h.PendingDecodeTokens)
+	if queuedTokens > 0 && !h.Stale {
+		l += queuedTokens * float64(h.Waiting)
+	}
+	return l
+}
+
+func (g *loadGuard) Filter(c *Cycle, cand []int) []int {
+	if len(cand) < 2 {
+		return cand
+	}
+	load := c.Floats()
+	minL := -1.0
+	for _, h := range cand {
+		l := tokenLoad(&c.Hosts[h], g.decodeWeight, g.queuedTokens)
+		load[h] = l
+		if minL < 0 || l < minL {
+			minL = l
+		}
+	}
+	bound := minL + g.absTokens
+	if r := minL * g.rel; r > bound {
+		bound = r
+	}
+	out := cand[:0]
+	dropped := false
+	for _, h := range cand {
+		if load[h] <= bound {
+			out = append(out, h)
+		} else {
+			dropped = true
+		}
+	}
+	if dropped {
+		c.Note("imbalance guard")
+	}
+	return out
+}

@@ -1,0 +1,198 @@
+package scorer
+
+import "math"
+
+// WeightedScorer is a scorer with its weight in a profile.
+type WeightedScorer struct {
+	Name   string // instance name, for explanations
+	Scorer Scorer
+	Weight float64
+}
+
+// Profile is one filters → weighted scorers → picker pipeline. It is
+// immutable after construction and safe for concurrent use; the per-decision
+// state lives in a Scratch.
+type Profile struct {
+	Name    string
+	Filters []Filter
+	// FilterNames are the instance names of Filters, for explanations.
+	FilterNames []string
+	Scorers     []WeightedScorer
+	Picker      Picker
+	PickerName  string
+	// AllowHotspot records that the operator accepted affinity scorers
+	// without a distribution or balance scorer.
+	AllowHotspot bool
+	// Index, when set, is how this profile expects prompts to be indexed.
+	Index *IndexHint
+}
+
+// Decision is the outcome of one profile run. Its slices belong to the
+// Scratch that produced it and are valid until that Scratch's next run.
+type Decision struct {
+	Profile string
+	// Order holds host positions: the primary first, then fallbacks in retry
+	// order. Empty when no candidate survived the filters: the caller then
+	// fails open (for example to Envoy's own load balancer).
+	Order []int
+	// Total is the weighted score per host position, normalised by the sum
+	// of weights (so in [0, 1]); meaningful for candidates that survived.
+	Total []float64
+	// Candidates and Survivors count hosts before and after the filters.
+	Candidates, Survivors int
+	// Note is the last reason a plugin gave ("imbalance guard", ...).
+	Note string
+
+	prof *Profile
+	raw  [][]float64
+}
+
+// Primary returns the chosen host position, or -1.
+func (d *Decision) Primary() int {
+	if len(d.Order) == 0 {
+		return -1
+	}
+	return d.Order[0]
+}
+
+// Run decides for req among hosts. maxPicks bounds the primary plus fallbacks
+// (at least 1). It never panics on inconsistent input: per-candidate request
+// slices shorter than hosts read as zero.
+func (p *Profile) Run(req *Request, hosts []Host, maxPicks int, s *Scratch) Decision {
+	return p.run(req, hosts, maxPicks, RoleBoth, s)
+}
+
+func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Scratch) Decision {
+	s.init()
+	n := len(hosts)
+	if maxPicks < 1 {
+		maxPicks = 1
+	}
+	c := &s.cycle
+	*c = Cycle{Req: req, Hosts: hosts, MaxPicks: maxPicks, Rand: s.rng, Role: role, s: s}
+
+	cand := growInts(s.cand, n)
+	for i := range cand {
+		cand[i] = i
+	}
+	for _, f := range p.Filters {
+		if len(cand) == 0 {
+			break
+		}
+		cand = f.Filter(c, cand)
+	}
+	s.cand = cand[:cap(cand)][:n] // keep the full buffer for next time
+
+	total := growFloats(s.total, n)
+	clear(total)
+	s.total = total
+	for len(s.raw) < len(p.Scorers) {
+		s.raw = append(s.raw, nil)
+	}
+	var wsum float64
+	for i, ws := range p.Scorers {
+		raw := growFloats(s.raw[i], n)
+		s.raw[i] = raw
+		if len(cand) == 0 {
+			continue
+		}
+		ws.Scorer.Score(c, cand, raw)
+		wsum += ws.Weight
+		for _, h := range cand {
+			v := raw[h]
+			if v != v || v < 0 { // NaN or negative: a plugin bug must not steer traffic
+				v = 0
+			} else if v > 1 {
+				v = 1
+			}
+			raw[h] = v
+			total[h] += ws.Weight * v
+		}
+	}
+	if wsum > 0 && wsum != 1 {
+		inv := 1 / wsum
+		for _, h := range cand {
+			total[h] *= inv
+		}
+	}
+
+	order := s.order[:0]
+	if len(cand) > 0 {
+		order = p.Picker.Pick(c, cand, total, order)
+		if len(order) > maxPicks {
+			order = order[:maxPicks]
+		}
+	}
+	s.order = order
+	return Decision{
+		Profile:    p.Name,
+		Order:      order,
+		Total:      total,
+		Candidates: n,
+		Survivors:  len(cand),
+		Note:       c.note,
+		prof:       p,
+		raw:        s.raw[:len(p.Scorers)],
+	}
+}
+
+// ScorerScore returns scorer i's raw score (before weighting) for host
+// position h in this decision, or NaN when unknown.
+func (d *Decision) ScorerScore(i, h int) float64 {
+	if i < 0 || i >= len(d.raw) || h < 0 || h >= len(d.raw[i]) {
+		return math.NaN()
+	}
+	return d.raw[i][h]
+}
+
+// Handler runs the profiles of one strategy: a single profile, or, for a
+// disaggregated fleet, a decode profile and a prefill profile. It is
+// immutable and safe for concurrent use.
+type Handler struct {
+	// Name is the strategy name (a preset or a configured profile).
+	Name string
+	// Decode is the profile run for every request (the only one when not
+	// disaggregated); it picks the host that generates.
+	Decode *Profile
+	// Prefill, when set, picks a prefill host for requests whose estimated
+	// uncached prompt tokens on the chosen decode host reach
+	// PrefillThreshold (llm-d's decider does the same: a short uncached tail
+	// is cheaper to prefill in place than to transfer).
+	Prefill          *Profile
+	PrefillThreshold int
+	// MaxPicks is the primary plus fallbacks per profile (default 3).
+	MaxPicks int
+}
+
+// Result is the outcome of a handler run. Its slices belong to the scratch.
+type Result struct {
+	Decode Decision
+	// Prefill is valid when Disaggregated is true.
+	Prefill       Decision
+	Disaggregated bool
+}
+
+// Run decides for one request. The two decisions use separate scratch
+// buffers so both stay valid.
+func (h *Handler) Run(req *Request, hosts []Host, s *Scratch) Result {
+	maxPicks := h.MaxPicks
+	if maxPicks <= 0 {
+		maxPicks = 3
+	}
+	var r Result
+	if h.Prefill == nil {
+		r.Decode = h.Decode.run(req, hosts, maxPicks, RoleBoth, s)
+		return r
+	}
+	r.Decode = h.Decode.run(req, hosts, maxPicks, RoleDecode, s)
+	p := r.Decode.Primary()
+	if p < 0 || req.Uncached(p) < h.PrefillThreshold {
+		return r
+	}
+	if s.prefill == nil {
+		s.prefill = &Scratch{rng: s.rng, seeded: true}
+	}
+	r.Prefill = h.Prefill.run(req, hosts, maxPicks, RolePrefill, s.prefill)
+	r.Disaggregated = r.Prefill.Primary() >= 0
+	return r
+}

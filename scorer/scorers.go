@@ -1,0 +1,187 @@
+package scorer
+
+import "math"
+
+func init() {
+	Register("prefix_cache", KindScorer,
+		"affinity: the fraction of the request's blocks the index believes the host holds (matched over total blocks)",
+		func(p *Params) Plugin { return prefixScorer{} })
+	Register("kv_utilization", KindScorer,
+		"balance: 1 minus the host's KV-cache utilization (stale state scores 0.5)",
+		func(p *Params) Plugin { return kvUtilScorer{} })
+	Register("queue", KindScorer,
+		"distribution: the engine's waiting queue, min-max normalised (shortest queue scores 1)",
+		func(p *Params) Plugin {
+			return loadScorer{typ: "queue", load: func(h *Host) float64 { return float64(h.Waiting) }}
+		})
+	Register("running", KindScorer,
+		"distribution: the engine's running requests, min-max normalised",
+		func(p *Params) Plugin {
+			return loadScorer{typ: "running", load: func(h *Host) float64 { return float64(h.Running) }}
+		})
+	Register("least_request", KindScorer,
+		"distribution: the gateway's own in-flight requests, min-max normalised",
+		func(p *Params) Plugin {
+			return loadScorer{typ: "least_request", load: func(h *Host) float64 { return float64(h.InFlight) }}
+		})
+	Register("pending_tokens", KindScorer,
+		"distribution: token-aware load, prompt tokens not yet prefilled plus decodeWeight times decode tokens outstanding, min-max normalised",
+		func(p *Params) Plugin {
+			dw := p.Float("decodeWeight", 0.05, 0, 100)
+			return loadScorer{typ: "pending_tokens", load: func(h *Host) float64 {
+				return float64(h.PendingPrefillTokens) + dw*float64(h.PendingDecodeTokens)
+			}}
+		})
+	Register("prefill_cost", KindScorer,
+		"distribution: estimated prefill work ahead of the request, in tokens: pending prompt tokens plus this request's uncached tokens (plus decodeWeight times decode tokens); the cheapest host scores 1, others cheapest/cost",
+		func(p *Params) Plugin {
+			return prefillCostScorer{decodeWeight: p.Float("decodeWeight", 0.05, 0, 100)}
+		})
+	Register("session_affinity", KindScorer,
+		"affinity: 1 for the host the request's session is pinned to, 0 for the others",
+		func(p *Params) Plugin { return sessionScorer{} })
+	Register("lora_affinity", KindScorer,
+		"affinity: 1 when the requested LoRA adapter is loaded, 0.5 when it can be loaded, 0 when the host is full",
+		func(p *Params) Plugin { return loraScorer{} })
+	Register("latency", KindScorer,
+		"balance: time-to-first-byte EWMA, fastest scores 1, others fastest/latency; hosts without samples score 1",
+		func(p *Params) Plugin { return latencyScorer{} })
+}
+
+type prefixScorer struct{}
+
+func (prefixScorer) Type() string       { return "prefix_cache" }
+func (prefixScorer) Category() Category { return Affinity }
+func (prefixScorer) Score(c *Cycle, cand []int, out []float64) {
+	total := c.Req.TotalBlocks
+	for _, h := range cand {
+		if total <= 0 {
+			out[h] = 0
+			continue
+		}
+		b, _ := c.Req.Matched(h)
+		out[h] = float64(b) / float64(total)
+	}
+}
+
+type kvUtilScorer struct{}
+
+func (kvUtilScorer) Type() string       { return "kv_utilization" }
+func (kvUtilScorer) Category() Category { return Balance }
+func (kvUtilScorer) Score(c *Cycle, cand []int, out []float64) {
+	for _, h := range cand {
+		host := &c.Hosts[h]
+		if host.Stale {
+			out[h] = 0.5
+			continue
+		}
+		out[h] = 1 - host.KVUsage
+	}
+}
+
+// loadScorer min-max normalises a load figure, as GIE's queue scorer does:
+// the least loaded candidate scores 1, the most loaded 0, all equal 1.
+type loadScorer struct {
+	typ  string
+	load func(*Host) float64
+}
+
+func (s loadScorer) Type() string     { return s.typ }
+func (loadScorer) Category() Category { return Distribution }
+func (s loadScorer) Score(c *Cycle, cand []int, out []float64) {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, h := range cand {
+		l := s.load(&c.Hosts[h])
+		out[h] = l
+		lo = math.Min(lo, l)
+		hi = math.Max(hi, l)
+	}
+	span := hi - lo
+	for _, h := range cand {
+		if span <= 0 {
+			out[h] = 1
+		} else {
+			out[h] = (hi - out[h]) / span
+		}
+	}
+}
+
+// prefillCostScorer is the token cost of Dynamo's router seen from the
+// request: work queued on the host plus the prompt tokens it would have to
+// compute for this request. It is a distribution scorer (it spreads by
+// tokens), but it also rewards cache hits, which is why kv_cache_aware pairs
+// it with prefix_cache at a lower weight instead of trusting either alone.
+type prefillCostScorer struct{ decodeWeight float64 }
+
+func (prefillCostScorer) Type() string       { return "prefill_cost" }
+func (prefillCostScorer) Category() Category { return Distribution }
+func (s prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
+	best := math.Inf(1)
+	for _, h := range cand {
+		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))
+		out[h] = cost
+		best = math.Min(best, cost)
+	}
+	for _, h := range cand {
+		if out[h] <= 0 || best <= 0 && out[h] <= best {
+			out[h] = 1
+		} else if best <= 0 {
+			// The best host costs nothing; compare the others with one
+			// token of slack so the score stays finite and ordered.
+			out[h] = 1 / (1 + out[h])
+		} else {
+			out[h] = best / out[h]
+		}
+	}
+}
+
+type sessionScorer struct{}
+
+func (sessionScorer) Type() string       { return "session_affinity" }
+func (sessionScorer) Category() Category { return Affinity }
+func (sessionScorer) Score(c *Cycle, cand []int, out []float64) {
+	pin := c.Req.PinnedAddress
+	for _, h := range cand {
+		if pin != "" && c.Hosts[h].Address == pin {
+			out[h] = 1
+		} else {
+			out[h] = 0
+		}
+	}
+}
+
+type loraScorer struct{}
+
+func (loraScorer) Type() string       { return "lora_affinity" }
+func (loraScorer) Category() Category { return Affinity }
+func (loraScorer) Score(c *Cycle, cand []int, out []float64) {
+	a := c.Req.Adapter
+	for _, h := range cand {
+		if a == "" {
+			out[h] = 1
+			continue
+		}
+		out[h] = float64(adapterState(&c.Hosts[h], a)) / 2
+	}
+}
+
+type latencyScorer struct{}
+
+func (latencyScorer) Type() string       { return "latency" }
+func (latencyScorer) Category() Category { return Balance }
+func (latencyScorer) Score(c *Cycle, cand []int, out []float64) {
+	best := math.Inf(1)
+	for _, h := range cand {
+		if l := c.Hosts[h].LatencyEWMAMs; l > 0 {
+			best = math.Min(best, l)
+		}
+	}
+	for _, h := range cand {
+		l := c.Hosts[h].LatencyEWMAMs
+		if l <= 0 || math.IsInf(best, 1) {
+			out[h] = 1
+		} else {
+			out[h] = best / l
+		}
+	}
+}
