@@ -1,0 +1,346 @@
+// Package fleet simulates N engine replicas behind a router in virtual time.
+//
+// It is a discrete-event simulation: the only events are request arrivals,
+// engine step completions and periodic state pushes (what `kvroute metrics`
+// would send the gateway). Between events nothing changes, so a 17-minute
+// trace replays in seconds and every run with the same seed is identical
+// except for the router's own wall-clock decision time, which is measured.
+//
+// The router is a plug-in (Router, plus the optional observer interfaces). The
+// benchmark plugs in the real decision code through internal/router, so a
+// strategy measured here is the strategy that ships.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/sim"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// Router decides which replica serves each request.
+type Router interface {
+	// Route picks a replica index in [0, N) for r, which arrives at virtual
+	// time now. prompt is the prompt text (for chat, r.Messages holds the
+	// messages and prompt is their rendering).
+	Route(r *workload.Request, prompt string, now time.Duration) int
+}
+
+// FirstTokenObserver is told when a request's first token leaves the engine
+// (streaming response headers and first chunk).
+type FirstTokenObserver interface {
+	FirstToken(r *workload.Request, replica int, now time.Duration)
+}
+
+// DoneObserver is told when a request completes, with the cached prompt
+// tokens the engine reports in usage.prompt_tokens_details.cached_tokens.
+type DoneObserver interface {
+	Done(r *workload.Request, replica int, cachedTokens int, now time.Duration)
+}
+
+// StateObserver receives every replica's engine state at each push
+// interval, as the cluster-metrics service pushes scraped state.
+type StateObserver interface {
+	ObserveState(states []sim.Stats, now time.Duration)
+}
+
+// Config describes a fleet run.
+type Config struct {
+	Replicas int
+	Profile  sim.Profile
+	// InfiniteKV gives every replica unbounded KV memory.
+	InfiniteKV bool
+	// PushInterval is how often StateObserver routers get a snapshot
+	// (default 1 s, the metrics service's default scrape interval).
+	PushInterval time.Duration
+	// Progress, when set, is called with the number of requests routed so
+	// far, about every 1% of the workload.
+	Progress func(done, total int)
+}
+
+// Record is one request's outcome.
+type Record struct {
+	Replica      int
+	PromptTokens int
+	OutputTokens int
+	CachedTokens int
+	Arrival      time.Duration
+	TTFT         time.Duration
+	E2E          time.Duration
+	TPOT         time.Duration // 0 when only one token was generated
+	RouterTime   time.Duration // wall clock spent in Route
+	Preemptions  int
+	Rejected     bool // the engine refused it (could never fit in KV)
+}
+
+// Result is a whole run.
+type Result struct {
+	Records     []Record
+	Busy        []time.Duration // per replica
+	Preemptions int64
+	Makespan    time.Duration // first arrival to last completion
+	Wall        time.Duration
+}
+
+type replica struct {
+	eng      *sim.Engine
+	stepping bool
+	stepEnd  time.Duration
+	pending  *sim.StepResult
+	reqs     map[*sim.Request]int // engine request -> workload index
+}
+
+// Run replays w through the router on a fresh fleet.
+func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
+	if cfg.Replicas < 1 {
+		return nil, errors.New("fleet needs at least one replica")
+	}
+	if len(w.Requests) == 0 {
+		return nil, errors.New("workload has no requests")
+	}
+	if cfg.PushInterval <= 0 {
+		cfg.PushInterval = time.Second
+	}
+	var opts []sim.Option
+	if cfg.InfiniteKV {
+		opts = append(opts, sim.WithInfiniteKV())
+	}
+	reps := make([]*replica, cfg.Replicas)
+	for i := range reps {
+		reps[i] = &replica{eng: sim.NewEngine(cfg.Profile, opts...), reqs: map[*sim.Request]int{}}
+	}
+	firstObs, _ := router.(FirstTokenObserver)
+	doneObs, _ := router.(DoneObserver)
+	stateObs, _ := router.(StateObserver)
+
+	start := time.Now()
+	n := len(w.Requests)
+	res := &Result{Records: make([]Record, n), Busy: make([]time.Duration, cfg.Replicas)}
+	engReqs := make([]sim.Request, n)
+	states := make([]sim.Stats, cfg.Replicas)
+	nextPush := time.Duration(0)
+	next := 0
+	done := 0
+	progressEvery := max(1, n/100)
+	bs := cfg.Profile.BlockSize
+	first := w.Requests[0].Arrival
+	var last time.Duration
+
+	startStep := func(rp *replica, now time.Duration) {
+		st := rp.eng.Step(now)
+		if st.Duration == 0 {
+			rp.stepping = false
+			return
+		}
+		rp.stepping, rp.stepEnd, rp.pending = true, now+st.Duration, st
+	}
+
+	for done < n {
+		// Earliest step completion.
+		ri := -1
+		for i, rp := range reps {
+			if rp.stepping && (ri < 0 || rp.stepEnd < reps[ri].stepEnd) {
+				ri = i
+			}
+		}
+		ta := time.Duration(math.MaxInt64)
+		if next < n {
+			ta = w.Requests[next].Arrival
+		}
+		te := time.Duration(math.MaxInt64)
+		if ri >= 0 {
+			te = reps[ri].stepEnd
+		}
+		if ri < 0 && next >= n {
+			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-done, n)
+		}
+		if stateObs != nil && nextPush <= ta && nextPush <= te {
+			for i, rp := range reps {
+				states[i] = rp.eng.Stats()
+			}
+			stateObs.ObserveState(states, nextPush)
+			nextPush += cfg.PushInterval
+			continue
+		}
+		if ta <= te {
+			// Arrival.
+			wr := &w.Requests[next]
+			now := wr.Arrival
+			prompt := wr.Text()
+			t0 := time.Now()
+			k := router.Route(wr, prompt, now)
+			rt := time.Since(t0)
+			if k < 0 || k >= cfg.Replicas {
+				return nil, fmt.Errorf("router sent request %d to replica %d of %d", next, k, cfg.Replicas)
+			}
+			er := &engReqs[next]
+			*er = sim.Request{
+				ID:           uint64(next),
+				PromptTokens: wr.PromptTokens,
+				BlockHashes:  sim.BlockChain(prompt, bs),
+				MaxTokens:    wr.OutputTokens,
+				Arrival:      now,
+			}
+			rec := &res.Records[next]
+			rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, now, rt
+			rp := reps[k]
+			if err := rp.eng.Add(er); err != nil {
+				rec.Rejected = true
+				done++
+				if doneObs != nil {
+					doneObs.Done(wr, k, 0, now)
+				}
+			} else {
+				rp.reqs[er] = next
+				if !rp.stepping {
+					startStep(rp, now)
+				}
+			}
+			next++
+			if cfg.Progress != nil && (next%progressEvery == 0 || next == n) {
+				cfg.Progress(next, n)
+			}
+			continue
+		}
+		// Step completion on replica ri.
+		rp := reps[ri]
+		now := rp.stepEnd
+		st := rp.pending
+		for _, er := range st.Tokens {
+			if er.Generated == 1 && firstObs != nil {
+				idx := rp.reqs[er]
+				firstObs.FirstToken(&w.Requests[idx], ri, now)
+			}
+		}
+		for _, er := range st.Finished {
+			idx := rp.reqs[er]
+			delete(rp.reqs, er)
+			rec := &res.Records[idx]
+			rec.CachedTokens = er.CachedTokens
+			rec.TTFT = er.FirstToken - er.Arrival
+			rec.E2E = er.Finished - er.Arrival
+			if er.Generated > 1 {
+				rec.TPOT = (er.Finished - er.FirstToken) / time.Duration(er.Generated-1)
+			}
+			rec.Preemptions = er.Preemptions
+			done++
+			last = max(last, now)
+			if doneObs != nil {
+				doneObs.Done(&w.Requests[idx], ri, er.CachedTokens, now)
+			}
+		}
+		startStep(rp, now)
+	}
+	for i, rp := range reps {
+		s := rp.eng.Stats()
+		res.Busy[i] = s.Busy
+		res.Preemptions += s.Preemptions
+	}
+	res.Makespan = last - first
+	res.Wall = time.Since(start)
+	return res, nil
+}
+
+// Summary is a run reduced to the bench contract's figures.
+type Summary struct {
+	Requests      int
+	Rejected      int
+	TTFT          Percentiles
+	TPOT          Percentiles
+	E2E           Percentiles
+	RouterTime    Percentiles
+	OutputTokPerS float64
+	HitRatio      float64 // cached input tokens over all input tokens
+	LoadImbalance float64 // max over mean of per-replica busy time
+	Preemptions   int64
+}
+
+// Percentiles of a duration distribution.
+type Percentiles struct{ P50, P90, P99 time.Duration }
+
+// Summarize reduces a run.
+func (r *Result) Summarize() Summary {
+	var s Summary
+	var ttft, tpot, e2e, rt []time.Duration
+	var cached, input, output int64
+	for _, rec := range r.Records {
+		s.Requests++
+		input += int64(rec.PromptTokens)
+		rt = append(rt, rec.RouterTime)
+		if rec.Rejected {
+			s.Rejected++
+			continue
+		}
+		cached += int64(rec.CachedTokens)
+		output += int64(rec.OutputTokens)
+		ttft = append(ttft, rec.TTFT)
+		e2e = append(e2e, rec.E2E)
+		if rec.OutputTokens > 1 {
+			tpot = append(tpot, rec.TPOT)
+		}
+	}
+	s.TTFT, s.TPOT, s.E2E, s.RouterTime = percentiles(ttft), percentiles(tpot), percentiles(e2e), percentiles(rt)
+	if input > 0 {
+		s.HitRatio = float64(cached) / float64(input)
+	}
+	if r.Makespan > 0 {
+		s.OutputTokPerS = float64(output) / r.Makespan.Seconds()
+	}
+	s.LoadImbalance = Imbalance(r.Busy)
+	s.Preemptions = r.Preemptions
+	return s
+}
+
+// Imbalance is max over mean of per-replica busy time (1 is perfectly even).
+func Imbalance(busy []time.Duration) float64 {
+	var sum, mx time.Duration
+	for _, b := range busy {
+		sum += b
+		mx = max(mx, b)
+	}
+	if sum == 0 {
+		return 1
+	}
+	return float64(mx) / (float64(sum) / float64(len(busy)))
+}
+
+func percentiles(d []time.Duration) Percentiles {
+	if len(d) == 0 {
+		return Percentiles{}
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	return Percentiles{P50: quantile(d, 0.50), P90: quantile(d, 0.90), P99: quantile(d, 0.99)}
+}
+
+// quantile of sorted data by the nearest-rank method.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// Ceiling is the hit ratio of one LRU prefix cache holding the whole fleet's
+// KV capacity (replicas x the profile's blocks), replaying the requests in
+// arrival order: no router can do better on that fleet, since any routing
+// splits the same capacity into replicas. replicas <= 0 means an unbounded
+// cache (the workload's own ceiling).
+func Ceiling(w *workload.Workload, p sim.Profile, replicas int) float64 {
+	blocks := 0
+	if replicas > 0 {
+		blocks = replicas * p.NumGPUBlocks()
+	}
+	lru := sim.NewPrefixLRU(blocks, p.BlockSize)
+	var cached, input int64
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		cached += int64(lru.Serve(sim.BlockChain(r.Text(), p.BlockSize), r.PromptTokens))
+		input += int64(r.PromptTokens)
+	}
+	if input == 0 {
+		return 0
+	}
+	return float64(cached) / float64(input)
+}

@@ -1,0 +1,327 @@
+// Package sim models one vLLM-like inference engine replica closely enough
+// to measure routing: what a router changes is which replica's prefix cache
+// a prompt meets and how long it waits there, so the model keeps exactly the
+// mechanisms that decide those two things.
+//
+// The model follows vLLM v1's scheduler:
+//   - continuous batching: every step serves the running requests first
+//     (one token each in decode, a chunk each in prefill), then admits
+//     waiting requests in arrival order while the step's token budget
+//     (max_num_batched_tokens) lasts: chunked prefill;
+//   - paged KV memory of fixed 16-token blocks with automatic prefix caching:
+//     a request's full prompt blocks are identified by a hash chain, blocks
+//     nobody references stay cached and are evicted least-recently-freed
+//     first;
+//   - preemption by recomputation: when a running request needs a block and
+//     none is free, the most recently admitted request is evicted back to
+//     the waiting queue and starts over;
+//   - step time from a roofline cost model (see Profile).
+//
+// Time is virtual: the engine never sleeps. Step plans one step, applies its
+// progress and says how long it takes; the fleet simulator advances a virtual
+// clock by that amount and the live HTTP server sleeps it (scaled).
+// An Engine is not safe for concurrent use.
+package sim
+
+import (
+	"errors"
+	"time"
+)
+
+// Request is one inference request as the engine sees it: token counts and
+// the hash chain of its prompt blocks, never text.
+type Request struct {
+	ID           uint64
+	PromptTokens int
+	// BlockHashes identifies the prompt's full BlockSize-token blocks:
+	// BlockHashes[i] stands for the whole prefix up to the end of block i,
+	// so two requests share a cached block only if they share everything
+	// before it. Shorter than PromptTokens/BlockSize means the tail is not
+	// cacheable.
+	BlockHashes []uint64
+	MaxTokens   int // output tokens to generate (at least 1)
+	// KVTransferred says a prefill peer computed the prompt's KV and sent it
+	// (disaggregated prefill/decode): the engine recomputes only the last
+	// prompt token to get logits, as vLLM's NixlConnector decode side does.
+	KVTransferred bool
+	Arrival       time.Duration
+
+	// Filled in by the engine.
+	CachedTokens int           // prompt tokens found in the prefix cache at first scheduling
+	Generated    int           // output tokens produced so far
+	FirstToken   time.Duration // virtual time the first output token was sampled
+	Finished     time.Duration
+	Preemptions  int
+	Scheduled    bool // scheduled at least once
+}
+
+// Stats is an engine's externally visible state, as vLLM's /metrics shows it.
+type Stats struct {
+	Waiting, Running int
+	KVUsage          float64 // referenced blocks over all blocks
+	NumGPUBlocks     int
+	BlockSize        int
+	PrefixQueries    int64 // prompt tokens looked up in the prefix cache
+	PrefixHits       int64 // of which found
+	Preemptions      int64
+	Busy             time.Duration // total step time
+	Steps            int64
+	PromptTokens     int64
+	GenerationTokens int64
+}
+
+// StepResult is what one step did. Tokens lists requests that sampled an
+// output token at the end of the step (their first one if Generated == 1);
+// Finished lists those that are done. The slices are reused by the next
+// Step call.
+type StepResult struct {
+	Duration time.Duration
+	Tokens   []*Request
+	Finished []*Request
+}
+
+type seq struct {
+	r          *Request
+	blocks     []int32
+	computed   int // tokens whose KV is computed
+	registered int // leading blocks registered in the prefix cache
+}
+
+// Engine is one replica.
+type Engine struct {
+	prof     Profile
+	kv       *kvCache
+	waiting  []*seq // FIFO; preempted requests go back to the front
+	running  []*seq
+	stats    Stats
+	work     []SeqWork
+	sched    []*seq
+	schedN   []int
+	result   StepResult
+	infinite bool
+}
+
+// Option adjusts an Engine.
+type Option func(*Engine)
+
+// WithInfiniteKV gives the engine unbounded KV memory (nothing is ever
+// evicted or preempted): the setting under which a single replica reaches
+// a trace's cache ceiling.
+func WithInfiniteKV() Option { return func(e *Engine) { e.infinite = true } }
+
+// NewEngine builds an idle engine for the profile.
+func NewEngine(p Profile, opts ...Option) *Engine {
+	e := &Engine{prof: p}
+	for _, o := range opts {
+		o(e)
+	}
+	n := p.NumGPUBlocks()
+	e.kv = newKVCache(n, e.infinite)
+	e.stats.NumGPUBlocks = n
+	e.stats.BlockSize = p.BlockSize
+	return e
+}
+
+// Profile returns the engine's cost model.
+func (e *Engine) Profile() Profile { return e.prof }
+
+// ErrTooLong rejects a request that could never fit in KV memory.
+var ErrTooLong = errors.New("request needs more KV blocks than the engine has")
+
+// Add queues a request. It fails if the prompt plus output could never fit.
+func (e *Engine) Add(r *Request) error {
+	if r.PromptTokens < 1 {
+		return errors.New("request has no prompt tokens")
+	}
+	if r.MaxTokens < 1 {
+		r.MaxTokens = 1
+	}
+	if !e.infinite {
+		need := (r.PromptTokens + r.MaxTokens + e.prof.BlockSize - 1) / e.prof.BlockSize
+		if need > len(e.kv.blocks) {
+			return ErrTooLong
+		}
+	}
+	e.waiting = append(e.waiting, &seq{r: r})
+	return nil
+}
+
+// Idle reports whether the engine has nothing to do.
+func (e *Engine) Idle() bool { return len(e.waiting) == 0 && len(e.running) == 0 }
+
+// Stats returns the current state and counters.
+func (e *Engine) Stats() Stats {
+	s := e.stats
+	s.Waiting, s.Running = len(e.waiting), len(e.running)
+	s.KVUsage = e.kv.usage()
+	s.NumGPUBlocks = len(e.kv.blocks)
+	return s
+}
+
+// PeekCached is how many prompt tokens of the chain the prefix cache holds
+// right now (a read-only probe, for tests and the ceiling).
+func (e *Engine) PeekCached(chain []uint64) int {
+	return e.kv.lookup(chain) * e.prof.BlockSize
+}
+
+func (e *Engine) blocksFor(tokens int) int {
+	return (tokens + e.prof.BlockSize - 1) / e.prof.BlockSize
+}
+
+// Step plans and applies one engine step starting at virtual time now. The
+// returned Duration is zero when there was nothing to run. Output tokens and
+// completions are stamped with now + Duration.
+func (e *Engine) Step(now time.Duration) *StepResult {
+	res := &e.result
+	res.Duration, res.Tokens, res.Finished = 0, res.Tokens[:0], res.Finished[:0]
+	e.sched, e.schedN, e.work = e.sched[:0], e.schedN[:0], e.work[:0]
+	budget := e.prof.MaxBatchedTokens
+	preempted := false
+
+	// Running requests first, in admission order.
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := 1
+		if s.computed < s.r.PromptTokens {
+			n = min(s.r.PromptTokens-s.computed, budget)
+		}
+		need := e.blocksFor(s.computed+n) - len(s.blocks)
+		for need > e.kv.available() {
+			// Preempt the most recently admitted request (vLLM's policy).
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == s {
+				break
+			}
+		}
+		if i >= len(e.running) || e.running[i] != s {
+			break // s itself was preempted
+		}
+		if need > 0 {
+			s.blocks = e.kv.allocate(need, s.blocks)
+		}
+		e.schedule(s, n)
+		budget -= n
+	}
+
+	// Then waiting requests, unless memory pressure just forced preemption.
+	for !preempted && budget > 0 && len(e.waiting) > 0 && len(e.running) < e.prof.MaxNumSeqs {
+		s := e.waiting[0]
+		r := s.r
+		bs := e.prof.BlockSize
+		hit := e.kv.lookup(r.BlockHashes)
+		// At least one prompt token is always computed, to get logits.
+		if hit*bs >= r.PromptTokens {
+			hit = (r.PromptTokens - 1) / bs
+		}
+		s.blocks = e.kv.acquire(r.BlockHashes, hit, s.blocks[:0])
+		s.computed = hit * bs
+		s.registered = hit
+		var n int
+		if r.KVTransferred {
+			// The prompt's KV arrives over the wire: hold blocks for all of
+			// it, compute only the last token.
+			n = 1
+			s.computed = max(s.computed, r.PromptTokens-1)
+		} else {
+			n = min(r.PromptTokens-s.computed, budget)
+		}
+		need := e.blocksFor(s.computed+n) - len(s.blocks)
+		if need > e.kv.available() {
+			e.kv.release(s.blocks)
+			s.blocks = s.blocks[:0]
+			s.computed, s.registered = 0, 0
+			break
+		}
+		s.blocks = e.kv.allocate(need, s.blocks)
+		if !r.Scheduled {
+			r.Scheduled = true
+			r.CachedTokens = hit * bs
+			e.stats.PrefixQueries += int64(r.PromptTokens)
+			e.stats.PrefixHits += int64(hit * bs)
+		}
+		e.waiting = e.waiting[1:]
+		e.running = append(e.running, s)
+		e.schedule(s, n)
+		budget -= n
+	}
+
+	if len(e.sched) == 0 {
+		return res
+	}
+	res.Duration = e.prof.StepTime(e.work)
+	end := now + res.Duration
+	e.stats.Busy += res.Duration
+	e.stats.Steps++
+
+	// Apply the step's progress.
+	for k, s := range e.sched {
+		n := e.schedN[k]
+		r := s.r
+		wasPrefill := s.computed < r.PromptTokens
+		s.computed += n
+		if wasPrefill {
+			e.stats.PromptTokens += int64(n)
+			e.registerFull(s)
+		}
+		if s.computed >= r.PromptTokens {
+			r.Generated++
+			e.stats.GenerationTokens++
+			if r.Generated == 1 {
+				r.FirstToken = end
+			}
+			res.Tokens = append(res.Tokens, r)
+			if r.Generated >= r.MaxTokens {
+				r.Finished = end
+				res.Finished = append(res.Finished, r)
+			}
+		}
+	}
+	if len(res.Finished) > 0 {
+		kept := e.running[:0]
+		for _, s := range e.running {
+			if s.r.Generated >= s.r.MaxTokens && s.computed >= s.r.PromptTokens {
+				e.kv.release(s.blocks)
+				s.blocks = nil
+				continue
+			}
+			kept = append(kept, s)
+		}
+		for i := len(kept); i < len(e.running); i++ {
+			e.running[i] = nil
+		}
+		e.running = kept
+	}
+	return res
+}
+
+func (e *Engine) schedule(s *seq, n int) {
+	e.sched = append(e.sched, s)
+	e.schedN = append(e.schedN, n)
+	e.work = append(e.work, SeqWork{Context: s.computed, NewTokens: n})
+}
+
+// registerFull publishes the sequence's newly completed prompt blocks in the
+// prefix cache.
+func (e *Engine) registerFull(s *seq) {
+	full := min(s.computed/e.prof.BlockSize, len(s.r.BlockHashes), len(s.blocks))
+	for ; s.registered < full; s.registered++ {
+		e.kv.register(s.blocks[s.registered], s.r.BlockHashes[s.registered])
+	}
+}
+
+func (e *Engine) preempt(s *seq) {
+	e.kv.release(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.computed, s.registered = 0, 0
+	s.r.Preemptions++
+	e.stats.Preemptions++
+	// Generated tokens are kept (they were streamed); recomputation
+	// rebuilds their KV along with the prompt in a real engine. The model
+	// recomputes the prompt only, a slight underestimate of the cost.
+	e.waiting = append(e.waiting, nil)
+	copy(e.waiting[1:], e.waiting)
+	e.waiting[0] = s
+}
