@@ -1,0 +1,33 @@
+// Package index is kvroute's data layer: it hashes prompts into chained
+// block hashes and keeps, in proxy-wasm shared data, which upstream host
+// probably holds which block in its KV cache, plus per-host load counters.
+//
+// # Model
+//
+// Every Envoy worker runs its own Wasm VM; the only state they share is
+// Envoy's shared-data map (one process-wide map per vm_id behind one
+// mutex, values copied on every get, compare-and-set on write, no delete).
+// The index is laid out for that map:
+//
+//   - a host slot table (one key): address hash to slot, a generation per
+//     slot, a clear epoch per slot, capacity and eviction horizon;
+//   - block shards (Config.Shards keys): a block hash picks its shard by
+//     Fibonacci hashing; a shard is a small table of (tag, age, host
+//     bitmap) entries, rewritten whole under CAS;
+//   - a usage histogram per host (one key per slot) that drives eviction;
+//   - load counters (one key for all hosts).
+//
+// A Query copies only the slot table and the few shards its binary search
+// probes; Record rewrites one shard per distinct shard of the new blocks.
+// Values are self-describing (magic, version, exact length): anything
+// short, corrupt or from another version reads as empty and is counted.
+//
+// The package imports no proxy-wasm SDK: it sees the proxy through Store,
+// so the same code runs in unit tests, benchmarks, the fleet simulator
+// (with MemStore) and unchanged inside the Wasm module (with the filter's
+// adapter over GetSharedData/SetSharedData).
+//
+// An Index and a Hasher are per VM (per goroutine): not safe for
+// concurrent use, and reused across requests so that steady-state
+// requests allocate only what the Store's Get returns.
+package index

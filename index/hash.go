@@ -1,0 +1,300 @@
+package index
+
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// HashConfig sets how prompts are cut into blocks. Every gateway VM and
+// every tool that records into the same shared index must use the same
+// values, or their block hashes never meet.
+type HashConfig struct {
+	// BlockChars is the size in bytes of the canonical prompt string
+	// covered by one block at the start of a prompt (level 0). Default
+	// DefaultBlockChars.
+	BlockChars int
+	// LevelBlocks is the number of blocks per resolution level: blocks
+	// [0, LevelBlocks) have BlockChars bytes, the next LevelBlocks have
+	// twice that, and so on, so a prompt of n bytes needs
+	// O(LevelBlocks * log(n)) blocks instead of n/BlockChars, and a partial
+	// match loses at most about 1/LevelBlocks of the matched prefix.
+	// Zero uses DefaultLevelBlocks; a negative value keeps every block at
+	// BlockChars.
+	LevelBlocks int
+	// MaxLevel caps the doubling (block size at most BlockChars << MaxLevel).
+	// Zero uses DefaultMaxLevel.
+	MaxLevel int
+	// CharsPerToken converts canonical bytes to estimated tokens. Token-id
+	// prompts are encoded as 4 bytes per id, so 4 (the default) is exact
+	// for them and the usual English estimate for text.
+	CharsPerToken int
+}
+
+// Defaults, chosen from BenchmarkBlockSize (see the README's Index section).
+const (
+	DefaultBlockChars    = 256
+	DefaultLevelBlocks   = 32
+	DefaultMaxLevel      = 8
+	DefaultCharsPerToken = 4
+)
+
+func (c HashConfig) withDefaults() HashConfig {
+	if c.BlockChars <= 0 {
+		c.BlockChars = DefaultBlockChars
+	}
+	if c.LevelBlocks == 0 {
+		c.LevelBlocks = DefaultLevelBlocks
+	}
+	if c.MaxLevel <= 0 {
+		c.MaxLevel = DefaultMaxLevel
+	}
+	if c.CharsPerToken <= 0 {
+		c.CharsPerToken = DefaultCharsPerToken
+	}
+	return c
+}
+
+// blockSize returns the byte length of block i.
+func (c HashConfig) blockSize(i int) int {
+	if c.LevelBlocks < 0 {
+		return c.BlockChars
+	}
+	level := i / c.LevelBlocks
+	if level > c.MaxLevel {
+		level = c.MaxLevel
+	}
+	return c.BlockChars << level
+}
+
+// Record tags of the canonical chat serialization. Each chat element is
+// tag, uvarint length, bytes: injective (no content can imitate a
+// boundary) and prefix-stable, because an element's bytes depend only on
+// that element. Raw prompt text (completions) is appended without a length
+// so that a prompt that grows shares its leading blocks.
+const (
+	kindChat   = 'c'
+	kindText   = 't'
+	kindTokens = 'k'
+
+	tagMessage  = 'M'
+	tagText     = 'T'
+	tagPart     = 'P'
+	tagToolCall = 'C'
+	tagField    = 'F'
+)
+
+// Hasher turns one prompt into its chain of block hashes,
+// h_i = xxhash64(seed = h_{i-1}, block_i), with h_{-1} derived from the
+// model, LoRA adapter and cache salt so different models never share a
+// block.
+//
+// It is a streaming builder: the filter feeds fields as gjson finds them
+// (Message, Text, Token, ...) and the Hasher hashes bytes as they arrive,
+// keeping only the current block's digest, never the prompt. Nothing of
+// the prompt is retained after Blocks except hashes. A Hasher is reused
+// across requests (Reset) and allocates nothing once its block slice has
+// grown; it is not safe for concurrent use.
+type Hasher struct {
+	cfg    HashConfig
+	digest xxhash.Digest
+	seed   uint64 // hash of model/adapter/salt, the chain's h_{-1}
+	prev   uint64 // last completed block hash (or seed)
+	kind   byte   // 0 until the first field decides chat/text/tokens
+	inBlk  int    // bytes written into the current block
+	blkLen int    // size of the current block
+	total  int    // canonical bytes written
+	blocks []uint64
+	ends   []int // ends[i]: canonical bytes covered by blocks[0..i]
+	scr    [binary.MaxVarintLen64 + 1]byte
+}
+
+// NewHasher returns a Hasher for cfg (zero fields take the defaults).
+func NewHasher(cfg HashConfig) *Hasher {
+	h := &Hasher{cfg: cfg.withDefaults()}
+	h.Reset("", "", "")
+	return h
+}
+
+// Config returns the effective configuration.
+func (h *Hasher) Config() HashConfig { return h.cfg }
+
+// Reset starts a new prompt for the given model, LoRA adapter (empty for
+// the base model) and cache salt (empty for none).
+func (h *Hasher) Reset(model, adapter, salt string) {
+	h.digest.ResetWithSeed(0)
+	var scr [4]byte
+	for _, s := range [3]string{model, adapter, salt} {
+		binary.LittleEndian.PutUint32(scr[:], uint32(len(s)))
+		h.digest.Write(scr[:])
+		h.digest.WriteString(s)
+	}
+	h.seed = h.digest.Sum64()
+	h.prev = h.seed
+	h.digest.ResetWithSeed(h.prev)
+	h.kind = 0
+	h.inBlk = 0
+	h.blkLen = h.cfg.blockSize(0)
+	h.total = 0
+	h.blocks = h.blocks[:0]
+	h.ends = h.ends[:0]
+}
+
+// setKind writes the one-byte prompt kind the first time a field arrives,
+// so a chat, a text prompt and a token prompt never share blocks.
+func (h *Hasher) setKind(k byte) {
+	if h.kind == 0 {
+		h.kind = k
+		h.scr[0] = k
+		h.write(h.scr[:1])
+	}
+}
+
+// Message appends one chat message whose content is a plain string.
+// It is BeginMessage(role) followed by Text(content).
+func (h *Hasher) Message(role, content string) {
+	h.BeginMessage(role)
+	h.Text(content)
+}
+
+// BeginMessage starts a chat message. Follow it with its content parts
+// (Text, Part), tool calls (ToolCall) and other fields (Field), in the
+// order of the request.
+func (h *Hasher) BeginMessage(role string) {
+	h.setKind(kindChat)
+	h.element(tagMessage, role)
+}
+
+// Text appends text. In a chat message it is one text content part (a
+// string content and an array holding one text part hash alike). Outside
+// a message it is raw prompt text (completions): consecutive calls
+// concatenate, so a prompt fed in pieces hashes like the whole.
+func (h *Hasher) Text(s string) {
+	if h.kind == kindChat {
+		h.element(tagText, s)
+		return
+	}
+	h.setKind(kindText)
+	h.writeString(s)
+}
+
+// Part appends a non-text content part of a chat message, such as an
+// image URL or an audio reference: kind names it, value identifies it
+// (a URL or a digest of inline data).
+func (h *Hasher) Part(kind, value string) {
+	h.setKind(kindChat)
+	h.element(tagPart, kind)
+	h.element(tagPart, value)
+}
+
+// ToolCall appends one tool call of an assistant message.
+func (h *Hasher) ToolCall(id, name, arguments string) {
+	h.setKind(kindChat)
+	h.element(tagToolCall, id)
+	h.element(tagToolCall, name)
+	h.element(tagToolCall, arguments)
+}
+
+// Field appends another message field that shapes the prompt, such as a
+// tool message's tool_call_id or a message name.
+func (h *Hasher) Field(name, value string) {
+	h.setKind(kindChat)
+	h.element(tagField, name)
+	h.element(tagField, value)
+}
+
+// Token appends one token id of a token-id prompt (4 bytes, little endian).
+func (h *Hasher) Token(id uint32) {
+	h.setKind(kindTokens)
+	binary.LittleEndian.PutUint32(h.scr[:4], id)
+	h.write(h.scr[:4])
+}
+
+// Tokens appends token ids; see Token.
+func (h *Hasher) Tokens(ids []uint32) {
+	for _, id := range ids {
+		h.Token(id)
+	}
+}
+
+func (h *Hasher) element(tag byte, s string) {
+	h.scr[0] = tag
+	n := binary.PutUvarint(h.scr[1:], uint64(len(s)))
+	h.write(h.scr[:1+n])
+	h.writeString(s)
+}
+
+func (h *Hasher) write(p []byte) {
+	for len(p) > 0 {
+		room := h.blkLen - h.inBlk
+		if room > len(p) {
+			h.digest.Write(p)
+			h.inBlk += len(p)
+			h.total += len(p)
+			return
+		}
+		h.digest.Write(p[:room])
+		h.inBlk += room
+		h.total += room
+		p = p[room:]
+		h.finishBlock()
+	}
+}
+
+func (h *Hasher) writeString(s string) {
+	for len(s) > 0 {
+		room := h.blkLen - h.inBlk
+		if room > len(s) {
+			h.digest.WriteString(s)
+			h.inBlk += len(s)
+			h.total += len(s)
+			return
+		}
+		h.digest.WriteString(s[:room])
+		h.inBlk += room
+		h.total += room
+		s = s[room:]
+		h.finishBlock()
+	}
+}
+
+func (h *Hasher) finishBlock() {
+	h.prev = h.digest.Sum64()
+	h.blocks = append(h.blocks, h.prev)
+	h.ends = append(h.ends, h.total)
+	h.digest.ResetWithSeed(h.prev)
+	h.inBlk = 0
+	h.blkLen = h.cfg.blockSize(len(h.blocks))
+}
+
+// Blocks returns the hashes of the complete blocks so far. The trailing
+// partial block is not hashed: engines cache only full blocks too, and a
+// partial block would never match the full block a longer prompt has in
+// its place. The slice is reused by the next Reset; copy it to keep it.
+func (h *Hasher) Blocks() []uint64 { return h.blocks }
+
+// Len returns the canonical bytes written so far (complete blocks and the
+// trailing partial one).
+func (h *Hasher) Len() int { return h.total }
+
+// Seed returns the chain seed derived from model, adapter and salt.
+func (h *Hasher) Seed() uint64 { return h.seed }
+
+// TokensIn estimates the prompt tokens covered by the first n blocks, for
+// scorers that weigh matches in tokens. n beyond Blocks counts the whole
+// prompt so far.
+func (h *Hasher) TokensIn(n int) int {
+	var b int
+	switch {
+	case n <= 0:
+		return 0
+	case n > len(h.ends):
+		b = h.total
+	default:
+		b = h.ends[n-1]
+	}
+	return b / h.cfg.CharsPerToken
+}
+
+// PromptTokens estimates the tokens of the whole prompt fed so far.
+func (h *Hasher) PromptTokens() int { return h.total / h.cfg.CharsPerToken }

@@ -1,0 +1,441 @@
+package index
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Config sets the index's shared-data layout and policies. Every VM and
+// tool sharing one index (one Namespace) must use the same Shards,
+// ShardEntries and Hash settings.
+type Config struct {
+	// Namespace prefixes every shared-data key, so several indexes (or
+	// plugin versions) can share one vm_id. Default "kvroute/index".
+	Namespace string
+	// Shards is the number of block shards, a power of two. Default 8192.
+	// Shards x ShardEntries bounds the distinct blocks tracked; size it to
+	// the fleet's KV capacity in level-0 blocks (see SuggestShards).
+	Shards int
+	// ShardEntries caps the entries per shard. Default 32. A query copies
+	// whole shards, so this bounds bytes copied per probe.
+	ShardEntries int
+	// CASRetries bounds the compare-and-set attempts per value before an
+	// update is dropped (and counted). Default 16.
+	CASRetries int
+	// MaxQueryReads bounds the shard reads of one Query. Hosts whose search
+	// is cut short get the longest prefix proven so far. Default 64.
+	MaxQueryReads int
+	// TouchAfterMs: Record refreshes the recency of blocks a host already
+	// holds only when their last refresh is older than this, so a hot
+	// prefix costs shared-data writes at most once per interval.
+	// Default 1000.
+	TouchAfterMs int64
+	// BucketMs is the width of the recency buckets of the per-host usage
+	// histogram that drives eviction. Default 1000.
+	BucketMs int64
+	// Hash must equal the configuration of the Hasher producing the
+	// chains: the index derives each block's weight from its position.
+	Hash HashConfig
+	// Now returns the time in milliseconds. Default: wall clock. The
+	// simulator passes its virtual clock.
+	Now func() int64
+}
+
+const (
+	ageShift     = 4   // entry ages are in ticks of 16 ms: int32 spans a year
+	usageBuckets = 256 // recency buckets per host
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Namespace == "" {
+		c.Namespace = "kvroute/index"
+	}
+	if c.Shards == 0 {
+		c.Shards = 8192
+	}
+	if c.Shards < 1 || c.Shards > 1<<20 || c.Shards&(c.Shards-1) != 0 {
+		return c, fmt.Errorf("index: Shards = %d: use a power of two between 1 and %d", c.Shards, 1<<20)
+	}
+	if c.ShardEntries == 0 {
+		c.ShardEntries = 32
+	}
+	if c.ShardEntries < 1 || c.ShardEntries > 4096 {
+		return c, fmt.Errorf("index: ShardEntries = %d: use 1..4096", c.ShardEntries)
+	}
+	if c.CASRetries <= 0 {
+		c.CASRetries = 16
+	}
+	if c.MaxQueryReads <= 0 {
+		c.MaxQueryReads = 64
+	}
+	if c.TouchAfterMs <= 0 {
+		c.TouchAfterMs = 1000
+	}
+	if c.BucketMs <= 0 {
+		c.BucketMs = 1000
+	}
+	c.Hash = c.Hash.withDefaults()
+	if c.Now == nil {
+		c.Now = func() int64 { return time.Now().UnixMilli() }
+	}
+	return c, nil
+}
+
+// SuggestShards returns the power-of-two shard count that lets
+// shardEntries-entry shards hold blocks distinct level-0 blocks with
+// headroom (about 70% full).
+func SuggestShards(blocks, shardEntries int) int {
+	if shardEntries <= 0 {
+		shardEntries = 32
+	}
+	need := blocks*10/7/shardEntries + 1
+	s := 1
+	for s < need && s < 1<<20 {
+		s <<= 1
+	}
+	return s
+}
+
+// HostRef names one incarnation of a host slot. Slot indexes per-host
+// slices (Matches.Blocks, scorer arrays); Gen changes when the slot is
+// given to another address, so a stale reference cannot write into the
+// new host's state.
+type HostRef struct {
+	Slot int
+	Gen  uint32
+}
+
+// Errors returned by Index methods.
+var (
+	// ErrStaleHost: the host was removed (or its slot reassigned) since the
+	// HostRef was obtained. Look the address up again.
+	ErrStaleHost = errors.New("index: host reference is stale (host removed or slot reassigned); look the address up again")
+	// ErrTableFull: all MaxSlots slots hold hosts. Remove departed hosts.
+	ErrTableFull = errors.New("index: host slot table is full; remove departed hosts first")
+	// ErrContended: an update still met concurrent writers after
+	// Config.CASRetries attempts and was dropped (counted in CASFailures).
+	ErrContended = errors.New("index: shared data update dropped after repeated CAS conflicts")
+)
+
+// Metrics are plain counters, per Index (per VM), for the filter to export.
+type Metrics struct {
+	Queries, Records uint64
+	// Reads and BytesRead count shared-data gets and the bytes they copied.
+	Reads, BytesRead uint64
+	// Writes and BytesWritten count successful shared-data sets.
+	Writes, BytesWritten uint64
+	// CASRetries counts sets rejected by a concurrent writer and retried;
+	// CASFailures counts updates dropped after Config.CASRetries attempts.
+	CASRetries, CASFailures uint64
+	// Corrupt counts values that were short, corrupt or of another format
+	// version; they were treated as empty.
+	Corrupt uint64
+	// Evictions counts level-0 block units dropped because a host exceeded
+	// its capacity; Overflows counts entries dropped because a shard was
+	// full (the index is smaller than the fleet's KV capacity).
+	Evictions, Overflows uint64
+	// StoreErrors counts store failures other than not-found and CAS
+	// mismatch.
+	StoreErrors uint64
+	// Truncated counts queries cut short by Config.MaxQueryReads.
+	Truncated uint64
+}
+
+// Index is one VM's handle on the shared block index. The state lives in
+// the Store; an Index holds only scratch buffers and the last slot table
+// it read, so it is cheap, but it is not safe for concurrent use: give
+// each VM (each goroutine in tests) its own Index on the same Store.
+type Index struct {
+	cfg       Config
+	store     Store
+	shardBits uint
+	shardKeys []string
+	slotsKey  string
+	loadKey   string
+	usageKeys [MaxSlots]string
+
+	table   slotTable
+	metrics Metrics
+
+	// query state
+	q queryState
+	// record scratch
+	order   []uint64
+	ent     []entry
+	enc     []byte
+	deltas  []usageDelta
+	pending []usageDelta
+	usage   [usageBuckets]uint32
+}
+
+type entry struct {
+	tag  uint32
+	age  uint32
+	bits [maxWords]uint64
+}
+
+type usageDelta struct {
+	bucket uint32
+	units  int32
+}
+
+// New returns an Index over store. It reads nothing yet.
+func New(store Store, cfg Config) (*Index, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ix := &Index{
+		cfg:       cfg,
+		store:     store,
+		shardBits: uint(bits.TrailingZeros(uint(cfg.Shards))),
+		slotsKey:  cfg.Namespace + "/slots",
+		loadKey:   cfg.Namespace + "/load",
+	}
+	ix.shardKeys = make([]string, cfg.Shards)
+	for i := range ix.shardKeys {
+		ix.shardKeys[i] = cfg.Namespace + "/b/" + strconv.FormatUint(uint64(i), 36)
+	}
+	for i := range ix.usageKeys {
+		ix.usageKeys[i] = cfg.Namespace + "/u/" + strconv.Itoa(i)
+	}
+	return ix, nil
+}
+
+// Config returns the effective configuration.
+func (ix *Index) Config() Config { return ix.cfg }
+
+// Metrics returns the counters so far.
+func (ix *Index) Metrics() Metrics { return ix.metrics }
+
+func (ix *Index) nowAge() uint32 { return uint32(ix.cfg.Now() >> ageShift) }
+
+// level returns the resolution level of chain position i.
+func (ix *Index) level(i int) int {
+	h := ix.cfg.Hash
+	if h.LevelBlocks < 0 {
+		return 0
+	}
+	l := i / h.LevelBlocks
+	if l > h.MaxLevel {
+		l = h.MaxLevel
+	}
+	if l > 15 {
+		l = 15
+	}
+	return l
+}
+
+// get reads key, counting bytes; found is false for a missing key or a
+// store error (counted).
+func (ix *Index) get(key string) (v []byte, cas uint32, found bool) {
+	v, cas, err := ix.store.Get(key)
+	ix.metrics.Reads++
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			ix.metrics.StoreErrors++
+		}
+		return nil, 0, false
+	}
+	ix.metrics.BytesRead += uint64(len(v))
+	return v, cas, true
+}
+
+// set writes key with cas. It returns retry=true on a CAS mismatch.
+func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
+	err = ix.store.Set(key, v, cas)
+	if err == nil {
+		ix.metrics.Writes++
+		ix.metrics.BytesWritten += uint64(len(v))
+		return false, nil
+	}
+	if errors.Is(err, ErrCASMismatch) {
+		ix.metrics.CASRetries++
+		return true, err
+	}
+	ix.metrics.StoreErrors++
+	return false, err
+}
+
+// readSlots refreshes ix.table from the store.
+func (ix *Index) readSlots() (cas uint32) {
+	v, cas, found := ix.get(ix.slotsKey)
+	if !found {
+		ix.table.reset()
+		return 0
+	}
+	if !decodeSlots(v, &ix.table) {
+		ix.metrics.Corrupt++
+	}
+	return cas
+}
+
+// updateSlots applies fn to a fresh slot table under CAS.
+func (ix *Index) updateSlots(fn func(t *slotTable) (write bool, err error)) error {
+	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
+		cas := ix.readSlots()
+		write, err := fn(&ix.table)
+		if err != nil || !write {
+			return err
+		}
+		ix.enc = encodeSlots(ix.enc, &ix.table)
+		retry, err := ix.set(ix.slotsKey, ix.enc, cas)
+		if retry {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("index: writing the host slot table: %w", err)
+		}
+		// Re-read so ix.table matches what is stored (decodeSlots derives
+		// the active mask and other summaries).
+		decodeSlots(ix.enc, &ix.table)
+		return nil
+	}
+	ix.metrics.CASFailures++
+	return ErrContended
+}
+
+func addrHash(addr string) uint64 {
+	h := xxhash.Sum64String(addr)
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
+// Register returns addr's slot, assigning a free one if addr is new. A
+// reassigned slot gets a new generation and starts empty: the previous
+// host's blocks, usage and load do not carry over.
+func (ix *Index) Register(addr string) (HostRef, error) {
+	ah := addrHash(addr)
+	var ref HostRef
+	err := ix.updateSlots(func(t *slotTable) (bool, error) {
+		free := -1
+		for i := 0; i < t.n; i++ {
+			if t.recs[i].addrHash == ah {
+				ref = HostRef{Slot: i, Gen: t.recs[i].gen}
+				return false, nil
+			}
+			if free < 0 && t.recs[i].addrHash == 0 {
+				free = i
+			}
+		}
+		if free < 0 {
+			if t.n >= MaxSlots {
+				return false, ErrTableFull
+			}
+			free = t.n
+			t.n++
+			t.recs[free] = slotRec{}
+		}
+		r := &t.recs[free]
+		if r.gen != 0 {
+			// A used slot: its old bits must stop counting.
+			t.epoch++
+			r.clearEpoch = t.epoch
+		}
+		r.gen++
+		r.addrHash = ah
+		r.capacity = 0
+		r.horizon = 0
+		ref = HostRef{Slot: free, Gen: r.gen}
+		return true, nil
+	})
+	return ref, err
+}
+
+// Lookup returns addr's slot as of the slot table in the store.
+func (ix *Index) Lookup(addr string) (HostRef, bool) {
+	ix.readSlots()
+	return ix.lookupCached(addrHash(addr))
+}
+
+func (ix *Index) lookupCached(ah uint64) (HostRef, bool) {
+	t := &ix.table
+	for i := 0; i < t.n; i++ {
+		if t.recs[i].addrHash == ah {
+			return HostRef{Slot: i, Gen: t.recs[i].gen}, true
+		}
+	}
+	return HostRef{}, false
+}
+
+// Slots returns the number of slots in use or used before (the length
+// per-slot slices need), as of the last read of the slot table.
+func (ix *Index) Slots() int { return ix.table.n }
+
+// Remove frees addr's slot. Its blocks stop counting at once for every
+// reader of the slot table; their bits are dropped lazily as shards are
+// rewritten. Removing an unknown address is not an error.
+func (ix *Index) Remove(addr string) error {
+	ah := addrHash(addr)
+	return ix.updateSlots(func(t *slotTable) (bool, error) {
+		for i := 0; i < t.n; i++ {
+			if t.recs[i].addrHash == ah {
+				t.epoch++
+				t.recs[i].addrHash = 0
+				t.recs[i].clearEpoch = t.epoch
+				t.recs[i].horizon = 0
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// Clear forgets every block of the host (the engine reported
+// AllBlocksCleared, or restarted). The host keeps its slot.
+func (ix *Index) Clear(ref HostRef) error {
+	return ix.updateSlots(func(t *slotTable) (bool, error) {
+		if err := t.check(ref); err != nil {
+			return false, err
+		}
+		t.epoch++
+		t.recs[ref.Slot].clearEpoch = t.epoch
+		t.recs[ref.Slot].horizon = 0
+		return true, nil
+	})
+}
+
+// SetCapacity sets how many prompt tokens the host's KV cache holds
+// (num_gpu_blocks x block_size from vllm:cache_config_info), 0 for
+// unbounded. When recorded blocks exceed it, the host's least recently
+// used blocks stop counting.
+func (ix *Index) SetCapacity(ref HostRef, tokens int) error {
+	units := ix.tokensToUnits(tokens)
+	return ix.updateSlots(func(t *slotTable) (bool, error) {
+		if err := t.check(ref); err != nil {
+			return false, err
+		}
+		if t.recs[ref.Slot].capacity == units {
+			return false, nil
+		}
+		t.recs[ref.Slot].capacity = units
+		return true, nil
+	})
+}
+
+// tokensToUnits converts tokens to level-0 blocks, rounding up.
+func (ix *Index) tokensToUnits(tokens int) uint32 {
+	if tokens <= 0 {
+		return 0
+	}
+	h := ix.cfg.Hash
+	u := (int64(tokens)*int64(h.CharsPerToken) + int64(h.BlockChars) - 1) / int64(h.BlockChars)
+	if u > 1<<31 {
+		u = 1 << 31
+	}
+	return uint32(u)
+}
+
+func (t *slotTable) check(ref HostRef) error {
+	if ref.Slot < 0 || ref.Slot >= t.n || t.recs[ref.Slot].addrHash == 0 || t.recs[ref.Slot].gen != ref.Gen {
+		return ErrStaleHost
+	}
+	return nil
+}

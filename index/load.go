@@ -1,0 +1,188 @@
+package index
+
+// Per-host load counters, shared by every worker: one shared-data key
+// holding, per slot, the generation it counts for and three counters. One
+// key keeps the scorer's read to one copy per request; the writes (two or
+// three per request) are CAS updates with bounded retries.
+
+// Load is one host's outstanding work as dispatched by all workers of the
+// gateway. Balancing by tokens, not requests, is the point: a host with
+// few long prompts is busier than one with many short ones.
+type Load struct {
+	// InFlight counts requests dispatched and not finished.
+	InFlight uint32
+	// PrefillTokens counts prompt tokens dispatched whose prefill has not
+	// finished (estimated, less the tokens the index expected cached).
+	PrefillTokens uint32
+	// DecodeTokens counts decode tokens outstanding (max_tokens or an
+	// estimate, for requests not finished).
+	DecodeTokens uint32
+}
+
+// LoadTicket is what one request added to a host's counters. Release
+// subtracts exactly that, once: a second Release (a reset stream after a
+// normal end, say) does nothing. The zero LoadTicket is released.
+type LoadTicket struct {
+	ref                       HostRef
+	inflight, prefill, decode uint32
+}
+
+// Active reports whether the ticket still holds counts to release.
+func (t *LoadTicket) Active() bool { return t.inflight|t.prefill|t.decode != 0 }
+
+// Host returns the host the ticket counts against.
+func (t *LoadTicket) Host() HostRef { return t.ref }
+
+// AddLoad counts one request dispatched to ref's host with the given
+// prompt tokens still to prefill and decode tokens outstanding.
+func (ix *Index) AddLoad(ref HostRef, prefillTokens, decodeTokens int) (LoadTicket, error) {
+	t := LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens)}
+	if err := ix.updateLoad(ref, t, true); err != nil {
+		return LoadTicket{}, err
+	}
+	return t, nil
+}
+
+// PrefillDone subtracts the ticket's prefill tokens (the first token came
+// back) and keeps the rest for Release.
+func (ix *Index) PrefillDone(t *LoadTicket) error {
+	if t.prefill == 0 {
+		return nil
+	}
+	part := LoadTicket{ref: t.ref, prefill: t.prefill}
+	if err := ix.updateLoad(t.ref, part, false); err != nil {
+		return err
+	}
+	t.prefill = 0
+	return nil
+}
+
+// Release subtracts what the ticket still holds. It is idempotent: once it
+// succeeded the ticket is empty. On error the ticket keeps its counts, so
+// the caller may call Release again.
+func (ix *Index) Release(t *LoadTicket) error {
+	if !t.Active() {
+		return nil
+	}
+	if err := ix.updateLoad(t.ref, *t, false); err != nil {
+		return err
+	}
+	t.inflight, t.prefill, t.decode = 0, 0, 0
+	return nil
+}
+
+func clampU32(n int) uint32 {
+	if n <= 0 {
+		return 0
+	}
+	if n > 1<<31 {
+		return 1 << 31
+	}
+	return uint32(n)
+}
+
+func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
+	if ref.Slot < 0 || ref.Slot >= MaxSlots {
+		return ErrStaleHost
+	}
+	for attempt := 0; attempt < ix.cfg.CASRetries*4; attempt++ {
+		v, cas, found := ix.get(ix.loadKey)
+		n := 0
+		if found {
+			if ok := validLoad(v); ok {
+				n = int(le.Uint16(v[4:]))
+			} else {
+				ix.metrics.Corrupt++
+			}
+		}
+		size := n
+		if ref.Slot >= size {
+			size = ref.Slot + 1
+		}
+		ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
+		ix.enc = le.AppendUint16(ix.enc, uint16(size))
+		ix.enc = append(ix.enc, 0, 0)
+		if n > 0 {
+			ix.enc = append(ix.enc, v[loadHeader:loadHeader+n*loadRecord]...)
+		}
+		for len(ix.enc) < loadHeader+size*loadRecord {
+			ix.enc = append(ix.enc, 0)
+		}
+		r := ix.enc[loadHeader+ref.Slot*loadRecord:]
+		gen := le.Uint32(r)
+		switch {
+		case gen == ref.Gen:
+		case add && int32(ref.Gen-gen) > 0:
+			// First request for a new incarnation: start from zero.
+			le.PutUint32(r, ref.Gen)
+			le.PutUint32(r[4:], 0)
+			le.PutUint32(r[8:], 0)
+			le.PutUint32(r[12:], 0)
+		case add:
+			return ErrStaleHost
+		default:
+			// Releasing for an older incarnation whose counts were reset:
+			// nothing to do, and the ticket is spent.
+			return nil
+		}
+		for i, x := range [3]uint32{d.inflight, d.prefill, d.decode} {
+			c := le.Uint32(r[4+4*i:])
+			if add {
+				if c+x < c {
+					c = ^uint32(0)
+				} else {
+					c += x
+				}
+			} else if x > c {
+				c = 0
+			} else {
+				c -= x
+			}
+			le.PutUint32(r[4+4*i:], c)
+		}
+		retry, err := ix.set(ix.loadKey, ix.enc, cas)
+		if retry {
+			continue
+		}
+		return err
+	}
+	ix.metrics.CASFailures++
+	return ErrContended
+}
+
+func validLoad(v []byte) bool {
+	if len(v) < loadHeader || v[0] != loadMagic0 || v[1] != loadMagic1 || v[2] != formatVersion {
+		return false
+	}
+	n := int(le.Uint16(v[4:]))
+	return n <= MaxSlots && len(v) == loadHeader+n*loadRecord
+}
+
+// Loads reads every host's counters into dst (indexed by slot, resized to
+// the slot table as of the last table read by Query, Lookup or Record).
+// Slots whose counters belong to an older incarnation read as zero.
+func (ix *Index) Loads(dst []Load) []Load {
+	n := ix.table.n
+	if cap(dst) < n {
+		dst = make([]Load, n, MaxSlots)
+	}
+	dst = dst[:n]
+	clear(dst)
+	v, _, found := ix.get(ix.loadKey)
+	if !found {
+		return dst
+	}
+	if !validLoad(v) {
+		ix.metrics.Corrupt++
+		return dst
+	}
+	m := int(le.Uint16(v[4:]))
+	for s := 0; s < n && s < m; s++ {
+		r := v[loadHeader+s*loadRecord:]
+		if ix.table.recs[s].addrHash == 0 || le.Uint32(r) != ix.table.recs[s].gen {
+			continue
+		}
+		dst[s] = Load{InFlight: le.Uint32(r[4:]), PrefillTokens: le.Uint32(r[8:]), DecodeTokens: le.Uint32(r[12:])}
+	}
+	return dst
+}

@@ -1,0 +1,208 @@
+package index
+
+// Matches is the answer of one Query, indexed by host slot.
+type Matches struct {
+	// Blocks[s] is the matched prefix length, in blocks, of slot s (see
+	// Query for the exact guarantee); 0 for free slots. Its length is the
+	// slot table's size at query time.
+	Blocks []int
+	// Reads and BytesRead are the shared-data gets this query made and the
+	// bytes they copied (slot table included).
+	Reads, BytesRead int
+
+	ages   [MaxSlots]uint32 // age of the entry of block Blocks[s]-1
+	chain  uint64           // first block hash of the chain queried
+	length int
+	table  uint32 // slot table epoch at query time
+}
+
+// Best returns the slot with the longest match and its length (-1, 0 when
+// no host matches a block).
+func (m *Matches) Best() (slot, blocks int) {
+	slot = -1
+	for s, n := range m.Blocks {
+		if n > blocks {
+			slot, blocks = s, n
+		}
+	}
+	return slot, blocks
+}
+
+type queryState struct {
+	blocks     []uint64
+	m          *Matches
+	budget     int
+	truncated  bool
+	now        uint32
+	cacheShard []int
+	cacheVal   []shardView
+	cacheOK    []bool
+}
+
+// Query fills m with each host's longest matched prefix of the chain
+// blocks (as from Hasher.Blocks).
+//
+// It runs one binary search for all hosts at once: probing block mid
+// splits the hosts into those holding it (whose answer is above mid) and
+// those not (below), so it makes at most K*log2(N) probes for K distinct
+// answers, each probe one shard read, and reads each block at most once.
+//
+// Presence is only approximately prefix-closed: an eviction or a removal
+// event can drop a block in the middle of a held chain. Then the answer
+// for a host is a boundary L of its presence: block L-1 is held (or L=0)
+// and block L is not (or L=N). When presence is prefix-closed, L is
+// exactly the longest held prefix; in general L is at least the first
+// missing block (the engine's own prefix hit stops there), i.e. Query may
+// over-report a host with a hole, never under-report one without.
+func (ix *Index) Query(blocks []uint64, m *Matches) error {
+	ix.metrics.Queries++
+	reads0, bytes0 := ix.metrics.Reads, ix.metrics.BytesRead
+	ix.readSlots()
+	t := &ix.table
+	if cap(m.Blocks) < t.n {
+		m.Blocks = make([]int, t.n, MaxSlots)
+	}
+	m.Blocks = m.Blocks[:t.n]
+	clear(m.Blocks)
+	m.length = len(blocks)
+	m.chain = 0
+	if len(blocks) > 0 {
+		m.chain = blocks[0]
+	}
+	m.table = t.epoch
+	q := &ix.q
+	q.blocks = blocks
+	q.m = m
+	q.budget = ix.cfg.MaxQueryReads
+	q.truncated = false
+	q.now = ix.nowAge()
+	q.cacheShard = q.cacheShard[:0]
+	q.cacheVal = q.cacheVal[:0]
+	q.cacheOK = q.cacheOK[:0]
+	if len(blocks) > 0 && !isZero(t.active) {
+		// Most hosts hold not even the first block: settle them with one
+		// probe, then search the rest over [1, N].
+		p, age, ok := ix.presence(0)
+		if ok {
+			held := and(t.active, p)
+			ix.setAge(held, age)
+			ix.search(1, len(blocks), held)
+		}
+	}
+	if q.truncated {
+		ix.metrics.Truncated++
+	}
+	m.Reads = int(ix.metrics.Reads - reads0)
+	m.BytesRead = int(ix.metrics.BytesRead - bytes0)
+	q.blocks, q.m = nil, nil
+	return nil
+}
+
+// search settles the hosts in set, all holding block lo-1, whose answer
+// lies in [lo, hi].
+func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
+	for !isZero(set) {
+		if lo >= hi {
+			ix.assign(set, lo)
+			return
+		}
+		mid := int(uint(lo+hi) >> 1)
+		p, age, ok := ix.presence(mid)
+		if !ok { // out of read budget: keep what is proven
+			ix.assign(set, lo)
+			return
+		}
+		above := and(set, p)
+		ix.setAge(above, age)
+		ix.search(mid+1, hi, above)
+		set = andNot(set, p)
+		hi = mid
+	}
+}
+
+func (ix *Index) assign(set [maxWords]uint64, n int) {
+	b := ix.q.m.Blocks
+	for w, word := range set {
+		for word != 0 {
+			s := w*64 + trailingZeros(word)
+			word &= word - 1
+			if s < len(b) {
+				b[s] = n
+			}
+		}
+	}
+}
+
+func (ix *Index) setAge(set [maxWords]uint64, age uint32) {
+	for w, word := range set {
+		for word != 0 {
+			s := w*64 + trailingZeros(word)
+			word &= word - 1
+			ix.q.m.ages[s] = age
+		}
+	}
+}
+
+// presence returns the hosts that hold block i (valid bits only) and the
+// entry's age; ok is false when the read budget is spent.
+func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
+	q := &ix.q
+	h := q.blocks[i]
+	sh := shardOf(h, ix.shardBits)
+	var view shardView
+	valid := false
+	found := false
+	for k, s := range q.cacheShard {
+		if s == sh {
+			view, valid, found = q.cacheVal[k], q.cacheOK[k], true
+			break
+		}
+	}
+	if !found {
+		if q.budget <= 0 {
+			q.truncated = true
+			return p, 0, false
+		}
+		q.budget--
+		v, _, got := ix.get(ix.shardKeys[sh])
+		if got {
+			view, valid = parseShard(v)
+			if !valid {
+				ix.metrics.Corrupt++
+			}
+		}
+		q.cacheShard = append(q.cacheShard, sh)
+		q.cacheVal = append(q.cacheVal, view)
+		q.cacheOK = append(q.cacheOK, valid)
+	}
+	if !valid {
+		return p, 0, true
+	}
+	e := view.find(blockTag(h, ix.level(i)))
+	if e < 0 {
+		return p, 0, true
+	}
+	age = view.age(e)
+	p = and(view.bitmap(e), ix.table.active)
+	p = andNot(p, ix.table.staleMask(view.epoch))
+	if ix.table.anyHorz {
+		p = ix.table.dropExpired(p, age)
+	}
+	return p, age, true
+}
+
+// dropExpired clears the hosts whose eviction horizon passed age.
+func (t *slotTable) dropExpired(p [maxWords]uint64, age uint32) [maxWords]uint64 {
+	for w := range p {
+		word := p[w]
+		for word != 0 {
+			b := trailingZeros(word)
+			word &= word - 1
+			hz := t.recs[w*64+b].horizon
+			if hz != 0 && int32(age-hz) < 0 {
+				p[w] &^= 1 << b
+			}
+		}
+	}
+	return p
+}

@@ -1,0 +1,153 @@
+package index
+
+// Eviction model.
+//
+// Engines evict their least recently used KV blocks when full. The index
+// mirrors that per host with a usage histogram in shared data (one key per
+// slot): the host's tracked units (level-0 blocks; a level-l block weighs
+// 2^l) by recency bucket of Config.BucketMs. Record adds the units of new
+// blocks to the current bucket and moves refreshed blocks' units from
+// their old bucket to it. When the total exceeds the host's capacity, the
+// oldest buckets are dropped and the host's horizon in the slot table
+// advances past them: from then on every reader ignores that host's bits
+// in entries last refreshed before the horizon, without touching the
+// shards; the bits are dropped when their shard is next rewritten.
+
+func (ix *Index) bucketTicks() uint32 {
+	b := uint32(ix.cfg.BucketMs >> ageShift)
+	if b == 0 {
+		b = 1
+	}
+	return b
+}
+
+// bookUsage applies ix.pending to ref's usage histogram and evicts past
+// the host's capacity.
+func (ix *Index) bookUsage(ref HostRef, now uint32) error {
+	key := ix.usageKeys[ref.Slot]
+	bt := ix.bucketTicks()
+	nowB := now / bt
+	rec := ix.table.recs[ref.Slot]
+	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
+		v, cas, found := ix.get(key)
+		var head, total uint32
+		u := &ix.usage
+		if found && len(v) == usageHeader+4*usageBuckets && v[0] == usageMagic0 && v[1] == usageMagic1 && v[2] == formatVersion &&
+			le.Uint32(v[4:]) == rec.gen && le.Uint32(v[8:]) == rec.clearEpoch {
+			head = le.Uint32(v[12:])
+			for i := range u {
+				u[i] = le.Uint32(v[usageHeader+4*i:])
+				total += u[i]
+			}
+		} else {
+			if found && (len(v) < 12 || v[0] != usageMagic0 || v[1] != usageMagic1 || v[2] != formatVersion) {
+				ix.metrics.Corrupt++
+			}
+			*u = [usageBuckets]uint32{}
+			head = nowB
+		}
+		head = advance(u, head, nowB)
+		tail := head - usageBuckets + 1
+		for _, d := range ix.pending {
+			b := d.bucket
+			if int32(b-tail) < 0 {
+				b = tail
+			} else if int32(b-head) > 0 {
+				b = head
+			}
+			c := &u[b%usageBuckets]
+			if d.units >= 0 {
+				*c += uint32(d.units)
+				total += uint32(d.units)
+			} else {
+				sub := uint32(-d.units)
+				if sub > *c {
+					sub = *c
+				}
+				*c -= sub
+				total -= sub
+			}
+		}
+		var horizon uint32
+		var evicted uint64
+		if rec.capacity > 0 && total > rec.capacity {
+			// Never drop the current bucket: a prompt larger than the
+			// whole capacity stays until newer traffic pushes it out.
+			for b := tail; b != head && total > rec.capacity; b++ {
+				c := &u[b%usageBuckets]
+				if *c == 0 {
+					continue
+				}
+				total -= *c
+				evicted += uint64(*c)
+				*c = 0
+				horizon = (b + 1) * bt
+				if horizon == 0 {
+					horizon = 1
+				}
+			}
+		}
+		ix.enc = append(ix.enc[:0], usageMagic0, usageMagic1, formatVersion, 0)
+		ix.enc = le.AppendUint32(ix.enc, rec.gen)
+		ix.enc = le.AppendUint32(ix.enc, rec.clearEpoch)
+		ix.enc = le.AppendUint32(ix.enc, head)
+		ix.enc = le.AppendUint32(ix.enc, total)
+		for i := range u {
+			ix.enc = le.AppendUint32(ix.enc, u[i])
+		}
+		retry, err := ix.set(key, ix.enc, cas)
+		if retry {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if horizon != 0 {
+			ix.metrics.Evictions += evicted
+			return ix.raiseHorizon(ref, horizon)
+		}
+		return nil
+	}
+	ix.metrics.CASFailures++
+	return ErrContended
+}
+
+// advance moves the histogram's newest bucket to nowB, folding buckets
+// that leave the window into the oldest one kept, so no units are lost.
+func advance(u *[usageBuckets]uint32, head, nowB uint32) uint32 {
+	steps := int32(nowB - head)
+	if steps <= 0 {
+		return head
+	}
+	if steps >= usageBuckets {
+		var sum uint32
+		for i := range u {
+			sum += u[i]
+			u[i] = 0
+		}
+		u[(nowB+1)%usageBuckets] = sum // the oldest bucket of the new window
+		return nowB
+	}
+	for b := head + 1; b != nowB+1; b++ {
+		// Slot b%N holds bucket b-N, which leaves the window: fold it into
+		// b-N+1, the new oldest.
+		old := u[b%usageBuckets]
+		u[b%usageBuckets] = 0
+		u[(b+1)%usageBuckets] += old
+	}
+	return nowB
+}
+
+func (ix *Index) raiseHorizon(ref HostRef, horizon uint32) error {
+	return ix.updateSlots(func(t *slotTable) (bool, error) {
+		if err := t.check(ref); err != nil {
+			return false, err
+		}
+		r := &t.recs[ref.Slot]
+		if r.horizon != 0 && int32(horizon-r.horizon) <= 0 {
+			return false, nil
+		}
+		r.horizon = horizon
+		return true, nil
+	})
+}
