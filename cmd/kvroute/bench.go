@@ -1,0 +1,220 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvroute/kvroute/internal/benchreport"
+	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/sim"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+type benchOptions struct {
+	trace      string
+	replicas   int
+	strategies string
+	out        string
+	rateScale  float64
+	seed       uint64
+	profile    string
+	limit      int
+	parallel   int
+}
+
+func init() {
+	var o benchOptions
+	cmd := &cobra.Command{
+		Use:   "bench --trace FILE [--replicas N] [--strategies a,b,...] [--out FILE.json]",
+		Short: "Compare routing strategies on a simulated fleet replaying a Mooncake trace",
+		Long: `bench replays a Mooncake JSONL trace through a fleet of simulated vLLM-like
+engines in virtual time, once per strategy, with the real routing code deciding.
+It writes the bench contract's JSON (see DESIGN.md), a PNG next to it (TTFT CDF
+per strategy, hit ratio per strategy against the fleet's ceiling) and prints a
+markdown table.
+
+Strategies: ` + strings.Join(fleet.StrategyNames, ", ") + `.
+Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(o, cmd.OutOrStdout(), os.Stderr)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace (required)")
+	f.IntVar(&o.replicas, "replicas", 8, "number of engine replicas")
+	f.StringVar(&o.strategies, "strategies", strings.Join(fleet.StrategyNames, ","), "comma-separated strategies to compare")
+	f.StringVar(&o.out, "out", "bench.json", "results file (JSON); the plot is written next to it as .png")
+	f.Float64Var(&o.rateScale, "rate-scale", 1, "request rate multiplier: arrival times are divided by it")
+	f.Uint64Var(&o.seed, "seed", 1, "seed for every random choice (routers, tie-breaks)")
+	f.StringVar(&o.profile, "profile", sim.DefaultProfile, "engine cost profile")
+	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
+	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
+	addCommand(cmd)
+}
+
+func runBench(o benchOptions, stdout, stderr io.Writer) error {
+	if o.trace == "" {
+		return errors.New("--trace is required: a Mooncake JSONL file such as ../shared/traces/mooncake_synthetic.jsonl")
+	}
+	if o.replicas < 1 {
+		return fmt.Errorf("--replicas must be at least 1, got %d", o.replicas)
+	}
+	if o.rateScale <= 0 {
+		return fmt.Errorf("--rate-scale must be positive, got %g", o.rateScale)
+	}
+	prof, err := sim.LookupProfile(o.profile)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, s := range strings.Split(o.strategies, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			names = append(names, s)
+		}
+	}
+	if len(names) == 0 {
+		return errors.New("--strategies is empty")
+	}
+	for _, s := range names {
+		// Fail before hours of simulation on a typo.
+		if _, err := fleet.NewStrategy(s, o.replicas, o.seed); err != nil {
+			return err
+		}
+	}
+	w, err := workload.LoadMooncake(o.trace, workload.TraceOptions{RateScale: o.rateScale, Limit: o.limit})
+	if err != nil {
+		return err
+	}
+
+	report, err := benchFleet(w, names, prof, o, progressBar(stderr, len(names)*len(w.Requests)))
+	if err != nil {
+		return err
+	}
+	report.Trace = o.trace
+	if err := report.WriteJSON(o.out); err != nil {
+		return err
+	}
+	png := strings.TrimSuffix(o.out, filepath.Ext(o.out)) + ".png"
+	if err := report.WritePNG(png); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d\n\n", len(w.Requests), o.trace, o.replicas, prof.Name, o.rateScale, o.seed)
+	report.Markdown(stdout)
+	fmt.Fprintf(stdout, "\nwrote %s and %s\n", o.out, png)
+	return nil
+}
+
+// benchFleet simulates every strategy on the workload (in parallel, each
+// with its own fleet and router) and computes the fleet's ceiling.
+func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, progress func(int)) (*benchreport.Report, error) {
+	report := &benchreport.Report{
+		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated",
+		Results: make([]benchreport.Result, len(names)),
+	}
+	par := o.parallel
+	if par <= 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	sem := make(chan struct{}, par)
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	var routed atomic.Int64
+	wg.Go(func() { report.CeilingHitRatio = fleet.Ceiling(w, prof, o.replicas) })
+	for i, name := range names {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			router, err := fleet.NewStrategy(name, o.replicas, o.seed)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			last := 0
+			res, err := fleet.Run(fleet.Config{
+				Replicas: o.replicas, Profile: prof,
+				Progress: func(done, _ int) {
+					if progress != nil {
+						progress(int(routed.Add(int64(done - last))))
+					}
+					last = done
+				},
+			}, w, router)
+			if err != nil {
+				errs[i] = fmt.Errorf("strategy %s: %w", name, err)
+				return
+			}
+			report.Results[i] = toResult(name, res)
+		})
+	}
+	wg.Wait()
+	if progress != nil {
+		progress(-1)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return report, nil
+}
+
+func toResult(name string, res *fleet.Result) benchreport.Result {
+	s := res.Summarize()
+	r := benchreport.Result{
+		Strategy:      name,
+		Requests:      s.Requests,
+		TTFTms:        benchreport.P50P90P99{P50: benchreport.Ms(s.TTFT.P50), P90: benchreport.Ms(s.TTFT.P90), P99: benchreport.Ms(s.TTFT.P99)},
+		TPOTms:        benchreport.P50P90{P50: benchreport.Ms(s.TPOT.P50), P90: benchreport.Ms(s.TPOT.P90)},
+		E2Ems:         benchreport.P50P99{P50: benchreport.Ms(s.E2E.P50), P99: benchreport.Ms(s.E2E.P99)},
+		OutputTokPerS: s.OutputTokPerS,
+		CacheHitRatio: s.HitRatio,
+		LoadImbalance: s.LoadImbalance,
+		RouterUS:      benchreport.P50P99{P50: benchreport.Us(s.RouterTime.P50), P99: benchreport.Us(s.RouterTime.P99)},
+	}
+	for _, rec := range res.Records {
+		if !rec.Rejected {
+			r.TTFTSamples = append(r.TTFTSamples, rec.TTFT)
+		}
+	}
+	return r
+}
+
+// progressBar returns a progress callback drawing on w when w is a
+// terminal, and nil otherwise (logs and pipes get no control characters).
+// The callback takes the number of units done; -1 finishes the line.
+func progressBar(w io.Writer, total int) func(int) {
+	f, ok := w.(*os.File)
+	if !ok || total <= 0 {
+		return nil
+	}
+	if fi, err := f.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	var mu sync.Mutex
+	var lastDraw time.Time
+	start := time.Now()
+	return func(done int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if done < 0 {
+			fmt.Fprintf(f, "\r%-70s\r", "")
+			return
+		}
+		if time.Since(lastDraw) < 100*time.Millisecond && done < total {
+			return
+		}
+		lastDraw = time.Now()
+		const width = 40
+		fill := width * done / total
+		fmt.Fprintf(f, "\r[%s%s] %3d%% %6.1fs", strings.Repeat("#", fill), strings.Repeat(".", width-fill), 100*done/total, time.Since(start).Seconds())
+	}
+}
