@@ -54,8 +54,11 @@ type Host struct {
 	// means "not computed": plugins then hash Address themselves, which costs
 	// a few nanoseconds per host per decision. Callers should fill it once.
 	ID uint64
-	// Slot is the host's slot in the index's slot table, or -1.
+	// Slot is the host's slot in the index's slot table, or -1; Gen is the
+	// slot's generation (index.HostRef), carried so that the router's
+	// writes cannot land on a host that replaced this one.
 	Slot int
+	Gen  uint32
 	// Role, Model and Adapters describe what the engine serves. Adapters
 	// lists LoRA adapters loaded now; MaxAdapters is how many it can hold at
 	// once (0: unknown, assume a free one can be loaded).

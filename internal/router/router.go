@@ -5,62 +5,33 @@
 //
 // A request's life as the router sees it:
 //
-//	t := r.Decide(in, hosts)   // query matches, run the profile, record, account
-//	r.FirstToken(&t)           // prefill done: its tokens stop counting as pending
-//	r.Feedback(&t, cached)     // the engine's cached_tokens confirms or corrects
-//	r.Release(&t)              // stream end (or reset): every counter returns
+//	t, res := r.Decide(in, hosts) // query matches, run the profile, record, account
+//	r.FirstToken(&t)              // prefill done: its tokens stop counting as pending
+//	r.Feedback(&t, cached)        // the engine's cached_tokens vs the prediction
+//	r.Release(&t)                 // stream end (or reset): every counter returns
+//
+// The prefix matches and the load counters live in the index (shared data,
+// seen by every Envoy worker). The KV footprint of requests in flight, which
+// only the dynamo_kv emulation reads, is kept per router.
 //
 // Like scorer and index, it imports no proxy-wasm SDK and allocates nothing
-// per decision once warm. It is not safe for concurrent use without the
-// internal lock it takes; Envoy runs one VM per worker thread, each with its
-// own Router over the same shared data.
+// per decision once warm. One Router per Envoy worker VM (or simulator
+// goroutine); its methods take an internal lock, so sharing one is safe but
+// serialises.
 package router
 
 import (
+	"errors"
 	"sync"
 
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// PrefixIndex is what the router needs from the prefix index (index.Index
-// through IndexAdapter, or a fake in tests).
-type PrefixIndex interface {
-	// Match sets matched[i] to the number of leading blocks of chain that
-	// the host in slot slots[i] holds (0 for a negative slot).
-	Match(chain []uint64, slots []int, matched []int32) error
-	// Record notes that the host in slot now holds chain, of which it
-	// already held the first held blocks.
-	Record(slot int, chain []uint64, held int) error
-}
-
 // TokenCounter converts a number of leading blocks to prompt tokens. The
-// index's Hasher implements it (block sizes may vary along the chain).
+// index's Hasher implements it (block sizes vary along the chain).
 type TokenCounter interface {
 	TokensIn(blocks int) int
-}
-
-// Load is one host's outstanding work as the gateway accounts it.
-type Load struct {
-	InFlight      int64
-	PrefillTokens int64 // prompt tokens sent and not yet prefilled
-	DecodeTokens  int64 // output tokens requested and not yet finished
-	KVTokens      int64 // prompt + max tokens of requests in flight
-}
-
-func (l *Load) add(d Load, sign int64) {
-	l.InFlight += sign * d.InFlight
-	l.PrefillTokens += sign * d.PrefillTokens
-	l.DecodeTokens += sign * d.DecodeTokens
-	l.KVTokens += sign * d.KVTokens
-}
-
-// LoadBook holds per-host load counters, by index slot. The filter backs it
-// with shared data (all workers see one book); MemLoad serves the simulator
-// and tests.
-type LoadBook interface {
-	Get(slot int) Load
-	// Add adds delta (which may be negative) to slot's counters.
-	Add(slot int, delta Load)
 }
 
 // SessionTable pins session keys to host addresses.
@@ -78,17 +49,18 @@ type Input struct {
 	MaxTokens      int
 	// Chain is the request's block hash chain (index.Hasher.Blocks).
 	Chain []uint64
-	// Tokens converts matched blocks to tokens; nil assumes blocks of equal
-	// size (PromptTokens / len(Chain)).
+	// Tokens converts matched blocks to tokens, normally the Hasher that
+	// produced Chain; nil assumes blocks of equal size.
 	Tokens TokenCounter
 	// PrefixBlocks is how many leading blocks make the consistent-hashing
 	// key (prefix_hash); 0 means DefaultPrefixBlocks.
 	PrefixBlocks int
 }
 
-// DefaultPrefixBlocks is the prefix length hashed for prefix_hash: long
-// enough to separate system prompts, short enough that a conversation's
-// turns keep their key.
+// DefaultPrefixBlocks is the prefix length hashed for prefix_hash: with the
+// index's default 256-character blocks, about 1 KB of prompt — enough to
+// tell system prompts apart, short enough that a conversation keeps its key
+// as it grows.
 const DefaultPrefixBlocks = 4
 
 // Ticket is the router's record of one dispatched request, returned by
@@ -96,34 +68,48 @@ const DefaultPrefixBlocks = 4
 // slots and numbers only.
 type Ticket struct {
 	// Host and Prefill are the chosen positions in the hosts slice given to
-	// Decide (-1 when none); their slots are kept for the release.
-	Host, Prefill         int
-	Slot, PrefillSlot     int
-	Address               string
+	// Decide (-1 when none).
+	Host, Prefill int
+	// Address and PrefillAddress name them.
+	Address, PrefillAddress string
+	// PredictedCachedTokens is what the index expected the engine to find
+	// cached (on the prefill host when disaggregated).
 	PredictedCachedTokens int
-	load, prefillLoad     Load
-	firstToken, released  bool
+
+	decode, prefill  hold
+	firstToken, done bool
+}
+
+// hold is what one request added to one host's counters, so that exactly
+// that is taken back.
+type hold struct {
+	slot                      int
+	ix                        index.LoadTicket // counters in the index
+	inflight, prefill, decode int64            // router-local counters (no index)
+	kv                        int64            // router-local KV footprint
 }
 
 // Stats are cumulative counters for the filter's metrics.
 type Stats struct {
 	Decisions, NoCandidate, Disaggregated uint64
 	// PredictedCachedTokens sums what the index predicted for the chosen
-	// hosts; ConfirmedCachedTokens sums what engines reported back for the
-	// same requests (only those with feedback). Their gap is the index's
-	// drift.
+	// hosts of requests that got feedback; ConfirmedCachedTokens sums what
+	// the engines reported for them. Their gap is the index's drift.
 	PredictedCachedTokens, ConfirmedCachedTokens    uint64
 	FeedbackRequests, OverPredicted, UnderPredicted uint64
-	IndexErrors                                     uint64
+	// IndexErrors counts failed index reads or writes (the decision went on
+	// without them); LoadErrors counts load updates dropped under
+	// contention.
+	IndexErrors, LoadErrors uint64
 }
 
-// Config assembles a Router. Only Handler is required.
+// Config assembles a Router.
 type Config struct {
+	// Handler is the strategy (required).
 	Handler *scorer.Handler
-	// Index is the prefix index; nil routes without prefix matches.
-	Index PrefixIndex
-	// Load defaults to a fresh MemLoad.
-	Load LoadBook
+	// Index holds prefix matches and load counters. nil routes without
+	// prefix matches and keeps load counters in the router.
+	Index *index.Index
 	// Sessions defaults to a MemSessions of 65,536 entries.
 	Sessions SessionTable
 	// Seed seeds the decision randomness (0: random).
@@ -134,21 +120,23 @@ type Config struct {
 type Router struct {
 	mu       sync.Mutex
 	handler  *scorer.Handler
-	index    PrefixIndex
-	load     LoadBook
+	ix       *index.Index
 	sessions SessionTable
 	scratch  *scorer.Scratch
 	req      scorer.Request
-	slots    []int
+	matches  index.Matches
+	loads    []index.Load
+	local    []localLoad // by slot: KV footprint, and all counters without an index
 	stats    Stats
+}
+
+type localLoad struct {
+	inflight, prefill, decode, kv int64
 }
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, index: cfg.Index, load: cfg.Load, sessions: cfg.Sessions}
-	if r.load == nil {
-		r.load = &MemLoad{}
-	}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions}
 	if r.sessions == nil {
 		r.sessions = NewMemSessions(65536)
 	}
@@ -170,13 +158,39 @@ func (r *Router) Stats() Stats {
 	return r.stats
 }
 
-// Decide picks the host(s) for one request among hosts (whose Slot fields
-// must be the index slots), records the decision in the index and accounts
-// the load. It overwrites the hosts' own-accounting fields (InFlight,
+// Register gives addr an index slot (the filter calls it for every
+// endpoint, the simulator for every replica) and returns the Slot and Gen to
+// put in its scorer.Host. Without an index, slots are handed out in order.
+func (r *Router) Register(addr string, h *scorer.Host) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ix == nil {
+		h.Address, h.Slot, h.Gen = addr, len(r.local), 1
+		r.local = append(r.local, localLoad{})
+		return nil
+	}
+	ref, err := r.ix.Register(addr)
+	if err != nil {
+		return err
+	}
+	h.Address, h.Slot, h.Gen = addr, ref.Slot, ref.Gen
+	return nil
+}
+
+func (r *Router) localAt(slot int) *localLoad {
+	for slot >= len(r.local) {
+		r.local = append(r.local, localLoad{})
+	}
+	return &r.local[slot]
+}
+
+// Decide picks the host(s) for one request among hosts (whose Slot and Gen
+// come from Register), records the decision in the index and accounts the
+// load. It overwrites the hosts' own-accounting fields (InFlight,
 // PendingPrefillTokens, PendingDecodeTokens, InFlightTokens) from the load
-// book. The returned Result's slices are valid until the next Decide.
+// counters. The Result's slices are valid until the next Decide.
 //
-// An index error does not fail the decision: it routes without prefix
+// An index error does not fail the decision: it goes on without prefix
 // matches and is counted.
 func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) {
 	r.mu.Lock()
@@ -195,28 +209,41 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 		req.PrefixHash = in.Chain[min(k, len(in.Chain))-1]
 	}
 
-	if cap(r.slots) < n {
-		r.slots = make([]int, n)
+	queried := false
+	if r.ix != nil && len(in.Chain) > 0 {
+		if err := r.ix.Query(in.Chain, &r.matches); err != nil {
+			r.stats.IndexErrors++
+		} else {
+			queried = true
+		}
 	}
-	r.slots = r.slots[:n]
+	if r.ix != nil {
+		r.loads = r.ix.Loads(r.loads)
+	}
 	for i := range hosts {
 		h := &hosts[i]
-		r.slots[i] = h.Slot
-		if h.Slot >= 0 {
-			l := r.load.Get(h.Slot)
-			h.InFlight = int(l.InFlight)
-			h.PendingPrefillTokens = l.PrefillTokens
-			h.PendingDecodeTokens = l.DecodeTokens
-			h.InFlightTokens = l.KVTokens
+		if h.Slot < 0 {
+			continue
 		}
-	}
-	if r.index != nil && len(in.Chain) > 0 {
-		if err := r.index.Match(in.Chain, r.slots, req.MatchedBlocks); err != nil {
-			r.stats.IndexErrors++
-			clear(req.MatchedBlocks)
+		l := r.localAt(h.Slot)
+		h.InFlightTokens = l.kv
+		if r.ix != nil {
+			var il index.Load
+			if h.Slot < len(r.loads) {
+				il = r.loads[h.Slot]
+			}
+			h.InFlight = int(il.InFlight)
+			h.PendingPrefillTokens = int64(il.PrefillTokens)
+			h.PendingDecodeTokens = int64(il.DecodeTokens)
+		} else {
+			h.InFlight = int(l.inflight)
+			h.PendingPrefillTokens = l.prefill
+			h.PendingDecodeTokens = l.decode
 		}
-		for i, b := range req.MatchedBlocks {
-			req.MatchedTokens[i] = int32(tokensIn(in, int(b)))
+		if queried && h.Slot < len(r.matches.Blocks) {
+			b := r.matches.Blocks[h.Slot]
+			req.MatchedBlocks[i] = int32(b)
+			req.MatchedTokens[i] = int32(tokensIn(in, b))
 		}
 	}
 	if in.SessionKey != "" {
@@ -225,44 +252,35 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 
 	res := r.handler.Run(req, hosts, r.scratch)
 	r.stats.Decisions++
-	t := Ticket{Host: res.Decode.Primary(), Prefill: -1, Slot: -1, PrefillSlot: -1}
+	t := Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
 	if t.Host < 0 {
 		r.stats.NoCandidate++
 		return t, res
 	}
 	h := &hosts[t.Host]
-	t.Slot, t.Address = h.Slot, h.Address
-	held, cached := req.Matched(t.Host)
+	t.Address = h.Address
+	_, cached := req.Matched(t.Host)
 	if in.SessionKey != "" && req.PinnedAddress != h.Address {
 		r.sessions.Put(in.SessionKey, h.Address)
 	}
-
-	prompt := int64(in.PromptTokens)
-	out := int64(max(in.MaxTokens, 0))
+	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 	if res.Disaggregated {
 		r.stats.Disaggregated++
-		p := res.Prefill.Primary()
-		t.Prefill = p
-		t.PrefillSlot = hosts[p].Slot
-		pheld, pcached := req.Matched(p)
+		t.Prefill = res.Prefill.Primary()
+		p := &hosts[t.Prefill]
+		t.PrefillAddress = p.Address
+		_, pcached := req.Matched(t.Prefill)
 		t.PredictedCachedTokens = pcached
-		// The prefill host computes the uncached prompt and keeps its KV
-		// while transferring; the decode host receives the whole prompt.
-		t.prefillLoad = Load{InFlight: 1, PrefillTokens: max(prompt-int64(pcached), 0), KVTokens: prompt}
-		t.load = Load{InFlight: 1, DecodeTokens: out, KVTokens: prompt + out}
-		r.record(t.PrefillSlot, in.Chain, pheld)
-		r.record(t.Slot, in.Chain, held)
+		// The prefill host computes the uncached prompt and holds its KV
+		// until the transfer; the decode host receives the whole prompt.
+		r.record(p, in.Chain, queried)
+		r.record(h, in.Chain, queried)
+		t.prefill = r.add(p, max(prompt-pcached, 0), 0, prompt)
+		t.decode = r.add(h, 0, out, prompt+out)
 	} else {
 		t.PredictedCachedTokens = cached
-		t.load = Load{InFlight: 1, PrefillTokens: max(prompt-int64(cached), 0), DecodeTokens: out, KVTokens: prompt + out}
-		r.record(t.Slot, in.Chain, held)
-	}
-	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
-	if t.Slot >= 0 {
-		r.load.Add(t.Slot, t.load)
-	}
-	if t.PrefillSlot >= 0 {
-		r.load.Add(t.PrefillSlot, t.prefillLoad)
+		r.record(h, in.Chain, queried)
+		t.decode = r.add(h, max(prompt-cached, 0), out, prompt+out)
 	}
 	return t, res
 }
@@ -280,41 +298,99 @@ func tokensIn(in *Input, blocks int) int {
 	return int(int64(in.PromptTokens) * int64(min(blocks, len(in.Chain))) / int64(len(in.Chain)))
 }
 
-func (r *Router) record(slot int, chain []uint64, held int) {
-	if r.index == nil || slot < 0 || len(chain) == 0 {
+func (r *Router) record(h *scorer.Host, chain []uint64, queried bool) {
+	if r.ix == nil || h.Slot < 0 || len(chain) == 0 {
 		return
 	}
-	if err := r.index.Record(slot, chain, held); err != nil {
+	var m *index.Matches
+	if queried {
+		m = &r.matches
+	}
+	if err := r.ix.Record(index.HostRef{Slot: h.Slot, Gen: h.Gen}, chain, m); err != nil {
 		r.stats.IndexErrors++
 	}
 }
 
+func (r *Router) add(h *scorer.Host, prefill, decode, kv int) hold {
+	if h.Slot < 0 {
+		return hold{slot: -1}
+	}
+	hd := hold{slot: h.Slot, kv: int64(kv)}
+	l := r.localAt(h.Slot)
+	l.kv += hd.kv
+	if r.ix == nil {
+		hd.inflight, hd.prefill, hd.decode = 1, int64(prefill), int64(decode)
+		l.inflight++
+		l.prefill += hd.prefill
+		l.decode += hd.decode
+		return hd
+	}
+	var err error
+	if hd.ix, err = r.ix.AddLoad(index.HostRef{Slot: h.Slot, Gen: h.Gen}, prefill, decode); err != nil {
+		r.stats.LoadErrors++
+	}
+	return hd
+}
+
+// prefillDone takes back a hold's pending prefill tokens.
+func (r *Router) prefillDone(hd *hold) {
+	if hd.slot < 0 {
+		return
+	}
+	if r.ix == nil {
+		r.localAt(hd.slot).prefill -= hd.prefill
+		hd.prefill = 0
+		return
+	}
+	if err := r.ix.PrefillDone(&hd.ix); err != nil {
+		r.stats.LoadErrors++
+	}
+}
+
+// release takes back everything a hold still has.
+func (r *Router) release(hd *hold) {
+	if hd.slot < 0 {
+		return
+	}
+	l := r.localAt(hd.slot)
+	l.kv -= hd.kv
+	l.inflight -= hd.inflight
+	l.prefill -= hd.prefill
+	l.decode -= hd.decode
+	*hd = hold{slot: hd.slot, ix: hd.ix}
+	if r.ix == nil {
+		return
+	}
+	var err error
+	for range 3 { // contention drops an update: try again before counting a leak
+		if err = r.ix.Release(&hd.ix); err == nil || !errors.Is(err, index.ErrContended) {
+			break
+		}
+	}
+	if err != nil {
+		r.stats.LoadErrors++
+	}
+}
+
 // FirstToken marks the end of prefill: the request's prompt tokens stop
-// counting as pending prefill work (on the prefill host too, when
-// disaggregated). Idempotent.
+// counting as pending prefill work, and a disaggregated request's prefill
+// host is released. Idempotent.
 func (r *Router) FirstToken(t *Ticket) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if t.firstToken || t.released {
+	if t.firstToken || t.done {
 		return
 	}
 	t.firstToken = true
-	if t.Slot >= 0 && t.load.PrefillTokens != 0 {
-		r.load.Add(t.Slot, Load{PrefillTokens: -t.load.PrefillTokens})
-		t.load.PrefillTokens = 0
-	}
-	// A disaggregated request's prefill host is done once decode starts.
-	if t.PrefillSlot >= 0 {
-		r.load.Add(t.PrefillSlot, Load{InFlight: -t.prefillLoad.InFlight, PrefillTokens: -t.prefillLoad.PrefillTokens, KVTokens: -t.prefillLoad.KVTokens})
-		t.prefillLoad = Load{}
-	}
+	r.prefillDone(&t.decode)
+	r.release(&t.prefill)
 }
 
 // Feedback takes the engine's usage.prompt_tokens_details.cached_tokens for
 // the request and compares it with the prediction. The index needs no
-// correction for this host (it has just computed and holds the whole
+// correction for this host (it has just computed and now holds the whole
 // prompt); the comparison is the drift metric that tells an operator
-// whether the index's block size and capacity match the engines.
+// whether the index's block size and capacity match the engines'.
 func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -322,9 +398,10 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 		return
 	}
 	r.stats.FeedbackRequests++
+	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 	r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
-	// Engines count cache hits in their own block size (16 tokens in
-	// vLLM); allow one such block of slack either way.
+	// Engines count hits in their own blocks (16 tokens in vLLM): allow
+	// one such block either way.
 	const slack = 16
 	switch {
 	case t.PredictedCachedTokens > cachedTokens+slack:
@@ -334,60 +411,15 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 	}
 }
 
-// Release returns every counter the request still holds: call it exactly
-// when the stream ends, completed or reset. Idempotent.
+// Release returns every counter the request still holds. Call it when the
+// stream ends, completed or reset. Idempotent.
 func (r *Router) Release(t *Ticket) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if t.released {
+	if t.done {
 		return
 	}
-	t.released = true
-	if t.Slot >= 0 {
-		r.load.Add(t.Slot, negate(t.load))
-		t.load = Load{}
-	}
-	if t.PrefillSlot >= 0 {
-		r.load.Add(t.PrefillSlot, negate(t.prefillLoad))
-		t.prefillLoad = Load{}
-	}
-}
-
-func negate(l Load) Load {
-	return Load{InFlight: -l.InFlight, PrefillTokens: -l.PrefillTokens, DecodeTokens: -l.DecodeTokens, KVTokens: -l.KVTokens}
-}
-
-// MemLoad is an in-process LoadBook, indexed by slot.
-type MemLoad struct {
-	mu    sync.Mutex
-	slots []Load
-}
-
-// Get implements LoadBook.
-func (m *MemLoad) Get(slot int) Load {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if slot < 0 || slot >= len(m.slots) {
-		return Load{}
-	}
-	return m.slots[slot]
-}
-
-// Add implements LoadBook. Counters never go below zero: a release after
-// the slot was reset must not leave negative load behind.
-func (m *MemLoad) Add(slot int, d Load) {
-	if slot < 0 {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for slot >= len(m.slots) {
-		m.slots = append(m.slots, Load{})
-	}
-	l := &m.slots[slot]
-	l.add(d, 1)
-	l.InFlight = max(l.InFlight, 0)
-	l.PrefillTokens = max(l.PrefillTokens, 0)
-	l.DecodeTokens = max(l.DecodeTokens, 0)
-	l.KVTokens = max(l.KVTokens, 0)
+	t.done = true
+	r.release(&t.prefill)
+	r.release(&t.decode)
 }

@@ -5,43 +5,25 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// fakeIndex is an exact prefix index: slot -> set of chain hashes held.
-type fakeIndex struct {
-	held    map[int]map[uint64]bool
-	records int
+func newIndex(t testing.TB) *index.Index {
+	ix, err := index.New(&index.MemStore{}, index.Config{Shards: 1024, Now: func() int64 { return 1 << 30 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ix
 }
 
-func newFakeIndex() *fakeIndex { return &fakeIndex{held: map[int]map[uint64]bool{}} }
-
-func (f *fakeIndex) Match(chain []uint64, slots []int, matched []int32) error {
-	for i, s := range slots {
-		n := 0
-		for n < len(chain) && f.held[s][chain[n]] {
-			n++
-		}
-		matched[i] = int32(n)
-	}
-	return nil
-}
-
-func (f *fakeIndex) Record(slot int, chain []uint64, held int) error {
-	f.records++
-	if f.held[slot] == nil {
-		f.held[slot] = map[uint64]bool{}
-	}
-	for _, h := range chain {
-		f.held[slot][h] = true
-	}
-	return nil
-}
-
-func hosts(n int) []scorer.Host {
+// registered returns n hosts registered with r.
+func registered(t testing.TB, r *Router, n int) []scorer.Host {
 	hs := make([]scorer.Host, n)
 	for i := range hs {
-		hs[i] = scorer.Host{Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Slot: i}
+		if err := r.Register(fmt.Sprintf("10.0.0.%d:8000", i+1), &hs[i]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return hs
 }
@@ -63,13 +45,13 @@ func mustHandler(t testing.TB, name string) *scorer.Handler {
 }
 
 func TestDecideRecordsAndFollowsPrefix(t *testing.T) {
-	ix := newFakeIndex()
+	ix := newIndex(t)
 	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1})
-	hs := hosts(4)
+	hs := registered(t, r, 4)
 	in := &Input{PromptTokens: 1000, MaxTokens: 10, Chain: chain(7, 10)}
 	t1, _ := r.Decide(in, hs)
-	if t1.Host < 0 || ix.records != 1 {
-		t.Fatalf("first decision: host %d, records %d", t1.Host, ix.records)
+	if t1.Host < 0 || ix.Metrics().Records != 1 {
+		t.Fatalf("first decision: host %d, records %d", t1.Host, ix.Metrics().Records)
 	}
 	r.Release(&t1)
 	// Same prompt again: the host that recorded it holds all 10 blocks.
@@ -83,57 +65,74 @@ func TestDecideRecordsAndFollowsPrefix(t *testing.T) {
 	r.Feedback(&t2, 992)
 	r.Release(&t2)
 	st := r.Stats()
-	if st.Decisions != 2 || st.ConfirmedCachedTokens != 992 || st.OverPredicted != 0 {
+	if st.Decisions != 2 || st.ConfirmedCachedTokens != 992 || st.PredictedCachedTokens != 1000 || st.OverPredicted != 0 || st.IndexErrors != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
 
 // Over many requests with random first-token and release orders (and
 // releases without first token, as on a client reset), every counter
-// returns to zero.
+// returns to zero, in the index's shared counters and in the router's own.
 func TestLoadCountersReturnToZero(t *testing.T) {
-	load := &MemLoad{}
-	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: newFakeIndex(), Load: load, Seed: 3})
-	hs := hosts(8)
-	rng := rand.New(rand.NewPCG(1, 2))
-	var open []Ticket
-	for i := 0; i < 5000; i++ {
-		in := &Input{PromptTokens: 100 + rng.IntN(5000), MaxTokens: rng.IntN(500), Chain: chain(uint64(rng.IntN(20)), 1+rng.IntN(30))}
-		tk, _ := r.Decide(in, hs)
-		open = append(open, tk)
-		for len(open) > 0 && rng.IntN(3) == 0 {
-			k := rng.IntN(len(open))
-			if rng.IntN(2) == 0 {
-				r.FirstToken(&open[k])
+	for _, withIndex := range []bool{true, false} {
+		t.Run(fmt.Sprintf("index=%v", withIndex), func(t *testing.T) {
+			var ix *index.Index
+			if withIndex {
+				ix = newIndex(t)
 			}
-			r.Release(&open[k])
-			r.Release(&open[k]) // idempotent
-			open = append(open[:k], open[k+1:]...)
-		}
+			r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 3})
+			hs := registered(t, r, 8)
+			rng := rand.New(rand.NewPCG(1, 2))
+			var open []Ticket
+			for i := 0; i < 3000; i++ {
+				in := &Input{PromptTokens: 100 + rng.IntN(5000), MaxTokens: rng.IntN(500), Chain: chain(uint64(rng.IntN(20)), 1+rng.IntN(30))}
+				tk, _ := r.Decide(in, hs)
+				open = append(open, tk)
+				for len(open) > 0 && rng.IntN(3) == 0 {
+					k := rng.IntN(len(open))
+					if rng.IntN(2) == 0 {
+						r.FirstToken(&open[k])
+					}
+					r.Release(&open[k])
+					r.Release(&open[k]) // idempotent
+					open = append(open[:k], open[k+1:]...)
+				}
+			}
+			if busy := sumLoad(r, hs); busy.InFlight == 0 || busy.PendingDecodeTokens == 0 || busy.InFlightTokens == 0 {
+				t.Fatalf("open requests but load %+v: accounting is not happening", busy)
+			}
+			for k := range open {
+				r.FirstToken(&open[k])
+				r.Release(&open[k])
+			}
+			if l := sumLoad(r, hs); !idle(l) {
+				t.Fatalf("load left after every release: %+v", l)
+			}
+			if st := r.Stats(); st.LoadErrors != 0 {
+				t.Fatalf("load errors: %d", st.LoadErrors)
+			}
+		})
 	}
-	busy := false
-	for s := range hs {
-		if load.Get(s) != (Load{}) {
-			busy = true
-		}
+}
+
+// sumLoad refreshes the hosts' load fields (through a decision with no
+// chain, whose own load it then releases) and sums them.
+func sumLoad(r *Router, hs []scorer.Host) scorer.Host {
+	tk, _ := r.Decide(&Input{}, hs)
+	var s scorer.Host
+	for _, h := range hs {
+		s.InFlight += h.InFlight
+		s.PendingPrefillTokens += h.PendingPrefillTokens
+		s.PendingDecodeTokens += h.PendingDecodeTokens
+		s.InFlightTokens += h.InFlightTokens
 	}
-	if !busy {
-		t.Fatal("no load outstanding with requests open: accounting is not happening")
-	}
-	for k := range open {
-		r.FirstToken(&open[k])
-		r.Release(&open[k])
-	}
-	for s := range hs {
-		if l := load.Get(s); l != (Load{}) {
-			t.Fatalf("slot %d left with %+v", s, l)
-		}
-	}
+	r.Release(&tk)
+	return s
 }
 
 func TestStickySessionPinsAndRepins(t *testing.T) {
 	r := New(Config{Handler: mustHandler(t, "sticky_session"), Seed: 5})
-	hs := hosts(4)
+	hs := registered(t, r, 4)
 	in := &Input{SessionKey: "user-1", PromptTokens: 10}
 	first, _ := r.Decide(in, hs)
 	for i := 0; i < 20; i++ {
@@ -165,27 +164,33 @@ func TestDisaggregatedDecisionAccountsBothHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	load := &MemLoad{}
-	r := New(Config{Handler: h, Index: newFakeIndex(), Load: load, Seed: 1})
-	hs := hosts(4)
+	r := New(Config{Handler: h, Index: newIndex(t), Seed: 1})
+	hs := registered(t, r, 4)
 	hs[0].Role, hs[1].Role = scorer.RolePrefill, scorer.RolePrefill
 	hs[2].Role, hs[3].Role = scorer.RoleDecode, scorer.RoleDecode
 	tk, res := r.Decide(&Input{PromptTokens: 4000, MaxTokens: 50, Chain: chain(1, 8)}, hs)
 	if !res.Disaggregated || tk.Prefill > 1 || tk.Prefill < 0 || tk.Host < 2 {
 		t.Fatalf("prefill %d decode %d disaggregated %v", tk.Prefill, tk.Host, res.Disaggregated)
 	}
-	if l := load.Get(tk.PrefillSlot); l.PrefillTokens != 4000 || l.InFlight != 1 {
+	pre, dec := tk.Prefill, tk.Host
+	sumLoad(r, hs)
+	if l := hs[pre]; l.PendingPrefillTokens != 4000 || l.InFlight != 1 {
 		t.Fatalf("prefill host load %+v", l)
 	}
-	if l := load.Get(tk.Slot); l.DecodeTokens != 50 || l.PrefillTokens != 0 {
+	if l := hs[dec]; l.PendingDecodeTokens != 50 || l.PendingPrefillTokens != 0 || l.InFlight != 1 {
 		t.Fatalf("decode host load %+v", l)
 	}
 	r.FirstToken(&tk)
-	if l := load.Get(tk.PrefillSlot); l != (Load{}) {
+	sumLoad(r, hs)
+	if l := hs[pre]; l.InFlight != 0 || l.PendingPrefillTokens != 0 || l.InFlightTokens != 0 {
 		t.Fatalf("prefill host still loaded after first token: %+v", l)
 	}
 	r.Release(&tk)
-	if l := load.Get(tk.Slot); l != (Load{}) {
-		t.Fatalf("decode host still loaded after release: %+v", l)
+	if l := sumLoad(r, hs); !idle(l) {
+		t.Fatalf("load left after release: %+v", l)
 	}
+}
+
+func idle(h scorer.Host) bool {
+	return h.InFlight == 0 && h.PendingPrefillTokens == 0 && h.PendingDecodeTokens == 0 && h.InFlightTokens == 0
 }
