@@ -1,12 +1,37 @@
 // Package filter holds kvroute's Envoy-facing proxy-wasm filters.
+//
+// One Wasm module carries both filters; Envoy tells them apart by the plugin's
+// root id, which the plugin context reads at start:
+//
+//   - kvroute.router decides which upstream serves each inference request and
+//     says so in the destination header that Envoy's override_host policy
+//     reads.
+//   - kvroute.pd turns one request into prefill then decode (a pass-through
+//     until that filter lands).
+//
+// Every callback runs behind a panic guard (guard.go): inside Wasm a Go panic
+// kills the VM for that worker, so a bug must cost one request, not a worker.
+// The plugin configuration is parsed by filter/config, which imports no SDK.
 package filter
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/filter/config"
 )
 
-// NewVMContext returns the VM context registered by the Wasm main package.
+// Root ids of the two filters.
+const (
+	RootRouter = "kvroute.router"
+	RootPD     = "kvroute.pd"
+)
+
+// NewVMContext returns the VM context the Wasm main package registers.
+// buildVariant is logged at VM start.
 func NewVMContext(buildVariant string) types.VMContext {
 	return &vmContext{buildVariant: buildVariant}
 }
@@ -22,11 +47,79 @@ func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
 }
 
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &passThroughPlugin{}
+	return &pluginContext{contextID: contextID}
 }
 
-// passThroughPlugin is a placeholder until the first filter lands: every
-// stream continues untouched.
-type passThroughPlugin struct{ types.DefaultPluginContext }
+// filterPlugin is what a root id turns into once its configuration is valid.
+type filterPlugin interface {
+	newStream(contextID uint32) types.HttpContext
+	onTick()
+}
 
-func (*passThroughPlugin) NewHttpContext(uint32) types.HttpContext { return &types.DefaultHttpContext{} }
+// pluginContext is the root context. The SDK creates it before the host says
+// which root id it serves, so it picks the filter in OnPluginStart.
+type pluginContext struct {
+	types.DefaultPluginContext
+	contextID uint32
+	rootID    string
+	plugin    filterPlugin
+}
+
+func (p *pluginContext) OnPluginStart(int) (status types.OnPluginStartStatus) {
+	defer func() {
+		if r := recover(); r != nil {
+			proxywasm.LogCriticalf("kvroute: plugin start failed: panic: %s", panicText(r))
+			status = types.OnPluginStartStatusFailed
+		}
+	}()
+	rootID, err := proxywasm.GetProperty([]string{"plugin_root_id"})
+	if err != nil {
+		proxywasm.LogCriticalf("kvroute: cannot read property plugin_root_id (%v): set root_id to %q or %q", err, RootRouter, RootPD)
+		return types.OnPluginStartStatusFailed
+	}
+	p.rootID = string(rootID)
+	data, err := proxywasm.GetPluginConfiguration()
+	if err != nil && !errors.Is(err, types.ErrorStatusNotFound) && !errors.Is(err, types.ErrorStatusEmpty) {
+		proxywasm.LogCriticalf("%s: cannot read the plugin configuration: %v", p.rootID, err)
+		return types.OnPluginStartStatusFailed
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		proxywasm.LogCriticalf("%s: invalid plugin configuration: %v", p.rootID, err)
+		return types.OnPluginStartStatusFailed
+	}
+	switch p.rootID {
+	case RootRouter:
+		p.plugin, err = newRouter(cfg)
+	case RootPD:
+		p.plugin, err = newPD(cfg)
+	default:
+		err = fmt.Errorf("unknown root id %q: set the plugin's root_id to %q or %q", p.rootID, RootRouter, RootPD)
+	}
+	if err != nil {
+		proxywasm.LogCriticalf("kvroute: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	proxywasm.LogInfof("%s: started with %d static endpoints, strategy %s", p.rootID, len(cfg.Endpoints), cfg.Strategy)
+	return types.OnPluginStartStatusOK
+}
+
+func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
+	if p.plugin == nil {
+		// Envoy creates no streams for a plugin that failed to start; a host
+		// that does gets a pass-through rather than a trap.
+		return &types.DefaultHttpContext{}
+	}
+	return p.plugin.newStream(contextID)
+}
+
+func (p *pluginContext) OnTick() {
+	defer func() {
+		if r := recover(); r != nil {
+			proxywasm.LogErrorf("%s: recovered panic in on_tick: %s", p.rootID, panicText(r))
+		}
+	}()
+	if p.plugin != nil {
+		p.plugin.onTick()
+	}
+}

@@ -1,0 +1,566 @@
+// Package config parses and validates kvroute's plugin configuration: the JSON
+// given to the Wasm filter as its plugin configuration (Envoy's
+// `configuration`, Istio's `pluginConfig`).
+//
+// It imports no proxy-wasm SDK, so the same code runs inside the filter (at
+// plugin start) and natively in tools: the manifest checks validate every
+// shipped manifest's embedded configuration with Parse, and `kvroute` commands
+// can lint a configuration before it reaches a gateway.
+//
+// Parsing walks the document with gjson instead of unmarshalling into structs:
+// every error then names its exact field path (`endpoints[1].address: ...`),
+// unknown keys are rejected (a misspelt key would otherwise silently keep its
+// default), and the Wasm module carries no reflection-based decoder.
+//
+// The top-level keys `endpoints`, `strategy` and `destinationHeader` are stable:
+// tools outside the project rely on them. Add keys; never rename one.
+package config
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// Defaults. They are also what the README's configuration reference lists.
+const (
+	DefaultDestinationHeader = "x-gateway-destination-endpoint"
+	DefaultStrategy          = "kv_cache_aware"
+	DefaultStatePath         = "/.kvroute/v1/state"
+	DefaultMaxBodyBytes      = 4 << 20
+	DefaultFallbacks         = 2
+	DefaultStaleAfterMs      = 10_000
+	DefaultBreakerFailures   = 5
+	DefaultBreakerCooldownMs = 10_000
+	DefaultSessionHeader     = "x-session-id"
+	DefaultDebugHeader       = "x-kvroute-debug"
+	// MaxFallbacks bounds the destination header's comma list.
+	MaxFallbacks = 8
+)
+
+// DefaultInferencePaths are the request paths the router decides for.
+var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions", "/v1/embeddings"}
+
+// Presets are the strategy names of the bench contract (DESIGN.md). A
+// configuration may also name a profile it defines under "profiles".
+var Presets = []string{
+	"round_robin", "random", "least_request", "prefix_hash", "sticky_session",
+	"kv_cache_aware", "sglang_cache_aware", "gie_default", "dynamo_kv",
+}
+
+// Roles an endpoint may serve.
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Config is a validated plugin configuration with every default applied.
+type Config struct {
+	// Endpoints is the static candidate set, used until (and unless) the
+	// cluster-metrics service pushes state.
+	Endpoints []Endpoint
+	// Strategy names a preset or a profile under Profiles.
+	Strategy string
+	// Profiles is the raw "profiles" object (nil when absent), handed to the
+	// scorer package, which owns its schema.
+	Profiles []byte
+	// DestinationHeader is the header Envoy's override_host policy reads
+	// (lower case). Client-supplied values are always removed.
+	DestinationHeader string
+	// Fallbacks is how many hosts follow the primary in the destination
+	// header, for override_host retries.
+	Fallbacks int
+
+	// InferencePaths are the paths routed on their body; others are untouched
+	// unless RejectOtherPaths.
+	InferencePaths   []string
+	RejectOtherPaths bool
+	// BodyRouting false is the header-only mode (no
+	// allow_on_headers_stop_iteration): no prompt, so no prefix affinity.
+	BodyRouting bool
+	// MaxBodyBytes is the largest request body the router buffers; larger
+	// ones get 413.
+	MaxBodyBytes int
+	// SessionHeader carries a session id for affinity when the body has no
+	// "user"; PrefixKeyHeader optionally carries a client-computed prefix key
+	// (header-only mode). Empty disables.
+	SessionHeader   string
+	PrefixKeyHeader string
+	// LoRAAdapters maps a requested model name that is a LoRA adapter to its
+	// base model.
+	LoRAAdapters map[string]string
+
+	State          State
+	CircuitBreaker CircuitBreaker
+	// ORCA asks upstreams for endpoint-load-metrics and reads it back.
+	ORCA bool
+	// DebugHeader, when non-empty, adds a response header with the decision
+	// explanation (never prompt text). Off by default.
+	DebugHeader string
+
+	// TestHooks enables the x-kvroute-test-panic request header used by the
+	// Wasm integration tests. Never enable it in production.
+	TestHooks bool
+}
+
+// Endpoint is one static upstream.
+type Endpoint struct {
+	Address string // host:port as Envoy's cluster knows it
+	Role    string // RoleBoth, RolePrefill or RoleDecode
+	Model   string // served model; empty matches any request
+}
+
+// State configures the state endpoint the cluster-metrics service pushes to.
+type State struct {
+	// Path of the state endpoint (POST). Requests to it never reach an upstream.
+	Path string
+	// Token is the bearer token a push must carry. Empty (and no TokenFile)
+	// disables the endpoint: every push gets 401.
+	Token string
+	// TokenFile names a file holding the token, read where the filter can
+	// read files (the test host; not Envoy, whose Wasm VMs see no filesystem).
+	TokenFile string
+	// StaleAfterMs: pushed state older than this is not used for scoring.
+	StaleAfterMs int
+}
+
+// CircuitBreaker configures per-host circuit breaking.
+type CircuitBreaker struct {
+	// ConsecutiveFailures (5xx or connect failures) that open the breaker;
+	// 0 disables.
+	ConsecutiveFailures int
+	// LatencyThresholdMs: a response slower than this counts as a failure;
+	// 0 disables.
+	LatencyThresholdMs int
+	// CooldownMs before a half-open probe is let through.
+	CooldownMs int
+}
+
+// Error is one invalid field.
+type Error struct {
+	Path string // e.g. "endpoints[1].address"; empty for the document itself
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// Errors is every problem found in one configuration, in document order.
+type Errors []*Error
+
+func (es Errors) Error() string {
+	s := make([]string, len(es))
+	for i, e := range es {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+// Parse validates data and returns the configuration with defaults applied.
+// Empty input (or only whitespace) is the all-defaults configuration. On error
+// it returns Errors, which names every bad field.
+func Parse(data []byte) (*Config, error) {
+	c := defaults()
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return c, nil
+	}
+	if !gjson.ValidBytes(data) {
+		return nil, Errors{{Msg: "not valid JSON (check quotes, commas and brackets)"}}
+	}
+	root := gjson.ParseBytes(data)
+	if !root.IsObject() {
+		return nil, Errors{{Msg: "the configuration must be a JSON object, got " + kind(root)}}
+	}
+	p := &parser{}
+	p.object(root, "", map[string]func(gjson.Result, string){
+		"endpoints":         func(v gjson.Result, path string) { c.Endpoints = p.endpoints(v, path) },
+		"strategy":          func(v gjson.Result, path string) { c.Strategy = p.nonEmptyString(v, path) },
+		"profiles":          func(v gjson.Result, path string) { c.Profiles = p.rawObject(v, path) },
+		"destinationHeader": func(v gjson.Result, path string) { c.DestinationHeader = p.headerName(v, path) },
+		"fallbacks":         func(v gjson.Result, path string) { c.Fallbacks = p.intRange(v, path, 0, MaxFallbacks) },
+		"inferencePaths":    func(v gjson.Result, path string) { c.InferencePaths = p.paths(v, path) },
+		"rejectOtherPaths":  func(v gjson.Result, path string) { c.RejectOtherPaths = p.boolean(v, path) },
+		"bodyRouting":       func(v gjson.Result, path string) { c.BodyRouting = p.boolean(v, path) },
+		"maxBodyBytes":      func(v gjson.Result, path string) { c.MaxBodyBytes = p.intRange(v, path, 1, 1<<30) },
+		"sessionHeader":     func(v gjson.Result, path string) { c.SessionHeader = p.optionalHeaderName(v, path) },
+		"prefixKeyHeader":   func(v gjson.Result, path string) { c.PrefixKeyHeader = p.optionalHeaderName(v, path) },
+		"loraAdapters":      func(v gjson.Result, path string) { c.LoRAAdapters = p.stringMap(v, path) },
+		"state":             func(v gjson.Result, path string) { p.state(v, path, &c.State) },
+		"circuitBreaker":    func(v gjson.Result, path string) { p.breaker(v, path, &c.CircuitBreaker) },
+		"orca":              func(v gjson.Result, path string) { c.ORCA = p.boolean(v, path) },
+		"debugHeader":       func(v gjson.Result, path string) { c.DebugHeader = p.optionalHeaderName(v, path) },
+		"testHooks":         func(v gjson.Result, path string) { c.TestHooks = p.boolean(v, path) },
+	})
+	p.crossChecks(c)
+	if len(p.errs) > 0 {
+		return nil, p.errs
+	}
+	return c, nil
+}
+
+func defaults() *Config {
+	return &Config{
+		Strategy:          DefaultStrategy,
+		DestinationHeader: DefaultDestinationHeader,
+		Fallbacks:         DefaultFallbacks,
+		InferencePaths:    append([]string(nil), DefaultInferencePaths...),
+		BodyRouting:       true,
+		MaxBodyBytes:      DefaultMaxBodyBytes,
+		SessionHeader:     DefaultSessionHeader,
+		State:             State{Path: DefaultStatePath, StaleAfterMs: DefaultStaleAfterMs},
+		CircuitBreaker:    CircuitBreaker{ConsecutiveFailures: DefaultBreakerFailures, CooldownMs: DefaultBreakerCooldownMs},
+	}
+}
+
+// IsPreset reports whether name is one of the built-in strategy names.
+func IsPreset(name string) bool {
+	for _, p := range Presets {
+		if p == name {
+			return true
+		}
+	}
+	return false
+}
+
+type parser struct{ errs Errors }
+
+func (p *parser) fail(path, format string, args ...any) {
+	p.errs = append(p.errs, &Error{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// object walks an object's keys in document order, rejecting unknown and
+// duplicate keys.
+func (p *parser) object(v gjson.Result, path string, fields map[string]func(gjson.Result, string)) {
+	seen := map[string]bool{}
+	v.ForEach(func(k, val gjson.Result) bool {
+		key := k.String()
+		fp := join(path, key)
+		fn, ok := fields[key]
+		switch {
+		case !ok:
+			p.fail(fp, "unknown key (known keys: %s)", strings.Join(sortedKeys(fields), ", "))
+		case seen[key]:
+			p.fail(fp, "given twice")
+		default:
+			fn(val, fp)
+		}
+		seen[key] = true
+		return true
+	})
+}
+
+func sortedKeys(m map[string]func(gjson.Result, string)) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func kind(v gjson.Result) string {
+	switch {
+	case v.IsObject():
+		return "an object"
+	case v.IsArray():
+		return "an array"
+	case v.Type == gjson.String:
+		return "a string"
+	case v.Type == gjson.Number:
+		return "a number"
+	case v.Type == gjson.True || v.Type == gjson.False:
+		return "a boolean"
+	case v.Type == gjson.Null:
+		return "null"
+	}
+	return "nothing"
+}
+
+func (p *parser) str(v gjson.Result, path string) (string, bool) {
+	if v.Type != gjson.String {
+		p.fail(path, "must be a string, got %s", kind(v))
+		return "", false
+	}
+	return v.Str, true
+}
+
+func (p *parser) nonEmptyString(v gjson.Result, path string) string {
+	s, ok := p.str(v, path)
+	if ok && strings.TrimSpace(s) == "" {
+		p.fail(path, "must not be empty")
+	}
+	return s
+}
+
+func (p *parser) boolean(v gjson.Result, path string) bool {
+	if v.Type != gjson.True && v.Type != gjson.False {
+		p.fail(path, "must be true or false, got %s", kind(v))
+		return false
+	}
+	return v.Bool()
+}
+
+func (p *parser) intRange(v gjson.Result, path string, lo, hi int) int {
+	if v.Type != gjson.Number {
+		p.fail(path, "must be a number, got %s", kind(v))
+		return 0
+	}
+	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	if err != nil {
+		p.fail(path, "must be a whole number, got %s", v.Raw)
+		return 0
+	}
+	if n < int64(lo) || n > int64(hi) {
+		p.fail(path, "must be between %d and %d, got %d", lo, hi, n)
+		return 0
+	}
+	return int(n)
+}
+
+func (p *parser) rawObject(v gjson.Result, path string) []byte {
+	if !v.IsObject() {
+		p.fail(path, "must be an object, got %s", kind(v))
+		return nil
+	}
+	return []byte(v.Raw)
+}
+
+func (p *parser) stringMap(v gjson.Result, path string) map[string]string {
+	if !v.IsObject() {
+		p.fail(path, "must be an object of strings, got %s", kind(v))
+		return nil
+	}
+	m := map[string]string{}
+	v.ForEach(func(k, val gjson.Result) bool {
+		fp := join(path, k.String())
+		if s := p.nonEmptyString(val, fp); s != "" {
+			m[k.String()] = s
+		}
+		return true
+	})
+	return m
+}
+
+// headerName accepts an HTTP header name. Envoy keeps header names in lower
+// case, so an upper-case name would never match: it is refused, not folded.
+func (p *parser) headerName(v gjson.Result, path string) string {
+	s, ok := p.str(v, path)
+	if !ok {
+		return ""
+	}
+	if s == "" {
+		p.fail(path, "must not be empty")
+		return ""
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		case c >= 'A' && c <= 'Z':
+			p.fail(path, "%q: header names must be lower case (Envoy lower-cases them), use %q", s, strings.ToLower(s))
+			return ""
+		default:
+			p.fail(path, "%q is not a valid header name (letters, digits, '-', '_', '.')", s)
+			return ""
+		}
+	}
+	if s[0] == ':' {
+		p.fail(path, "%q: pseudo-headers cannot be used", s)
+	}
+	return s
+}
+
+func (p *parser) optionalHeaderName(v gjson.Result, path string) string {
+	if v.Type == gjson.String && v.Str == "" {
+		return ""
+	}
+	return p.headerName(v, path)
+}
+
+func (p *parser) paths(v gjson.Result, path string) []string {
+	if !v.IsArray() {
+		p.fail(path, "must be an array of paths, got %s", kind(v))
+		return nil
+	}
+	var out []string
+	for i, e := range v.Array() {
+		fp := fmt.Sprintf("%s[%d]", path, i)
+		s, ok := p.str(e, fp)
+		if !ok {
+			continue
+		}
+		if !strings.HasPrefix(s, "/") {
+			p.fail(fp, "%q must start with '/'", s)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (p *parser) endpoints(v gjson.Result, path string) []Endpoint {
+	if !v.IsArray() {
+		p.fail(path, "must be an array of {\"address\": \"host:port\"} objects, got %s", kind(v))
+		return nil
+	}
+	var out []Endpoint
+	seen := map[string]int{}
+	for i, e := range v.Array() {
+		ep := fmt.Sprintf("%s[%d]", path, i)
+		if !e.IsObject() {
+			p.fail(ep, "must be an object like {\"address\": \"10.0.0.7:8000\"}, got %s", kind(e))
+			continue
+		}
+		end := Endpoint{Role: RoleBoth}
+		p.object(e, ep, map[string]func(gjson.Result, string){
+			"address": func(v gjson.Result, fp string) { end.Address = p.address(v, fp) },
+			"role":    func(v gjson.Result, fp string) { end.Role = p.role(v, fp) },
+			"model":   func(v gjson.Result, fp string) { end.Model, _ = p.str(v, fp) },
+		})
+		if !e.Get("address").Exists() {
+			p.fail(ep+".address", "is required (host:port, as Envoy's cluster knows the endpoint)")
+			continue
+		}
+		if end.Address == "" {
+			continue
+		}
+		if j, dup := seen[end.Address]; dup {
+			p.fail(ep+".address", "%q is already endpoints[%d]", end.Address, j)
+			continue
+		}
+		seen[end.Address] = i
+		out = append(out, end)
+	}
+	return out
+}
+
+// address accepts host:port with a numeric port, which is what Envoy's
+// override_host policy compares against the cluster's endpoints. IPv6 hosts
+// are bracketed ("[fd00::1]:8000"). (net.SplitHostPort would do, but package
+// net pulls file-system WASI imports and a megabyte into the Wasm module.)
+func (p *parser) address(v gjson.Result, path string) string {
+	s, ok := p.str(v, path)
+	if !ok {
+		return ""
+	}
+	host, port, problem := splitHostPort(s)
+	if problem != "" {
+		p.fail(path, "%q is not host:port (%s)", s, problem)
+		return ""
+	}
+	if host == "" {
+		p.fail(path, "%q has no host", s)
+		return ""
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		p.fail(path, "%q: port must be a number from 1 to 65535", s)
+		return ""
+	}
+	return s
+}
+
+func splitHostPort(s string) (host, port, problem string) {
+	if strings.HasPrefix(s, "[") {
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return "", "", "missing ']'"
+		}
+		if !strings.HasPrefix(s[end+1:], ":") {
+			return "", "", "missing port"
+		}
+		host, port = s[1:end], s[end+2:]
+		if !strings.Contains(host, ":") {
+			return "", "", "brackets are for IPv6 addresses"
+		}
+		return host, port, ""
+	}
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return "", "", "missing port"
+	}
+	host, port = s[:i], s[i+1:]
+	if strings.Contains(host, ":") {
+		return "", "", "IPv6 addresses need brackets: [addr]:port"
+	}
+	if strings.ContainsAny(host, " /?#@") {
+		return "", "", "the host has characters a host name cannot have"
+	}
+	return host, port, ""
+}
+
+func (p *parser) role(v gjson.Result, path string) string {
+	s, ok := p.str(v, path)
+	if !ok {
+		return RoleBoth
+	}
+	switch s {
+	case RoleBoth, RolePrefill, RoleDecode:
+		return s
+	case "":
+		return RoleBoth
+	}
+	p.fail(path, "%q is not a role: use \"prefill\", \"decode\" or \"both\"", s)
+	return RoleBoth
+}
+
+func (p *parser) state(v gjson.Result, path string, s *State) {
+	if !v.IsObject() {
+		p.fail(path, "must be an object, got %s", kind(v))
+		return
+	}
+	p.object(v, path, map[string]func(gjson.Result, string){
+		"path": func(v gjson.Result, fp string) {
+			if ps := p.paths(gjson.Parse("["+v.Raw+"]"), fp); len(ps) == 1 {
+				s.Path = ps[0]
+			}
+		},
+		"token":        func(v gjson.Result, fp string) { s.Token, _ = p.str(v, fp) },
+		"tokenFile":    func(v gjson.Result, fp string) { s.TokenFile = p.nonEmptyString(v, fp) },
+		"staleAfterMs": func(v gjson.Result, fp string) { s.StaleAfterMs = p.intRange(v, fp, 1, 24*3600*1000) },
+	})
+	if s.Token != "" && s.TokenFile != "" {
+		p.fail(path, "give token or tokenFile, not both")
+	}
+}
+
+func (p *parser) breaker(v gjson.Result, path string, b *CircuitBreaker) {
+	if !v.IsObject() {
+		p.fail(path, "must be an object, got %s", kind(v))
+		return
+	}
+	p.object(v, path, map[string]func(gjson.Result, string){
+		"consecutiveFailures": func(v gjson.Result, fp string) { b.ConsecutiveFailures = p.intRange(v, fp, 0, 1000) },
+		"latencyThresholdMs":  func(v gjson.Result, fp string) { b.LatencyThresholdMs = p.intRange(v, fp, 0, 3600*1000) },
+		"cooldownMs":          func(v gjson.Result, fp string) { b.CooldownMs = p.intRange(v, fp, 1, 3600*1000) },
+	})
+}
+
+// crossChecks are the rules that involve more than one field.
+func (p *parser) crossChecks(c *Config) {
+	if !IsPreset(c.Strategy) && c.Strategy != "" {
+		if c.Profiles == nil || !gjson.GetBytes(c.Profiles, gjson.Escape(c.Strategy)).Exists() {
+			p.fail("strategy", "%q is neither a preset (%s) nor a profile defined under \"profiles\"", c.Strategy, strings.Join(Presets, ", "))
+		}
+	}
+	for _, ip := range c.InferencePaths {
+		if ip == c.State.Path {
+			p.fail("state.path", "%q is also an inference path", ip)
+		}
+	}
+}

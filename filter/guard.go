@@ -1,0 +1,84 @@
+package filter
+
+import (
+	"fmt"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// Test hook (only with "testHooks": true in the plugin configuration): the
+// request header x-kvroute-test-panic makes the filter panic inside
+// on_request_headers, so the Wasm integration tests can exercise both ways a
+// panic ends:
+//
+//   - "recover": an ordinary panic; the guard recovers it, the request fails
+//     open and kvroute.<filter>.recovered_panics counts it.
+//   - "trap": a panic the guard deliberately lets through, so the VM traps the
+//     way an unguarded bug would, and the host's fail-open/fail-closed handling
+//     of a dead worker can be tested.
+const testPanicHeader = "x-kvroute-test-panic"
+
+// trapPanic is the panic value of the "trap" hook. guard re-panics it.
+type trapPanic struct{}
+
+func (trapPanic) String() string { return "kvroute test hook: trap requested" }
+
+// testPanic acts on the test hook header, if the hook is enabled.
+func testPanic(enabled bool, value string) {
+	if !enabled {
+		return
+	}
+	switch value {
+	case "recover":
+		panic("kvroute test hook: panic requested")
+	case "trap":
+		panic(trapPanic{})
+	}
+}
+
+// guard recovers a panic at a callback boundary: it counts it, logs it
+// (never request content: panic values come from kvroute's own code), runs
+// failOpen, and sets *action to Continue so the stream proceeds. Use it as
+//
+//	defer guard(stats, "on_request_headers", &action, s.failOpen)
+//
+// failOpen may be nil; a panic inside failOpen is swallowed too.
+func guard(counter interface{ Increment(uint64) }, where string, action *types.Action, failOpen func()) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if _, ok := r.(trapPanic); ok {
+		panic(r)
+	}
+	if counter != nil {
+		counter.Increment(1)
+	}
+	proxywasm.LogErrorf("kvroute: recovered panic in %s: %s (request fails open)", where, panicText(r))
+	if action != nil {
+		*action = types.ActionContinue
+	}
+	if failOpen != nil {
+		func() {
+			defer func() {
+				if r2 := recover(); r2 != nil {
+					if _, ok := r2.(trapPanic); ok {
+						panic(r2)
+					}
+					proxywasm.LogErrorf("kvroute: panic while failing open in %s: %s", where, panicText(r2))
+				}
+			}()
+			failOpen()
+		}()
+	}
+}
+
+// panicText renders a panic value for a log line, bounded in length.
+func panicText(r any) string {
+	s := fmt.Sprint(r)
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
+}
