@@ -48,7 +48,7 @@ type Decision struct {
 }
 
 // Primary returns the chosen host position, or -1.
-func (d *Decision) Primary() int {
+func (d Decision) Primary() int {
 	if len(d.Order) == 0 {
 		return -1
 	}
