@@ -130,7 +130,7 @@ func writeRuntimePatch(ctx context.Context, work string) (map[string]string, err
 			return nil, err
 		}
 		dst := filepath.Join(dir, p.file)
-		if err := os.WriteFile(dst, patched, 0o644); err != nil {
+		if err := writeFileAtomic(dst, patched); err != nil {
 			return nil, err
 		}
 		replace[orig] = dst

@@ -88,7 +88,7 @@ func run(ctx context.Context, opt options) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
-	tmp := out + ".tmp"
+	tmp := fmt.Sprintf("%s.tmp-%d", out, os.Getpid())
 	defer os.Remove(tmp)
 	if err := goBuild(ctx, root, goWork, overlay, opt.pkg, tmp, compat, opt.verbose); err != nil {
 		return err
