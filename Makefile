@@ -30,6 +30,7 @@ bench: wasm
 
 fuzz:
 	@echo "fuzz targets are added by their packages"
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s ./scorer
 
 oci: wasm
 	$(GO) run ./cmd/kvroute oci build --wasm dist/kvroute.wasm --out dist/kvroute-oci.tar
