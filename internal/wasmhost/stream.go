@@ -146,11 +146,32 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.reqHeaders = requestHeaderMap(r)
-	_ = http.NewResponseController(w).EnableFullDuplex()
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex()
 
 	noBody := r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
 	if !noBody {
-		go s.readBody()
+		readerDone := make(chan struct{})
+		go func() {
+			defer close(readerDone)
+			s.readBody()
+		}()
+		// The body reader must be gone before the handler returns, or the
+		// server's next read races with it: a stream that ended before the
+		// body did (a local reply, an early response) stops reading by
+		// expiring the read deadline, which also closes the connection.
+		defer func() {
+			select {
+			case <-readerDone:
+				return
+			default:
+			}
+			_ = rc.SetReadDeadline(time.Now())
+			select {
+			case <-readerDone:
+			case <-time.After(2 * time.Second):
+			}
+		}()
 	}
 	h.activeStreams.Add(1)
 	defer h.activeStreams.Add(-1)
@@ -198,7 +219,7 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 	}
 	s.complete()
 	if s.aborted {
-		panic(http.ErrAbortHandler)
+		defer panic(http.ErrAbortHandler) // after the body reader stopped
 	}
 }
 
@@ -314,10 +335,11 @@ func (s *stream) headersStatus(c *wctx, request bool, eos bool) (cont bool, stop
 		return s.failCheck(), true
 	}
 	v := s.v
-	fn, name, nh := v.fn.onResponseHeaders, "proxy_on_response_headers", len(s.respHeaders.pairs)
+	fn, name, hm := v.fn.onResponseHeaders, "proxy_on_response_headers", s.respHeaders
 	if request {
-		fn, name, nh = v.fn.onRequestHeaders, "proxy_on_request_headers", len(s.reqHeaders.pairs)
+		fn, name, hm = v.fn.onRequestHeaders, "proxy_on_request_headers", s.reqHeaders
 	}
+	nh := len(hm.pairs)
 	res, stop, ok := v.call(c, name, fn, uint64(c.id), uint64(nh), b2u(eos))
 	if !ok || s.failed() {
 		return s.failCheck(), true

@@ -1,0 +1,301 @@
+package wasmhost
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Envoy semantics, observed through testdata/probe (a raw-ABI module).
+
+func probeHost(t *testing.T, f Filter, mutate func(*Config)) (*Host, string, *upstream) {
+	t.Helper()
+	up := newUpstream(t, nil)
+	if f.RootID == "" {
+		f.RootID = "probe"
+	}
+	cfg := Config{Module: probeModule(t), VMID: "probe", Filters: []Filter{f},
+		Clusters: map[string][]string{"engines": {up.addr}}, RouteCluster: "engines"}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h, url := startHost(t, cfg)
+	return h, url, up
+}
+
+const body1k = `{"model":"m","prompt":"` // completed by jsonBody
+
+func jsonBody(n int) string {
+	s := body1k + strings.Repeat("a", n)
+	return s[:n-2] + `"}`
+}
+
+// Envoy's default mode: a Pause in request headers becomes
+// StopAllIterationAndWatermark, so a filter waiting for the body never gets
+// it and the request goes nowhere (here until the stream idle timeout).
+func TestPauseInRequestHeadersWithoutAllowNeverDeliversBody(t *testing.T) {
+	h, url, up := probeHost(t, Filter{Configuration: "pause-headers"}, func(c *Config) {
+		c.StreamIdleTimeout = 400 * time.Millisecond
+	})
+	r := do(t, "POST", url+"/v1/completions", jsonBody(1024), nil)
+	if r.code != http.StatusRequestTimeout {
+		t.Errorf("status %d %q, want 408 stream timeout (the request must stall)", r.code, r.body)
+	}
+	if got := h.CounterValue("probe.request_body"); got != 0 {
+		t.Errorf("on_request_body ran %d times without allow_on_headers_stop_iteration, want 0", got)
+	}
+	if got := up.requests.Load(); got != 0 {
+		t.Errorf("upstream got %d requests, want 0", got)
+	}
+	if got := h.CounterValue("probe.request_headers"); got != 1 {
+		t.Errorf("on_request_headers ran %d times, want 1", got)
+	}
+}
+
+// With allow_on_headers_stop_iteration the body reaches the filter while
+// the headers wait, and header changes made before resuming go upstream.
+func TestPauseInRequestHeadersWithAllowDeliversBody(t *testing.T) {
+	for _, size := range []int{1024, 200 << 10} { // one read and several
+		h, url, up := probeHost(t, Filter{Configuration: "pause-headers", AllowOnHeadersStopIteration: true}, nil)
+		body := jsonBody(size)
+		r := do(t, "POST", url+"/v1/completions", body, nil)
+		if r.code != 200 {
+			t.Fatalf("size %d: status %d %q", size, r.code, r.body)
+		}
+		if got := up.lastHeader("x-probe-body-len"); got != strconv.Itoa(size) {
+			t.Errorf("size %d: upstream saw x-probe-body-len %q, want %d", size, got, size)
+		}
+		if got := up.lastHeader("x-probe-body-write"); got != "0" {
+			t.Errorf("size %d: writing a request header in on_request_body returned %q, want 0 (Ok)", size, got)
+		}
+		up.mu.Lock()
+		gotBody := string(up.lastBody)
+		up.mu.Unlock()
+		if gotBody != body {
+			t.Errorf("size %d: upstream body differs (%d bytes)", size, len(gotBody))
+		}
+		if h.CounterValue("probe.request_body") < 1 {
+			t.Errorf("on_request_body never ran")
+		}
+	}
+}
+
+func TestHeaderMapsDroppedAfterContinue(t *testing.T) {
+	_, url, up := probeHost(t, Filter{}, nil)
+	r := do(t, "POST", url+"/v1/completions", `{"prompt":"x"}`, nil)
+	if r.code != 200 {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	want := map[string]string{
+		"X-Probe-Late-Write":               "2", // BadArgument: the request map is gone
+		"X-Probe-Late-Read":                "2",
+		"X-Probe-Late-Pairs":               "0", // pairs come back empty
+		"X-Probe-Path-Property":            "1", // NotFound without the map
+		"X-Probe-Config-Outside-Configure": "1", // plugin config: NotFound
+		"X-Probe-Root-Id":                  "probe",
+		"X-Probe-Upstream":                 up.addr + "/0",
+	}
+	for k, v := range want {
+		if got := r.header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if up.lastHeader("x-probe-late") != "" {
+		t.Errorf("a write after the headers continued reached the upstream")
+	}
+}
+
+func TestStreamEndCallbacksAndSharedDataAcrossWorkers(t *testing.T) {
+	h, url, _ := probeHost(t, Filter{}, func(c *Config) { c.Workers = 2 })
+	const n = 20
+	for i := 0; i < n; i++ {
+		if r := do(t, "GET", url+"/x", "", nil); r.code != 200 {
+			t.Fatalf("%d %s", r.code, r.body)
+		}
+	}
+	// The client may have its response before the stream's end callbacks ran.
+	eventually(t, "on_done of every stream", func() bool { return h.CounterValue("probe.delete") == n })
+	for _, m := range []string{"probe.log", "probe.done", "probe.delete", "probe.log_path_readable"} {
+		if got := h.CounterValue(m); got != n {
+			t.Errorf("%s = %d, want %d", m, got, n)
+		}
+	}
+	// Both VMs incremented one shared key with CAS: one map per vm_id.
+	v, cas, ok := h.SharedData("probe.count")
+	if !ok || string(v) != strconv.Itoa(n) || cas == 0 {
+		t.Errorf("shared probe.count = %q (cas %d, found %v), want %d", v, cas, ok, n)
+	}
+}
+
+func TestLocalResponseEndsStream(t *testing.T) {
+	h, url, up := probeHost(t, Filter{}, nil)
+	r := do(t, "POST", url+"/v1/completions", `{"prompt":"x"}`, map[string]string{"x-probe-local": "418"})
+	if r.code != 418 || r.body != "local reply" {
+		t.Errorf("got %d %q, want 418 \"local reply\"", r.code, r.body)
+	}
+	if up.requests.Load() != 0 {
+		t.Errorf("a local reply still reached the upstream")
+	}
+	// The local reply runs through the encoder side of the filter.
+	if h.CounterValue("probe.response_headers") != 1 || h.CounterValue("probe.request_body") != 0 {
+		t.Errorf("response_headers %d, request_body %d; want 1, 0",
+			h.CounterValue("probe.response_headers"), h.CounterValue("probe.request_body"))
+	}
+}
+
+func TestTrapFailsWorkerPerFailStrategy(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		h, url, up := probeHost(t, Filter{}, func(c *Config) { c.Workers = 1; c.FailOpen = failOpen })
+		r := do(t, "GET", url+"/x", "", map[string]string{"x-probe-trap": "1"})
+		r2 := do(t, "GET", url+"/x", "", nil)
+		want := 503
+		if failOpen {
+			want = 200
+		}
+		if r.code != want || r2.code != want {
+			t.Errorf("fail_open=%v: trap %d, next %d, want %d", failOpen, r.code, r2.code, want)
+		}
+		if !h.Workers()[0].Failed || len(h.LogsContaining("failed: Function: proxy_on_request_headers")) != 1 {
+			t.Errorf("fail_open=%v: worker not marked failed: %v", failOpen, h.Logs())
+		}
+		if failOpen && up.requests.Load() != 2 || !failOpen && up.requests.Load() != 0 {
+			t.Errorf("fail_open=%v: upstream got %d", failOpen, up.requests.Load())
+		}
+		if h.CounterValue("probe.done") != 0 {
+			t.Errorf("on_done ran on a failed VM")
+		}
+	}
+}
+
+func TestDispatchHTTPCallAndEffectiveContext(t *testing.T) {
+	side := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "side says hi")
+	})
+	_, url, up := probeHost(t, Filter{AllowOnHeadersStopIteration: true}, func(c *Config) {
+		c.Clusters["side"] = []string{side.addr}
+	})
+	r := do(t, "GET", url+"/x", "", map[string]string{"x-probe-callout": "side"})
+	if r.code != 200 {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	if got := up.lastHeader("x-probe-callout-status"); got != "200" {
+		t.Errorf("callout status seen upstream %q, want 200", got)
+	}
+	if got := up.lastHeader("x-probe-callout-body"); got != "side says hi" {
+		t.Errorf("callout body %q", got)
+	}
+	r = do(t, "GET", url+"/x", "", map[string]string{"x-probe-callout": "nope"})
+	if got := up.lastHeader("x-probe-callout-status"); r.code != 200 || got != "dispatch-2" {
+		t.Errorf("unknown cluster: %d, dispatch status %q, want BadArgument (2)", r.code, got)
+	}
+}
+
+func TestTicksPerRootContext(t *testing.T) {
+	h, _, _ := probeHost(t, Filter{Configuration: "tick"}, nil)
+	eventually(t, "on_tick", func() bool { return h.CounterValue("probe.ticks") >= 4 })
+	before := h.CounterValue("probe.ticks")
+	h.FireTicks() // one per VM
+	if got := h.CounterValue("probe.ticks"); got < before+2 {
+		t.Errorf("FireTicks: %d -> %d, want +2 (two VMs)", before, got)
+	}
+}
+
+func TestSSEStreamsChunkByChunk(t *testing.T) {
+	release := make(chan struct{})
+	sse := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		fmt.Fprint(w, "data: one\n\n")
+		fl.Flush()
+		<-release
+		for _, ev := range []string{"two", "three"} {
+			fmt.Fprintf(w, "data: %s\n\n", ev)
+			fl.Flush()
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	h, url := startHost(t, Config{Module: probeModule(t), VMID: "probe", Filters: []Filter{{RootID: "probe"}},
+		Clusters: map[string][]string{"engines": {sse.addr}}, RouteCluster: "engines"})
+	resp, err := http.Get(url + "/v1/chat/completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: one\n" {
+		t.Fatalf("first event %q, %v: not delivered before the upstream finished", line, err)
+	}
+	close(release)
+	rest := ""
+	for {
+		l, err := br.ReadString('\n')
+		rest += l
+		if err != nil {
+			break
+		}
+	}
+	if !strings.Contains(rest, "data: three") {
+		t.Errorf("rest of stream %q", rest)
+	}
+	m, _ := h.Metric("probe.response_chunk")
+	nonEmpty := 0
+	for _, s := range m.Samples {
+		if s > 0 {
+			nonEmpty++
+		}
+	}
+	if nonEmpty != 3 {
+		t.Errorf("on_response_body saw %d non-empty chunks %v, want 3 (one per event)", nonEmpty, m.Samples)
+	}
+}
+
+func TestClientDisconnectEndsStreamForFilter(t *testing.T) {
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	slow := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	})
+	h, url := startHost(t, Config{Module: probeModule(t), VMID: "probe", Filters: []Filter{{RootID: "probe"}},
+		Clusters: map[string][]string{"engines": {slow.addr}}, RouteCluster: "engines"})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"/x", nil)
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("request completed; the upstream should hang")
+	}
+	eventually(t, "on_done after client disconnect", func() bool {
+		return h.CounterValue("probe.done") == 1 && h.CounterValue("probe.delete") == 1 && h.CounterValue("probe.log") == 1
+	})
+}
+
+func TestProbeConfigureFailureNamesField(t *testing.T) {
+	_, err := New(context.Background(), Config{Module: probeModule(t), VMID: "probe", CompilationCacheDir: "-",
+		Filters: []Filter{{RootID: "probe", Configuration: "fail-configure"}}})
+	var pse *PluginStartError
+	if !errors.As(err, &pse) || !strings.Contains(err.Error(), `field "mode"`) {
+		t.Fatalf("err = %v, want a PluginStartError quoting the module's log naming field \"mode\"", err)
+	}
+}
+
+func TestBufferLimitAnswers413(t *testing.T) {
+	_, url, up := probeHost(t, Filter{Configuration: "pause-headers", AllowOnHeadersStopIteration: true}, func(c *Config) {
+		c.BufferLimitBytes = 64 << 10
+	})
+	r := do(t, "POST", url+"/v1/completions", jsonBody(300<<10), nil)
+	if r.code != http.StatusRequestEntityTooLarge {
+		t.Errorf("status %d, want 413", r.code)
+	}
+	if up.requests.Load() != 0 {
+		t.Errorf("upstream got the oversized request")
+	}
+}
