@@ -69,11 +69,11 @@ var kubeTypes = map[string]func() any{
 
 // istioTypes maps apiVersion/kind to a new spec proto.
 var istioTypes = map[string]func() proto.Message{
-	"networking.istio.io/v1alpha3/EnvoyFilter":     func() proto.Message { return &istionet.EnvoyFilter{} },
-	"networking.istio.io/v1/Gateway":               func() proto.Message { return &istionet.Gateway{} },
-	"networking.istio.io/v1/VirtualService":        func() proto.Message { return &istionet.VirtualService{} },
-	"networking.istio.io/v1/DestinationRule":       func() proto.Message { return &istionet.DestinationRule{} },
-	"extensions.istio.io/v1alpha1/WasmPlugin":      func() proto.Message { return &istioext.WasmPlugin{} },
+	"networking.istio.io/v1alpha3/EnvoyFilter": func() proto.Message { return &istionet.EnvoyFilter{} },
+	"networking.istio.io/v1/Gateway":           func() proto.Message { return &istionet.Gateway{} },
+	"networking.istio.io/v1/VirtualService":    func() proto.Message { return &istionet.VirtualService{} },
+	"networking.istio.io/v1/DestinationRule":   func() proto.Message { return &istionet.DestinationRule{} },
+	"extensions.istio.io/v1alpha1/WasmPlugin":  func() proto.Message { return &istioext.WasmPlugin{} },
 }
 
 type typeMeta struct {

@@ -3,8 +3,8 @@ package oci
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"io"
 	"log"
