@@ -238,7 +238,9 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 		s.blocks = e.kv.allocate(need, s.blocks)
 		if !r.Scheduled {
 			r.Scheduled = true
-			r.CachedTokens = hit * bs
+			// Like vLLM's num_cached_tokens: local prefix hits plus KV
+			// received from a prefill peer.
+			r.CachedTokens = s.computed
 			e.stats.PrefixQueries += int64(r.PromptTokens)
 			e.stats.PrefixHits += int64(hit * bs)
 		}
@@ -324,4 +326,25 @@ func (e *Engine) preempt(s *seq) {
 	e.waiting = append(e.waiting, nil)
 	copy(e.waiting[1:], e.waiting)
 	e.waiting[0] = s
+}
+
+// Abort drops a request that is waiting or running (its client went away),
+// releasing its KV blocks; its computed prompt blocks stay cached. It
+// reports whether the request was found.
+func (e *Engine) Abort(r *Request) bool {
+	for i, s := range e.waiting {
+		if s.r == r {
+			e.kv.release(s.blocks)
+			e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
+			return true
+		}
+	}
+	for i, s := range e.running {
+		if s.r == r {
+			e.kv.release(s.blocks)
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
