@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -460,3 +461,27 @@ func TestPluginConfigsAgree(t *testing.T) {
 }
 
 var _ proto.Message = (*bootstrapv3.Bootstrap)(nil)
+
+// TestWasmModuleStaysLight: the API modules these checks use (and the OCI
+// library) must never reach the Wasm module, whose size and start time they
+// would multiply.
+func TestWasmModuleStaysLight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	cmd := exec.Command("go", "list", "-deps", "./filter/module")
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Skipf("go list failed (the module may be mid-change): %v\n%s", err, out)
+	}
+	heavy := []string{"github.com/envoyproxy/", "istio.io/", "k8s.io/", "sigs.k8s.io/", "github.com/google/go-containerregistry", "google.golang.org/protobuf", "github.com/kvroute/kvroute/internal/manifests", "github.com/kvroute/kvroute/internal/oci"}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, h := range heavy {
+			if strings.HasPrefix(dep, h) {
+				t.Errorf("the Wasm module depends on %s", dep)
+			}
+		}
+	}
+}
