@@ -42,7 +42,12 @@ func (s *stream) routeHeaders(eos bool) {
 		}
 		hosts = cl.overrideHosts(dest)
 		if len(hosts) == 0 {
-			hosts = []*upstreamHost{cl.leastRequest(nil)}
+			// Fallback policy: least request, and on a connect failure
+			// another host that was not tried yet (retry on connect-failure
+			// with previous hosts excluded).
+			for len(hosts) < len(cl.hosts) {
+				hosts = append(hosts, cl.leastRequest(hosts))
+			}
 		}
 		for _, uh := range hosts {
 			attempts = append(attempts, uh.addr)
