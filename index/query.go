@@ -198,6 +198,9 @@ func (t *slotTable) dropExpired(p [maxWords]uint64, age uint32) [maxWords]uint64
 		for word != 0 {
 			b := trailingZeros(word)
 			word &= word - 1
+			if w*64+b >= t.n {
+				continue
+			}
 			hz := t.recs[w*64+b].horizon
 			if hz != 0 && int32(age-hz) < 0 {
 				p[w] &^= 1 << b

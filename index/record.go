@@ -92,7 +92,17 @@ func (ix *Index) updateShard(ref HostRef, sh int, blocks []uint64, start int, gr
 	}
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
 		v, cas, found := ix.get(key)
-		dirty := ix.loadEntries(v, found)
+		dirty, words, newer := ix.loadEntries(v, found)
+		if newer {
+			// A writer with a newer slot table rewrote this shard: our table
+			// may still list a host that was removed since. Refresh it and
+			// retry, so a dead host's bit is never stamped valid.
+			ix.readSlots()
+			if err := t.check(ref); err != nil {
+				return err
+			}
+			continue
+		}
 		ix.deltas = ix.deltas[:0]
 		for _, o := range group {
 			i := int(uint32(o))
@@ -150,7 +160,7 @@ func (ix *Index) updateShard(ref HostRef, sh int, blocks []uint64, start int, gr
 			}
 		}
 		ix.ent = kept
-		ix.enc = encodeShard(ix.enc, ix.ent, t.words(), t.epoch)
+		ix.enc = encodeShard(ix.enc, ix.ent, max(words, t.words()), t.epoch)
 		retry, err := ix.set(key, ix.enc, cas)
 		if retry {
 			continue
@@ -167,18 +177,24 @@ func (ix *Index) updateShard(ref HostRef, sh int, blocks []uint64, start int, gr
 
 // loadEntries decodes a shard value into ix.ent, dropping bits that no
 // longer count (removed or cleared slots, expired past a host's horizon).
-// It reports whether the value needs rewriting even with no other change.
-func (ix *Index) loadEntries(v []byte, found bool) (dirty bool) {
+// Bits of slots beyond our table (hosts registered since we read it) are
+// kept. It reports whether the value needs rewriting even with no other
+// change, the bitmap words it used, and whether it was written with a
+// newer slot table than ours.
+func (ix *Index) loadEntries(v []byte, found bool) (dirty bool, words int, newer bool) {
 	ix.ent = ix.ent[:0]
 	if !found {
-		return false
+		return false, 0, false
 	}
 	view, ok := parseShard(v)
 	if !ok {
 		ix.metrics.Corrupt++
-		return true
+		return true, 0, false
 	}
 	t := &ix.table
+	if int32(view.epoch-t.epoch) > 0 {
+		return false, 0, true
+	}
 	stale := t.staleMask(view.epoch)
 	if view.epoch != t.epoch {
 		dirty = !isZero(stale) // rewrite to stamp the new epoch only if bits go
@@ -189,8 +205,6 @@ func (ix *Index) loadEntries(v []byte, found bool) (dirty bool) {
 		if t.anyHorz {
 			b = t.dropExpired(b, en.age)
 		}
-		// Bits beyond the table (a shrunk or reset table) are dropped too.
-		b = and(b, t.used())
 		if b != en.bits {
 			dirty = true
 		}
@@ -206,21 +220,7 @@ func (ix *Index) loadEntries(v []byte, found bool) (dirty bool) {
 		}
 		dirty = true
 	}
-	return dirty
-}
-
-// used returns the mask of slots below n (assigned at least once).
-func (t *slotTable) used() (m [maxWords]uint64) {
-	for w := 0; w < maxWords; w++ {
-		lo := w * 64
-		switch {
-		case t.n >= lo+64:
-			m[w] = ^uint64(0)
-		case t.n > lo:
-			m[w] = 1<<(t.n-lo) - 1
-		}
-	}
-	return m
+	return dirty, view.words, false
 }
 
 // evictOldest drops the least recently used entry of the shard. The hosts

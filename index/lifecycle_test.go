@@ -1,0 +1,216 @@
+package index
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestQueryNotPrefixClosed(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{Hash: HashConfig{LevelBlocks: -1}})
+	a, _ := ix.Register("a:1")
+	c := chain(7, 64)
+	if err := ix.Record(a, c[:40], nil); err != nil {
+		t.Fatal(err)
+	}
+	// The engine evicted blocks 10..12 in the middle of the held chain.
+	if err := ix.Removed(a, c[10:13], 10); err != nil {
+		t.Fatal(err)
+	}
+	var m Matches
+	ix.Query(c, &m)
+	// Probes: 0 (held), then mid of [1,64] = 32 (held), 48 (no), 40 (no),
+	// 36, 38, 39 (held): the search lands on the boundary at 40, past the
+	// hole. This is the documented answer: a boundary at or above the
+	// first missing block.
+	if got := m.Blocks[a.Slot]; got != 40 {
+		t.Fatalf("match %d, want the boundary 40", got)
+	}
+	// A query that ends inside the hole's left part sees the hole.
+	ix.Query(c[:12], &m)
+	if got := m.Blocks[a.Slot]; got != 10 {
+		t.Fatalf("short query: match %d, want 10", got)
+	}
+	// Recording the chain again fills the hole; the answer becomes exact.
+	if err := ix.Record(a, c[:40], nil); err != nil {
+		t.Fatal(err)
+	}
+	ix.Query(c[:12], &m)
+	if got := m.Blocks[a.Slot]; got != 12 {
+		t.Fatalf("after refill: match %d, want 12", got)
+	}
+}
+
+func TestSlotReuseForgetsThePreviousHost(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{})
+	other := newTestIndex(t, st, clk, Config{}) // another worker's VM
+	a, _ := ix.Register("10.0.0.1:80")
+	b, _ := ix.Register("10.0.0.2:80")
+	c := chain(3, 50)
+	ix.Record(a, c, nil)
+	ix.Record(b, c[:20], nil)
+	loadA, err := ix.AddLoad(a, 1000, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m Matches
+	other.Query(c, &m)
+	if m.Blocks[a.Slot] != 50 {
+		t.Fatalf("before removal: %v", m.Blocks)
+	}
+	if err := ix.Remove("10.0.0.1:80"); err != nil {
+		t.Fatal(err)
+	}
+	// Every reader stops counting the removed host's bits at once.
+	other.Query(c, &m)
+	if m.Blocks[a.Slot] != 0 || m.Blocks[b.Slot] != 20 {
+		t.Fatalf("after removal: %v, want a=0 b=20", m.Blocks)
+	}
+	if _, ok := other.Lookup("10.0.0.1:80"); ok {
+		t.Fatal("removed host still found")
+	}
+	// A new host takes the free slot with a new generation and no blocks.
+	n, _ := other.Register("10.0.0.3:80")
+	if n.Slot != a.Slot || n.Gen == a.Gen {
+		t.Fatalf("new host got %+v, old was %+v; want the same slot, another generation", n, a)
+	}
+	ix.Query(c, &m)
+	if m.Blocks[n.Slot] != 0 {
+		t.Fatalf("new host inherited %d blocks", m.Blocks[n.Slot])
+	}
+	// The stale reference cannot write into the new host's state.
+	if err := ix.Record(a, c, nil); !errors.Is(err, ErrStaleHost) {
+		t.Fatalf("Record with a stale ref: %v, want ErrStaleHost", err)
+	}
+	// Load: the new host starts at zero; releasing the old ticket does not
+	// touch it.
+	loadN, _ := ix.AddLoad(n, 10, 5)
+	if err := ix.Release(&loadA); err != nil {
+		t.Fatal(err)
+	}
+	loads := ix.Loads(nil)
+	if got := loads[n.Slot]; got != (Load{InFlight: 1, PrefillTokens: 10, DecodeTokens: 5}) {
+		t.Fatalf("new host load %+v", got)
+	}
+	ix.Release(&loadN)
+	// Writes after the new host's records keep it, and rewriting a shard
+	// drops the dead host's bits for good.
+	ix.Record(n, c[:30], nil)
+	ix.Query(c, &m)
+	if m.Blocks[n.Slot] != 30 || m.Blocks[b.Slot] != 20 {
+		t.Fatalf("after new records: %v", m.Blocks)
+	}
+}
+
+func TestClearForgetsBlocksKeepsSlot(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{})
+	a, _ := ix.Register("a:1")
+	c := chain(4, 30)
+	ix.Record(a, c, nil)
+	if err := ix.Clear(a); err != nil {
+		t.Fatal(err)
+	}
+	var m Matches
+	ix.Query(c, &m)
+	if m.Blocks[a.Slot] != 0 {
+		t.Fatalf("after Clear: %d", m.Blocks[a.Slot])
+	}
+	if err := ix.Record(a, c[:10], nil); err != nil {
+		t.Fatalf("ref still valid after Clear: %v", err)
+	}
+	ix.Query(c, &m)
+	if m.Blocks[a.Slot] != 10 {
+		t.Fatalf("after re-record: %d", m.Blocks[a.Slot])
+	}
+}
+
+func TestEvictionFollowsRecency(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{Hash: HashConfig{LevelBlocks: -1}, BucketMs: 1000})
+	a, _ := ix.Register("a:1")
+	b, _ := ix.Register("b:1")
+	// 100 blocks of 64 tokens.
+	if err := ix.SetCapacity(a, 6400); err != nil {
+		t.Fatal(err)
+	}
+	chains := make([][]uint64, 6)
+	for i := range chains {
+		chains[i] = chain(uint64(100+i), 30)
+	}
+	var m Matches
+	held := func(k int) int {
+		ix.Query(chains[k], &m)
+		return m.Blocks[a.Slot]
+	}
+	for k := 0; k < 3; k++ {
+		ix.Record(a, chains[k], nil)
+		ix.Record(b, chains[k], nil) // b is unbounded
+		clk.ms += 1000
+	}
+	// 90 of 100 units: nothing evicted.
+	for k := 0; k < 3; k++ {
+		if held(k) != 30 {
+			t.Fatalf("chain %d: %d before eviction", k, held(k))
+		}
+	}
+	ix.Record(a, chains[3], nil) // 120 units: the oldest second goes
+	clk.ms += 1000
+	if held(0) != 0 || held(1) != 30 || held(3) != 30 {
+		t.Fatalf("after overflow: %d %d %d, want 0 30 30", held(0), held(1), held(3))
+	}
+	ix.Record(a, chains[1], nil) // refresh chain 1: now most recent
+	clk.ms += 1000
+	ix.Record(a, chains[4], nil) // 120 again: chain 2 is the LRU
+	if held(1) != 30 || held(2) != 0 || held(4) != 30 {
+		t.Fatalf("after refresh and overflow: %d %d %d, want 30 0 30", held(1), held(2), held(4))
+	}
+	// Another host's blocks are untouched by a's eviction.
+	ix.Query(chains[0], &m)
+	if m.Blocks[b.Slot] != 30 {
+		t.Fatalf("b lost blocks to a's eviction: %d", m.Blocks[b.Slot])
+	}
+	if ix.Metrics().Evictions != 60 {
+		t.Fatalf("Evictions = %d, want 60 units", ix.Metrics().Evictions)
+	}
+}
+
+func TestRecordSkipsFreshHeldBlocks(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{TouchAfterMs: 1000})
+	a, _ := ix.Register("a:1")
+	c := chain(9, 60)
+	var m Matches
+	ix.Query(c, &m)
+	ix.Record(a, c, &m)
+	w0 := ix.Metrics().Writes
+	clk.ms += 100
+	ix.Query(c, &m)
+	if err := ix.Record(a, c, &m); err != nil {
+		t.Fatal(err)
+	}
+	if w := ix.Metrics().Writes - w0; w != 0 {
+		t.Fatalf("repeat of a fresh prompt wrote %d values, want 0", w)
+	}
+	// Once stale, the same record refreshes the chain.
+	clk.ms += 5000
+	ix.Query(c, &m)
+	ix.Record(a, c, &m)
+	if w := ix.Metrics().Writes - w0; w == 0 {
+		t.Fatal("stale chain not refreshed")
+	}
+	// Matches for another chain are not trusted.
+	d := chain(10, 60)
+	ix.Query(c, &m)
+	ix.Record(a, d, &m)
+	ix.Query(d, &m)
+	if m.Blocks[a.Slot] != 60 {
+		t.Fatalf("record with foreign matches: %d", m.Blocks[a.Slot])
+	}
+}

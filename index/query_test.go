@@ -1,0 +1,156 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// refModel is the brute-force reference: per address, the set of blocks
+// held, with no capacity limit.
+type refModel struct {
+	held map[string]map[uint64]bool
+}
+
+func (r *refModel) host(addr string) map[uint64]bool {
+	if r.held[addr] == nil {
+		r.held[addr] = map[uint64]bool{}
+	}
+	return r.held[addr]
+}
+
+// checkMatch asserts Query's contract for one host against the reference
+// presence of the chain's blocks.
+func checkMatch(t *testing.T, what string, got int, present []bool) {
+	t.Helper()
+	n := len(present)
+	firstMiss, count := n, 0
+	for i, p := range present {
+		if p {
+			count++
+		} else if firstMiss == n {
+			firstMiss = i
+		}
+	}
+	if got < 0 || got > n {
+		t.Fatalf("%s: match %d outside [0,%d]", what, got, n)
+	}
+	if got > 0 && !present[got-1] {
+		t.Fatalf("%s: match %d but block %d is not held (presence %v)", what, got, got-1, present)
+	}
+	if got < n && present[got] {
+		t.Fatalf("%s: match %d but block %d is held: not a boundary (presence %v)", what, got, got, present)
+	}
+	if got < firstMiss {
+		t.Fatalf("%s: match %d below the first missing block %d", what, got, firstMiss)
+	}
+	if count == firstMiss && got != firstMiss { // prefix-closed: exact
+		t.Fatalf("%s: prefix-closed presence of %d blocks, match %d", what, firstMiss, got)
+	}
+}
+
+func TestQueryMatchesBruteForceOnRandomWorkloads(t *testing.T) {
+	for seed := uint64(1); seed <= 12; seed++ {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { randomWorkload(t, seed) })
+	}
+}
+
+func randomWorkload(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	st := &MemStore{}
+	clk := &fakeClock{ms: 5_000_000}
+	// Many entries per shard so that nothing overflows: the reference
+	// has no capacity limit.
+	ix := newTestIndex(t, st, clk, Config{Shards: 64, ShardEntries: 1024, Hash: HashConfig{LevelBlocks: 8}})
+	model := &refModel{held: map[string]map[uint64]bool{}}
+	refHost := model.host
+	// Chains share a system prefix, like real traffic.
+	system := chain(seed*1000, 12)
+	var chains [][]uint64
+	for k := 0; k < 10; k++ {
+		c := append([]uint64(nil), system[:rng.IntN(len(system))]...)
+		c = append(c, chain(seed*1000+uint64(k)+1, 20+rng.IntN(180))...)
+		chains = append(chains, c)
+	}
+	nHosts := 3 + rng.IntN(70)
+	addrs := make([]string, nHosts)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("10.%d.0.%d:8000", seed, i)
+		if _, err := ix.Register(addrs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var m Matches
+	for op := 0; op < 600; op++ {
+		clk.ms += int64(rng.IntN(3000))
+		addr := addrs[rng.IntN(nHosts)]
+		c := chains[rng.IntN(len(chains))]
+		switch r := rng.IntN(100); {
+		case r < 45:
+			hr, ok := ix.Lookup(addr)
+			if !ok {
+				t.Fatalf("lookup %s failed", addr)
+			}
+			n := rng.IntN(len(c) + 1)
+			if err := ix.Record(hr, c[:n], nil); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range c[:n] {
+				refHost(addr)[b] = true
+			}
+		case r < 55: // a removal event punches a hole
+			hr, _ := ix.Lookup(addr)
+			i := rng.IntN(len(c))
+			j := i + 1 + rng.IntN(3)
+			if j > len(c) {
+				j = len(c)
+			}
+			if err := ix.Removed(hr, c[i:j], i); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range c[i:j] {
+				delete(refHost(addr), b)
+			}
+		case r < 58:
+			hr, _ := ix.Lookup(addr)
+			if err := ix.Clear(hr); err != nil {
+				t.Fatal(err)
+			}
+			clear(refHost(addr))
+		case r < 61: // the host leaves; a new one may take its slot
+			if err := ix.Remove(addr); err != nil {
+				t.Fatal(err)
+			}
+			clear(refHost(addr))
+			newAddr := fmt.Sprintf("10.%d.1.%d:8000", seed, op)
+			for i := range addrs {
+				if addrs[i] == addr {
+					addrs[i] = newAddr
+				}
+			}
+			if _, err := ix.Register(newAddr); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			n := rng.IntN(len(c) + 1)
+			q := c[:n]
+			if err := ix.Query(q, &m); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range addrs {
+				hr, ok := ix.lookupCached(addrHash(a))
+				if !ok {
+					t.Fatalf("%s not in the table", a)
+				}
+				present := make([]bool, n)
+				for i, b := range q {
+					present[i] = refHost(a)[b]
+				}
+				checkMatch(t, fmt.Sprintf("op %d host %s", op, a), m.Blocks[hr.Slot], present)
+			}
+		}
+	}
+	if mt := ix.Metrics(); mt.Overflows != 0 || mt.Corrupt != 0 || mt.CASFailures != 0 || mt.Truncated != 0 {
+		t.Fatalf("unexpected metrics %+v", mt)
+	}
+}
