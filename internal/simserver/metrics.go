@@ -2,73 +2,71 @@ package simserver
 
 import (
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"sort"
 	"strconv"
 	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"google.golang.org/protobuf/proto"
 )
 
 // handleMetrics serves the engine's state under vLLM's metric names and
-// labels (model_name, engine) in the Prometheus text exposition format
-// (version 0.0.4), which is what vLLM's Python client emits.
-//
-// It is written out directly rather than through prometheus/common's
-// encoder: expfmt v0.73.1 does not build on this project's machines (its
-// go-abnf dependency cannot be fetched). The tests parse the output with a
-// strict line parser; once the module pin moves, expfmt can take over.
+// labels (model_name, engine) in the Prometheus text format, encoded by
+// prometheus/common's expfmt from client_model metric families.
 func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	st := s.Stats()
 	base := map[string]string{"engine": "0", "model_name": s.opt.Model}
-	type family struct {
-		name, help, typ string
-		value           float64
-		extra           map[string]string
-	}
-	fams := []family{
-		{"vllm:num_requests_running", "Number of requests in model execution batches.", "gauge", float64(st.Running), nil},
-		{"vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge", float64(st.Waiting), nil},
-		{"vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge", st.KVUsage, nil},
-		// vLLM's counters carry the _total suffix the Python client adds;
-		// these are the names a scraper sees.
-		{"vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", "counter", float64(st.PrefixQueries), nil},
-		{"vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", "counter", float64(st.PrefixHits), nil},
-		{"vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", "counter", float64(st.Preemptions), nil},
-		{"vllm:prompt_tokens_total", "Number of prefill tokens processed.", "counter", float64(st.PromptTokens), nil},
-		{"vllm:generation_tokens_total", "Number of generation tokens processed.", "counter", float64(st.GenerationTokens), nil},
-		{"vllm:cache_config_info", "Information of the LLMEngine CacheConfig", "gauge", 1, map[string]string{
-			"block_size":             strconv.Itoa(st.BlockSize),
-			"enable_prefix_caching":  "True",
-			"gpu_memory_utilization": strconv.FormatFloat(s.prof.GPUMemUtil, 'f', -1, 64),
-			"num_gpu_blocks":         strconv.Itoa(st.NumGPUBlocks),
-		}},
-	}
-	var b strings.Builder
-	for _, f := range fams {
+	family := func(name, help string, typ dto.MetricType, v float64, extra map[string]string) *dto.MetricFamily {
 		labels := map[string]string{}
-		for k, v := range base {
-			labels[k] = v
+		for k, x := range base {
+			labels[k] = x
 		}
-		for k, v := range f.extra {
-			labels[k] = v
+		for k, x := range extra {
+			labels[k] = x
 		}
 		keys := make([]string, 0, len(labels))
 		for k := range labels {
 			keys = append(keys, k)
 		}
-		sort.Strings(keys)
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s{", f.name, f.help, f.name, f.typ, f.name)
-		for i, k := range keys {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, "%s=%s", k, strconv.Quote(labels[k]))
+		sort.Strings(keys) // the exposition wants labels in name order
+		m := &dto.Metric{}
+		for _, k := range keys {
+			m.Label = append(m.Label, &dto.LabelPair{Name: proto.String(k), Value: proto.String(labels[k])})
 		}
-		fmt.Fprintf(&b, "} %s\n", pyFloat(f.value))
+		if typ == dto.MetricType_COUNTER {
+			m.Counter = &dto.Counter{Value: proto.Float64(v)}
+		} else {
+			m.Gauge = &dto.Gauge{Value: proto.Float64(v)}
+		}
+		return &dto.MetricFamily{Name: proto.String(name), Help: proto.String(help), Type: typ.Enum(), Metric: []*dto.Metric{m}}
 	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	io.WriteString(w, b.String())
+	gauge, counter := dto.MetricType_GAUGE, dto.MetricType_COUNTER
+	fams := []*dto.MetricFamily{
+		family("vllm:num_requests_running", "Number of requests in model execution batches.", gauge, float64(st.Running), nil),
+		family("vllm:num_requests_waiting", "Number of requests waiting to be processed.", gauge, float64(st.Waiting), nil),
+		family("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", gauge, st.KVUsage, nil),
+		// vLLM's counters carry the _total suffix its Python client adds;
+		// these are the names a scraper sees.
+		family("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", counter, float64(st.PrefixQueries), nil),
+		family("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", counter, float64(st.PrefixHits), nil),
+		family("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", counter, float64(st.Preemptions), nil),
+		family("vllm:prompt_tokens_total", "Number of prefill tokens processed.", counter, float64(st.PromptTokens), nil),
+		family("vllm:generation_tokens_total", "Number of generation tokens processed.", counter, float64(st.GenerationTokens), nil),
+		family("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", gauge, 1, map[string]string{
+			"block_size":             strconv.Itoa(st.BlockSize),
+			"enable_prefix_caching":  "True",
+			"gpu_memory_utilization": strconv.FormatFloat(s.prof.GPUMemUtil, 'f', -1, 64),
+			"num_gpu_blocks":         strconv.Itoa(st.NumGPUBlocks),
+		}),
+	}
+	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	for _, f := range fams {
+		if _, err := expfmt.MetricFamilyToText(w, f); err != nil {
+			return // the client went away
+		}
+	}
 }
 
 // orcaHeader builds vLLM's endpoint-load-metrics value for the requested

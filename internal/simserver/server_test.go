@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // The response shapes of the OpenAI API as the official clients declare
@@ -230,79 +233,6 @@ func TestChatNonStreamedAndStreamed(t *testing.T) {
 	}
 }
 
-// parseExposition is a strict parser of the Prometheus text format
-// (0.0.4) for the subset vLLM emits: HELP and TYPE before samples, sample
-// names matching their family, quoted labels, float values.
-func parseExposition(t *testing.T, body string) map[string][]sample {
-	t.Helper()
-	out := map[string][]sample{}
-	types := map[string]string{}
-	for i, line := range strings.Split(strings.TrimRight(body, "\n"), "\n") {
-		switch {
-		case strings.HasPrefix(line, "# HELP "):
-			continue
-		case strings.HasPrefix(line, "# TYPE "):
-			f := strings.Fields(line)
-			if len(f) != 4 || (f[3] != "gauge" && f[3] != "counter") {
-				t.Fatalf("line %d: bad TYPE %q", i+1, line)
-			}
-			types[f[2]] = f[3]
-			continue
-		}
-		open, close := strings.IndexByte(line, '{'), strings.LastIndexByte(line, '}')
-		if open < 0 || close < open {
-			t.Fatalf("line %d: sample without labels: %q", i+1, line)
-		}
-		name := line[:open]
-		if _, ok := types[name]; !ok {
-			t.Fatalf("line %d: sample %s before its TYPE", i+1, name)
-		}
-		labels := map[string]string{}
-		rest := line[open+1 : close]
-		for rest != "" {
-			eq := strings.IndexByte(rest, '=')
-			if eq < 0 {
-				t.Fatalf("line %d: bad labels %q", i+1, line)
-			}
-			k := rest[:eq]
-			v, tail, err := unquotePrefix(rest[eq+1:])
-			if err != nil {
-				t.Fatalf("line %d: %v", i+1, err)
-			}
-			labels[k] = v
-			rest = strings.TrimPrefix(tail, ",")
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(line[close+1:]), 64)
-		if err != nil {
-			t.Fatalf("line %d: value: %v", i+1, err)
-		}
-		out[name] = append(out[name], sample{labels, v})
-	}
-	return out
-}
-
-type sample struct {
-	labels map[string]string
-	value  float64
-}
-
-func unquotePrefix(s string) (string, string, error) {
-	if !strings.HasPrefix(s, `"`) {
-		return "", "", fmt.Errorf("label value not quoted: %q", s)
-	}
-	for i := 1; i < len(s); i++ {
-		if s[i] == '\\' {
-			i++
-			continue
-		}
-		if s[i] == '"' {
-			v, err := strconv.Unquote(s[:i+1])
-			return v, s[i+1:], err
-		}
-	}
-	return "", "", fmt.Errorf("unterminated label value")
-}
-
 func TestMetricsUseVLLMNamesAndCountHits(t *testing.T) {
 	f := startFleet(t, Options{KVBlocks: 1000})
 	addr := f.Addrs()[0]
@@ -315,30 +245,49 @@ func TestMetricsUseVLLMNamesAndCountHits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m := parseExposition(t, string(body))
-	one := func(name string) sample {
-		s := m[name]
-		if len(s) != 1 {
-			t.Fatalf("%s: %d samples in\n%s", name, len(s), body)
-		}
-		if s[0].labels["model_name"] != "llama-3-8b" {
-			t.Fatalf("%s lacks model_name label", name)
-		}
-		return s[0]
+	defer resp.Body.Close()
+	if ct := expfmt.ResponseFormat(resp.Header); ct.FormatType() != expfmt.TypeTextPlain {
+		t.Fatalf("/metrics Content-Type %q is not the Prometheus text format", resp.Header.Get("Content-Type"))
 	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	m, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	label := func(mt *dto.Metric, name string) string {
+		for _, l := range mt.GetLabel() {
+			if l.GetName() == name {
+				return l.GetValue()
+			}
+		}
+		return ""
+	}
+	one := func(name string) (*dto.Metric, float64) {
+		f, ok := m[name]
+		if !ok || len(f.GetMetric()) != 1 {
+			t.Fatalf("%s: missing or not one sample", name)
+		}
+		mt := f.GetMetric()[0]
+		if label(mt, "model_name") != "llama-3-8b" {
+			t.Fatalf("%s lacks the model_name label", name)
+		}
+		if f.GetType() == dto.MetricType_COUNTER {
+			return mt, mt.GetCounter().GetValue()
+		}
+		return mt, mt.GetGauge().GetValue()
+	}
+	value := func(name string) float64 { _, v := one(name); return v }
 	for _, name := range []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"} {
-		if v := one(name).value; v != 0 {
+		if v := value(name); v != 0 {
 			t.Fatalf("%s = %g on an idle engine", name, v)
 		}
 	}
-	if q, h := one("vllm:prefix_cache_queries_total").value, one("vllm:prefix_cache_hits_total").value; q != 1600 || h != 784 {
+	if q, h := value("vllm:prefix_cache_queries_total"), value("vllm:prefix_cache_hits_total"); q != 1600 || h != 784 {
 		t.Fatalf("prefix cache queries %g hits %g, want 1600 and 784", q, h)
 	}
-	cc := one("vllm:cache_config_info")
-	if cc.labels["block_size"] != "16" || cc.labels["num_gpu_blocks"] != "1000" {
-		t.Fatalf("cache_config_info labels %v", cc.labels)
+	cc, _ := one("vllm:cache_config_info")
+	if label(cc, "block_size") != "16" || label(cc, "num_gpu_blocks") != "1000" {
+		t.Fatalf("cache_config_info labels %v", cc.GetLabel())
 	}
 }
 
