@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -84,6 +85,7 @@ type stream struct {
 	reqHeaders   *headerMap
 	respHeaders  *headerMap
 	reqBodySize  int64
+	bodyRead     atomic.Int64 // bytes the body reader got
 	respBodySize int64
 	details      string
 	props        map[string][]byte
@@ -166,6 +168,14 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 				return
 			default:
 			}
+			if r.ContentLength > 0 && s.bodyRead.Load() >= r.ContentLength {
+				// Every byte arrived; the reader is about to see EOF.
+				select {
+				case <-readerDone:
+					return
+				case <-time.After(time.Second):
+				}
+			}
 			_ = rc.SetReadDeadline(time.Now())
 			select {
 			case <-readerDone:
@@ -227,6 +237,7 @@ func (s *stream) readBody() {
 	for {
 		buf := make([]byte, 64<<10)
 		n, err := s.r.Body.Read(buf)
+		s.bodyRead.Add(int64(n))
 		if n > 0 || err == io.EOF {
 			s.post(event{kind: evReqData, data: buf[:n], eos: err == io.EOF})
 		}
