@@ -246,8 +246,23 @@ func (ix *Index) get(key string) (v []byte, cas uint32, found bool) {
 	return v, cas, true
 }
 
-// set writes key with cas. It returns retry=true on a CAS mismatch.
+// createCAS is the CAS the index writes a key it found missing with.
+//
+// Envoy sets a missing key whatever the CAS, and CAS 0 sets any key
+// unconditionally: two workers that both found a key missing and both
+// wrote with CAS 0 would lose the first write. Writing with a nonzero CAS
+// instead creates the key if it is still missing and fails with a CAS
+// mismatch if a racer created it first (then we re-read and merge). The
+// only false success is a key whose current CAS is exactly this value,
+// one set in 2^32 of the global counter.
+const createCAS = ^uint32(0)
+
+// set writes key with cas (from get; 0 when the key was missing). It
+// returns retry=true on a CAS mismatch.
 func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
+	if cas == 0 {
+		cas = createCAS
+	}
 	err = ix.store.Set(key, v, cas)
 	if err == nil {
 		ix.metrics.Writes++

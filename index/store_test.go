@@ -59,3 +59,27 @@ func TestMemStoreFollowsEnvoyRules(t *testing.T) {
 		t.Fatalf("after wrap CAS = %d, want 1 (0 is skipped)", cas)
 	}
 }
+
+// TestCreateRaceIsDetected: two workers find a key missing and both write
+// it. With CAS 0 (or the missing key's CAS 0) Envoy would accept both and
+// the first write would be lost; the index's create CAS makes the second
+// writer see a mismatch and merge.
+func TestCreateRaceIsDetected(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1}
+	a := newTestIndex(t, st, clk, Config{})
+	b := newTestIndex(t, st, clk, Config{})
+	_, cas, found := a.get("k")
+	if found || cas != 0 {
+		t.Fatal("key exists")
+	}
+	if retry, err := b.set("k", []byte("b"), 0); retry || err != nil {
+		t.Fatalf("first create: retry=%v err=%v", retry, err)
+	}
+	if retry, _ := a.set("k", []byte("a"), cas); !retry {
+		t.Fatal("second create overwrote the first")
+	}
+	if v, _, _ := st.Get("k"); string(v) != "b" {
+		t.Fatalf("value %q, want the first writer's", v)
+	}
+}
