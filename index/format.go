@@ -35,7 +35,7 @@ const (
 	// Load counters: header, then one record per slot.
 	loadMagic0, loadMagic1 = 'K', 'L'
 	loadHeader             = 8  // magic(2) version(1) pad(1) n(2) pad(2)
-	loadRecord             = 16 // gen(4) inflight(4) prefill(4) decode(4)
+	loadRecord             = 20 // gen(4) inflight(4) prefill(4) decode(4) kv(4)
 )
 
 var le = binary.LittleEndian

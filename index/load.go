@@ -1,7 +1,7 @@
 package index
 
 // Per-host load counters, shared by every worker: one shared-data key
-// holding, per slot, the generation it counts for and three counters. One
+// holding, per slot, the generation it counts for and four counters. One
 // key keeps the scorer's read to one copy per request; the writes (two or
 // three per request) are CAS updates with bounded retries.
 
@@ -17,18 +17,22 @@ type Load struct {
 	// DecodeTokens counts decode tokens outstanding (max_tokens or an
 	// estimate, for requests not finished).
 	DecodeTokens uint32
+	// KVTokens counts the KV cache tokens that requests dispatched and not
+	// finished will occupy (prompt plus max tokens): Dynamo's "active
+	// blocks", shared across workers.
+	KVTokens uint32
 }
 
 // LoadTicket is what one request added to a host's counters. Release
 // subtracts exactly that, once: a second Release (a reset stream after a
 // normal end, say) does nothing. The zero LoadTicket is released.
 type LoadTicket struct {
-	ref                       HostRef
-	inflight, prefill, decode uint32
+	ref                           HostRef
+	inflight, prefill, decode, kv uint32
 }
 
 // Active reports whether the ticket still holds counts to release.
-func (t *LoadTicket) Active() bool { return t.inflight|t.prefill|t.decode != 0 }
+func (t *LoadTicket) Active() bool { return t.inflight|t.prefill|t.decode|t.kv != 0 }
 
 // Host returns the host the ticket counts against.
 func (t *LoadTicket) Host() HostRef { return t.ref }
@@ -36,7 +40,13 @@ func (t *LoadTicket) Host() HostRef { return t.ref }
 // AddLoad counts one request dispatched to ref's host with the given
 // prompt tokens still to prefill and decode tokens outstanding.
 func (ix *Index) AddLoad(ref HostRef, prefillTokens, decodeTokens int) (LoadTicket, error) {
-	t := LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens)}
+	return ix.AddLoadKV(ref, prefillTokens, decodeTokens, 0)
+}
+
+// AddLoadKV is AddLoad that also counts kvTokens, the KV cache tokens the
+// request will occupy until it finishes (prompt plus max tokens).
+func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens int) (LoadTicket, error) {
+	t := LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens), kv: clampU32(kvTokens)}
 	if err := ix.updateLoad(ref, t, true); err != nil {
 		return LoadTicket{}, err
 	}
@@ -67,7 +77,7 @@ func (ix *Index) Release(t *LoadTicket) error {
 	if err := ix.updateLoad(t.ref, *t, false); err != nil {
 		return err
 	}
-	t.inflight, t.prefill, t.decode = 0, 0, 0
+	t.inflight, t.prefill, t.decode, t.kv = 0, 0, 0, 0
 	return nil
 }
 
@@ -118,6 +128,7 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 			le.PutUint32(r[4:], 0)
 			le.PutUint32(r[8:], 0)
 			le.PutUint32(r[12:], 0)
+			le.PutUint32(r[16:], 0)
 		case add:
 			return ErrStaleHost
 		default:
@@ -125,7 +136,7 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 			// nothing to do, and the ticket is spent.
 			return nil
 		}
-		for i, x := range [3]uint32{d.inflight, d.prefill, d.decode} {
+		for i, x := range [4]uint32{d.inflight, d.prefill, d.decode, d.kv} {
 			c := le.Uint32(r[4+4*i:])
 			if add {
 				if c+x < c {
@@ -182,7 +193,7 @@ func (ix *Index) Loads(dst []Load) []Load {
 		if ix.table.recs[s].addrHash == 0 || le.Uint32(r) != ix.table.recs[s].gen {
 			continue
 		}
-		dst[s] = Load{InFlight: le.Uint32(r[4:]), PrefillTokens: le.Uint32(r[8:]), DecodeTokens: le.Uint32(r[12:])}
+		dst[s] = Load{InFlight: le.Uint32(r[4:]), PrefillTokens: le.Uint32(r[8:]), DecodeTokens: le.Uint32(r[12:]), KVTokens: le.Uint32(r[16:])}
 	}
 	return dst
 }

@@ -22,10 +22,11 @@ func TestLoadCountersReturnToZeroWithRandomResets(t *testing.T) {
 	for i := 0; i < 10000; i++ {
 		r := refs[rng.IntN(len(refs))]
 		p, d := rng.IntN(9000), rng.IntN(2000)
-		tk, err := ix.AddLoad(r, p, d)
+		tk, err := ix.AddLoadKV(r, p, d, p+d)
 		if err != nil {
 			t.Fatal(err)
 		}
+		want[r.Slot].KVTokens += uint32(p + d)
 		want[r.Slot].InFlight++
 		want[r.Slot].PrefillTokens += uint32(p)
 		want[r.Slot].DecodeTokens += uint32(d)
@@ -44,6 +45,7 @@ func TestLoadCountersReturnToZeroWithRandomResets(t *testing.T) {
 			want[s].InFlight--
 			want[s].PrefillTokens -= tk.prefill
 			want[s].DecodeTokens -= tk.decode
+			want[s].KVTokens -= tk.kv
 			if err := ix.Release(tk); err != nil {
 				t.Fatal(err)
 			}
