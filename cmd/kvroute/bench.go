@@ -30,6 +30,7 @@ type benchOptions struct {
 	profile    string
 	limit      int
 	parallel   int
+	config     string
 }
 
 func init() {
@@ -60,6 +61,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.StringVar(&o.profile, "profile", sim.DefaultProfile, "engine cost profile")
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
+	f.StringVar(&o.config, "config", "", "plugin configuration JSON (as given to the filter) defining extra profiles to bench by name")
 	addCommand(cmd)
 }
 
@@ -86,9 +88,15 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if len(names) == 0 {
 		return errors.New("--strategies is empty")
 	}
+	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof}
+	if o.config != "" {
+		if sopt.Config, err = os.ReadFile(o.config); err != nil {
+			return fmt.Errorf("--config: %w", err)
+		}
+	}
 	for _, s := range names {
-		// Fail before hours of simulation on a typo.
-		if _, err := fleet.NewStrategy(s, o.replicas, o.seed); err != nil {
+		// Fail before minutes of simulation on a typo.
+		if _, err := fleet.NewStrategy(s, o.replicas, sopt); err != nil {
 			return err
 		}
 	}
@@ -97,7 +105,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	report, err := benchFleet(w, names, prof, o, progressBar(stderr, len(names)*len(w.Requests)))
+	report, err := benchFleet(w, names, prof, o, sopt, progressBar(stderr, len(names)*len(w.Requests)))
 	if err != nil {
 		return err
 	}
@@ -117,7 +125,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 
 // benchFleet simulates every strategy on the workload (in parallel, each
 // with its own fleet and router) and computes the fleet's ceiling.
-func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, progress func(int)) (*benchreport.Report, error) {
+func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, error) {
 	report := &benchreport.Report{
 		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated",
 		Results: make([]benchreport.Result, len(names)),
@@ -135,7 +143,7 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			router, err := fleet.NewStrategy(name, o.replicas, o.seed)
+			router, err := fleet.NewStrategy(name, o.replicas, sopt)
 			if err != nil {
 				errs[i] = err
 				return

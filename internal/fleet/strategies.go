@@ -2,8 +2,14 @@ package fleet
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/internal/sim"
+	"github.com/kvroute/kvroute/internal/workload"
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // StrategyNames are the bench contract's strategy names, in its order.
@@ -12,13 +18,161 @@ var StrategyNames = []string{
 	"kv_cache_aware", "sglang_cache_aware", "gie_default", "dynamo_kv",
 }
 
-// NewStrategy returns a fresh router for a bench strategy over n replicas.
-func NewStrategy(name string, n int, seed uint64) (Router, error) {
-	switch name {
-	case "round_robin":
-		return &RoundRobin{N: n}, nil
-	case "random":
-		return &Random{N: n, Rng: rand.New(rand.NewPCG(seed, 0x72616e64))}, nil
-	}
-	return nil, fmt.Errorf("unknown strategy %q (known: %s)", name, strings.Join(StrategyNames, ", "))
+// StrategyOptions tunes how a strategy is assembled.
+type StrategyOptions struct {
+	// Seed seeds the decision randomness.
+	Seed uint64
+	// Profile is the engine profile: the index's per-host capacity mirrors
+	// its KV capacity, as the pushed vllm:cache_config_info would set it.
+	Profile sim.Profile
+	// Config, when set, is a plugin configuration JSON (as given to the
+	// Envoy filter) whose "strategy", "plugins" and "profiles" are used;
+	// the strategy name then selects among its profiles and the presets.
+	Config []byte
 }
+
+// NewStrategy returns a router for a bench strategy over n replicas. Every
+// strategy, baselines included, runs through internal/router with the real
+// index over an in-memory Store with Envoy's CAS rules: the code the Envoy
+// filter runs, clocked by the simulation.
+func NewStrategy(name string, n int, opt StrategyOptions) (Router, error) {
+	var h *scorer.Handler
+	var err error
+	if opt.Config != nil {
+		cfg, perr := scorer.ParseConfig(opt.Config)
+		if perr != nil {
+			return nil, perr
+		}
+		cfg.Strategy = name
+		h, _, err = cfg.Build()
+	} else {
+		h, err = scorer.NewHandler(name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("strategy %q: %w (bench strategies: %s)", name, err, strings.Join(StrategyNames, ", "))
+	}
+	a := &RealRouter{latency: make([]float64, n)}
+	icfg := index.Config{Now: func() int64 { return a.nowMs }}
+	capTokens := opt.Profile.NumGPUBlocks() * opt.Profile.BlockSize
+	if hint := h.Decode.Index; hint != nil {
+		// A peer emulation that describes its own index (gie_default: 64
+		// character blocks, a fixed LRU size per pod).
+		icfg.Hash.BlockChars = hint.BlockChars
+		icfg.Hash.LevelBlocks = -1
+		if hint.CapacityBlocksPerHost > 0 {
+			capTokens = hint.CapacityBlocksPerHost * hint.BlockChars / sim.CharsPerToken
+		}
+	}
+	if capTokens > 0 {
+		// Enough shards for the fleet's capacity in level-0 blocks.
+		bc := icfg.Hash.BlockChars
+		if bc == 0 {
+			bc = index.DefaultBlockChars
+		}
+		icfg.Shards = index.SuggestShards(n*capTokens*sim.CharsPerToken/bc, 0)
+	}
+	ix, err := index.New(&index.MemStore{}, icfg)
+	if err != nil {
+		return nil, err
+	}
+	a.ix = ix
+	a.hasher = index.NewHasher(ix.Config().Hash)
+	a.r = router.New(router.Config{Handler: h, Index: ix, Seed: max(opt.Seed, 1)})
+	a.hosts = make([]scorer.Host, n)
+	for i := range a.hosts {
+		if err := a.r.Register(fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), &a.hosts[i]); err != nil {
+			return nil, err
+		}
+		if capTokens > 0 {
+			if err := ix.SetCapacity(index.HostRef{Slot: a.hosts[i].Slot, Gen: a.hosts[i].Gen}, capTokens); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return a, nil
+}
+
+// RealRouter drives internal/router as the Envoy filter does: hash the
+// prompt, Decide, FirstToken when the first byte of the response arrives,
+// Feedback with the engine's cached_tokens and Release at stream end. Pushed
+// engine state (queue, KV use, cached blocks) arrives through ObserveState
+// at the metrics service's push interval.
+type RealRouter struct {
+	r       *router.Router
+	ix      *index.Index
+	hasher  *index.Hasher
+	hosts   []scorer.Host
+	tickets map[int]*router.Ticket
+	latency []float64
+	nowMs   int64
+	// FailedOpen counts decisions with no candidate, routed to replica 0.
+	FailedOpen int
+}
+
+// Route implements Router.
+func (a *RealRouter) Route(wr *workload.Request, prompt string, now time.Duration) int {
+	a.nowMs = now.Milliseconds()
+	a.hasher.Reset(wr.Model, "", "")
+	if wr.Chat() {
+		for _, m := range wr.Messages {
+			a.hasher.Message(m.Role, m.Content)
+		}
+	} else {
+		a.hasher.Text(prompt)
+	}
+	in := &router.Input{
+		Model: wr.Model, SessionKey: wr.Session,
+		PromptTokens: wr.PromptTokens, MaxTokens: wr.OutputTokens,
+		Chain: a.hasher.Blocks(), Tokens: a.hasher,
+	}
+	t, _ := a.r.Decide(in, a.hosts)
+	if t.Host < 0 {
+		a.FailedOpen++
+		return 0
+	}
+	if a.tickets == nil {
+		a.tickets = map[int]*router.Ticket{}
+	}
+	a.tickets[wr.ID] = &t
+	return t.Host
+}
+
+// FirstToken implements FirstTokenObserver; it also feeds the per-host
+// time-to-first-byte EWMA the latency scorer reads.
+func (a *RealRouter) FirstToken(wr *workload.Request, replica int, now time.Duration) {
+	a.nowMs = now.Milliseconds()
+	if t := a.tickets[wr.ID]; t != nil {
+		a.r.FirstToken(t)
+	}
+	ms := float64(now-wr.Arrival) / float64(time.Millisecond)
+	if a.latency[replica] == 0 {
+		a.latency[replica] = ms
+	} else {
+		a.latency[replica] += 0.2 * (ms - a.latency[replica])
+	}
+	a.hosts[replica].LatencyEWMAMs = a.latency[replica]
+}
+
+// Done implements DoneObserver.
+func (a *RealRouter) Done(wr *workload.Request, _ int, cached int, now time.Duration) {
+	a.nowMs = now.Milliseconds()
+	if t := a.tickets[wr.ID]; t != nil {
+		a.r.Feedback(t, cached)
+		a.r.Release(t)
+		delete(a.tickets, wr.ID)
+	}
+}
+
+// ObserveState implements StateObserver: the cluster-metrics service's push.
+func (a *RealRouter) ObserveState(st []sim.Stats, now time.Duration) {
+	a.nowMs = now.Milliseconds()
+	for i := range a.hosts {
+		h := &a.hosts[i]
+		h.Waiting, h.Running, h.KVUsage = st[i].Waiting, st[i].Running, st[i].KVUsage
+		h.IndexedBlocks = st[i].CachedBlocks
+	}
+}
+
+// Stats returns the router's counters (decisions, predicted and confirmed
+// cached tokens).
+func (a *RealRouter) Stats() router.Stats { return a.r.Stats() }

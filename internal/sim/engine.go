@@ -61,6 +61,9 @@ type Stats struct {
 	KVUsage          float64 // referenced blocks over all blocks
 	NumGPUBlocks     int
 	BlockSize        int
+	// CachedBlocks is the number of blocks registered in the prefix cache
+	// (what KV events report as stored and not yet removed).
+	CachedBlocks     int
 	PrefixQueries    int64 // prompt tokens looked up in the prefix cache
 	PrefixHits       int64 // of which found
 	Preemptions      int64
@@ -155,6 +158,7 @@ func (e *Engine) Stats() Stats {
 	s.Waiting, s.Running = len(e.waiting), len(e.running)
 	s.KVUsage = e.kv.usage()
 	s.NumGPUBlocks = len(e.kv.blocks)
+	s.CachedBlocks = len(e.kv.byHash)
 	return s
 }
 
