@@ -1,0 +1,165 @@
+package envoy_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+
+	"github.com/kvroute/kvroute/internal/manifests"
+	"github.com/kvroute/kvroute/internal/wasmhost"
+)
+
+// These tests run the shipped standalone bootstraps, unedited, with the real
+// dist/kvroute.wasm in internal/wasmhost (the Envoy-faithful host): the
+// listener's filter chain, clusters, header and limits come from the
+// manifest, and only the engine addresses are pointed at loopback upstreams.
+
+type engine struct {
+	srv       *httptest.Server
+	requests  atomic.Int64
+	bodyBytes atomic.Int64
+	// chosen counts requests whose destination header names this engine
+	// (first, or as a fallback after addresses outside the cluster): the
+	// filter chose it and the cluster honoured the choice.
+	chosen atomic.Int64
+}
+
+func newEngine(t *testing.T) *engine {
+	e := &engine{}
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		e.requests.Add(1)
+		for _, a := range strings.Split(r.Header.Get("x-gateway-destination-endpoint"), ",") {
+			if strings.TrimSpace(a) == e.addr() {
+				e.chosen.Add(1)
+				break
+			}
+		}
+		e.bodyBytes.Add(n)
+		w.Header().Set("content-type", "application/json")
+		io.WriteString(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *engine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
+
+func kvrouteWasm(t *testing.T) []byte {
+	t.Helper()
+	data, err := os.ReadFile("../dist/kvroute.wasm")
+	if err != nil {
+		t.Skipf("SKIPPED: ../dist/kvroute.wasm not built (`make test` builds it first): %v", err)
+	}
+	return data
+}
+
+func startManifest(t *testing.T, file, listener string, remap map[string]string) (*wasmhost.Host, string) {
+	t.Helper()
+	module := kvrouteWasm(t)
+	b := &bootstrapv3.Bootstrap{}
+	if err := manifests.DecodeEnvoyYAML(file, read(t, file), b); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := manifests.HostConfig(b, listener, remap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Module = module
+	h, err := wasmhost.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("%s: the module refused the shipped configuration: %v", file, err)
+	}
+	front := httptest.NewServer(h)
+	t.Cleanup(func() { front.Close(); h.Close() })
+	return h, front.URL
+}
+
+func post(t *testing.T, url, body string, hdr map[string]string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("content-type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestShippedBootstrapRunsWithTheModule(t *testing.T) {
+	d1, d2, prefill, attacker := newEngine(t), newEngine(t), newEngine(t), newEngine(t)
+	h, url := startManifest(t, "standalone/envoy.yaml", "inference", map[string]string{
+		"10.0.0.11:8000": d1.addr(), "10.0.0.12:8000": d2.addr(), "10.0.0.21:8000": prefill.addr(),
+	})
+	const n = 24
+	for i := 0; i < n; i++ {
+		hdr := map[string]string{}
+		if i%2 == 1 { // a client trying to steer, to an address outside the fleet
+			hdr["x-gateway-destination-endpoint"] = attacker.addr()
+		}
+		body := fmt.Sprintf(`{"model":"llama-3-8b","messages":[{"role":"user","content":"question %d"}]}`, i)
+		if code, resp := post(t, url+"/v1/chat/completions", body, hdr); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, resp)
+		}
+	}
+	if got := d1.requests.Load() + d2.requests.Load(); got != n {
+		t.Errorf("decode engines served %d of %d requests", got, n)
+	}
+	if d1.requests.Load() == 0 || d2.requests.Load() == 0 {
+		t.Errorf("one decode engine got nothing: %d / %d", d1.requests.Load(), d2.requests.Load())
+	}
+	if got := attacker.requests.Load(); got != 0 {
+		t.Errorf("the client-named address got %d requests", got)
+	}
+	if got := d1.chosen.Load() + d2.chosen.Load(); got != n {
+		t.Errorf("%d of %d requests arrived at an engine the filter named", got, n)
+	}
+	if h.VMFailures() != 0 {
+		t.Errorf("VM failures with the shipped configuration: %v", h.LogsContaining("fail"))
+	}
+
+	// A long prompt (2 MiB, twice Envoy's default connection buffer limit)
+	// reaches an engine whole instead of getting 413.
+	big := `{"model":"llama-3-8b","prompt":"` + strings.Repeat("tok ", 512<<10) + `"}`
+	before := d1.bodyBytes.Load() + d2.bodyBytes.Load()
+	if code, resp := post(t, url+"/v1/completions", big, nil); code != 200 {
+		t.Fatalf("2 MiB prompt: %d %.200s", code, resp)
+	}
+	if got := d1.bodyBytes.Load() + d2.bodyBytes.Load() - before; got != int64(len(big)) {
+		t.Errorf("engine received %d of %d body bytes", got, len(big))
+	}
+}
+
+func TestShippedOriginalDstBootstrapRunsWithTheModule(t *testing.T) {
+	d1, d2, attacker := newEngine(t), newEngine(t), newEngine(t)
+	_, url := startManifest(t, "standalone/envoy-original-dst.yaml", "inference", map[string]string{
+		"10.0.0.11:8000": d1.addr(), "10.0.0.12:8000": d2.addr(),
+	})
+	for i := 0; i < 10; i++ {
+		code, resp := post(t, url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi"}`,
+			map[string]string{"x-gateway-destination-endpoint": attacker.addr()})
+		if code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, resp)
+		}
+	}
+	if got := d1.requests.Load() + d2.requests.Load(); got != 10 {
+		t.Errorf("engines served %d of 10", got)
+	}
+	if got := attacker.requests.Load(); got != 0 {
+		t.Errorf("ORIGINAL_DST dialled the client-named address %d times", got)
+	}
+}
