@@ -186,4 +186,3 @@ func mapKeys(m map[string]bool) []string {
 	sort.Strings(out)
 	return out
 }
-
