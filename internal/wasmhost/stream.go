@@ -471,8 +471,9 @@ func (s *stream) decodeData(f int, chunk []byte, eos bool) {
 			fd.buf = nil
 			if d.stopped && d.at == f {
 				// Continue on data while the headers wait (StopIteration)
-				// sends the headers on first.
-				c.reqHeaders = nil
+				// sends the headers on first. Envoy keeps the filter's
+				// header map here (only continue_stream drops it), so later
+				// writes succeed but no longer reach the upstream.
 				d.stopped = false
 				s.decodeHeaders(f+1, false)
 			}
@@ -586,7 +587,6 @@ func (s *stream) encodeData(f int, chunk []byte, eos bool) {
 			chunk = *body
 			fd.buf = nil
 			if e.stopped && e.at == f {
-				c.respHeaders = nil
 				e.stopped = false
 				s.encodeHeaders(f-1, false)
 			}
@@ -611,7 +611,7 @@ func (s *stream) continueEncoding(f int) {
 	if e.stopped && e.at == f {
 		stopAll := e.stopAll
 		e.stopped = false
-		s.ctxs[f].respHeaders = nil
+		// continue_stream(Response) drops the request maps only (Envoy).
 		s.encodeHeaders(f-1, false)
 		if stopAll {
 			if len(fd.pending) > 0 || fd.pendingEOS {
