@@ -280,3 +280,25 @@ func TestPushToLocalRegistry(t *testing.T) {
 		t.Error("Push accepted a malformed reference")
 	}
 }
+
+// TestRealModuleRoundTrip packages the module `make wasm` built, when it is
+// there (`make test` builds it first), and reads it back byte for byte.
+func TestRealModuleRoundTrip(t *testing.T) {
+	module, err := os.ReadFile("../../dist/kvroute.wasm")
+	if err != nil {
+		t.Skipf("SKIPPED: dist/kvroute.wasm not built: %v", err)
+	}
+	img, err := Build(module, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "kvroute-oci.tar")
+	if err := WriteArchiveFile(out, img, "kvroute:test"); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadArchive(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCompat(t, back, module)
+}
