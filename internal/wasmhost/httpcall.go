@@ -59,32 +59,55 @@ func (h *Host) callOut(ctx context.Context, cl *cluster, hdrs *headerMap, body [
 		hm.add("content-type", "text/plain")
 		return &callResponse{headers: hm, trailers: &headerMap{}, body: []byte(msg)}
 	}
-	uh := cl.leastRequest(nil)
-	if uh == nil {
+	// The async client runs the router, whose load-balancer context exposes
+	// the call's headers: a cluster with the override_host policy sends the
+	// call to the addresses named in the destination header, in order on
+	// connect failure, else the fallback (least request) picks.
+	dest, _ := hdrs.get(h.cfg.DestinationHeader)
+	hosts := cl.overrideHosts(dest)
+	if len(hosts) == 0 {
+		for len(hosts) < len(cl.hosts) {
+			hosts = append(hosts, cl.leastRequest(hosts))
+		}
+	}
+	if len(hosts) == 0 {
 		return local(http.StatusServiceUnavailable, "no healthy upstream")
 	}
 	method, _ := hdrs.get(":method")
 	path, _ := hdrs.get(":path")
 	authority, _ := hdrs.get(":authority")
-	u, err := url.Parse("http://" + uh.addr + path)
-	if err != nil {
-		return local(http.StatusBadRequest, "invalid path")
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), strings.NewReader(string(body)))
-	if err != nil {
-		return local(http.StatusBadRequest, err.Error())
-	}
-	req.Host = authority
-	req.ContentLength = int64(len(body))
-	for _, p := range hdrs.pairs {
-		if strings.HasPrefix(p.Key, ":") || hopByHop[p.Key] || p.Key == "content-length" {
-			continue
+	var (
+		resp *http.Response
+		uh   *upstreamHost
+		err  error
+	)
+	for _, uh = range hosts {
+		u, perr := url.Parse("http://" + uh.addr + path)
+		if perr != nil {
+			return local(http.StatusBadRequest, "invalid path")
 		}
-		req.Header.Add(p.Key, p.Value)
+		req, rerr := http.NewRequestWithContext(ctx, method, u.String(), strings.NewReader(string(body)))
+		if rerr != nil {
+			return local(http.StatusBadRequest, rerr.Error())
+		}
+		req.Host = authority
+		req.ContentLength = int64(len(body))
+		if len(body) == 0 {
+			req.Body = http.NoBody
+		}
+		for _, p := range hdrs.pairs {
+			if strings.HasPrefix(p.Key, ":") || hopByHop[p.Key] || p.Key == "content-length" {
+				continue
+			}
+			req.Header.Add(p.Key, p.Value)
+		}
+		uh.active.Add(1)
+		resp, err = h.transport.RoundTrip(req)
+		uh.active.Add(-1)
+		if err == nil || !isConnectFailure(err) {
+			break
+		}
 	}
-	uh.active.Add(1)
-	defer uh.active.Add(-1)
-	resp, err := h.transport.RoundTrip(req)
 	if err != nil {
 		if ctx.Err() == context.DeadlineExceeded {
 			return local(http.StatusGatewayTimeout, "upstream request timeout")

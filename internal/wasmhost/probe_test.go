@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -297,5 +298,35 @@ func TestBufferLimitAnswers413(t *testing.T) {
 	}
 	if up.requests.Load() != 0 {
 		t.Errorf("upstream got the oversized request")
+	}
+}
+
+// dispatch_http_call honours the override_host policy on the call's own
+// destination header (Envoy's async client runs the router): the listed
+// address is used, a dead one is skipped on connect failure.
+func TestDispatchHTTPCallFollowsOverrideHost(t *testing.T) {
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "a") })
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "b") })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	h, err := New(context.Background(), Config{Module: probeModule(t), VMID: "probe", CompilationCacheDir: "-",
+		Filters:  []Filter{{RootID: "probe"}},
+		Clusters: map[string][]string{"side": {a.addr, b.addr, dead}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	cl := h.clusters["side"]
+	for _, tc := range []struct{ dest, want string }{{b.addr, "b"}, {"10.9.9.9:1," + a.addr, "a"}, {dead + "," + b.addr, "b"}} {
+		hm := &headerMap{}
+		hm.set([]Pair{{":method", "GET"}, {":path", "/"}, {":authority", "side"}, {DefaultDestinationHeader, tc.dest}})
+		r := h.callOut(context.Background(), cl, hm, nil)
+		if r == nil || string(r.body) != tc.want {
+			t.Errorf("destination %q: got %+v, want body %q", tc.dest, r, tc.want)
+		}
 	}
 }
