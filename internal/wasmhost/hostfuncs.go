@@ -578,9 +578,8 @@ func hSetBufferBytes(v *vm, p []uint64) Status {
 		return StatusInvalidMemoryAccess
 	}
 	if slot == nil {
-		if t == bufRequestBody || t == bufResponseBody {
-			return StatusOK // no body in flight: Envoy writes into an empty buffer that goes nowhere
-		}
+		// Read-only buffers, and bodies when none is in flight (Envoy's
+		// BufferBase::copyFrom).
 		return StatusBadArgument
 	}
 	start, length := int(u32(p[1])), int(u32(p[2]))

@@ -173,3 +173,27 @@ func TestKvrouteRecoveredPanicRoutesRequest(t *testing.T) {
 }
 
 var _ = net.JoinHostPort
+
+// The chain router then pd, both plugins of the one module in each VM.
+func TestKvrouteRouterThenPDChain(t *testing.T) {
+	ups, addrs := threeUpstreams(t)
+	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
+		Filters: []Filter{
+			{RootID: "kvroute.router", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true},
+			{RootID: "kvroute.pd", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true},
+		},
+		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
+	for i := 0; i < 30; i++ {
+		if r := do(t, "POST", url+"/v1/completions", `{"prompt":"x"}`, nil); r.code != 200 {
+			t.Fatalf("request %d: %d %s", i, r.code, r.body)
+		}
+	}
+	for i, u := range ups {
+		if got := u.requests.Load(); got != 10 {
+			t.Errorf("upstream %d got %d, want 10", i, got)
+		}
+	}
+	if h.VMFailures() != 0 {
+		t.Error(h.LogsContaining("failed"))
+	}
+}

@@ -114,7 +114,9 @@ func (s *stream) upstreamRequest(eos bool) *http.Request {
 			req.ContentLength = -1
 		}
 	}
-	req.Header.Set("X-Envoy-Expected-Rq-Timeout-Ms", strconv.FormatInt(s.h.cfg.RouteTimeout.Milliseconds(), 10))
+	if s.h.cfg.RouteTimeout > 0 {
+		req.Header.Set("X-Envoy-Expected-Rq-Timeout-Ms", strconv.FormatInt(s.h.cfg.RouteTimeout.Milliseconds(), 10))
+	}
 	req.RequestURI = path // carried to forward, which builds the URL per attempt
 	return req
 }
