@@ -105,6 +105,9 @@ type Config struct {
 	// TestHooks enables the x-kvroute-test-panic request header used by the
 	// Wasm integration tests. Never enable it in production.
 	TestHooks bool
+
+	// PD configures the kvroute.pd filter (filter/config/pd.go).
+	PD PD
 }
 
 // Endpoint is one static upstream.
@@ -198,6 +201,7 @@ func Parse(data []byte) (*Config, error) {
 		"orca":              func(v gjson.Result, path string) { c.ORCA = p.boolean(v, path) },
 		"debugHeader":       func(v gjson.Result, path string) { c.DebugHeader = p.optionalHeaderName(v, path) },
 		"testHooks":         func(v gjson.Result, path string) { c.TestHooks = p.boolean(v, path) },
+		"pd":                func(v gjson.Result, path string) { c.PD = p.pd(v, path) },
 	})
 	p.crossChecks(c)
 	if len(p.errs) > 0 {
@@ -217,6 +221,7 @@ func defaults() *Config {
 		SessionHeader:     DefaultSessionHeader,
 		State:             State{Path: DefaultStatePath, StaleAfterMs: DefaultStaleAfterMs},
 		CircuitBreaker:    CircuitBreaker{ConsecutiveFailures: DefaultBreakerFailures, CooldownMs: DefaultBreakerCooldownMs},
+		PD:                defaultPD(),
 	}
 }
 
