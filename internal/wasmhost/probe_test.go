@@ -330,3 +330,54 @@ func TestDispatchHTTPCallFollowsOverrideHost(t *testing.T) {
 		}
 	}
 }
+
+// Host calls answer with the statuses Envoy gives (0 Ok, 1 NotFound,
+// 2 BadArgument, 4 ParseFailure, 7 Empty, 8 CasMismatch, 12 Unimplemented).
+func TestABIStatusesMatchEnvoy(t *testing.T) {
+	_, url, up := probeHost(t, Filter{}, nil)
+	if r := do(t, "GET", url+"/x", "", map[string]string{"x-probe-abi": "1"}); r.code != 200 {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	got := map[string]string{}
+	for _, kv := range strings.Split(up.lastHeader("x-probe-abi-result"), ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		got[k] = v
+	}
+	want := map[string]string{
+		"get_header_missing": "1", "get_header_bad_type": "2", "get_call_response_header_outside": "2",
+		"add_response_trailer": "2", "header_map_size_request": "0",
+		"counter_increment_zero": "2", "counter_increment_negative": "2", "gauge_increment_negative": "0",
+		"get_metric_histogram": "2", "get_metric_unknown": "1", "define_metric_bad_type": "2",
+		"get_shared_missing": "1", "set_shared_stale_cas": "8", "set_shared_cas_zero": "0",
+		"resolve_queue_unknown": "1", "dequeue_unknown": "1", "dequeue_empty": "7",
+		"log_bad_level": "2", "effective_context_unknown": "2",
+		"get_buffer_bad_type": "2", "get_call_response_body_outside": "1", "get_plugin_config_outside": "1",
+		"set_vm_config": "2", "set_request_body_headers_phase": "2",
+		"foreign_function_unknown": "1", "done_outside_shutdown": "1", "grpc_call": "4",
+		"continue_stream_bad": "2", "continue_stream_upstream": "12",
+		"property_unknown": "1", "property_vm_id_probe": "0", "property_request_path": "0",
+		"http_call_no_authority": "2",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: status %q, want %s", k, got[k], v)
+		}
+	}
+}
+
+func TestSharedQueueReadyOnRegisteringVM(t *testing.T) {
+	h, _, _ := probeHost(t, Filter{Configuration: "queue"}, nil)
+	if err := h.Enqueue("probe.q", []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "on_queue_ready", func() bool {
+		v, _, ok := h.SharedData("probe.q.last")
+		return ok && string(v) == "hello"
+	})
+	if got := h.CounterValue("probe.queue_ready"); got != 1 {
+		t.Errorf("on_queue_ready ran %d times, want 1 (only the last VM to register gets it)", got)
+	}
+	if err := h.Enqueue("nope", nil); err == nil {
+		t.Error("Enqueue to an unregistered queue succeeded")
+	}
+}

@@ -212,7 +212,24 @@ func onConfigure(id, size uint32) uint32 {
 	if r.words["tick"] {
 		proxySetTickPeriod(20)
 	}
+	if r.words["queue"] {
+		qp, qn := ptr("probe.q")
+		var tok uint32
+		proxyRegisterSharedQueue(qp, qn, unsafe.Pointer(&tok))
+	}
 	return 1
+}
+
+//go:wasmexport proxy_on_queue_ready
+func onQueueReady(rootID, token uint32) {
+	enter()
+	inc("probe.queue_ready")
+	var p, n uint32
+	for proxyDequeueSharedQueue(token, unsafe.Pointer(&p), unsafe.Pointer(&n)) == 0 {
+		kp, kn := ptr("probe.q.last")
+		vp, vn := ptr(bytesAt(p, n))
+		proxySetSharedData(kp, kn, vp, vn, 0)
+	}
 }
 
 //go:wasmexport proxy_on_tick
@@ -227,6 +244,9 @@ func onRequestHeaders(id, n, eos uint32) uint32 {
 	s := streams[id]
 	inc("probe.request_headers")
 	_, s.configProbe = buffer(7)
+	if v, _ := header(0, "x-probe-abi"); v != "" {
+		setHeader(0, "x-probe-abi-result", abiBattery())
+	}
 	if v, _ := header(0, "x-probe-trap"); v != "" {
 		panic("probe: trap requested")
 	}
