@@ -62,8 +62,8 @@ type Config struct {
 	// the filter untouched.
 	FailOpen bool
 
-	// LogLevel is what proxy_get_log_level answers (default LevelInfo).
-	// Every log line is recorded whatever its level.
+	// LogLevel is what proxy_get_log_level answers; 0 means LevelInfo,
+	// Envoy's default. Every log line is recorded whatever its level.
 	LogLevel int
 	// Logger, when set, also receives every log line.
 	Logger *slog.Logger

@@ -651,6 +651,7 @@ func (s *stream) writeHeaders(eos bool) {
 	if code < 100 || code > 999 {
 		code = http.StatusBadGateway
 	}
+	hdr.Set("Server", "envoy") // the connection manager's server_header_transformation: OVERWRITE
 	s.w.WriteHeader(code)
 	if eos {
 		s.done = true
