@@ -686,7 +686,7 @@ func (s *stream) localReply(code int, body []byte, extra []Pair, details string)
 	if s.done {
 		return
 	}
-	if s.enc.started || s.wroteHeaders {
+	if s.wroteHeaders {
 		s.details = details
 		s.abort()
 		return
@@ -707,6 +707,17 @@ func (s *stream) localReply(code int, body []byte, extra []Pair, details string)
 		hm.add(p.Key, p.Value)
 	}
 	s.respHeaders = hm
+	if s.enc.started {
+		// The upstream response is inside the encoder filters but not yet
+		// sent: Envoy replaces it directly, without running the filters
+		// again.
+		s.writeHeaders(len(body) == 0)
+		if len(body) > 0 {
+			s.respBodySize = int64(len(body))
+			s.writeData(body, true)
+		}
+		return
+	}
 	s.enc.started = true
 	s.encodeHeaders(len(s.ctxs)-1, len(body) == 0)
 	if len(body) > 0 && !s.done {
