@@ -57,10 +57,11 @@ type slotTable struct {
 	active  [maxWords]uint64
 	maxGone uint32 // max clearEpoch over all slots
 	anyHorz bool   // some slot has a nonzero horizon
+	maxHorz uint32 // the latest horizon (serial order): younger entries never expire
 }
 
 func (t *slotTable) reset() {
-	t.epoch, t.n, t.maxGone, t.anyHorz = 0, 0, 0, false
+	t.epoch, t.n, t.maxGone, t.anyHorz, t.maxHorz = 0, 0, 0, false, 0
 	t.active = [maxWords]uint64{}
 }
 
@@ -94,6 +95,9 @@ func decodeSlots(v []byte, t *slotTable) bool {
 		if rec.addrHash != 0 {
 			t.active[i/64] |= 1 << (i % 64)
 			if rec.horizon != 0 {
+				if !t.anyHorz || int32(rec.horizon-t.maxHorz) > 0 {
+					t.maxHorz = rec.horizon
+				}
 				t.anyHorz = true
 			}
 		}
@@ -193,7 +197,7 @@ func blockTag(h uint64, level int) uint32 {
 
 func tagLevel(tag uint32) int { return int(tag >> 28) }
 
-// shardOf maps a block hash to a shard by Fibonacci hashing.
+// shardOf maps a hash to a shard by Fibonacci hashing.
 func shardOf(h uint64, shardBits uint) int {
 	return int((h * 0x9E3779B97F4A7C15) >> (64 - shardBits))
 }

@@ -17,13 +17,20 @@ type Config struct {
 	// Namespace prefixes every shared-data key, so several indexes (or
 	// plugin versions) can share one vm_id. Default "kvroute/index".
 	Namespace string
-	// Shards is the number of block shards, a power of two. Default 8192.
+	// Shards is the number of block shards, a power of two. Default 4096.
 	// Shards x ShardEntries bounds the distinct blocks tracked; size it to
 	// the fleet's KV capacity in level-0 blocks (see SuggestShards).
 	Shards int
-	// ShardEntries caps the entries per shard. Default 32. A query copies
+	// ShardEntries caps the entries per shard. Default 64. A query copies
 	// whole shards, so this bounds bytes copied per probe.
 	ShardEntries int
+	// SegmentBlocks groups consecutive blocks of a chain into one shard:
+	// block i lives in the shard of block i - i%SegmentBlocks (a block's
+	// hash already implies its whole prefix, so every chain that holds
+	// block i agrees on that shard). Recording a new chain then rewrites
+	// about N/SegmentBlocks shards instead of N, and a query's last probes
+	// fall in shards it already copied. A power of two; default 8.
+	SegmentBlocks int
 	// CASRetries bounds the compare-and-set attempts per value before an
 	// update is dropped (and counted). Default 16.
 	CASRetries int
@@ -56,13 +63,19 @@ func (c Config) withDefaults() (Config, error) {
 		c.Namespace = "kvroute/index"
 	}
 	if c.Shards == 0 {
-		c.Shards = 8192
+		c.Shards = 4096
 	}
 	if c.Shards < 1 || c.Shards > 1<<20 || c.Shards&(c.Shards-1) != 0 {
 		return c, fmt.Errorf("index: Shards = %d: use a power of two between 1 and %d", c.Shards, 1<<20)
 	}
 	if c.ShardEntries == 0 {
-		c.ShardEntries = 32
+		c.ShardEntries = 64
+	}
+	if c.SegmentBlocks == 0 {
+		c.SegmentBlocks = 8
+	}
+	if c.SegmentBlocks < 1 || c.SegmentBlocks > 1024 || c.SegmentBlocks&(c.SegmentBlocks-1) != 0 {
+		return c, fmt.Errorf("index: SegmentBlocks = %d: use a power of two between 1 and 1024", c.SegmentBlocks)
 	}
 	if c.ShardEntries < 1 || c.ShardEntries > 4096 {
 		return c, fmt.Errorf("index: ShardEntries = %d: use 1..4096", c.ShardEntries)
@@ -91,7 +104,7 @@ func (c Config) withDefaults() (Config, error) {
 // headroom (about 70% full).
 func SuggestShards(blocks, shardEntries int) int {
 	if shardEntries <= 0 {
-		shardEntries = 32
+		shardEntries = 64
 	}
 	need := blocks*10/7/shardEntries + 1
 	s := 1
@@ -159,14 +172,15 @@ type Index struct {
 	loadKey   string
 	usageKeys [MaxSlots]string
 
-	table   slotTable
-	metrics Metrics
+	table      slotTable
+	tableFresh bool // ix.table was read by the Query whose Matches Record got
+	metrics    Metrics
 
 	// query state
 	q queryState
 	// record scratch
 	order   []uint64
-	ent     []entry
+	work    []byte
 	enc     []byte
 	deltas  []usageDelta
 	pending []usageDelta
@@ -214,6 +228,12 @@ func (ix *Index) Config() Config { return ix.cfg }
 func (ix *Index) Metrics() Metrics { return ix.metrics }
 
 func (ix *Index) nowAge() uint32 { return uint32(ix.cfg.Now() >> ageShift) }
+
+// shardAt returns the shard of chain position i: its segment's first block
+// picks it.
+func (ix *Index) shardAt(chain []uint64, i int) int {
+	return shardOf(chain[i&^(ix.cfg.SegmentBlocks-1)], ix.shardBits)
+}
 
 // level returns the resolution level of chain position i.
 func (ix *Index) level(i int) int {

@@ -15,7 +15,7 @@ func TestQueryNotPrefixClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The engine evicted blocks 10..12 in the middle of the held chain.
-	if err := ix.Removed(a, c[10:13], 10); err != nil {
+	if err := ix.Removed(a, c[:13], 10); err != nil {
 		t.Fatal(err)
 	}
 	var m Matches

@@ -148,7 +148,7 @@ func (ix *Index) setAge(set [maxWords]uint64, age uint32) {
 func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 	q := &ix.q
 	h := q.blocks[i]
-	sh := shardOf(h, ix.shardBits)
+	sh := ix.shardAt(q.blocks, i)
 	var view shardView
 	valid := false
 	found := false
@@ -193,6 +193,9 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 
 // dropExpired clears the hosts whose eviction horizon passed age.
 func (t *slotTable) dropExpired(p [maxWords]uint64, age uint32) [maxWords]uint64 {
+	if !t.anyHorz || int32(age-t.maxHorz) >= 0 {
+		return p
+	}
 	for w := range p {
 		word := p[w]
 		for word != 0 {

@@ -105,7 +105,7 @@ func randomWorkload(t *testing.T, seed uint64) {
 			if j > len(c) {
 				j = len(c)
 			}
-			if err := ix.Removed(hr, c[i:j], i); err != nil {
+			if err := ix.Removed(hr, c[:j], i); err != nil {
 				t.Fatal(err)
 			}
 			for _, b := range c[i:j] {

@@ -26,37 +26,48 @@ func (ix *Index) Record(ref HostRef, blocks []uint64, m *Matches) error {
 	if start >= len(blocks) {
 		return nil
 	}
-	return ix.mark(ref, blocks[start:], start, true)
-}
-
-// Stored records precise engine state: ref's host holds blocks, which are
-// chain positions start, start+1, ... (the position sets a block's weight
-// under multi-resolution hashing).
-func (ix *Index) Stored(ref HostRef, blocks []uint64, start int) error {
+	ix.tableFresh = m != nil && m.table == ix.table.epoch && m.length == len(blocks)
 	return ix.mark(ref, blocks, start, true)
 }
 
-// Removed records that ref's host evicted blocks (chain positions start,
-// start+1, ...).
-func (ix *Index) Removed(ref HostRef, blocks []uint64, start int) error {
-	return ix.mark(ref, blocks, start, false)
+// Stored records precise engine state: ref's host holds chain[from:].
+// chain is the whole chain from its first block (a block's shard and
+// weight depend on its position and its segment's first block).
+func (ix *Index) Stored(ref HostRef, chain []uint64, from int) error {
+	return ix.mark(ref, chain, from, true)
 }
 
-// mark sets (add) or clears the host's bit for blocks at chain positions
-// start+i, one CAS update per shard touched, then books the change in the
-// host's usage histogram and evicts past its capacity.
-func (ix *Index) mark(ref HostRef, blocks []uint64, start int, add bool) error {
-	if len(blocks) == 0 {
+// Removed records that ref's host evicted chain[from:]; to remove blocks
+// i..j-1 in the middle of a chain, pass chain[:j] and i.
+func (ix *Index) Removed(ref HostRef, chain []uint64, from int) error {
+	return ix.mark(ref, chain, from, false)
+}
+
+// mark sets (add) or clears the host's bit for chain[from:], one CAS
+// update per shard touched, then books the change in the host's usage
+// histogram and evicts past its capacity.
+func (ix *Index) mark(ref HostRef, chain []uint64, from int, add bool) error {
+	if from < 0 {
+		from = 0
+	}
+	if from >= len(chain) {
 		return nil
 	}
-	ix.readSlots()
+	// Right after a Query (Record with its Matches) the slot table it read
+	// is reused: a table a few microseconds stale is safe, since a shard
+	// written with an older table epoch masks the bits of any host removed
+	// since (see loadEntries and staleMask).
+	if !ix.tableFresh || ix.table.check(ref) != nil {
+		ix.readSlots()
+	}
+	ix.tableFresh = false
 	if err := ix.table.check(ref); err != nil {
 		return err
 	}
 	// Group by shard: sort (shard, position) pairs packed in a uint64.
 	ix.order = ix.order[:0]
-	for i, h := range blocks {
-		ix.order = append(ix.order, uint64(shardOf(h, ix.shardBits))<<32|uint64(i))
+	for i := from; i < len(chain); i++ {
+		ix.order = append(ix.order, uint64(ix.shardAt(chain, i))<<32|uint64(i))
 	}
 	slices.Sort(ix.order)
 	now := ix.nowAge()
@@ -68,7 +79,7 @@ func (ix *Index) mark(ref HostRef, blocks []uint64, start int, add bool) error {
 		for e < len(ix.order) && int(ix.order[e]>>32) == sh {
 			e++
 		}
-		if err := ix.updateShard(ref, sh, blocks, start, ix.order[g:e], now, add); err != nil && firstErr == nil {
+		if err := ix.updateShard(ref, sh, chain, ix.order[g:e], now, add); err != nil && firstErr == nil {
 			firstErr = err
 		}
 		g = e
@@ -81,19 +92,24 @@ func (ix *Index) mark(ref HostRef, blocks []uint64, start int, add bool) error {
 	return firstErr
 }
 
-// updateShard applies one host's changes to one shard under CAS.
-func (ix *Index) updateShard(ref HostRef, sh int, blocks []uint64, start int, group []uint64, now uint32, add bool) error {
+// updateShard applies one host's changes to one shard under CAS. It edits
+// the copy Get returned in place (header, then fixed-stride entries):
+// decoding a 64-entry shard into structures and encoding it back cost
+// more than the shared-data round trip.
+func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64, now uint32, add bool) error {
 	key := ix.shardKeys[sh]
 	t := &ix.table
-	word, bit := ref.Slot/64, uint64(1)<<(ref.Slot%64)
-	bucketTicks := uint32(ix.cfg.BucketMs >> ageShift)
-	if bucketTicks == 0 {
-		bucketTicks = 1
-	}
+	bt := ix.bucketTicks()
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
 		v, cas, found := ix.get(key)
-		dirty, words, newer := ix.loadEntries(v, found)
-		if newer {
+		var view shardView
+		ok := false
+		if found {
+			if view, ok = parseShard(v); !ok {
+				ix.metrics.Corrupt++
+			}
+		}
+		if ok && int32(view.epoch-t.epoch) > 0 {
 			// A writer with a newer slot table rewrote this shard: our table
 			// may still list a host that was removed since. Refresh it and
 			// retry, so a dead host's bit is never stamped valid.
@@ -103,65 +119,69 @@ func (ix *Index) updateShard(ref HostRef, sh int, blocks []uint64, start int, gr
 			}
 			continue
 		}
+		dirty := found && !ok // a corrupt value is replaced
+		words := max(t.words(), 1)
+		if ok && view.words >= words {
+			words = view.words
+			ix.work = append(ix.work[:0], v...)
+		} else {
+			ix.work = widenShard(ix.work, view, words)
+		}
+		e := shardEdit{buf: ix.work, words: words, stride: 8 + 8*words, n: view.n}
+		if ok && ix.cleanShard(&e, view.epoch) {
+			dirty = true
+			e.compact() // free the room of entries left with no host
+		}
+		word, bit := ref.Slot/64, uint64(1)<<(ref.Slot%64)
 		ix.deltas = ix.deltas[:0]
 		for _, o := range group {
-			i := int(uint32(o))
-			pos := start + i
+			pos := int(uint32(o))
 			level := ix.level(pos)
 			units := int32(1) << level
-			tag := blockTag(blocks[i], level)
-			k := -1
-			for j := range ix.ent {
-				if ix.ent[j].tag == tag {
-					k = j
-					break
-				}
-			}
+			tag := blockTag(chain[pos], level)
+			k := e.find(tag)
 			if !add {
-				if k >= 0 && ix.ent[k].bits[word]&bit != 0 {
-					ix.ent[k].bits[word] &^= bit
-					ix.deltas = append(ix.deltas, usageDelta{ix.ent[k].age / bucketTicks, -units})
+				if k >= 0 && e.word(k, word)&bit != 0 {
+					e.setWord(k, word, e.word(k, word)&^bit)
+					ix.deltas = append(ix.deltas, usageDelta{e.age(k) / bt, -units})
 					dirty = true
 				}
 				continue
 			}
 			if k < 0 {
-				if len(ix.ent) >= ix.cfg.ShardEntries {
-					ix.evictOldest()
+				if e.n >= ix.cfg.ShardEntries {
+					e.remove(e.oldest(now))
+					ix.metrics.Overflows++
 				}
-				ix.ent = append(ix.ent, entry{tag: tag, age: now})
-				k = len(ix.ent) - 1
-				ix.ent[k].bits[word] |= bit
-				ix.deltas = append(ix.deltas, usageDelta{now / bucketTicks, units})
+				e.add(tag, now, word, bit)
+				ix.deltas = append(ix.deltas, usageDelta{now / bt, units})
 				dirty = true
 				continue
 			}
-			en := &ix.ent[k]
-			if en.bits[word]&bit == 0 {
-				en.bits[word] |= bit
-				ix.deltas = append(ix.deltas, usageDelta{now / bucketTicks, units})
-				en.age = now
+			if w := e.word(k, word); w&bit == 0 {
+				e.setWord(k, word, w|bit)
+				e.setAge(k, now)
+				ix.deltas = append(ix.deltas, usageDelta{now / bt, units})
 				dirty = true
-			} else if en.age != now {
+			} else if old := e.age(k); old != now {
 				// A refresh moves the block's units to the current bucket.
-				ix.deltas = append(ix.deltas, usageDelta{en.age / bucketTicks, -units}, usageDelta{now / bucketTicks, units})
-				en.age = now
+				e.setAge(k, now)
+				ix.deltas = append(ix.deltas, usageDelta{old / bt, -units}, usageDelta{now / bt, units})
 				dirty = true
 			}
 		}
 		if !dirty {
 			return nil
 		}
-		// Drop entries left with no host.
-		kept := ix.ent[:0]
-		for _, en := range ix.ent {
-			if !isZero(en.bits) {
-				kept = append(kept, en)
-			}
+		// Drop entries left with no host; trim a shard written under a
+		// larger ShardEntries.
+		e.compact()
+		for e.n > ix.cfg.ShardEntries {
+			e.remove(e.oldest(now))
+			ix.metrics.Overflows++
 		}
-		ix.ent = kept
-		ix.enc = encodeShard(ix.enc, ix.ent, max(words, t.words()), t.epoch)
-		retry, err := ix.set(key, ix.enc, cas)
+		ix.work = e.finish(t.epoch)
+		retry, err := ix.set(key, ix.work, cas)
 		if retry {
 			continue
 		}
@@ -175,69 +195,147 @@ func (ix *Index) updateShard(ref HostRef, sh int, blocks []uint64, start int, gr
 	return ErrContended
 }
 
-// loadEntries decodes a shard value into ix.ent, dropping bits that no
-// longer count (removed or cleared slots, expired past a host's horizon).
-// Bits of slots beyond our table (hosts registered since we read it) are
-// kept. It reports whether the value needs rewriting even with no other
-// change, the bitmap words it used, and whether it was written with a
-// newer slot table than ours.
-func (ix *Index) loadEntries(v []byte, found bool) (dirty bool, words int, newer bool) {
-	ix.ent = ix.ent[:0]
-	if !found {
-		return false, 0, false
-	}
-	view, ok := parseShard(v)
-	if !ok {
-		ix.metrics.Corrupt++
-		return true, 0, false
-	}
+// cleanShard drops the bits that no longer count: slots removed or
+// cleared after the shard was last written, and entries older than a
+// host's eviction horizon. It reports whether anything changed.
+func (ix *Index) cleanShard(e *shardEdit, shardEpoch uint32) (changed bool) {
 	t := &ix.table
-	if int32(view.epoch-t.epoch) > 0 {
-		return false, 0, true
+	stale := t.staleMask(shardEpoch)
+	if isZero(stale) && !t.anyHorz {
+		return false
 	}
-	stale := t.staleMask(view.epoch)
-	if view.epoch != t.epoch {
-		dirty = !isZero(stale) // rewrite to stamp the new epoch only if bits go
-	}
-	for i := 0; i < view.n; i++ {
-		en := entry{tag: le.Uint32(view.buf[shardHeader+i*view.stride:]), age: view.age(i), bits: view.bitmap(i)}
-		b := andNot(en.bits, stale)
+	for i := 0; i < e.n; i++ {
+		b := e.bits(i)
+		nb := andNot(b, stale)
 		if t.anyHorz {
-			b = t.dropExpired(b, en.age)
+			nb = t.dropExpired(nb, e.age(i))
 		}
-		if b != en.bits {
-			dirty = true
+		if nb != b {
+			e.setBits(i, nb)
+			changed = true
 		}
-		if isZero(b) {
-			continue
-		}
-		en.bits = b
-		ix.ent = append(ix.ent, en)
 	}
-	if len(ix.ent) > ix.cfg.ShardEntries {
-		for len(ix.ent) > ix.cfg.ShardEntries {
-			ix.evictOldest()
-		}
-		dirty = true
-	}
-	return dirty, view.words, false
+	return changed
 }
 
-// evictOldest drops the least recently used entry of the shard. The hosts
-// that held it are not debited in their usage histograms (that would cost
-// a write per host); the index is sized so this is rare, and counted.
-func (ix *Index) evictOldest() {
-	now := ix.nowAge()
-	old, oldest := -1, uint32(0)
-	for j := range ix.ent {
-		if a := now - ix.ent[j].age; old < 0 || a > oldest {
-			old, oldest = j, a
+// shardEdit edits a shard value in place.
+type shardEdit struct {
+	buf    []byte
+	words  int
+	stride int
+	n      int
+}
+
+func (e *shardEdit) off(i int) int          { return shardHeader + i*e.stride }
+func (e *shardEdit) age(i int) uint32       { return le.Uint32(e.buf[e.off(i)+4:]) }
+func (e *shardEdit) setAge(i int, a uint32) { le.PutUint32(e.buf[e.off(i)+4:], a) }
+func (e *shardEdit) word(i, w int) uint64   { return le.Uint64(e.buf[e.off(i)+8+8*w:]) }
+func (e *shardEdit) setWord(i, w int, x uint64) {
+	le.PutUint64(e.buf[e.off(i)+8+8*w:], x)
+}
+
+func (e *shardEdit) bits(i int) (m [maxWords]uint64) {
+	for w := 0; w < e.words; w++ {
+		m[w] = e.word(i, w)
+	}
+	return m
+}
+
+func (e *shardEdit) setBits(i int, m [maxWords]uint64) {
+	for w := 0; w < e.words; w++ {
+		e.setWord(i, w, m[w])
+	}
+}
+
+func (e *shardEdit) empty(i int) bool {
+	for w := 0; w < e.words; w++ {
+		if e.word(i, w) != 0 {
+			return false
 		}
 	}
-	last := len(ix.ent) - 1
-	ix.ent[old] = ix.ent[last]
-	ix.ent = ix.ent[:last]
-	ix.metrics.Overflows++
+	return true
+}
+
+func (e *shardEdit) find(tag uint32) int {
+	off := shardHeader
+	for i := 0; i < e.n; i++ {
+		if le.Uint32(e.buf[off:]) == tag {
+			return i
+		}
+		off += e.stride
+	}
+	return -1
+}
+
+// oldest returns the least recently refreshed entry.
+func (e *shardEdit) oldest(now uint32) int {
+	old, oldest := 0, uint32(0)
+	for i := 0; i < e.n; i++ {
+		if a := now - e.age(i); i == 0 || a > oldest {
+			old, oldest = i, a
+		}
+	}
+	return old
+}
+
+// compact drops the entries that no host holds.
+func (e *shardEdit) compact() {
+	for i := 0; i < e.n; {
+		if e.empty(i) {
+			e.remove(i)
+			continue
+		}
+		i++
+	}
+}
+
+// remove drops entry i, moving the last entry into its place.
+func (e *shardEdit) remove(i int) {
+	last := e.n - 1
+	if i != last {
+		copy(e.buf[e.off(i):e.off(i)+e.stride], e.buf[e.off(last):e.off(last)+e.stride])
+	}
+	e.n--
+	e.buf = e.buf[:e.off(e.n)]
+}
+
+func (e *shardEdit) add(tag, age uint32, w int, bit uint64) {
+	e.buf = e.buf[:e.off(e.n)]
+	e.buf = le.AppendUint32(e.buf, tag)
+	e.buf = le.AppendUint32(e.buf, age)
+	for k := 0; k < e.words; k++ {
+		var x uint64
+		if k == w {
+			x = bit
+		}
+		e.buf = le.AppendUint64(e.buf, x)
+	}
+	e.n++
+}
+
+// finish writes the header and returns the value to store.
+func (e *shardEdit) finish(epoch uint32) []byte {
+	e.buf = e.buf[:e.off(e.n)]
+	e.buf[0], e.buf[1], e.buf[2], e.buf[3] = shardMagic0, shardMagic1, formatVersion, byte(e.words)
+	le.PutUint32(e.buf[4:], epoch)
+	le.PutUint16(e.buf[8:], uint16(e.n))
+	e.buf[10], e.buf[11] = 0, 0
+	return e.buf
+}
+
+// widenShard copies view's entries into dst with words bitmap words each
+// (view may be empty), leaving room for the header.
+func widenShard(dst []byte, view shardView, words int) []byte {
+	dst = append(dst[:0], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) // header, written by finish
+	for i := 0; i < view.n; i++ {
+		off := shardHeader + i*view.stride
+		dst = append(dst, view.buf[off:off+8]...)
+		m := view.bitmap(i)
+		for w := 0; w < words; w++ {
+			dst = le.AppendUint64(dst, m[w])
+		}
+	}
+	return dst
 }
 
 func encodeShard(dst []byte, ent []entry, words int, epoch uint32) []byte {

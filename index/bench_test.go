@@ -1,0 +1,287 @@
+package index
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+)
+
+// Benchmarks compare the index with a naive baseline measured in the
+// same run: one shared-data key per (host, block) and, per query, a scan
+// of every host's blocks from the start until its first miss (P x N gets
+// at worst). Run them natively with
+//
+//	go test -run '^$' -bench . ./index/
+//
+// and inside Wasm (wazero) with
+//
+//	GOOS=wasip1 GOARCH=wasm go test -exec "go run ./index/internal/wasmexec" -run '^$' -bench . ./index/
+
+var (
+	benchTokens = []int{1 << 10, 8 << 10, 32 << 10, 128 << 10}
+	benchHosts  = []int{8, 64, 256}
+)
+
+// benchChain hashes a synthetic prompt of about tokens tokens.
+func benchChain(h *Hasher, seed, tokens int) []uint64 {
+	h.Reset("bench-model", "", "")
+	h.Text(longText(seed, tokens*h.cfg.CharsPerToken))
+	out := make([]uint64, len(h.Blocks()))
+	copy(out, h.Blocks())
+	return out
+}
+
+// benchFleet is an index populated like a busy fleet: every host holds
+// the system prefix of the queried chain and many unrelated chains (the
+// shards about half full); three hosts hold the chain to 100%, 60% and
+// 30%. A query therefore meets K = 4 distinct match lengths.
+type benchFleet struct {
+	st    *MemStore
+	ix    *Index
+	refs  []HostRef
+	chain []uint64
+	naive *naiveIndex
+	clk   *fakeClock
+}
+
+func newBenchFleet(b *testing.B, hosts, tokens int, cfg Config, withNaive bool) *benchFleet {
+	b.Helper()
+	f := &benchFleet{st: &MemStore{}, clk: &fakeClock{ms: 1e9}}
+	cfg.Now = f.clk.now
+	ix, err := New(f.st, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.ix = ix
+	h := NewHasher(ix.cfg.Hash)
+	f.chain = benchChain(h, 1, tokens)
+	n := len(f.chain)
+	if withNaive {
+		f.naive = &naiveIndex{st: &MemStore{}}
+	}
+	// Each host's capacity is its share of 60% of the index, so the
+	// index evicts by host capacity (as configured from the engines'
+	// num_gpu_blocks) rather than by overflowing shards.
+	capEntries := ix.cfg.Shards * ix.cfg.ShardEntries
+	hostTokens := capEntries * 6 / 10 / hosts * ix.cfg.Hash.BlockChars / ix.cfg.Hash.CharsPerToken
+	for p := 0; p < hosts; p++ {
+		ref, err := ix.Register(fmt.Sprintf("10.1.%d.%d:8000", p/250, p%250))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ix.SetCapacity(ref, hostTokens); err != nil {
+			b.Fatal(err)
+		}
+		f.refs = append(f.refs, ref)
+	}
+	// Background: fill 40% of the index's entries (a fuller index
+	// starts overflowing its fullest shards; see BenchmarkMemoryPerBlock).
+	perHost := capEntries * 4 / 10 / hosts / 64
+	for p, ref := range f.refs {
+		for k := 0; k < perHost; k++ {
+			bg := chain(uint64(p*100000+k+7), 64)
+			ix.Record(ref, bg, nil)
+		}
+	}
+	sys := n / 10
+	if sys < 1 {
+		sys = 1
+	}
+	for p, ref := range f.refs {
+		held := sys
+		switch p {
+		case 0:
+			held = n
+		case 1:
+			held = n * 6 / 10
+		case 2:
+			held = n * 3 / 10
+		}
+		ix.Record(ref, f.chain[:held], nil)
+		if f.naive != nil {
+			f.naive.record(p, f.chain[:held])
+		}
+	}
+	return f
+}
+
+func benchName(hosts, tokens int) string {
+	return fmt.Sprintf("tokens=%dK/hosts=%d", tokens>>10, hosts)
+}
+
+// BenchmarkQuery: the index's Query against the naive scan, same state.
+func BenchmarkQuery(b *testing.B) {
+	for _, tokens := range benchTokens {
+		for _, hosts := range benchHosts {
+			f := newBenchFleet(b, hosts, tokens, Config{}, true)
+			b.Run(benchName(hosts, tokens)+"/index", func(b *testing.B) {
+				var m Matches
+				r0, by0 := f.ix.metrics.Reads, f.ix.metrics.BytesRead
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					f.ix.Query(f.chain, &m)
+				}
+				b.StopTimer()
+				if m.Blocks[0] != len(f.chain) || m.Blocks[3] != len(f.chain)/10 {
+					b.Fatalf("wrong answer: host0 %d host3 %d of %d", m.Blocks[0], m.Blocks[3], len(f.chain))
+				}
+				b.ReportMetric(float64(f.ix.metrics.Reads-r0)/float64(b.N), "gets/op")
+				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
+				b.ReportMetric(float64(len(f.chain)), "blocks")
+			})
+			b.Run(benchName(hosts, tokens)+"/naive", func(b *testing.B) {
+				out := make([]int, hosts)
+				b.ReportAllocs()
+				b.ResetTimer()
+				var gets, bytes int
+				for i := 0; i < b.N; i++ {
+					gets, bytes = f.naive.query(hosts, f.chain, out)
+				}
+				b.StopTimer()
+				if out[0] != len(f.chain) {
+					b.Fatalf("naive: host0 %d of %d", out[0], len(f.chain))
+				}
+				b.ReportMetric(float64(gets), "gets/op")
+				b.ReportMetric(float64(bytes), "copiedB/op")
+			})
+		}
+	}
+}
+
+// BenchmarkQueryRecord: one routing decision's index work, Query then
+// Record, for a repeated prompt (the host holds it, fresh: no writes) and
+// for a new one (every block written), against the naive design doing
+// the same (scan, then one set per new block).
+func BenchmarkQueryRecord(b *testing.B) {
+	for _, tokens := range benchTokens {
+		for _, hosts := range benchHosts {
+			f := newBenchFleet(b, hosts, tokens, Config{}, true)
+			b.Run(benchName(hosts, tokens)+"/index-repeat", func(b *testing.B) {
+				var m Matches
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					f.ix.Query(f.chain, &m)
+					f.ix.Record(f.refs[0], f.chain, &m)
+				}
+			})
+			// New prompts: a fresh chain of the same length every time
+			// (generating it costs about 1 ns per block).
+			n := len(f.chain)
+			c := make([]uint64, n)
+			b.Run(benchName(hosts, tokens)+"/index-new", func(b *testing.B) {
+				var m Matches
+				w0, o0 := f.ix.metrics.Writes, f.ix.metrics.Overflows
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					f.clk.ms += 5 // 200 new prompts per second
+					fillChain(c, uint64(i)<<32|uint64(tokens))
+					f.ix.Query(c, &m)
+					f.ix.Record(f.refs[i%hosts], c, &m)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(f.ix.metrics.Writes-w0)/float64(b.N), "sets/op")
+				b.ReportMetric(float64(f.ix.metrics.Overflows-o0)/float64(b.N), "overflows/op")
+			})
+			b.Run(benchName(hosts, tokens)+"/naive-new", func(b *testing.B) {
+				out := make([]int, hosts)
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					fillChain(c, uint64(i)<<32|uint64(tokens)|1<<31)
+					f.naive.query(hosts, c, out)
+					f.naive.record(i%hosts, c)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkHash: hashing a prompt (excluded from the query targets).
+func BenchmarkHash(b *testing.B) {
+	h := NewHasher(HashConfig{})
+	for _, tokens := range benchTokens {
+		text := longText(3, tokens*4)
+		b.Run(fmt.Sprintf("tokens=%dK", tokens>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				h.Reset("m", "", "")
+				h.Message("user", text)
+				_ = h.Blocks()
+			}
+		})
+	}
+}
+
+// BenchmarkMemoryPerBlock reports shared-data bytes per tracked block
+// (keys included) for fleets of 8, 64 and 256 hosts, each block held by
+// one host, the index 70% full.
+func BenchmarkMemoryPerBlock(b *testing.B) {
+	for _, hosts := range benchHosts {
+		b.Run(fmt.Sprintf("hosts=%d", hosts), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				st := &MemStore{}
+				clk := &fakeClock{ms: 1e9}
+				ix, _ := New(st, Config{Shards: 1024, Now: clk.now})
+				blocks := 0
+				target := 1024 * 32 * 7 / 10
+				for p := 0; p < hosts; p++ {
+					ref, _ := ix.Register("h" + strconv.Itoa(p))
+					for ; blocks < target*(p+1)/hosts; blocks += 64 {
+						ix.Record(ref, chain(uint64(blocks+1), 64), nil)
+					}
+				}
+				_, bytes := st.Len()
+				b.ReportMetric(float64(bytes)/float64(blocks), "B/block")
+				b.ReportMetric(float64(ix.metrics.Overflows), "overflows")
+			}
+		})
+	}
+}
+
+// naiveIndex is the baseline: one key per (host, block).
+type naiveIndex struct {
+	st  *MemStore
+	buf []byte
+}
+
+func (n *naiveIndex) key(host int, h uint64) string {
+	n.buf = append(n.buf[:0], "naive/"...)
+	n.buf = strconv.AppendInt(n.buf, int64(host), 10)
+	n.buf = append(n.buf, '/')
+	n.buf = strconv.AppendUint(n.buf, h, 16)
+	return string(n.buf)
+}
+
+func (n *naiveIndex) record(host int, blocks []uint64) {
+	one := []byte{1}
+	for _, h := range blocks {
+		n.st.Set(n.key(host, h), one, 0)
+	}
+}
+
+func (n *naiveIndex) query(hosts int, blocks []uint64, out []int) (gets, bytes int) {
+	for p := 0; p < hosts; p++ {
+		out[p] = 0
+		for i, h := range blocks {
+			v, _, err := n.st.Get(n.key(p, h))
+			gets++
+			if err != nil {
+				break
+			}
+			bytes += len(v)
+			out[p] = i + 1
+		}
+	}
+	return gets, bytes
+}
+
+func fillChain(c []uint64, seed uint64) {
+	h := seed*0x9E3779B97F4A7C15 + 1
+	for i := range c {
+		h ^= h >> 31
+		h *= 0xBF58476D1CE4E5B9
+		h ^= h >> 27
+		c[i] = h
+	}
+}
