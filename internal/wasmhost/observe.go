@@ -34,9 +34,9 @@ func (t MetricType) String() string {
 // Metric is a snapshot of one metric defined by the module. As in Envoy, a
 // name defined on several workers is one stat: every VM adds to the same value.
 type Metric struct {
-	Name  string
-	Type  MetricType
-	Value int64    // counter or gauge value; histograms: number of samples
+	Name    string
+	Type    MetricType
+	Value   int64    // counter or gauge value; histograms: number of samples
 	Samples []uint64 // histogram samples in recording order (nil otherwise)
 }
 

@@ -2,8 +2,8 @@ package wasmhost
 
 import (
 	"bytes"
-	crand "crypto/rand"
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -29,11 +29,11 @@ type vm struct {
 	failed atomic.Bool
 
 	fn struct {
-		malloc, onContextCreate, onVMStart, onConfigure         api.Function
-		onRequestHeaders, onRequestBody, onRequestTrailers      api.Function
-		onResponseHeaders, onResponseBody, onResponseTrailers   api.Function
-		onHTTPCallResponse, onTick, onQueueReady                api.Function
-		onLog, onDone, onDelete                                 api.Function
+		malloc, onContextCreate, onVMStart, onConfigure       api.Function
+		onRequestHeaders, onRequestBody, onRequestTrailers    api.Function
+		onResponseHeaders, onResponseBody, onResponseTrailers api.Function
+		onHTTPCallResponse, onTick, onQueueReady              api.Function
+		onLog, onDone, onDelete                               api.Function
 	}
 
 	nextContextID uint32
@@ -229,22 +229,22 @@ func (v *vm) alloc(size uint32) (uint32, bool) {
 // missing one is reported when the host starts rather than at the first
 // request. Signatures are proxy-wasm-cpp-host's (all i32).
 var callbackSigs = map[string]struct{ params, results int }{
-	"proxy_on_memory_allocate":     {1, 1},
-	"proxy_on_context_create":      {2, 0},
-	"proxy_on_vm_start":            {2, 1},
-	"proxy_on_configure":           {2, 1},
-	"proxy_on_request_headers":     {3, 1},
-	"proxy_on_request_body":        {3, 1},
-	"proxy_on_request_trailers":    {2, 1},
-	"proxy_on_response_headers":    {3, 1},
-	"proxy_on_response_body":       {3, 1},
-	"proxy_on_response_trailers":   {2, 1},
-	"proxy_on_http_call_response":  {5, 0},
-	"proxy_on_tick":                {1, 0},
-	"proxy_on_queue_ready":         {2, 0},
-	"proxy_on_log":                 {1, 0},
-	"proxy_on_done":                {1, 1},
-	"proxy_on_delete":              {1, 0},
+	"proxy_on_memory_allocate":    {1, 1},
+	"proxy_on_context_create":     {2, 0},
+	"proxy_on_vm_start":           {2, 1},
+	"proxy_on_configure":          {2, 1},
+	"proxy_on_request_headers":    {3, 1},
+	"proxy_on_request_body":       {3, 1},
+	"proxy_on_request_trailers":   {2, 1},
+	"proxy_on_response_headers":   {3, 1},
+	"proxy_on_response_body":      {3, 1},
+	"proxy_on_response_trailers":  {2, 1},
+	"proxy_on_http_call_response": {5, 0},
+	"proxy_on_tick":               {1, 0},
+	"proxy_on_queue_ready":        {2, 0},
+	"proxy_on_log":                {1, 0},
+	"proxy_on_done":               {1, 1},
+	"proxy_on_delete":             {1, 0},
 }
 
 // checkModule fails the way Envoy fails to load a module: no proxy-wasm ABI

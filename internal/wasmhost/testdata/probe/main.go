@@ -114,8 +114,8 @@ func metric(kind uint32, name string) uint32 {
 	return id
 }
 
-func inc(name string)                { proxyIncrementMetric(metric(0, name), 1) }
-func record(name string, v uint64)   { proxyRecordMetric(metric(2, name), v) }
+func inc(name string)              { proxyIncrementMetric(metric(0, name), 1) }
+func record(name string, v uint64) { proxyRecordMetric(metric(2, name), v) }
 func buffer(t uint32) (string, uint32) {
 	var p, n uint32
 	st := proxyGetBufferBytes(t, 0, 1<<30, unsafe.Pointer(&p), unsafe.Pointer(&n))
