@@ -26,6 +26,8 @@ import (
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"google.golang.org/protobuf/proto"
+	istionet "istio.io/api/networking/v1alpha3"
+	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/kvroute/kvroute/filter/config"
 	"github.com/kvroute/kvroute/internal/manifests"
@@ -130,7 +132,58 @@ func checkKvroute(res *manifests.Result) error {
 	if len(cfgs) == 0 {
 		return nil
 	}
+	clusters := knownClusters(res)
+	hasPD := false
+	for _, p := range res.Plugins {
+		hasPD = hasPD || p.RootID == "kvroute.pd"
+	}
+	for i, p := range res.Plugins {
+		if !hasPD {
+			break
+		}
+		for field, name := range map[string]string{"pd.prefillCluster": cfgs[i].PD.PrefillCluster, "pd.decodeCluster": cfgs[i].PD.DecodeCluster} {
+			if !clusters[name] {
+				return fmt.Errorf("%s: %s %q is not a cluster this file defines or patches (%v)", p.Where, field, name, keys(clusters))
+			}
+		}
+	}
 	return checkWiring(res, cfgs[0])
+}
+
+// knownClusters lists the Envoy clusters a file defines (standalone), sets
+// the load balancing of (Istio CLUSTER patches: outbound|PORT||SERVICE), or
+// makes Envoy Gateway generate or add (httproute/NS/NAME/rule/N, patches).
+func knownClusters(res *manifests.Result) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range res.Envoy {
+		switch m := r.Message.(type) {
+		case *bootstrapv3.Bootstrap:
+			for _, c := range m.GetStaticResources().GetClusters() {
+				out[c.GetName()] = true
+			}
+		case *clusterv3.Cluster:
+			if !strings.HasPrefix(m.GetName(), "outbound|8000||base") {
+				out[m.GetName()] = true
+			}
+		}
+	}
+	for _, o := range res.Objects {
+		switch v := o.Value.(type) {
+		case *manifests.IstioObject:
+			if ef, ok := v.Spec.(*istionet.EnvoyFilter); ok {
+				for _, cp := range ef.GetConfigPatches() {
+					if c := cp.GetMatch().GetCluster(); c != nil && c.GetService() != "" {
+						out[fmt.Sprintf("outbound|%d|%s|%s", c.GetPortNumber(), c.GetSubset(), c.GetService())] = true
+					}
+				}
+			}
+		case *gwapiv1.HTTPRoute:
+			for i := range v.Spec.Rules {
+				out[fmt.Sprintf("httproute/%s/%s/rule/%d", v.Namespace, v.Name, i)] = true
+			}
+		}
+	}
+	return out
 }
 
 func keys(m map[string]bool) []string {
@@ -395,6 +448,8 @@ func TestBrokenManifestsNameTheField(t *testing.T) {
 		{"standalone/envoy.yaml", `"destinationHeader": "x-gateway-destination-endpoint"`, `"destinationHeadr": "x-gateway-destination-endpoint"`, "destinationHeadr"},
 		{"istio/envoyfilter.yaml", `"strategy": "kv_cache_aware"`, `"strategy": "kv_cache_awesome"`, "strategy"},
 		{"envoy-gateway/kvroute.yaml", "maxBodyBytes: 16777216", "maxBodyBytes: -1", "maxBodyBytes"},
+		{"istio/envoyfilter.yaml", `"prefillCluster": "outbound|8000||vllm-prefill.llm.svc.cluster.local"`, `"prefillCluster": "outbound|8000||vllm-prefil.llm.svc.cluster.local"`, "pd.prefillCluster"},
+		{"envoy-gateway/kvroute.yaml", "decodeCluster: httproute/llm/kvroute-inference/rule/0", "decodeCluster: httproute/llm/kvroute/rule/0", "pd.decodeCluster"},
 		// Istio.
 		{"istio/envoyfilter.yaml", "applyTo: LISTENER", "applyTo: LISTENERS", "applyTo"},
 		{"istio/envoyfilter.yaml", "          type_urls:\n", "          type_url:\n", "type_url"},
