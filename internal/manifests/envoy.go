@@ -72,7 +72,8 @@ func WasmPlugins(where string, msg proto.Message) ([]Plugin, error) {
 		if err != nil {
 			return fieldErr(at+".configuration", err)
 		}
-		p := Plugin{Where: at, RootID: pc.GetRootId(), VMID: pc.GetVmConfig().GetVmId(), Config: cfg}
+		p := Plugin{Where: at, RootID: pc.GetRootId(), VMID: pc.GetVmConfig().GetVmId(), Config: cfg,
+			HostEnvKeys: pc.GetVmConfig().GetEnvironmentVariables().GetHostEnvKeys()}
 		if w := pc.GetAllowOnHeadersStopIteration(); w != nil {
 			v := w.GetValue()
 			p.AllowOnHeadersStopIteration = &v

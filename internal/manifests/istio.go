@@ -77,7 +77,13 @@ func checkIstio(res *Result, obj Object, io *IstioObject) error {
 				return fieldErr(where, err)
 			}
 		}
-		res.Plugins = append(res.Plugins, Plugin{Where: where, RootID: spec.GetPluginName(), Config: cfg})
+		var env []string
+		for _, e := range spec.GetVmConfig().GetEnv() {
+			if e.GetValueFrom() == istioext.EnvValueSource_HOST {
+				env = append(env, e.GetName())
+			}
+		}
+		res.Plugins = append(res.Plugins, Plugin{Where: where, RootID: spec.GetPluginName(), Config: cfg, HostEnvKeys: env})
 	}
 	return nil
 }

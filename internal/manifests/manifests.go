@@ -48,6 +48,10 @@ type Plugin struct {
 	// AllowOnHeadersStopIteration is the Wasm filter setting body routing
 	// needs; nil when the platform cannot express it.
 	AllowOnHeadersStopIteration *bool
+	// HostEnvKeys are the environment variables of the Envoy process the VM
+	// can read (vm_config.environment_variables.host_env_keys, WasmPlugin
+	// vmConfig.env with valueFrom HOST, Envoy Gateway env.hostKeys).
+	HostEnvKeys []string
 	// Config is the plugin configuration, the JSON the filter receives.
 	Config []byte
 }
