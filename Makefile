@@ -28,6 +28,11 @@ demo: wasm
 bench: wasm
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# Aggregated vs disaggregated fleets of 8 on the shared trace (kvroute.pd, README "Prefill/decode disaggregation").
+.PHONY: bench-pd
+bench-pd:
+	KVROUTE_PD_BENCH=1 KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
+
 fuzz:
 	@echo "fuzz targets are added by their packages"
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s ./scorer
