@@ -127,6 +127,33 @@ func checkEnvoyGateway(res *Result) error {
 			}
 		}
 	}
+	// A policy that reaches no listener of this file (its Gateway is
+	// elsewhere) still has its plugin configurations checked, as written.
+	for _, e := range eeps {
+		attached := false
+		for _, gw := range gateways {
+			for _, l := range gw.Spec.Listeners {
+				attached = attached || eepAppliesTo(e, gw, string(l.Name), routes)
+			}
+		}
+		if attached {
+			continue
+		}
+		for i, w := range e.Spec.Wasm {
+			p := Plugin{Where: fmt.Sprintf("%s: EnvoyExtensionPolicy %s spec.wasm[%d].config", res.File, e.Name, i),
+				VMID: EGWasmName(e.Namespace, e.Name, i)}
+			if w.RootID != nil {
+				p.RootID = *w.RootID
+			}
+			if w.Config != nil {
+				p.Config = w.Config.Raw
+			}
+			if w.Env != nil {
+				p.HostEnvKeys = w.Env.HostKeys
+			}
+			res.Plugins = append(res.Plugins, p)
+		}
+	}
 	// What Envoy would receive: the patched listeners and the plugins in them.
 	for _, name := range listenerOrder {
 		lis := listeners[name]
