@@ -26,6 +26,11 @@ import (
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"google.golang.org/protobuf/proto"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	istionet "istio.io/api/networking/v1alpha3"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -94,6 +99,9 @@ func TestManifests(t *testing.T) {
 
 // checkKvroute holds what kvroute needs of any manifest, beyond API validity.
 func checkKvroute(res *manifests.Result) error {
+	if err := checkKubernetesRefs(res); err != nil {
+		return err
+	}
 	vmIDs := map[string]bool{}
 	var cfgs []*config.Config
 	for _, p := range res.Plugins {
@@ -467,6 +475,10 @@ func TestBrokenManifestsNameTheField(t *testing.T) {
 		// Kubernetes.
 		{"kubernetes/metrics.yaml", "      serviceAccountName: kvroute-metrics", "      serviceAccount_name: kvroute-metrics", "serviceAccount_name"},
 		{"kubernetes/metrics.yaml", "  token: REPLACE-WITH-STATE-TOKEN", "  token: s3cr3t", "placeholder"},
+		{"kubernetes/metrics.yaml", "          secretName: kvroute-state-token", "          secretName: kvroute-token", "kvroute-token"},
+		{"kubernetes/metrics.yaml", "  resources: [\"endpointslices\"]", "  resources: [\"endpoints\"]", "endpointslices"},
+		{"kubernetes/metrics.yaml", "          httpGet: {path: /healthz, port: http-metrics}\n          periodSeconds: 5", "          httpGet: {path: /healthz, port: metrics}\n          periodSeconds: 5", "probe port"},
+		{"kubernetes/metrics.yaml", "  selector:\n    app.kubernetes.io/name: kvroute-metrics\n  ports:", "  selector:\n    app.kubernetes.io/name: kvroute-metric\n  ports:", "matches no pod"},
 	}
 	for _, c := range cases {
 		t.Run(c.file+"/"+c.want, func(t *testing.T) {
@@ -539,4 +551,92 @@ func TestWasmModuleStaysLight(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkKubernetesRefs: the references between the Kubernetes objects of one
+// file resolve (what kubectl apply accepts but the pod would then fail on).
+func checkKubernetesRefs(res *manifests.Result) error {
+	has := map[string]bool{}
+	for _, o := range res.Objects {
+		has[o.Kind+"/"+o.Namespace+"/"+o.Name] = true
+	}
+	for _, o := range res.Objects {
+		switch v := o.Value.(type) {
+		case *appsv1.Deployment:
+			sel, err := metav1.LabelSelectorAsSelector(v.Spec.Selector)
+			if err != nil {
+				return fmt.Errorf("%s: spec.selector: %w", o.Where, err)
+			}
+			podLabels := labels.Set(v.Spec.Template.Labels)
+			if !sel.Matches(podLabels) {
+				return fmt.Errorf("%s: spec.selector does not match the pod template's labels", o.Where)
+			}
+			pod := v.Spec.Template.Spec
+			if sa := pod.ServiceAccountName; sa != "" && !has["ServiceAccount/"+v.Namespace+"/"+sa] {
+				return fmt.Errorf("%s: serviceAccountName %q is not in this file", o.Where, sa)
+			}
+			for _, vol := range pod.Volumes {
+				if vol.Secret != nil && !has["Secret/"+v.Namespace+"/"+vol.Secret.SecretName] {
+					return fmt.Errorf("%s: volume %s: Secret %q is not in this file", o.Where, vol.Name, vol.Secret.SecretName)
+				}
+			}
+			for _, c := range pod.Containers {
+				ports := map[string]bool{}
+				for _, p := range c.Ports {
+					ports[p.Name] = true
+				}
+				for _, probe := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+					if probe != nil && probe.HTTPGet != nil && probe.HTTPGet.Port.StrVal != "" && !ports[probe.HTTPGet.Port.StrVal] {
+						return fmt.Errorf("%s: container %s: probe port %q is not a named port", o.Where, c.Name, probe.HTTPGet.Port.StrVal)
+					}
+				}
+				mounts := map[string]bool{}
+				for _, vol := range pod.Volumes {
+					mounts[vol.Name] = true
+				}
+				for _, m := range c.VolumeMounts {
+					if !mounts[m.Name] {
+						return fmt.Errorf("%s: container %s: volumeMount %q has no volume", o.Where, c.Name, m.Name)
+					}
+				}
+			}
+			// Every Service of the file that selects these pods.
+			for _, o2 := range res.Objects {
+				if svc, ok := o2.Value.(*corev1.Service); ok && svc.Namespace == v.Namespace {
+					if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+						return fmt.Errorf("%s: spec.selector matches no pod of Deployment %s", o2.Where, v.Name)
+					}
+				}
+			}
+		case *rbacv1.RoleBinding:
+			if !has[v.RoleRef.Kind+"/"+v.Namespace+"/"+v.RoleRef.Name] && !has[v.RoleRef.Kind+"//"+v.RoleRef.Name] {
+				return fmt.Errorf("%s: roleRef %s %q is not in this file", o.Where, v.RoleRef.Kind, v.RoleRef.Name)
+			}
+			for _, sub := range v.Subjects {
+				if sub.Kind == "ServiceAccount" && !has["ServiceAccount/"+sub.Namespace+"/"+sub.Name] {
+					return fmt.Errorf("%s: subject ServiceAccount %s/%s is not in this file", o.Where, sub.Namespace, sub.Name)
+				}
+			}
+		case *rbacv1.Role:
+			if !grants(v.Rules, "discovery.k8s.io", "endpointslices", "list", "watch") {
+				return fmt.Errorf("%s: rules do not grant list and watch on discovery.k8s.io endpointslices, which discovery needs", o.Where)
+			}
+		}
+	}
+	return nil
+}
+
+func grants(rules []rbacv1.PolicyRule, group, resource string, verbs ...string) bool {
+	for _, r := range rules {
+		if contains(r.APIGroups, group) && contains(r.Resources, resource) {
+			ok := true
+			for _, v := range verbs {
+				ok = ok && (contains(r.Verbs, v) || contains(r.Verbs, "*"))
+			}
+			if ok {
+				return true
+			}
+		}
+	}
+	return false
 }
