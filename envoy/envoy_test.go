@@ -461,6 +461,7 @@ func TestBrokenManifestsNameTheField(t *testing.T) {
 		// Istio.
 		{"istio/envoyfilter.yaml", "applyTo: LISTENER", "applyTo: LISTENERS", "applyTo"},
 		{"istio/envoyfilter.yaml", "          type_urls:\n", "          type_url:\n", "type_url"},
+		{"istio/envoyfilter.yaml", "initial_fetch_timeout: 0s", "initial_fetch_timeout: soon", "initial_fetch_timeout"},
 		{"istio/envoyfilter.yaml", "                override_host_sources:", "                override_hosts_sources:", "override_hosts_sources"},
 		{"istio/envoyfilter.yaml", "  workloadSelector:", "  workloadSelectors:", "workloadSelectors"},
 		{"istio/wasmplugin-header-only.yaml", "pluginName: kvroute.router", "plugin_nam: kvroute.router", "plugin_nam"},

@@ -1,7 +1,10 @@
 package manifests
 
 import (
+	"bytes"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -28,9 +31,32 @@ type validatorAll interface{ ValidateAll() error }
 // unresolvable typed_config types fail) and runs the generated ValidateAll.
 func DecodeEnvoyJSON(where string, data []byte, msg proto.Message) error {
 	if err := protojson.Unmarshal(data, msg); err != nil {
-		return fieldErr(where, err)
+		return fieldErr(where, withContext(err, data))
 	}
 	return validateEnvoy(where, msg)
+}
+
+// protojsonPos finds protojson's "(line L:C)" in an error message.
+var protojsonPos = regexp.MustCompile(`\(line (\d+):(\d+)\)`)
+
+// withContext adds the text around the position protojson reports: the
+// JSON was converted from YAML, so its line and column point nowhere the
+// user can see, but the surrounding keys do.
+func withContext(err error, data []byte) error {
+	m := protojsonPos.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	line, _ := strconv.Atoi(m[1])
+	col, _ := strconv.Atoi(m[2])
+	lines := bytes.Split(data, []byte("\n"))
+	if line < 1 || line > len(lines) {
+		return err
+	}
+	l := lines[line-1]
+	at := min(max(col-1, 0), len(l))
+	from, to := max(at-80, 0), min(at+40, len(l))
+	return fmt.Errorf("%w, near: …%s⟨here⟩%s…", err, l[from:at], l[at:to])
 }
 
 func validateEnvoy(where string, msg proto.Message) error {

@@ -117,7 +117,7 @@ func checkEnvoyFilter(res *Result, obj Object, ef *istionet.EnvoyFilter) error {
 		}
 		msg := newMsg()
 		if err := protojson.Unmarshal(js, msg); err != nil {
-			return fieldErr(where+".patch.value", err)
+			return fieldErr(where+".patch.value", withContext(err, js))
 		}
 		full := msg
 		if p.GetOperation() == istionet.EnvoyFilter_Patch_MERGE && base != nil {

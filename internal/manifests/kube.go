@@ -164,7 +164,7 @@ func decodeObject(where string, doc []byte) (Object, error) {
 		}
 		spec := mk()
 		if err := protojson.Unmarshal(env.Spec, spec); err != nil {
-			return Object{}, fieldErr(where+" spec", err)
+			return Object{}, fieldErr(where+" spec", withContext(err, env.Spec))
 		}
 		if env.Metadata.Name == "" {
 			return Object{}, fieldErr(where, errors.New("metadata.name is required"))
