@@ -36,7 +36,7 @@ func benchChain(h *Hasher, seed, tokens int) []uint64 {
 // shards about half full); three hosts hold the chain to 100%, 60% and
 // 30%. A query therefore meets K = 4 distinct match lengths.
 type benchFleet struct {
-	st    *MemStore
+	st    Store
 	ix    *Index
 	refs  []HostRef
 	chain []uint64
@@ -46,7 +46,8 @@ type benchFleet struct {
 
 func newBenchFleet(b *testing.B, hosts, tokens int, cfg Config, withNaive bool) *benchFleet {
 	b.Helper()
-	f := &benchFleet{st: &MemStore{}, clk: &fakeClock{ms: 1e9}}
+	resetBenchStore()
+	f := &benchFleet{st: benchStore(), clk: &fakeClock{ms: 1e9}}
 	cfg.Now = f.clk.now
 	ix, err := New(f.st, cfg)
 	if err != nil {
@@ -57,7 +58,7 @@ func newBenchFleet(b *testing.B, hosts, tokens int, cfg Config, withNaive bool) 
 	f.chain = benchChain(h, 1, tokens)
 	n := len(f.chain)
 	if withNaive {
-		f.naive = &naiveIndex{st: &MemStore{}}
+		f.naive = &naiveIndex{st: benchStore()}
 	}
 	// Each host's capacity is its share of 60% of the index, so the
 	// index evicts by host capacity (as configured from the engines'
@@ -241,7 +242,7 @@ func BenchmarkMemoryPerBlock(b *testing.B) {
 
 // naiveIndex is the baseline: one key per (host, block).
 type naiveIndex struct {
-	st  *MemStore
+	st  Store
 	buf []byte
 }
 
@@ -283,5 +284,76 @@ func fillChain(c []uint64, seed uint64) {
 		h *= 0xBF58476D1CE4E5B9
 		h ^= h >> 27
 		c[i] = h
+	}
+}
+
+// BenchmarkLayout sweeps the block size, the multi-resolution scheme and
+// the segment length at 8K and 32K tokens with 64 hosts: the cost of one
+// decision for a new prompt and for a repeated one, the sets per new
+// prompt, and the precision lost on partial matches (the tokens between
+// the true shared prefix, uniformly random, and the last block boundary
+// below it). The defaults come from this table (README, Index section).
+func BenchmarkLayout(b *testing.B) {
+	type layout struct {
+		chars, levels, seg int
+	}
+	var layouts []layout
+	for _, chars := range []int{64, 128, 256, 512, 1024} {
+		for _, levels := range []int{-1, 32} {
+			layouts = append(layouts, layout{chars, levels, 8})
+		}
+	}
+	layouts = append(layouts, layout{256, 32, 1}, layout{256, 32, 16}, layout{256, 32, 32})
+	for _, tokens := range []int{8 << 10, 32 << 10} {
+		for _, l := range layouts {
+			cfg := Config{Hash: HashConfig{BlockChars: l.chars, LevelBlocks: l.levels}, SegmentBlocks: l.seg}
+			// Size the index to the same KV capacity in tokens for every
+			// block size.
+			cfg.Shards = SuggestShards(4096*64*256/l.chars*7/10, 0)
+			name := fmt.Sprintf("tokens=%dK/chars=%d/levels=%d/seg=%d", tokens>>10, l.chars, l.levels, l.seg)
+			f := newBenchFleet(b, 64, tokens, cfg, false)
+			n := len(f.chain)
+			c := make([]uint64, n)
+			b.Run(name+"/new", func(b *testing.B) {
+				var m Matches
+				w0, by0 := f.ix.metrics.Writes, f.ix.metrics.BytesRead
+				for i := 0; i < b.N; i++ {
+					f.clk.ms += 5
+					fillChain(c, uint64(i)<<32|uint64(tokens))
+					f.ix.Query(c, &m)
+					f.ix.Record(f.refs[i%64], c, &m)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(n), "blocks")
+				b.ReportMetric(float64(f.ix.metrics.Writes-w0)/float64(b.N), "sets/op")
+				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
+			})
+			b.Run(name+"/repeat", func(b *testing.B) {
+				var m Matches
+				by0 := f.ix.metrics.BytesRead
+				for i := 0; i < b.N; i++ {
+					f.ix.Query(f.chain, &m)
+					f.ix.Record(f.refs[0], f.chain, &m)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
+				// Precision: mean tokens lost below a uniformly random cut.
+				h := NewHasher(f.ix.cfg.Hash)
+				benchChain(h, 1, tokens)
+				lost, cuts := 0, 0
+				for cut := 0; cut < h.Len(); cut += 97 {
+					below := 0
+					for k := len(h.ends) - 1; k >= 0; k-- {
+						if h.ends[k] <= cut {
+							below = h.ends[k]
+							break
+						}
+					}
+					lost += cut - below
+					cuts++
+				}
+				b.ReportMetric(float64(lost)/float64(cuts)/float64(h.cfg.CharsPerToken), "lostTok/match")
+			})
+		}
 	}
 }
