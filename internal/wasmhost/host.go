@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
-	"log/slog"
 )
 
 // DefaultDestinationHeader is the header the router reads the chosen host

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Wasm integration tests of dist/kvroute.wasm (issue 2, "Tests").
@@ -15,7 +16,7 @@ func routerConfig(addrs []string, extra string) string {
 	for _, a := range addrs {
 		eps = append(eps, fmt.Sprintf(`{"address":%q}`, a))
 	}
-	return `{"endpoints":[` + strings.Join(eps, ",") + `]` + extra + `}`
+	return `{"strategy":"round_robin","endpoints":[` + strings.Join(eps, ",") + `]` + extra + `}`
 }
 
 func threeUpstreams(t *testing.T) ([]*upstream, []string) {
@@ -32,7 +33,7 @@ func threeUpstreams(t *testing.T) ([]*upstream, []string) {
 func TestKvrouteSpreadsThirtyRequestsEvenly(t *testing.T) {
 	ups, addrs := threeUpstreams(t)
 	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
-		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, "")}},
+		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 	for i := 0; i < 30; i++ {
 		r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hello"}`, nil)
@@ -63,11 +64,11 @@ func TestKvrouteClientDestinationHeaderNeverSteers(t *testing.T) {
 				extra = `,"fallbacks":0` // ORIGINAL_DST takes one address
 			}
 			_, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
-				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, extra)}},
+				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, extra), AllowOnHeadersStopIteration: true}},
 				Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", OriginalDst: origDst})
 			steer := []string{addrs[0], attacker.addr, addrs[0] + "," + addrs[0], attacker.addr + "," + addrs[0]}
 			for i := 0; i < 30; i++ {
-				r := do(t, "POST", url+"/v1/completions", `{"prompt":"x"}`,
+				r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x"}`,
 					map[string]string{"x-gateway-destination-endpoint": steer[i%len(steer)]})
 				if r.code != 200 {
 					t.Fatalf("request %d: %d %s", i, r.code, r.body)
@@ -109,9 +110,9 @@ func TestKvrouteTrapOnOneWorkerOtherKeepsServing(t *testing.T) {
 		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) {
 			ups, addrs := threeUpstreams(t)
 			h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute", Workers: 2, FailOpen: failOpen,
-				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, `,"testHooks":true`)}},
+				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, `,"testHooks":true`), AllowOnHeadersStopIteration: true}},
 				Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
-			r := do(t, "POST", url+"/v1/completions", `{"prompt":"x"}`, map[string]string{"x-kvroute-test-panic": "trap"})
+			r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x"}`, map[string]string{"x-kvroute-test-panic": "trap"})
 			wantTrap := 503
 			if failOpen {
 				wantTrap = 200
@@ -130,7 +131,7 @@ func TestKvrouteTrapOnOneWorkerOtherKeepsServing(t *testing.T) {
 			}
 			codes := map[int]int{}
 			for i := 0; i < 10; i++ {
-				codes[do(t, "POST", url+"/v1/completions", `{"prompt":"y"}`, nil).code]++
+				codes[do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"y"}`, nil).code]++
 			}
 			if failOpen {
 				if codes[200] != 10 {
@@ -158,9 +159,9 @@ func TestKvrouteTrapOnOneWorkerOtherKeepsServing(t *testing.T) {
 func TestKvrouteRecoveredPanicRoutesRequest(t *testing.T) {
 	_, addrs := threeUpstreams(t)
 	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
-		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, `,"testHooks":true`)}},
+		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, `,"testHooks":true`), AllowOnHeadersStopIteration: true}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
-	r := do(t, "POST", url+"/v1/completions", `{"prompt":"x"}`, map[string]string{"x-kvroute-test-panic": "recover"})
+	r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x"}`, map[string]string{"x-kvroute-test-panic": "recover"})
 	if r.code != 200 {
 		t.Fatalf("%d %s", r.code, r.body)
 	}
@@ -184,7 +185,7 @@ func TestKvrouteRouterThenPDChain(t *testing.T) {
 		},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 	for i := 0; i < 30; i++ {
-		if r := do(t, "POST", url+"/v1/completions", `{"prompt":"x"}`, nil); r.code != 200 {
+		if r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x"}`, nil); r.code != 200 {
 			t.Fatalf("request %d: %d %s", i, r.code, r.body)
 		}
 	}
@@ -195,5 +196,27 @@ func TestKvrouteRouterThenPDChain(t *testing.T) {
 	}
 	if h.VMFailures() != 0 {
 		t.Error(h.LogsContaining("failed"))
+	}
+}
+
+// Without allow_on_headers_stop_iteration Envoy holds the body from a filter
+// that paused in request headers: kvroute.router, which waits for the body
+// to route, then never routes, exactly as it would stall in such an Envoy.
+func TestKvrouteBodyRoutingStallsWithoutAllowOnHeadersStopIteration(t *testing.T) {
+	ups, addrs := threeUpstreams(t)
+	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute", StreamIdleTimeout: 400 * time.Millisecond,
+		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, "")}},
+		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
+	r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hello"}`, nil)
+	if r.code != 408 {
+		t.Errorf("status %d %q, want 408 (stalled until the stream idle timeout)", r.code, r.body)
+	}
+	for i, u := range ups {
+		if u.requests.Load() != 0 {
+			t.Errorf("upstream %d got a request", i)
+		}
+	}
+	if got := h.CounterValue("kvroute.router.requests.routed"); got != 0 {
+		t.Errorf("routed = %d, want 0", got)
 	}
 }
