@@ -36,6 +36,7 @@ bench-pd:
 fuzz:
 	@echo "fuzz targets are added by their packages"
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s ./scorer
+	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s ./index || exit 1; done
 
 oci: wasm
 	$(GO) run ./cmd/kvroute oci build --wasm dist/kvroute.wasm --out dist/kvroute-oci.tar
