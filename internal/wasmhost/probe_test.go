@@ -381,3 +381,23 @@ func TestSharedQueueReadyOnRegisteringVM(t *testing.T) {
 		t.Error("Enqueue to an unregistered queue succeeded")
 	}
 }
+
+// A Pause in response headers follows the same two modes: with the setting
+// the filter reads the whole response body and can rewrite headers and
+// body before they go out; without it the body is held from the filter.
+func TestPauseInResponseHeaders(t *testing.T) {
+	want := `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`
+	_, url, _ := probeHost(t, Filter{Configuration: "pause-response", AllowOnHeadersStopIteration: true}, nil)
+	r := do(t, "GET", url+"/x", "", nil)
+	if r.code != 200 || r.header.Get("x-probe-resp-body-len") != strconv.Itoa(len(want)) || r.body != "["+want+"]" {
+		t.Errorf("allow: %d %q len header %q", r.code, r.body, r.header.Get("x-probe-resp-body-len"))
+	}
+	h, url, _ := probeHost(t, Filter{Configuration: "pause-response"}, func(c *Config) {
+		c.StreamIdleTimeout = 300 * time.Millisecond
+	})
+	r = do(t, "GET", url+"/x", "", nil)
+	if r.code != http.StatusRequestTimeout || h.CounterValue("probe.response_body") != 0 {
+		t.Errorf("no allow: %d %q, on_response_body ran %d times; want 408 and 0",
+			r.code, r.body, h.CounterValue("probe.response_body"))
+	}
+}

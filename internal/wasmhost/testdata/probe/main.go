@@ -357,14 +357,28 @@ func onResponseHeaders(id, n, eos uint32) uint32 {
 	addHeader(2, "x-probe-config-outside-configure", strconv.Itoa(int(s.configProbe)))
 	rid, _ := property("plugin_root_id")
 	addHeader(2, "x-probe-root-id", rid)
+	if s.root.words["pause-response"] && eos == 0 {
+		return 1
+	}
 	return 0
 }
 
 //go:wasmexport proxy_on_response_body
 func onResponseBody(id, size, eos uint32) uint32 {
 	enter()
+	s := streams[id]
 	inc("probe.response_body")
 	record("probe.response_chunk", uint64(size))
+	if s.root.words["pause-response"] {
+		if eos == 0 {
+			return 1 // StopIterationAndBuffer
+		}
+		body, _ := buffer(1)
+		setHeader(2, "x-probe-resp-body-len", strconv.Itoa(len(body)))
+		up, un := ptr("[" + body + "]")
+		proxySetBufferBytes(1, 0, uint32(len(body)), up, un)
+		setHeader(2, "content-length", strconv.Itoa(len(body)+2))
+	}
 	return 0
 }
 
