@@ -98,7 +98,7 @@ type Filter struct {
 	// RootID selects the root context in the module ("kvroute.router").
 	RootID string
 	// Configuration is the plugin configuration, readable only during
-	// on_configure (and the root's on_context_create).
+	// on_configure and the root's on_context_create (not on_vm_start).
 	Configuration string
 	// AllowOnHeadersStopIteration is Envoy's allow_on_headers_stop_iteration
 	// (>= 1.35). Without it a Pause in the headers callbacks becomes
@@ -323,6 +323,9 @@ func (h *Host) Close() error {
 }
 
 // Readers for tests, the demo and benchmarks.
+
+// Config returns the configuration in effect, defaults filled in.
+func (h *Host) Config() Config { return h.cfg }
 
 // Metrics returns every metric the module defined, sorted by name.
 func (h *Host) Metrics() []Metric { return h.metrics.snapshot() }

@@ -361,11 +361,14 @@ func (h *Host) startVM(ctx context.Context, index int) (*vm, error) {
 		if _, _, ok := v.call(root, "proxy_on_context_create", v.fn.onContextCreate, uint64(root.id), 0); !ok {
 			return nil, v.startError(f, "proxy_on_context_create trapped")
 		}
+		// on_vm_start sees the VM configuration only: Envoy unsets the
+		// plugin for it, since which plugin starts the VM is arbitrary.
+		root.configuring = false
 		res, _, ok := v.call(root, "proxy_on_vm_start", v.fn.onVMStart, uint64(root.id), uint64(len(h.cfg.VMConfiguration)))
 		if !ok || (v.fn.onVMStart != nil && uint32(res) == 0) {
-			root.configuring = false
 			return nil, v.startError(f, "Failed to start base Wasm: proxy_on_vm_start returned false")
 		}
+		root.configuring = true
 		res, _, ok = v.call(root, "proxy_on_configure", v.fn.onConfigure, uint64(root.id), uint64(len(f.Configuration)))
 		root.configuring = false
 		if !ok || (v.fn.onConfigure != nil && uint32(res) == 0) {
