@@ -13,6 +13,9 @@ package index
 // in entries last refreshed before the horizon, without touching the
 // shards; the bits are dropped when their shard is next rewritten.
 
+// evictSlack sets the low watermark of eviction: capacity - capacity/20.
+const evictSlack = 20
+
 func (ix *Index) bucketTicks() uint32 {
 	b := uint32(ix.cfg.BucketMs >> ageShift)
 	if b == 0 {
@@ -71,9 +74,14 @@ func (ix *Index) bookUsage(ref HostRef, now uint32) error {
 		var horizon uint32
 		var evicted uint64
 		if rec.capacity > 0 && total > rec.capacity {
-			// Never drop the current bucket: a prompt larger than the
-			// whole capacity stays until newer traffic pushes it out.
-			for b := tail; b != head && total > rec.capacity; b++ {
+			// Evict down to a low watermark, 1/evictSlack below capacity,
+			// so the horizon (a slot table write, which makes every VM
+			// decode the table again) moves once per few requests, not on
+			// every one. Never drop the current bucket: a prompt larger
+			// than the whole capacity stays until newer traffic pushes it
+			// out.
+			low := rec.capacity - rec.capacity/evictSlack
+			for b := tail; b != head && total > low; b++ {
 				c := &u[b%usageBuckets]
 				if *c == 0 {
 					continue
