@@ -1,0 +1,271 @@
+// Package push delivers the fleet snapshot to every gateway's state
+// endpoint.
+//
+// Each gateway has its own goroutine and its own mailbox holding only the
+// latest snapshot: a slow or dead gateway backs off and catches up with the
+// newest state when it returns, and never delays the others or the
+// producer. Publish never blocks.
+package push
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/metricsvc/internal/ratelog"
+)
+
+// TokenSource yields the bearer token sent with each push.
+type TokenSource interface {
+	Token() (string, error)
+}
+
+// StaticToken is a fixed token (from the environment, say).
+type StaticToken string
+
+// Token implements TokenSource.
+func (t StaticToken) Token() (string, error) {
+	if t == "" {
+		return "", errors.New("the state token is empty")
+	}
+	return string(t), nil
+}
+
+// FileToken reads the token from a file (a mounted Kubernetes Secret, say),
+// re-reading it when the file changes so a rotated secret takes effect
+// without a restart. Surrounding whitespace is trimmed.
+type FileToken struct {
+	Path string
+
+	mu      sync.Mutex
+	modTime time.Time
+	size    int64
+	token   string
+}
+
+// Token implements TokenSource.
+func (f *FileToken) Token() (string, error) {
+	st, err := os.Stat(f.Path)
+	if err != nil {
+		return "", fmt.Errorf("state token file: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.token != "" && st.ModTime().Equal(f.modTime) && st.Size() == f.size {
+		return f.token, nil
+	}
+	b, err := os.ReadFile(f.Path)
+	if err != nil {
+		return "", fmt.Errorf("state token file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("state token file %s is empty", f.Path)
+	}
+	f.token, f.modTime, f.size = tok, st.ModTime(), st.Size()
+	return tok, nil
+}
+
+// GatewayStats describes one gateway's delivery state.
+type GatewayStats struct {
+	URL        string
+	OK, Failed uint64
+	// Failures by reason: "connect", "timeout", "unauthorized", "status", "token".
+	FailedBy map[string]uint64
+	// Consecutive failures since the last success.
+	Consecutive int
+	LastOK      time.Time
+	LastError   string
+	// Latency of the last successful push.
+	LastLatency time.Duration
+}
+
+// Pusher fans snapshots out to gateways.
+type Pusher struct {
+	Client *http.Client
+	Token  TokenSource
+	// Timeout bounds one push (default 2 s).
+	Timeout time.Duration
+	// MinBackoff and MaxBackoff bound the wait after a failed push
+	// (defaults 100 ms and 10 s, doubling).
+	MinBackoff, MaxBackoff time.Duration
+	Log                    *slog.Logger
+
+	gws []*gateway
+}
+
+type gateway struct {
+	url    string
+	wake   chan struct{}
+	mu     sync.Mutex
+	body   []byte
+	ver    uint64
+	stats  GatewayStats
+	logLim ratelog.Limiter
+}
+
+// New returns a Pusher for the given state URLs.
+func New(urls []string, token TokenSource, client *http.Client, log *slog.Logger) *Pusher {
+	if client == nil {
+		client = &http.Client{}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Pusher{Client: client, Token: token, Log: log}
+	for _, u := range urls {
+		p.gws = append(p.gws, &gateway{url: u, wake: make(chan struct{}, 1),
+			stats: GatewayStats{URL: u, FailedBy: map[string]uint64{}}})
+	}
+	return p
+}
+
+// Publish hands a new encoded snapshot to every gateway. It never blocks:
+// a gateway still busy with an earlier push takes this one next, skipping
+// any it had not started.
+func (p *Pusher) Publish(body []byte) {
+	for _, g := range p.gws {
+		g.mu.Lock()
+		g.body = body
+		g.ver++
+		g.mu.Unlock()
+		select {
+		case g.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Stats returns every gateway's delivery state.
+func (p *Pusher) Stats() []GatewayStats {
+	out := make([]GatewayStats, 0, len(p.gws))
+	for _, g := range p.gws {
+		g.mu.Lock()
+		s := g.stats
+		s.FailedBy = make(map[string]uint64, len(g.stats.FailedBy))
+		for k, v := range g.stats.FailedBy {
+			s.FailedBy[k] = v
+		}
+		g.mu.Unlock()
+		out = append(out, s)
+	}
+	return out
+}
+
+// Run delivers until ctx is done.
+func (p *Pusher) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, g := range p.gws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.deliver(ctx, g)
+		}()
+	}
+	wg.Wait()
+}
+
+func (p *Pusher) deliver(ctx context.Context, g *gateway) {
+	minB, maxB := p.MinBackoff, p.MaxBackoff
+	if minB <= 0 {
+		minB = 100 * time.Millisecond
+	}
+	if maxB <= 0 {
+		maxB = 10 * time.Second
+	}
+	backoff := minB
+	var sent uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.wake:
+		}
+		g.mu.Lock()
+		body, ver := g.body, g.ver
+		g.mu.Unlock()
+		if ver == sent || body == nil {
+			continue
+		}
+		start := time.Now()
+		reason, err := p.send(ctx, g.url, body)
+		if ctx.Err() != nil {
+			return
+		}
+		g.mu.Lock()
+		if err == nil {
+			g.stats.OK++
+			g.stats.Consecutive = 0
+			g.stats.LastOK = time.Now()
+			g.stats.LastLatency = time.Since(start)
+			g.mu.Unlock()
+			if backoff > minB {
+				p.Log.Info("gateway accepts state again", "gateway", g.url)
+			}
+			sent = ver
+			backoff = minB
+			continue
+		}
+		g.stats.Failed++
+		g.stats.FailedBy[reason]++
+		g.stats.Consecutive++
+		g.stats.LastError = err.Error()
+		g.mu.Unlock()
+		g.logLim.Log(p.Log, slog.LevelWarn, reason, "state push failed", "gateway", g.url,
+			"reason", reason, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, maxB)
+		// Retry with whatever is newest now, even if nothing new arrived.
+		select {
+		case g.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (p *Pusher) send(ctx context.Context, url string, body []byte) (reason string, err error) {
+	tok, err := p.Token.Token()
+	if err != nil {
+		return "token", err
+	}
+	timeout := p.Timeout
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return "connect", fmt.Errorf("bad gateway state URL %q: %w", url, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := p.Client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "timeout", err
+		}
+		return "connect", err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return "", nil
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		return "unauthorized", fmt.Errorf("gateway refused the state token (%s): make the service's token match the gateway plugin's state token", resp.Status)
+	}
+	return "status", fmt.Errorf("gateway answered %s: %s", resp.Status, strings.TrimSpace(string(msg)))
+}

@@ -1,0 +1,179 @@
+package push
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeGateway checks the bearer token like the router's state endpoint and
+// records what it accepted.
+type fakeGateway struct {
+	token  string
+	mu     sync.Mutex
+	bodies []string
+	status atomic.Int64 // forced status when non-zero
+	delay  atomic.Int64 // ns
+	// release ends delayed handlers at cleanup
+	release chan struct{}
+	srv     *httptest.Server
+}
+
+func newGateway(t *testing.T, token string) *fakeGateway {
+	g := &fakeGateway{token: token, release: make(chan struct{})}
+	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if d := g.delay.Load(); d > 0 {
+			select {
+			case <-time.After(time.Duration(d)):
+			case <-r.Context().Done():
+				return
+			case <-g.release:
+				return
+			}
+		}
+		if r.Method != http.MethodPost || r.URL.Path != "/.kvroute/v1/state" {
+			http.NotFound(w, r)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+g.token {
+			http.Error(w, "bad token", http.StatusUnauthorized)
+			return
+		}
+		if s := g.status.Load(); s != 0 {
+			http.Error(w, "forced", int(s))
+			return
+		}
+		g.mu.Lock()
+		g.bodies = append(g.bodies, string(b))
+		g.mu.Unlock()
+	}))
+	t.Cleanup(g.srv.Close)
+	t.Cleanup(func() { close(g.release) }) // runs first: unblocks slow handlers
+	return g
+}
+
+func (g *fakeGateway) url() string { return g.srv.URL + "/.kvroute/v1/state" }
+
+func (g *fakeGateway) last() (string, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.bodies) == 0 {
+		return "", 0
+	}
+	return g.bodies[len(g.bodies)-1], len(g.bodies)
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestPushTokenAndIsolation(t *testing.T) {
+	good := newGateway(t, "s3cret")
+	wrongTok := newGateway(t, "other")
+	failing := newGateway(t, "s3cret")
+	failing.status.Store(500)
+	slow := newGateway(t, "s3cret")
+	slow.delay.Store(int64(time.Hour))
+
+	p := New([]string{slow.url(), failing.url(), wrongTok.url(), good.url()}, StaticToken("s3cret"), nil, quiet())
+	p.Timeout = 500 * time.Millisecond
+	p.MinBackoff = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+
+	start := time.Now()
+	p.Publish([]byte(`{"v":1}`))
+	waitFor(t, "good gateway", 2*time.Second, func() bool { b, _ := good.last(); return b == `{"v":1}` })
+	if d := time.Since(start); d > 300*time.Millisecond {
+		t.Errorf("good gateway got the push after %v: the slow one delayed it", d)
+	}
+	p.Publish([]byte(`{"v":2}`))
+	waitFor(t, "second push", 2*time.Second, func() bool { b, _ := good.last(); return b == `{"v":2}` })
+
+	waitFor(t, "failures counted", 3*time.Second, func() bool {
+		st := p.Stats()
+		return st[0].FailedBy["timeout"] >= 1 && st[1].FailedBy["status"] >= 2 && st[2].FailedBy["unauthorized"] >= 2
+	})
+	st := p.Stats()
+	if st[3].OK < 2 || st[3].Failed != 0 {
+		t.Errorf("good gateway stats = %+v", st[3])
+	}
+	if st[2].OK != 0 {
+		t.Errorf("wrong-token gateway accepted a push: %+v", st[2])
+	}
+	// The failing gateway recovers and gets the newest state, not a stale one.
+	failing.status.Store(0)
+	waitFor(t, "recovery", 3*time.Second, func() bool { b, _ := failing.last(); return b == `{"v":2}` })
+	if _, n := failing.last(); n != 1 {
+		t.Errorf("recovered gateway got %d pushes, want only the newest", n)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Run did not return")
+	}
+}
+
+func TestPushRetriesWithoutNewPublish(t *testing.T) {
+	g := newGateway(t, "t")
+	g.status.Store(503)
+	p := New([]string{g.url()}, StaticToken("t"), nil, quiet())
+	p.MinBackoff = 10 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Run(ctx)
+	p.Publish([]byte("x"))
+	waitFor(t, "a few failures", 2*time.Second, func() bool { return p.Stats()[0].Failed >= 3 })
+	g.status.Store(0)
+	waitFor(t, "delivery after backoff", 2*time.Second, func() bool { _, n := g.last(); return n == 1 })
+	if st := p.Stats()[0]; st.Consecutive != 0 || st.OK != 1 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func TestFileTokenRotation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte("first\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ft := &FileToken{Path: path}
+	if tok, err := ft.Token(); err != nil || tok != "first" {
+		t.Fatalf("token = %q, %v", tok, err)
+	}
+	if err := os.WriteFile(path, []byte("second-longer"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if tok, _ := ft.Token(); tok != "second-longer" {
+		t.Errorf("rotated token = %q", tok)
+	}
+	os.WriteFile(path, []byte("  \n"), 0o600)
+	if _, err := ft.Token(); err == nil {
+		t.Error("empty token file accepted")
+	}
+	if _, err := (&FileToken{Path: path + ".missing"}).Token(); err == nil {
+		t.Error("missing token file accepted")
+	}
+	if _, err := StaticToken("").Token(); err == nil {
+		t.Error("empty static token accepted")
+	}
+}
