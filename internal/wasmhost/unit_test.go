@@ -182,10 +182,11 @@ func TestOverrideHostSelection(t *testing.T) {
 	c.hosts[0].active.Store(5)
 	c.hosts[1].active.Store(5)
 	seen := map[string]int{}
-	for i := 0; i < 300; i++ {
+	// Two draws with replacement: the idle host wins with p = 1-(2/3)² = 5/9.
+	for i := 0; i < 6000; i++ {
 		seen[c.leastRequest(nil).addr]++
 	}
-	if seen["10.0.0.3:80"] < 150 {
+	if seen["10.0.0.3:80"] < 3000 || seen["10.0.0.3:80"] > 3700 {
 		t.Errorf("least request picks %v; the idle host should win most draws", seen)
 	}
 	if h := c.leastRequest(c.hosts[:2]); h != c.hosts[2] {
