@@ -39,9 +39,12 @@
 //     writes return BadArgument, get_header_map_value BadArgument, and
 //     get_header_map_pairs an empty map. Header-backed request properties
 //     (request.path, ...) are NotFound then too. In on_log the final maps
-//     are readable again, read-only.
+//     are readable again, read-only. (When headers held with StopIteration
+//     resume because on_request_body returned Continue, Envoy keeps the
+//     map: writes still succeed but no longer reach the upstream.)
 //   - The plugin configuration buffer is readable only during
-//     on_configure (and the root's on_context_create); otherwise NotFound.
+//     on_configure and the root's on_context_create (not on_vm_start);
+//     otherwise NotFound.
 //   - send_local_response stops the iteration whatever the callback
 //     returns; the reply runs through the encoder side of the filters and
 //     ends the stream. Envoy's own local replies (503 no healthy upstream
