@@ -19,7 +19,9 @@
 // order) and then the router, which forwards it to Config.RouteCluster. The
 // response comes back through the filters in reverse order and is streamed
 // to the client chunk by chunk: on_response_body runs once per upstream
-// read, so server-sent events keep their boundaries.
+// read, so server-sent events keep their boundaries. Trailers are not
+// emulated: the trailer maps never exist (reads and writes answer
+// BadArgument) and on_*_trailers is never called.
 //
 // # Envoy semantics reproduced
 //

@@ -225,9 +225,9 @@ func (v *vm) alloc(size uint32) (uint32, bool) {
 
 // Module instantiation.
 
-// requiredExports are the exports Envoy needs to run an HTTP filter; a
-// missing one is reported when the host starts rather than at the first
-// request. Signatures are proxy-wasm-cpp-host's (all i32).
+// callbackSigs are the signatures proxy-wasm-cpp-host expects of the
+// callbacks it looks up (all i32); a module exporting one with another
+// signature fails to load, as in Envoy. Missing callbacks are allowed.
 var callbackSigs = map[string]struct{ params, results int }{
 	"proxy_on_memory_allocate":    {1, 1},
 	"proxy_on_context_create":     {2, 0},
