@@ -1,74 +1,297 @@
 package filter
 
 import (
+	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/router"
+	"github.com/kvroute/kvroute/scorer"
 )
 
-// routerPlugin is the kvroute.router root.
+// prefillHostHeader tells the kvroute.pd filter (after the router in the
+// chain) which host should prefill a disaggregated request.
+const prefillHostHeader = internalHeaderPrefix + "prefill-host"
+
+// clock is the router's time source; tests replace it to step through
+// breaker cool-downs and state staleness.
+var clock = time.Now
+
+// routerStarted, when set (by tests), receives every router plugin that
+// starts, so tests can read its books.
+var routerStarted func(*routerPlugin)
+
+// routerPlugin is the kvroute.router root, one per worker VM. It owns the
+// VM's view of the candidates, the index client and the decision scratch.
 type routerPlugin struct {
-	cfg   *config.Config
-	stats routerStats
-	rr    sharedCounter
+	cfg    *config.Config
+	stats  routerStats
+	token  string // state endpoint bearer token ("" disables pushes)
+	ix     *index.Index
+	rt     *router.Router
+	parser requestParser
+
+	// hosts is the candidate set handed to every decision; pos maps an
+	// address to its position. Rebuilt when pushed state changes.
+	hosts    []scorer.Host
+	pos      map[string]int
+	stateGen uint64 // generation of the pushed state in hosts (0: static endpoints)
+	stateTs  int64  // its timestampMs
+	breakers *breakers
+
+	lastRouter router.Stats
+	lastIndex  index.Metrics
+	dest       []byte
+	now        func() time.Time
 }
 
 type routerStats struct {
 	commonStats
-	routed      proxywasm.MetricCounter // destination header set
-	noEndpoints proxywasm.MetricCounter // nothing to route to: Envoy's fallback policy picks
-	failedOpen  proxywasm.MetricCounter // a recovered panic sent the request on a safe route
+	routed, noCandidate, failedOpen, passThrough  proxywasm.MetricCounter
+	badRequest, tooLarge, badMethod, notFound     proxywasm.MetricCounter
+	parseErrors, staleState, fallbacksUsed        proxywasm.MetricCounter
+	predictedCached, confirmedCached              proxywasm.MetricCounter
+	feedback, overPredicted, underPredicted       proxywasm.MetricCounter
+	indexErrors, loadErrors                       proxywasm.MetricCounter
+	statePushes, stateUnauthorized, stateRejected proxywasm.MetricCounter
+	breakerOpened, disaggregated                  proxywasm.MetricCounter
+	decisionMicros                                proxywasm.MetricHistogram
+	byProfile                                     map[string]proxywasm.MetricCounter
+}
+
+func counterMetric(name string) proxywasm.MetricCounter {
+	return proxywasm.DefineCounterMetric("kvroute.router." + name)
 }
 
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
-	p := &routerPlugin{cfg: cfg}
+	p := &routerPlugin{cfg: cfg, now: clock, pos: map[string]int{}}
 	p.stats = routerStats{
-		commonStats: newCommonStats("router"),
-		routed:      proxywasm.DefineCounterMetric("kvroute.router.requests.routed"),
-		noEndpoints: proxywasm.DefineCounterMetric("kvroute.router.requests.no_endpoints"),
-		failedOpen:  proxywasm.DefineCounterMetric("kvroute.router.requests.failed_open"),
+		commonStats:       newCommonStats("router"),
+		routed:            counterMetric("requests.routed"),
+		noCandidate:       counterMetric("requests.no_candidate"),
+		failedOpen:        counterMetric("requests.failed_open"),
+		passThrough:       counterMetric("requests.pass_through"),
+		badRequest:        counterMetric("requests.rejected_400"),
+		tooLarge:          counterMetric("requests.rejected_413"),
+		badMethod:         counterMetric("requests.rejected_405"),
+		notFound:          counterMetric("requests.rejected_404"),
+		parseErrors:       counterMetric("parse_errors"),
+		staleState:        counterMetric("stale_state"),
+		fallbacksUsed:     counterMetric("fallbacks_used"),
+		predictedCached:   counterMetric("predicted_cached_tokens"),
+		confirmedCached:   counterMetric("confirmed_cached_tokens"),
+		feedback:          counterMetric("feedback.responses"),
+		overPredicted:     counterMetric("feedback.over_predicted"),
+		underPredicted:    counterMetric("feedback.under_predicted"),
+		indexErrors:       counterMetric("index_errors"),
+		loadErrors:        counterMetric("load_errors"),
+		statePushes:       counterMetric("state.pushes"),
+		stateUnauthorized: counterMetric("state.unauthorized"),
+		stateRejected:     counterMetric("state.rejected"),
+		breakerOpened:     counterMetric("breaker.opened"),
+		disaggregated:     counterMetric("requests.disaggregated"),
+		decisionMicros:    proxywasm.DefineHistogramMetric("kvroute.router.decision_us"),
+		byProfile:         map[string]proxywasm.MetricCounter{},
 	}
-	p.rr = sharedCounter{key: "kvroute.router.rr", casRetries: p.stats.casRetries}
+	p.token = cfg.State.Token
+	if cfg.State.TokenEnv != "" {
+		p.token = os.Getenv(cfg.State.TokenEnv)
+		if p.token == "" {
+			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
+		}
+	}
+	ix, err := index.New(sharedStore{emulated: emulatedSharedData}, index.Config{})
+	if err != nil {
+		return nil, err
+	}
+	p.ix = ix
+	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix})
+	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
+	p.breakers = newBreakers(cfg.CircuitBreaker)
+	static := make([]candidate, len(cfg.Endpoints))
+	for i, e := range cfg.Endpoints {
+		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
+	}
+	p.setHosts(static)
+	for _, w := range cfg.Warnings {
+		proxywasm.LogWarnf("kvroute.router: %s", w)
+	}
+	if routerStarted != nil {
+		routerStarted(p)
+	}
 	return p, nil
+}
+
+// candidate is one host as configuration or pushed state describes it.
+type candidate struct {
+	address, role, model string
+	adapters             []string
+	healthy              bool
+	waiting, running     int
+	kvUsage              float64
+	blockCapacity        int
+}
+
+// setHosts rebuilds the candidate slice, registering every address with the
+// index (which gives it a slot shared by all workers).
+func (p *routerPlugin) setHosts(cs []candidate) {
+	hosts := make([]scorer.Host, 0, len(cs))
+	pos := make(map[string]int, len(cs))
+	for _, c := range cs {
+		var h scorer.Host
+		if err := p.rt.Register(c.address, &h); err != nil {
+			proxywasm.LogWarnf("kvroute.router: index slot for %s: %v (routed without prefix matches)", c.address, err)
+			h.Address, h.Slot = c.address, -1
+		}
+		role, err := scorer.ParseRole(c.role)
+		if err != nil {
+			role = scorer.RoleBoth
+		}
+		h.Role, h.Model, h.Adapters = role, c.model, c.adapters
+		h.Unhealthy = !c.healthy
+		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
+		h.BlockCapacity = c.blockCapacity
+		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
+			h.LatencyEWMAMs = p.hosts[old].LatencyEWMAMs
+		}
+		pos[c.address] = len(hosts)
+		hosts = append(hosts, h)
+	}
+	p.hosts, p.pos = hosts, pos
+}
+
+// refreshState picks up a state push made on any worker.
+func (p *routerPlugin) refreshState() {
+	gen := loadStateGen()
+	if gen == 0 || gen == p.stateGen {
+		return
+	}
+	st, err := loadState()
+	if err != nil {
+		proxywasm.LogWarnf("kvroute.router: reading pushed state: %v (keeping the previous candidates)", err)
+		p.stateGen = gen
+		return
+	}
+	cs := make([]candidate, len(st.Hosts))
+	for i, h := range st.Hosts {
+		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
+			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: h.NumGPUBlocks}
+	}
+	p.setHosts(cs)
+	p.stateGen, p.stateTs = gen, st.TimestampMs
+}
+
+// prepare refreshes per-decision host fields: pushed-state staleness and the
+// circuit breakers.
+func (p *routerPlugin) prepare(nowMs int64) {
+	p.refreshState()
+	stale := p.stateGen != 0 && nowMs-p.stateTs > int64(p.cfg.State.StaleAfterMs)
+	if stale {
+		p.stats.staleState.Increment(1)
+	}
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		h.Stale = stale
+		h.BreakerOpen = p.breakers.open(h.Address, nowMs)
+	}
+}
+
+// syncStats turns the router's and the index's cumulative counters into
+// metric increments.
+func (p *routerPlugin) syncStats() {
+	rs := p.rt.Stats()
+	d := func(c proxywasm.MetricCounter, now, before uint64) {
+		if now > before {
+			c.Increment(now - before)
+		}
+	}
+	d(p.stats.feedback, rs.FeedbackRequests, p.lastRouter.FeedbackRequests)
+	d(p.stats.overPredicted, rs.OverPredicted, p.lastRouter.OverPredicted)
+	d(p.stats.underPredicted, rs.UnderPredicted, p.lastRouter.UnderPredicted)
+	d(p.stats.confirmedCached, rs.ConfirmedCachedTokens, p.lastRouter.ConfirmedCachedTokens)
+	d(p.stats.indexErrors, rs.IndexErrors, p.lastRouter.IndexErrors)
+	d(p.stats.loadErrors, rs.LoadErrors, p.lastRouter.LoadErrors)
+	d(p.stats.disaggregated, rs.Disaggregated, p.lastRouter.Disaggregated)
+	p.lastRouter = rs
+	im := p.ix.Metrics()
+	d(p.stats.casRetries, im.CASRetries, p.lastIndex.CASRetries)
+	p.lastIndex = im
+}
+
+func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
+	c, ok := p.byProfile(name)
+	if !ok {
+		c = counterMetric("profile." + name + ".requests")
+		p.stats.byProfile[name] = c
+	}
+	return c
+}
+
+func (p *routerPlugin) byProfile(name string) (proxywasm.MetricCounter, bool) {
+	c, ok := p.stats.byProfile[name]
+	return c, ok
 }
 
 func (p *routerPlugin) newStream(uint32) types.HttpContext { return &routerStream{plugin: p} }
 
 func (p *routerPlugin) onTick() {}
 
-// destinations returns the destination header value: the primary endpoint
-// followed by up to cfg.Fallbacks others, in round-robin order. Envoy's
-// override_host policy tries them in that order.
-func (p *routerPlugin) destinations() string {
-	eps := p.cfg.Endpoints
-	if len(eps) == 0 {
+func (p *routerPlugin) isInference(path string) bool {
+	for _, ip := range p.cfg.InferencePaths {
+		if path == ip {
+			return true
+		}
+	}
+	return false
+}
+
+// leastLoaded is the fail-open choice: the candidate with the fewest
+// requests in flight as of the last decision ("" without candidates).
+func (p *routerPlugin) leastLoaded() string {
+	best := -1
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		if h.Unhealthy || h.BreakerOpen {
+			continue
+		}
+		if best < 0 || h.InFlight < p.hosts[best].InFlight {
+			best = i
+		}
+	}
+	if best < 0 {
 		return ""
 	}
-	start := int(p.rr.next() % uint64(len(eps)))
-	n := 1 + p.cfg.Fallbacks
-	if n > len(eps) {
-		n = len(eps)
-	}
-	var b strings.Builder
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(eps[(start+i)%len(eps)].Address)
-	}
-	return b.String()
+	return p.hosts[best].Address
 }
 
 // routerStream is one request through kvroute.router.
 type routerStream struct {
 	types.DefaultHttpContext
 	plugin *routerPlugin
+
+	kind         apiKind
+	awaitingBody bool // inference request paused for its body
+	stateRequest bool // a push to the state endpoint
+	sessionKey   string
+
+	decided     bool
+	ticket      router.Ticket
+	primary     string
+	decidedAt   time.Time
+	explanation string
+	firstByte   bool
+	feedbackSet bool
+	cached      int
+	tail        []byte // end of the previous response chunk, for fields split across chunks
 }
 
-func (s *routerStream) OnHttpRequestHeaders(int, bool) (action types.Action) {
+func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
 	p := s.plugin
 	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
 	hook, err := stripRoutingHeaders(p.cfg.DestinationHeader)
@@ -76,33 +299,352 @@ func (s *routerStream) OnHttpRequestHeaders(int, bool) (action types.Action) {
 		proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
 	}
 	testPanic(p.cfg.TestHooks, hook)
-	s.route()
+
+	path, _ := proxywasm.GetHttpRequestHeader(":path")
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	method, _ := proxywasm.GetHttpRequestHeader(":method")
+
+	if path == p.cfg.State.Path {
+		return s.stateHeaders(method, endOfStream)
+	}
+	if !p.isInference(path) {
+		if p.cfg.RejectOtherPaths {
+			p.stats.notFound.Increment(1)
+			return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
+		}
+		p.stats.passThrough.Increment(1)
+		return types.ActionContinue
+	}
+	if method != "POST" {
+		p.stats.badMethod.Increment(1)
+		return s.reject(&requestError{Status: 405, Message: "use POST for " + path})
+	}
+	if p.cfg.SessionHeader != "" {
+		s.sessionKey, _ = proxywasm.GetHttpRequestHeader(p.cfg.SessionHeader)
+	}
+	if !p.cfg.BodyRouting {
+		s.decideFromHeaders()
+		return types.ActionContinue
+	}
+	if endOfStream {
+		p.stats.badRequest.Increment(1)
+		return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
+	}
+	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n > int64(p.cfg.MaxBodyBytes) {
+			p.stats.tooLarge.Increment(1)
+			return s.reject(tooLarge(p.cfg.MaxBodyBytes))
+		}
+	}
+	s.kind = kindOf(path)
+	s.awaitingBody = true
+	// Wait for the body with the headers held: Envoy must run with
+	// allow_on_headers_stop_iteration for the body to arrive before the
+	// headers continue (and for our header change to reach the upstream).
+	return types.ActionPause
+}
+
+func tooLarge(limit int) *requestError {
+	return &requestError{Status: 413, Message: "the request body is larger than " + strconv.Itoa(limit) + " bytes (maxBodyBytes)"}
+}
+
+func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
+	p := s.plugin
+	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_body", &action, s.failOpen)
+	if s.stateRequest {
+		return s.stateBody(bodySize, endOfStream)
+	}
+	if !s.awaitingBody {
+		return types.ActionContinue
+	}
+	if bodySize > p.cfg.MaxBodyBytes {
+		s.awaitingBody = false
+		p.stats.tooLarge.Increment(1)
+		return s.reject(tooLarge(p.cfg.MaxBodyBytes))
+	}
+	if !endOfStream {
+		return types.ActionPause // buffer until the whole body is here
+	}
+	s.awaitingBody = false
+	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	if err != nil && bodySize > 0 {
+		proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
+		s.failOpen()
+		return types.ActionContinue
+	}
+	req, perr := p.parser.parse(body, s.kind)
+	if perr != nil {
+		p.stats.parseErrors.Increment(1)
+		p.stats.badRequest.Increment(1)
+		return s.reject(perr)
+	}
+	if req.SessionKey == "" {
+		req.SessionKey = s.sessionKey
+	}
+	in := router.Input{
+		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
+		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
+		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
+	}
+	s.decide(&in)
 	return types.ActionContinue
 }
 
-// route sets the destination header, or leaves the choice to Envoy's
-// fallback policy when there is nothing to choose from.
-func (s *routerStream) route() {
+// decideFromHeaders is the header-only mode (bodyRouting: false): no
+// prompt, so affinity comes only from the session header and the optional
+// client prefix-key header.
+func (s *routerStream) decideFromHeaders() {
 	p := s.plugin
-	dest := p.destinations()
-	if dest == "" {
-		p.stats.noEndpoints.Increment(1)
+	in := router.Input{SessionKey: s.sessionKey}
+	if p.cfg.PrefixKeyHeader != "" {
+		if key, err := proxywasm.GetHttpRequestHeader(p.cfg.PrefixKeyHeader); err == nil && key != "" {
+			p.parser.hasher.Reset("", "", "")
+			p.parser.hasher.Text(key)
+			in.Chain = p.parser.hasher.Blocks()
+		}
+	}
+	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
+		if n, err := strconv.Atoi(cl); err == nil && n > 0 {
+			in.PromptTokens = n / index.DefaultCharsPerToken
+		}
+	}
+	s.decide(&in)
+}
+
+// decide runs the strategy and writes the destination header.
+func (s *routerStream) decide(in *router.Input) {
+	p := s.plugin
+	start := p.now()
+	p.prepare(start.UnixMilli())
+	t, res := p.rt.Decide(in, p.hosts)
+	p.stats.decisionMicros.Record(uint64(p.now().Sub(start).Microseconds()))
+	s.ticket, s.decided, s.decidedAt = t, true, start
+	defer p.syncStats()
+
+	order := res.Decode.Order
+	if len(order) == 0 {
+		// Every candidate was filtered out: let Envoy's fallback policy pick.
+		p.stats.noCandidate.Increment(1)
 		return
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, dest); err != nil {
+	n := 1 + p.cfg.Fallbacks
+	if n > len(order) {
+		n = len(order)
+	}
+	p.dest = p.dest[:0]
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			p.dest = append(p.dest, ',')
+		}
+		p.dest = append(p.dest, p.hosts[order[i]].Address...)
+	}
+	s.primary = p.hosts[order[0]].Address
+	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, string(p.dest)); err != nil {
 		proxywasm.LogWarnf("kvroute.router: setting %s: %v", p.cfg.DestinationHeader, err)
 		return
 	}
+	if res.Disaggregated && t.PrefillAddress != "" {
+		_ = proxywasm.ReplaceHttpRequestHeader(prefillHostHeader, t.PrefillAddress)
+	}
+	if p.cfg.ORCA {
+		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
+	}
+	p.breakers.dispatched(s.primary, start.UnixMilli())
 	p.stats.routed.Increment(1)
+	p.profileCounter(res.Decode.Profile).Increment(1)
+	if t.PredictedCachedTokens > 0 {
+		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
+	}
+	if p.cfg.DebugHeader != "" {
+		// Addresses, scores and plugin names only: never prompt text.
+		var req scorer.Request
+		req.Reset(len(p.hosts))
+		req.Model, req.PromptTokens, req.MaxTokens = in.Model, in.PromptTokens, in.MaxTokens
+		s.explanation = res.Decode.Explain(&req, p.hosts) + " predicted_cached_tokens=" + strconv.Itoa(t.PredictedCachedTokens)
+	}
 }
 
 // failOpen runs after a recovered panic: the client's routing headers must
-// still go (a panic must not turn into an SSRF), then the request takes a
-// plain round-robin route.
+// still go (a panic must not turn into an SSRF), then the request goes to the
+// least-loaded candidate.
 func (s *routerStream) failOpen() {
-	s.plugin.stats.failedOpen.Increment(1)
-	if _, err := stripRoutingHeaders(s.plugin.cfg.DestinationHeader); err != nil {
+	p := s.plugin
+	p.stats.failedOpen.Increment(1)
+	if _, err := stripRoutingHeaders(p.cfg.DestinationHeader); err != nil {
 		return
 	}
-	s.route()
+	if addr := p.leastLoaded(); addr != "" {
+		_ = proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, addr)
+	}
+}
+
+// reject answers locally with an OpenAI-style error; the request never
+// reaches an engine.
+func (s *routerStream) reject(e *requestError) types.Action {
+	s.awaitingBody = false
+	headers := [][2]string{{"content-type", "application/json"}}
+	if e.Status == 405 {
+		headers = append(headers, [2]string{"allow", "POST"})
+	}
+	if err := proxywasm.SendHttpResponse(uint32(e.Status), headers, e.body(), -1); err != nil {
+		proxywasm.LogWarnf("kvroute.router: sending the %d reply: %v", e.Status, err)
+		return types.ActionContinue
+	}
+	return types.ActionPause
+}
+
+func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action types.Action) {
+	p := s.plugin
+	defer guard(p.stats.recoveredPanics, "kvroute.router on_response_headers", &action, nil)
+	if !s.decided || s.primary == "" {
+		return types.ActionContinue
+	}
+	now := p.now()
+	nowMs := now.UnixMilli()
+	status := 0
+	if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
+		status, _ = strconv.Atoi(v)
+	}
+	served := s.primary
+	if v, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(v) > 0 {
+		served = string(v)
+	}
+	if served != s.primary {
+		// override_host moved on: the primary refused the connection.
+		if _, known := p.pos[served]; known {
+			p.stats.fallbacksUsed.Increment(1)
+			if p.breakers.result(s.primary, false, nowMs) {
+				p.stats.breakerOpened.Increment(1)
+			}
+		}
+	}
+	latencyMs := float64(now.Sub(s.decidedAt).Microseconds()) / 1000
+	ok := status > 0 && status < 500
+	if th := p.cfg.CircuitBreaker.LatencyThresholdMs; th > 0 && latencyMs > float64(th) {
+		ok = false
+	}
+	if p.breakers.result(served, ok, nowMs) {
+		p.stats.breakerOpened.Increment(1)
+		proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
+	}
+	if i, known := p.pos[served]; known {
+		h := &p.hosts[i]
+		if h.LatencyEWMAMs == 0 {
+			h.LatencyEWMAMs = latencyMs
+		} else {
+			h.LatencyEWMAMs = 0.8*h.LatencyEWMAMs + 0.2*latencyMs
+		}
+		if p.cfg.ORCA {
+			if v, err := proxywasm.GetHttpResponseHeader(orcaHeader); err == nil {
+				if l := parseORCA(v); l.ok {
+					h.KVUsage, h.Waiting, h.Running = l.KVUsage, l.Waiting, l.Running
+				}
+			}
+		}
+	}
+	if s.explanation != "" {
+		_ = proxywasm.ReplaceHttpResponseHeader(p.cfg.DebugHeader, s.explanation)
+	}
+	if endOfStream {
+		p.rt.FirstToken(&s.ticket)
+	}
+	return types.ActionContinue
+}
+
+func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (action types.Action) {
+	p := s.plugin
+	defer guard(p.stats.recoveredPanics, "kvroute.router on_response_body", &action, nil)
+	if !s.decided {
+		return types.ActionContinue
+	}
+	if !s.firstByte {
+		s.firstByte = true
+		p.rt.FirstToken(&s.ticket)
+	}
+	if bodySize == 0 {
+		return types.ActionContinue
+	}
+	chunk, err := proxywasm.GetHttpResponseBody(0, bodySize)
+	if err != nil {
+		return types.ActionContinue
+	}
+	if n, ok := cachedTokens(s.tail, chunk); ok {
+		s.cached, s.feedbackSet = n, true // the last report wins (final stream chunk)
+	}
+	s.tail = keepTail(s.tail, chunk)
+	return types.ActionContinue
+}
+
+func (s *routerStream) OnHttpStreamDone() {
+	p := s.plugin
+	defer guard(p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
+	if !s.decided {
+		return
+	}
+	if s.feedbackSet {
+		p.rt.Feedback(&s.ticket, s.cached)
+	}
+	p.rt.Release(&s.ticket)
+	if !s.firstByte && s.primary != "" {
+		p.breakers.abandoned(s.primary)
+	}
+	p.syncStats()
+}
+
+// cachedTokensKey is the field vLLM and SGLang report prefix-cache hits in
+// (usage.prompt_tokens_details.cached_tokens), in non-streaming bodies and in
+// the final chunk of a stream with include_usage.
+var cachedTokensKey = []byte(`"cached_tokens":`)
+
+const tailKeep = 64
+
+// cachedTokens finds the last cached_tokens value in tail+chunk. It scans
+// bytes instead of parsing JSON: a stream's chunks are SSE events, and the
+// field may straddle two chunks.
+func cachedTokens(tail, chunk []byte) (int, bool) {
+	found, val := false, 0
+	scan := func(b []byte) {
+		for {
+			i := indexBytes(b, cachedTokensKey)
+			if i < 0 {
+				return
+			}
+			b = b[i+len(cachedTokensKey):]
+			j := 0
+			for j < len(b) && b[j] == ' ' {
+				j++
+			}
+			k := j
+			for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+				k++
+			}
+			if k > j && k < len(b) { // a digit run followed by something: complete
+				if n, err := strconv.Atoi(string(b[j:k])); err == nil {
+					found, val = true, n
+				}
+			}
+		}
+	}
+	if len(tail) > 0 {
+		joined := make([]byte, 0, len(tail)+min(len(chunk), tailKeep))
+		joined = append(joined, tail...)
+		joined = append(joined, chunk[:min(len(chunk), tailKeep)]...)
+		scan(joined)
+	}
+	scan(chunk)
+	return val, found
+}
+
+func keepTail(tail, chunk []byte) []byte {
+	tail = tail[:0]
+	if len(chunk) > tailKeep {
+		chunk = chunk[len(chunk)-tailKeep:]
+	}
+	return append(tail, chunk...)
+}
+
+func indexBytes(b, sub []byte) int {
+	return strings.Index(unsafeString(b), unsafeString(sub))
 }

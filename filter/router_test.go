@@ -1,19 +1,30 @@
 package filter
 
 import (
+	"fmt"
+	"math/rand"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/index"
 )
 
 const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]`
 
 // newHost starts an emulated plugin with root id rootID and configuration cfg
-// and fails the test unless start returns want.
-func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) proxytest.HostEmulator {
+// and fails the test unless start returns want. It returns the router plugin
+// when one started.
+func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
 	t.Helper()
+	var started *routerPlugin
+	routerStarted = func(p *routerPlugin) { started = p }
+	emulatedSharedData = true
+	t.Cleanup(func() { routerStarted, emulatedSharedData = nil, false })
 	opt := proxytest.NewEmulatorOption().
 		WithVMContext(NewVMContext("test")).
 		WithPluginConfiguration([]byte(cfg)).
@@ -23,7 +34,7 @@ func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) p
 	if got := host.StartPlugin(); got != want {
 		t.Fatalf("StartPlugin = %v, want %v; critical logs: %v", got, want, host.GetCriticalLogs())
 	}
-	return host
+	return host, started
 }
 
 func header(hs [][2]string, name string) (string, int) {
@@ -47,44 +58,67 @@ func counter(t *testing.T, host proxytest.HostEmulator, name string) uint64 {
 	return v
 }
 
-func request(host proxytest.HostEmulator, extra ...[2]string) (uint32, types.Action) {
+const completion = `{"model":"m","prompt":"You are a helpful assistant. Answer briefly.","max_tokens":16}`
+
+// send runs one request's request side: headers, then the body (if any) in
+// one chunk. It returns the stream id and the last action.
+func send(host proxytest.HostEmulator, method, path, body string, extra ...[2]string) (uint32, types.Action) {
 	id := host.InitializeHttpContext()
-	hs := append([][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {":authority", "gw"}}, extra...)
-	return id, host.CallOnRequestHeaders(id, hs, false)
+	hs := append([][2]string{{":method", method}, {":path", path}, {":authority", "gw"}}, extra...)
+	action := host.CallOnRequestHeaders(id, hs, body == "")
+	if action != types.ActionPause || body == "" {
+		return id, action
+	}
+	return id, host.CallOnRequestBody(id, []byte(body), true)
 }
 
-func TestRouterRoundRobin(t *testing.T) {
-	host := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":1}`, types.OnPluginStartStatusOK)
-	want := []string{
-		"10.0.0.1:8000,10.0.0.2:8000", "10.0.0.2:8000,10.0.0.3:8000", "10.0.0.3:8000,10.0.0.1:8000",
-		"10.0.0.1:8000,10.0.0.2:8000", "10.0.0.2:8000,10.0.0.3:8000", "10.0.0.3:8000,10.0.0.1:8000",
-	}
-	for i, w := range want {
-		id, action := request(host)
+func post(host proxytest.HostEmulator, body string, extra ...[2]string) (uint32, types.Action) {
+	return send(host, "POST", "/v1/completions", body, extra...)
+}
+
+func destination(host proxytest.HostEmulator, id uint32) string {
+	v, _ := header(host.GetCurrentRequestHeaders(id), "x-gateway-destination-endpoint")
+	return v
+}
+
+func TestRouterRoundRobinWithFallbacks(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":1}`, types.OnPluginStartStatusOK)
+	seen := map[string]int{}
+	for i := 0; i < 6; i++ {
+		id, action := post(host, completion)
 		if action != types.ActionContinue {
 			t.Fatalf("request %d: action %v, want Continue", i, action)
 		}
-		got, n := header(host.GetCurrentRequestHeaders(id), "x-gateway-destination-endpoint")
-		if got != w || n != 1 {
-			t.Errorf("request %d: destination %q (%d values), want %q", i, got, n, w)
+		d := strings.Split(destination(host, id), ",")
+		if len(d) != 2 || d[0] == d[1] {
+			t.Fatalf("request %d: destination %v, want primary and one distinct fallback", i, d)
+		}
+		seen[d[0]]++
+	}
+	for _, a := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"} {
+		if seen[a] != 2 {
+			t.Errorf("primaries = %v, want each endpoint twice", seen)
 		}
 	}
 	if got := counter(t, host, "kvroute.router.requests.routed"); got != 6 {
 		t.Errorf("routed = %d, want 6", got)
 	}
+	if got := counter(t, host, "kvroute.router.profile.round_robin.requests"); got != 6 {
+		t.Errorf("profile counter = %d, want 6", got)
+	}
 }
 
 func TestRouterStripsClientRoutingHeaders(t *testing.T) {
-	host := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0}`, types.OnPluginStartStatusOK)
-	id, _ := request(host,
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0}`, types.OnPluginStartStatusOK)
+	id, _ := post(host, completion,
 		[2]string{"x-gateway-destination-endpoint", "169.254.169.254:80"},
 		[2]string{"X-Gateway-Destination-Endpoint", "10.0.0.3:8000"},
 		[2]string{"x-kvroute-prefill-host", "169.254.169.254:80"},
 		[2]string{"x-kvroute-test-panic", "recover"}, // testHooks off: just stripped
 		[2]string{"x-other", "kept"})
 	hs := host.GetCurrentRequestHeaders(id)
-	if got, n := header(hs, "x-gateway-destination-endpoint"); got != "10.0.0.1:8000" || n != 1 {
-		t.Errorf("destination = %q (%d values), want only the filter's 10.0.0.1:8000", got, n)
+	if got, n := header(hs, "x-gateway-destination-endpoint"); n != 1 || !strings.HasPrefix(got, "10.0.0.") {
+		t.Errorf("destination = %q (%d values), want only the filter's choice", got, n)
 	}
 	for _, h := range hs {
 		if strings.HasPrefix(h[0], "x-kvroute-") {
@@ -99,43 +133,71 @@ func TestRouterStripsClientRoutingHeaders(t *testing.T) {
 	}
 }
 
-func TestRouterCustomHeaderAndNoEndpoints(t *testing.T) {
-	host := newHost(t, RootRouter, `{"destinationHeader":"x-dest"}`, types.OnPluginStartStatusOK)
-	id, action := request(host, [2]string{"x-dest", "10.9.9.9:1"}, [2]string{"x-gateway-destination-endpoint", "a:1"})
+func TestHeaderOnlyMode(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"bodyRouting":false,"strategy":"round_robin","fallbacks":0}`, types.OnPluginStartStatusOK)
+	got := map[string]bool{}
+	for i := 0; i < 3; i++ {
+		id := host.InitializeHttpContext()
+		action := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {"x-gateway-destination-endpoint", "1.2.3.4:5"}}, false)
+		if action != types.ActionContinue {
+			t.Fatalf("header-only mode must not pause, got %v", action)
+		}
+		got[destination(host, id)] = true
+	}
+	if len(got) != 3 || got["1.2.3.4:5"] {
+		t.Errorf("header-only destinations = %v, want the three endpoints", got)
+	}
+}
+
+func TestOtherPathsPassThroughUntouched(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	id, action := send(host, "GET", "/v1/models", "", [2]string{"x-gateway-destination-endpoint", "10.0.0.2:8000"})
 	if action != types.ActionContinue {
 		t.Fatalf("action %v", action)
 	}
-	hs := host.GetCurrentRequestHeaders(id)
-	if _, n := header(hs, "x-dest"); n != 0 {
-		t.Errorf("client x-dest survived with no endpoints configured: %v", hs)
+	// The client's routing header is still removed; nothing is set.
+	if d := destination(host, id); d != "" {
+		t.Errorf("pass-through request got destination %q", d)
 	}
-	// Only the configured header is kvroute's; the default name is not touched.
-	if got, _ := header(hs, "x-gateway-destination-endpoint"); got != "a:1" {
-		t.Errorf("unrelated header changed: %v", hs)
+	if got := counter(t, host, "kvroute.router.requests.pass_through"); got != 1 {
+		t.Errorf("pass_through = %d", got)
 	}
-	if got := counter(t, host, "kvroute.router.requests.no_endpoints"); got != 1 {
-		t.Errorf("no_endpoints = %d, want 1", got)
+}
+
+func TestRejectOtherPaths(t *testing.T) {
+	host2, _ := newHost(t, RootRouter, threeEndpoints+`,"rejectOtherPaths":true}`, types.OnPluginStartStatusOK)
+	id, _ := send(host2, "GET", "/admin", "")
+	if r := host2.GetSentLocalResponse(id); r == nil || r.StatusCode != 404 {
+		t.Errorf("rejectOtherPaths: reply %+v, want 404", r)
 	}
 }
 
 func TestPluginStartFailsOnBadConfigNamingTheField(t *testing.T) {
-	host := newHost(t, RootRouter, `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2"}]}`, types.OnPluginStartStatusFailed)
+	host, _ := newHost(t, RootRouter, `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2"}]}`, types.OnPluginStartStatusFailed)
 	logs := strings.Join(host.GetCriticalLogs(), "\n")
 	if !strings.Contains(logs, "kvroute.router: invalid plugin configuration: endpoints[1].address") {
 		t.Errorf("critical log does not name the field: %q", logs)
 	}
 }
 
+func TestPluginStartFailsOnBadStrategy(t *testing.T) {
+	host, _ := newHost(t, RootRouter, `{"strategy":"fastest"}`, types.OnPluginStartStatusFailed)
+	if logs := strings.Join(host.GetCriticalLogs(), "\n"); !strings.Contains(logs, `strategy: unknown strategy "fastest"`) {
+		t.Errorf("critical log = %q", logs)
+	}
+}
+
 func TestPluginStartFailsOnUnknownRootID(t *testing.T) {
-	host := newHost(t, "kvroute.routr", `{}`, types.OnPluginStartStatusFailed)
+	host, _ := newHost(t, "kvroute.routr", `{}`, types.OnPluginStartStatusFailed)
 	if logs := strings.Join(host.GetCriticalLogs(), "\n"); !strings.Contains(logs, `unknown root id "kvroute.routr"`) {
 		t.Errorf("critical log = %q", logs)
 	}
 }
 
 func TestPDPassesThrough(t *testing.T) {
-	host := newHost(t, RootPD, threeEndpoints+`}`, types.OnPluginStartStatusOK)
-	id, action := request(host, [2]string{"x-kvroute-prefill-host", "10.0.0.1:8000"})
+	host, _ := newHost(t, RootPD, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	id := host.InitializeHttpContext()
+	action := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {"x-kvroute-prefill-host", "10.0.0.1:8000"}}, false)
 	if action != types.ActionContinue {
 		t.Fatalf("action %v", action)
 	}
@@ -145,16 +207,15 @@ func TestPDPassesThrough(t *testing.T) {
 }
 
 func TestTestHookRecoverFailsOpen(t *testing.T) {
-	host := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0,"testHooks":true}`, types.OnPluginStartStatusOK)
-	id, action := request(host,
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0,"testHooks":true}`, types.OnPluginStartStatusOK)
+	id, action := post(host, completion,
 		[2]string{"x-kvroute-test-panic", "recover"},
 		[2]string{"x-gateway-destination-endpoint", "169.254.169.254:80"})
 	if action != types.ActionContinue {
 		t.Fatalf("action after recovered panic = %v, want Continue", action)
 	}
-	hs := host.GetCurrentRequestHeaders(id)
-	if got, n := header(hs, "x-gateway-destination-endpoint"); n != 1 || got == "169.254.169.254:80" {
-		t.Errorf("after fail-open destination = %q (%d values); the client's value must be gone", got, n)
+	if got := destination(host, id); !strings.HasPrefix(got, "10.0.0.") {
+		t.Errorf("after fail-open destination = %q, want a least-loaded endpoint (never the client's)", got)
 	}
 	if got := counter(t, host, "kvroute.router.recovered_panics"); got != 1 {
 		t.Errorf("recovered_panics = %d, want 1", got)
@@ -165,15 +226,14 @@ func TestTestHookRecoverFailsOpen(t *testing.T) {
 	if logs := strings.Join(host.GetErrorLogs(), "\n"); !strings.Contains(logs, "recovered panic in kvroute.router on_request_headers") {
 		t.Errorf("error logs = %q", logs)
 	}
-	// The VM keeps serving.
-	id, action = request(host)
-	if got, _ := header(host.GetCurrentRequestHeaders(id), "x-gateway-destination-endpoint"); action != types.ActionContinue || got == "" {
-		t.Errorf("next request not routed: action %v, destination %q", action, got)
+	id, action = post(host, completion)
+	if action != types.ActionContinue || destination(host, id) == "" {
+		t.Errorf("next request not routed: action %v, destination %q", action, destination(host, id))
 	}
 }
 
 func TestTestHookTrapIsNotRecovered(t *testing.T) {
-	host := newHost(t, RootRouter, threeEndpoints+`,"testHooks":true}`, types.OnPluginStartStatusOK)
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"testHooks":true}`, types.OnPluginStartStatusOK)
 	defer func() {
 		r := recover()
 		if _, ok := r.(trapPanic); !ok {
@@ -183,22 +243,354 @@ func TestTestHookTrapIsNotRecovered(t *testing.T) {
 			t.Errorf("trap counted as recovered: %d", got)
 		}
 	}()
-	request(host, [2]string{"x-kvroute-test-panic", "trap"})
+	post(host, completion, [2]string{"x-kvroute-test-panic", "trap"})
 	t.Error("trap hook returned normally")
 }
 
-// Two router plugins in one VM id (as two Envoy workers) share one
-// round-robin sequence through shared data.
-func TestRoundRobinIsSharedAcrossPlugins(t *testing.T) {
-	host := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0}`, types.OnPluginStartStatusOK)
-	_ = host
-	cfgHost := newHostPlugin(t, threeEndpoints+`,"fallbacks":0}`)
-	a, b := cfgHost[0], cfgHost[1]
-	got := []string{a.destinations(), b.destinations(), b.destinations(), a.destinations(), b.destinations(), a.destinations()}
-	want := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("shared sequence = %v, want %v", got, want)
+// badInputs is the documented outcome of each malformed request: the status
+// the client gets (never an engine), and the parameter the error names.
+var badInputs = []struct {
+	name, method, path, body string
+	chunks                   int // >1 sends the body in that many chunks
+	status                   int
+	param                    string
+}{
+	{"truncated JSON", "POST", "/v1/completions", `{"model":"m","prompt":"hel`, 1, 400, ""},
+	{"not an object", "POST", "/v1/completions", `["m","hello"]`, 1, 400, ""},
+	{"missing model", "POST", "/v1/completions", `{"prompt":"hello"}`, 1, 400, "model"},
+	{"model wrong type", "POST", "/v1/completions", `{"model":7,"prompt":"hello"}`, 1, 400, "model"},
+	{"missing prompt", "POST", "/v1/completions", `{"model":"m"}`, 1, 400, "prompt"},
+	{"prompt wrong type", "POST", "/v1/completions", `{"model":"m","prompt":{"text":"x"}}`, 1, 400, "prompt"},
+	{"empty prompt", "POST", "/v1/completions", `{"model":"m","prompt":""}`, 1, 400, "prompt"},
+	{"negative token id", "POST", "/v1/completions", `{"model":"m","prompt":[1,-2,3]}`, 1, 400, "prompt"},
+	{"fractional token id", "POST", "/v1/completions", `{"model":"m","prompt":[1,2.5]}`, 1, 400, "prompt"},
+	{"max_tokens wrong type", "POST", "/v1/completions", `{"model":"m","prompt":"x","max_tokens":"9"}`, 1, 400, "max_tokens"},
+	{"stream wrong type", "POST", "/v1/completions", `{"model":"m","prompt":"x","stream":"yes"}`, 1, 400, "stream"},
+	{"messages not an array", "POST", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, 1, 400, "messages"},
+	{"empty messages", "POST", "/v1/chat/completions", `{"model":"m","messages":[]}`, 1, 400, "messages"},
+	{"message without role", "POST", "/v1/chat/completions", `{"model":"m","messages":[{"content":"hi"}]}`, 1, 400, "messages[0].role"},
+	{"content wrong type", "POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":5}]}`, 1, 400, "messages[0].content"},
+	{"part without text", "POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`, 1, 400, "messages[0].content[0].text"},
+	{"invalid UTF-8", "POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}", 1, 400, ""},
+	{"empty body", "POST", "/v1/completions", "", 1, 400, ""},
+	{"GET on an inference path", "GET", "/v1/completions", "", 1, 405, ""},
+	{"oversized body", "POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("a", 5000) + `"}`, 1, 413, ""},
+	{"oversized chunked body", "POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("a", 5000) + `"}`, 5, 413, ""},
+	// Valid requests that look unusual: they route.
+	{"chunked body", "POST", "/v1/completions", completion, 4, 0, ""},
+	{"token-id prompt", "POST", "/v1/completions", `{"model":"m","prompt":[101,2023,2003,1037,3231]}`, 1, 0, ""},
+	{"batch of token-id prompts", "POST", "/v1/completions", `{"model":"m","prompt":[[1,2],[3,4]]}`, 1, 0, ""},
+	{"huge messages array", "POST", "/v1/chat/completions", `{"model":"m","messages":[` + strings.Repeat(`{"role":"user","content":"hi"},`, 120) + `{"role":"user","content":"end"}]}`, 1, 0, ""},
+	{"multimodal and tools", "POST", "/v1/chat/completions", `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`, 1, 0, ""},
+	{"embeddings", "POST", "/v1/embeddings", `{"model":"m","input":["a","b"]}`, 1, 0, ""},
+}
+
+func TestBadInputTable(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"maxBodyBytes":4096}`, types.OnPluginStartStatusOK)
+	for _, tc := range badInputs {
+		id := host.InitializeHttpContext()
+		hs := [][2]string{{":method", tc.method}, {":path", tc.path}}
+		action := host.CallOnRequestHeaders(id, hs, tc.body == "")
+		if action == types.ActionPause && tc.body != "" {
+			step := (len(tc.body) + tc.chunks - 1) / tc.chunks
+			for off := 0; off < len(tc.body) && host.GetSentLocalResponse(id) == nil; off += step {
+				end := min(off+step, len(tc.body))
+				action = host.CallOnRequestBody(id, []byte(tc.body[off:end]), end == len(tc.body))
+			}
 		}
+		reply := host.GetSentLocalResponse(id)
+		if tc.status == 0 {
+			if reply != nil || action != types.ActionContinue || destination(host, id) == "" {
+				t.Errorf("%s: want routed, got reply %+v, action %v, destination %q", tc.name, reply, action, destination(host, id))
+			}
+			continue
+		}
+		if reply == nil || int(reply.StatusCode) != tc.status {
+			t.Errorf("%s: want %d, got %+v (action %v)", tc.name, tc.status, reply, action)
+			continue
+		}
+		if destination(host, id) != "" {
+			t.Errorf("%s: a rejected request got a destination", tc.name)
+		}
+		body := string(reply.Data)
+		if gjson.Get(body, "error.type").String() != "invalid_request_error" || gjson.Get(body, "error.message").String() == "" {
+			t.Errorf("%s: body %s is not an OpenAI-style error", tc.name, body)
+		}
+		if got := gjson.Get(body, "error.param").String(); got != tc.param {
+			t.Errorf("%s: error.param = %q, want %q (%s)", tc.name, got, tc.param, body)
+		}
+		if strings.Contains(body, "helpful") || strings.Contains(body, "aaaa") {
+			t.Errorf("%s: error body echoes prompt text: %s", tc.name, body)
+		}
+	}
+	// The VM is still healthy: a normal request routes, nothing panicked.
+	if id, action := post(host, completion); action != types.ActionContinue || destination(host, id) == "" {
+		t.Errorf("after the bad inputs a good request was not routed")
+	}
+	if got := counter(t, host, "kvroute.router.recovered_panics"); got != 0 {
+		t.Errorf("recovered_panics = %d: some bad input panicked", got)
+	}
+	if got := counter(t, host, "kvroute.router.parse_errors"); got < 10 {
+		t.Errorf("parse_errors = %d", got)
+	}
+}
+
+const stateToken = "s3cret-token"
+
+func pushBody(ts int64, addrs ...string) string {
+	var hs []string
+	for _, a := range addrs {
+		hs = append(hs, fmt.Sprintf(`{"address":%q,"healthy":true,"waiting":0,"running":1,"kvUsage":0.2}`, a))
+	}
+	return fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, ts, strings.Join(hs, ","))
+}
+
+func TestStateEndpointAuthAndValidation(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = time.Now })
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000}}`, types.OnPluginStartStatusOK)
+	good := pushBody(now.UnixMilli(), "10.1.0.1:8000", "10.1.0.2:8000")
+	cases := []struct {
+		name, auth, body string
+		status           int
+	}{
+		{"no authorization", "", good, 401},
+		{"wrong scheme", "Basic " + stateToken, good, 401},
+		{"wrong token", "Bearer nope", good, 401},
+		{"token prefix", "Bearer " + stateToken[:5], good, 401},
+		{"malformed body", "Bearer " + stateToken, `{"version":1,"hosts":[`, 400},
+		{"bad address", "Bearer " + stateToken, pushBody(now.UnixMilli(), "10.1.0.1"), 400},
+		{"wrong version", "Bearer " + stateToken, `{"version":9,"timestampMs":1,"hosts":[{"address":"a:1"}]}`, 400},
+		{"no hosts", "Bearer " + stateToken, `{"version":1,"timestampMs":1,"hosts":[]}`, 400},
+		{"empty body", "Bearer " + stateToken, "", 400},
+	}
+	for _, tc := range cases {
+		hs := [][2]string{}
+		if tc.auth != "" {
+			hs = append(hs, [2]string{"authorization", tc.auth})
+		}
+		id, _ := send(host, "POST", "/.kvroute/v1/state", tc.body, hs...)
+		r := host.GetSentLocalResponse(id)
+		if r == nil || int(r.StatusCode) != tc.status {
+			t.Errorf("%s: reply %+v, want %d", tc.name, r, tc.status)
+		}
+		if p.stateGen != 0 || loadStateGenIn(t, host) != 0 {
+			t.Fatalf("%s: a rejected push changed the state", tc.name)
+		}
+	}
+	if got := counter(t, host, "kvroute.router.state.unauthorized"); got != 4 {
+		t.Errorf("state.unauthorized = %d, want 4", got)
+	}
+	// Static endpoints until a good push.
+	id, _ := post(host, completion)
+	if d := destination(host, id); !strings.HasPrefix(d, "10.0.0.") {
+		t.Fatalf("before any push destination = %q", d)
+	}
+	id, _ = send(host, "POST", "/.kvroute/v1/state", good, [2]string{"authorization", "bearer " + stateToken})
+	if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 || gjson.GetBytes(r.Data, "hosts").Int() != 2 {
+		t.Fatalf("good push: reply %+v", r)
+	}
+	for i := 0; i < 4; i++ {
+		id, _ = post(host, completion)
+		if d := destination(host, id); !strings.HasPrefix(d, "10.1.0.") {
+			t.Fatalf("after the push destination = %q, want a pushed host", d)
+		}
+	}
+	if got := counter(t, host, "kvroute.router.stale_state"); got != 0 {
+		t.Errorf("fresh state counted stale: %d", got)
+	}
+	now = now.Add(6 * time.Second)
+	post(host, completion)
+	if got := counter(t, host, "kvroute.router.stale_state"); got != 1 {
+		t.Errorf("stale_state = %d, want 1 after the bound passed", got)
+	}
+	for i := range p.hosts {
+		if !p.hosts[i].Stale {
+			t.Errorf("host %s not marked stale", p.hosts[i].Address)
+		}
+	}
+}
+
+// loadStateGenIn reads the state generation through the emulator's shared data.
+func loadStateGenIn(t *testing.T, host proxytest.HostEmulator) uint64 {
+	t.Helper()
+	return loadStateGen()
+}
+
+func TestStateEndpointDisabledWithoutToken(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	id, _ := send(host, "POST", "/.kvroute/v1/state", pushBody(1, "a:1"), [2]string{"authorization", "Bearer "})
+	r := host.GetSentLocalResponse(id)
+	if r == nil || r.StatusCode != 401 || !strings.Contains(string(r.Data), "disabled") {
+		t.Errorf("reply %+v, want 401 saying the endpoint is disabled", r)
+	}
+}
+
+// TestLoadCountersReturnToZero drives many requests through every ending
+// (completed, reset before the response, reset mid-stream, rejected) and
+// checks that every shared load counter returns to zero.
+func TestLoadCountersReturnToZero(t *testing.T) {
+	host, p := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	rng := rand.New(rand.NewSource(1))
+	var open []uint32
+	for i := 0; i < 2000; i++ {
+		body := fmt.Sprintf(`{"model":"m","prompt":"shared system prompt %d","max_tokens":%d}`, rng.Intn(20), 1+rng.Intn(64))
+		if rng.Intn(10) == 0 {
+			body = `{"model":`
+		}
+		id, _ := post(host, body)
+		switch rng.Intn(4) {
+		case 0: // reset before any response
+			host.CompleteHttpContext(id)
+		case 1: // response headers, then reset
+			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			host.CompleteHttpContext(id)
+		case 2: // full response
+			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			host.CallOnResponseBody(id, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens":16}}}`), true)
+			host.CompleteHttpContext(id)
+		default: // still open for now
+			open = append(open, id)
+		}
+		if len(open) > 50 {
+			host.CompleteHttpContext(open[0])
+			open = open[1:]
+		}
+	}
+	loads := p.ix.Loads(nil)
+	busy := false
+	for _, l := range loads {
+		if l.InFlight != 0 {
+			busy = true
+		}
+	}
+	if !busy {
+		t.Fatal("with streams open, some host must show load (the test would prove nothing)")
+	}
+	for _, id := range open {
+		host.CompleteHttpContext(id)
+	}
+	for slot, l := range p.ix.Loads(nil) {
+		if l != (index.Load{}) {
+			t.Errorf("slot %d load after every stream ended = %+v, want zero", slot, l)
+		}
+	}
+}
+
+func TestFeedbackFromResponses(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	// Non-streaming body.
+	id, _ := post(host, completion)
+	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	host.CallOnResponseBody(id, []byte(`{"id":"x","usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":48}}}`), true)
+	host.CompleteHttpContext(id)
+	// Stream whose final chunk carries usage, split across two chunks.
+	id, _ = post(host, completion)
+	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	host.CallOnResponseBody(id, []byte("data: {\"choices\":[{\"text\":\"hi\"}]}\n\ndata: {\"usage\":{\"prompt_tokens_details\":{\"cached_"), false)
+	host.CallOnResponseBody(id, []byte("tokens\":32}}}\n\ndata: [DONE]\n\n"), true)
+	host.CompleteHttpContext(id)
+	if got := counter(t, host, "kvroute.router.feedback.responses"); got != 2 {
+		t.Errorf("feedback.responses = %d, want 2", got)
+	}
+	if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != 80 {
+		t.Errorf("confirmed_cached_tokens = %d, want 48+32", got)
+	}
+}
+
+func TestCircuitBreakerOpensAndProbes(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = time.Now })
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
+	bad := "10.0.0.2:8000"
+	respond := func(id uint32) {
+		d := destination(host, id)
+		status := "200"
+		if d == bad {
+			status = "503"
+		}
+		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
+		host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
+		host.CompleteHttpContext(id)
+	}
+	sentToBad := 0
+	for i := 0; i < 12; i++ {
+		id, _ := post(host, completion)
+		if destination(host, id) == bad {
+			sentToBad++
+		}
+		respond(id)
+	}
+	if sentToBad != 2 {
+		t.Errorf("requests sent to the failing host = %d, want 2 (then the breaker opens)", sentToBad)
+	}
+	if got := counter(t, host, "kvroute.router.breaker.opened"); got != 1 {
+		t.Errorf("breaker.opened = %d, want 1", got)
+	}
+	// After the cool-down exactly one probe goes; it fails and re-opens.
+	now = now.Add(1500 * time.Millisecond)
+	probes := 0
+	for i := 0; i < 9; i++ {
+		id, _ := post(host, completion)
+		if destination(host, id) == bad {
+			probes++
+		}
+		respond(id)
+	}
+	if probes != 1 {
+		t.Errorf("half-open probes = %d, want 1", probes)
+	}
+	if got := counter(t, host, "kvroute.router.breaker.opened"); got != 2 {
+		t.Errorf("breaker.opened = %d, want 2 (the failed probe re-opens)", got)
+	}
+}
+
+func TestDebugHeaderAndORCA(t *testing.T) {
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"debugHeader":"x-kvroute-debug","orca":true}`, types.OnPluginStartStatusOK)
+	id, _ := post(host, completion)
+	d := destination(host, id)
+	if v, _ := header(host.GetCurrentRequestHeaders(id), "endpoint-load-metrics-format"); v != "TEXT" {
+		t.Errorf("ORCA format header = %q", v)
+	}
+	primary := strings.Split(d, ",")[0]
+	_ = host.SetProperty([]string{"upstream", "address"}, []byte(primary))
+	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}, {"endpoint-load-metrics", "TEXT named_metrics.kv_cache_usage_perc=0.75, named_metrics.num_requests_waiting=3.0"}}, false)
+	dbg, _ := header(host.GetCurrentResponseHeaders(id), "x-kvroute-debug")
+	if dbg == "" || !strings.Contains(dbg, primary) || strings.Contains(dbg, "helpful") {
+		t.Errorf("debug header = %q: want the decision, never prompt text", dbg)
+	}
+	h := p.hosts[p.pos[primary]]
+	if h.KVUsage != 0.75 || h.Waiting != 3 {
+		t.Errorf("ORCA not applied: %+v", h)
+	}
+}
+
+func TestDebugHeaderOffByDefault(t *testing.T) {
+	host2, _ := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	id, _ := post(host2, completion)
+	host2.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	if v, n := header(host2.GetCurrentResponseHeaders(id), "x-kvroute-debug"); n != 0 {
+		t.Errorf("debug header without debugHeader: %q", v)
+	}
+}
+
+func TestSharedPrefixGoesToTheSameHost(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0}`, types.OnPluginStartStatusOK)
+	system := strings.Repeat("You are kvroute's test assistant with a long shared system prompt. ", 40)
+	first := ""
+	for i := 0; i < 6; i++ {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":8}`, system, i)
+		id, _ := send(host, "POST", "/v1/chat/completions", body)
+		d := destination(host, id)
+		if first == "" {
+			first = d
+		} else if d != first {
+			t.Errorf("request %d went to %s, want %s (the host holding the shared prefix)", i, d, first)
+		}
+		host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+		host.CallOnResponseBody(id, []byte("{}"), true)
+		host.CompleteHttpContext(id)
 	}
 }

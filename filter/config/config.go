@@ -17,12 +17,15 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // Defaults. They are also what the README's configuration reference lists.
@@ -46,10 +49,7 @@ var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions", 
 
 // Presets are the strategy names of the bench contract (DESIGN.md). A
 // configuration may also name a profile it defines under "profiles".
-var Presets = []string{
-	"round_robin", "random", "least_request", "prefix_hash", "sticky_session",
-	"kv_cache_aware", "sglang_cache_aware", "gie_default", "dynamo_kv",
-}
+var Presets = scorer.PresetNames()
 
 // Roles an endpoint may serve.
 const (
@@ -63,11 +63,15 @@ type Config struct {
 	// Endpoints is the static candidate set, used until (and unless) the
 	// cluster-metrics service pushes state.
 	Endpoints []Endpoint
-	// Strategy names a preset or a profile under Profiles.
+	// Strategy names a preset or a profile under "profiles".
 	Strategy string
-	// Profiles is the raw "profiles" object (nil when absent), handed to the
-	// scorer package, which owns its schema.
-	Profiles []byte
+	// Handler runs the strategy. The decision-layer keys ("strategy",
+	// "plugins", "profiles", "disaggregation") belong to package scorer,
+	// which validates them; Parse merges its errors with the others.
+	Handler *scorer.Handler
+	// Warnings are the scorer's non-fatal remarks on the profiles, for the
+	// plugin-start log.
+	Warnings []string
 	// DestinationHeader is the header Envoy's override_host policy reads
 	// (lower case). Client-supplied values are always removed.
 	DestinationHeader string
@@ -124,9 +128,12 @@ type State struct {
 	// Token is the bearer token a push must carry. Empty (and no TokenFile)
 	// disables the endpoint: every push gets 401.
 	Token string
-	// TokenFile names a file holding the token, read where the filter can
-	// read files (the test host; not Envoy, whose Wasm VMs see no filesystem).
-	TokenFile string
+	// TokenEnv names an environment variable of the Wasm VM holding the
+	// token, so the secret stays out of the plugin configuration. Envoy's Wasm
+	// VMs cannot read files; pass the variable with vm_config's
+	// environment_variables (host_env_keys), which Kubernetes can fill from a
+	// Secret.
+	TokenEnv string
 	// StaleAfterMs: pushed state older than this is not used for scoring.
 	StaleAfterMs int
 }
@@ -186,7 +193,9 @@ func Parse(data []byte) (*Config, error) {
 	p.object(root, "", map[string]func(gjson.Result, string){
 		"endpoints":         func(v gjson.Result, path string) { c.Endpoints = p.endpoints(v, path) },
 		"strategy":          func(v gjson.Result, path string) { c.Strategy = p.nonEmptyString(v, path) },
-		"profiles":          func(v gjson.Result, path string) { c.Profiles = p.rawObject(v, path) },
+		"profiles":          func(v gjson.Result, path string) {}, // scorer's
+		"plugins":           func(v gjson.Result, path string) {}, // scorer's
+		"disaggregation":    func(v gjson.Result, path string) {}, // scorer's
 		"destinationHeader": func(v gjson.Result, path string) { c.DestinationHeader = p.headerName(v, path) },
 		"fallbacks":         func(v gjson.Result, path string) { c.Fallbacks = p.intRange(v, path, 0, MaxFallbacks) },
 		"inferencePaths":    func(v gjson.Result, path string) { c.InferencePaths = p.paths(v, path) },
@@ -204,6 +213,7 @@ func Parse(data []byte) (*Config, error) {
 		"pd":                func(v gjson.Result, path string) { c.PD = p.pd(v, path) },
 	})
 	p.crossChecks(c)
+	p.routing(data, c)
 	if len(p.errs) > 0 {
 		return nil, p.errs
 	}
@@ -335,14 +345,6 @@ func (p *parser) intRange(v gjson.Result, path string, lo, hi int) int {
 		return 0
 	}
 	return int(n)
-}
-
-func (p *parser) rawObject(v gjson.Result, path string) []byte {
-	if !v.IsObject() {
-		p.fail(path, "must be an object, got %s", kind(v))
-		return nil
-	}
-	return []byte(v.Raw)
 }
 
 func (p *parser) stringMap(v gjson.Result, path string) map[string]string {
@@ -536,11 +538,11 @@ func (p *parser) state(v gjson.Result, path string, s *State) {
 			}
 		},
 		"token":        func(v gjson.Result, fp string) { s.Token, _ = p.str(v, fp) },
-		"tokenFile":    func(v gjson.Result, fp string) { s.TokenFile = p.nonEmptyString(v, fp) },
+		"tokenEnv":     func(v gjson.Result, fp string) { s.TokenEnv = p.envName(v, fp) },
 		"staleAfterMs": func(v gjson.Result, fp string) { s.StaleAfterMs = p.intRange(v, fp, 1, 24*3600*1000) },
 	})
-	if s.Token != "" && s.TokenFile != "" {
-		p.fail(path, "give token or tokenFile, not both")
+	if s.Token != "" && s.TokenEnv != "" {
+		p.fail(path, "give token or tokenEnv, not both")
 	}
 }
 
@@ -558,14 +560,52 @@ func (p *parser) breaker(v gjson.Result, path string, b *CircuitBreaker) {
 
 // crossChecks are the rules that involve more than one field.
 func (p *parser) crossChecks(c *Config) {
-	if !IsPreset(c.Strategy) && c.Strategy != "" {
-		if c.Profiles == nil || !gjson.GetBytes(c.Profiles, gjson.Escape(c.Strategy)).Exists() {
-			p.fail("strategy", "%q is neither a preset (%s) nor a profile defined under \"profiles\"", c.Strategy, strings.Join(Presets, ", "))
-		}
-	}
 	for _, ip := range c.InferencePaths {
 		if ip == c.State.Path {
 			p.fail("state.path", "%q is also an inference path", ip)
 		}
 	}
+}
+
+// routing validates the decision-layer keys with package scorer and builds
+// the handler.
+func (p *parser) routing(data []byte, c *Config) {
+	sc, err := scorer.ParseConfig(data)
+	if err == nil {
+		c.Handler, c.Warnings, err = sc.Build()
+	}
+	if err == nil {
+		return
+	}
+	var ce *scorer.ConfigError
+	if errors.As(err, &ce) {
+		for _, fe := range ce.Errors {
+			p.errs = append(p.errs, &Error{Path: fe.Path, Msg: fe.Msg})
+		}
+		return
+	}
+	p.fail("", "%v", err)
+}
+
+func (p *parser) envName(v gjson.Result, path string) string {
+	s := p.nonEmptyString(v, path)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			p.fail(path, "%q is not an environment variable name", s)
+			return ""
+		}
+	}
+	return s
+}
+
+// CheckAddress reports whether s is host:port as the endpoints list and the
+// state endpoint accept it; the error says what is wrong.
+func CheckAddress(s string) error {
+	p := &parser{}
+	p.address(gjson.Parse(strconv.Quote(s)), "")
+	if len(p.errs) > 0 {
+		return fmt.Errorf("%s", p.errs[0].Msg)
+	}
+	return nil
 }

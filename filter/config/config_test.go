@@ -29,7 +29,7 @@ func TestParseFull(t *testing.T) {
 	    {"address": "vllm-1.ns.svc:8001", "role": "decode"}
 	  ],
 	  "strategy": "mine",
-	  "profiles": {"mine": {"scorers": []}},
+	  "profiles": {"mine": {"scorers": [{"plugin": "pending_tokens", "weight": 1}], "picker": "max_score"}},
 	  "destinationHeader": "x-dest",
 	  "fallbacks": 3,
 	  "inferencePaths": ["/v1/completions"],
@@ -57,7 +57,7 @@ func TestParseFull(t *testing.T) {
 			t.Errorf("endpoints[%d] = %+v, want %+v", i, c.Endpoints[i], want[i])
 		}
 	}
-	if c.Strategy != "mine" || string(c.Profiles) != `{"mine": {"scorers": []}}` || c.DestinationHeader != "x-dest" ||
+	if c.Strategy != "mine" || c.Handler == nil || c.Handler.Name != "mine" || c.DestinationHeader != "x-dest" ||
 		c.Fallbacks != 3 || len(c.InferencePaths) != 1 || !c.RejectOtherPaths || c.BodyRouting || c.MaxBodyBytes != 1<<20 ||
 		c.SessionHeader != "" || c.PrefixKeyHeader != "x-prefix-key" || c.LoRAAdapters["sql-lora"] != "llama-3-8b" ||
 		c.State != (State{Path: "/state", Token: "s3cret", StaleAfterMs: 5000}) ||
@@ -81,7 +81,10 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"endpoints":[{"address":"a:1"},{"address":"a:1"}]}`, "endpoints[1].address: \"a:1\" is already endpoints[0]"},
 		{`{"endpoints":["a:1"]}`, "endpoints[0]: must be an object"},
 		{`{"endpoints":{"address":"a:1"}}`, "endpoints: must be an array"},
-		{`{"strategy":"fastest"}`, "strategy: \"fastest\" is neither a preset"},
+		{`{"strategy":"fastest"}`, "strategy: unknown strategy \"fastest\""},
+		{`{"strategy":"p","profiles":{"p":{"scorers":[{"plugin":"prefix_cache","weight":1}]}}}`, "profiles.p: affinity scorers (prefix_cache) with no distribution"},
+		{`{"plugins":3}`, "plugins: want an array"},
+		{`{"state":{"tokenEnv":"1X"}}`, "state.tokenEnv: \"1X\" is not an environment variable name"},
 		{`{"strategy":""}`, "strategy: must not be empty"},
 		{`{"destinationHeader":"X-Dest"}`, "destinationHeader: \"X-Dest\": header names must be lower case"},
 		{`{"destinationHeader":"x dest"}`, "destinationHeader: \"x dest\" is not a valid header name"},
@@ -93,7 +96,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"bodyRouting":"yes"}`, "bodyRouting: must be true or false, got a string"},
 		{`{"testHooks":1}`, "testHooks: must be true or false, got a number"},
 		{`{"inferencePaths":["v1/completions"]}`, "inferencePaths[0]: \"v1/completions\" must start with '/'"},
-		{`{"state":{"token":"a","tokenFile":"/t"}}`, "state: give token or tokenFile, not both"},
+		{`{"state":{"token":"a","tokenEnv":"T"}}`, "state: give token or tokenEnv, not both"},
 		{`{"state":{"path":"/v1/completions"}}`, "state.path: \"/v1/completions\" is also an inference path"},
 		{`{"state":{"staleAfterMs":0}}`, "state.staleAfterMs: must be between"},
 		{`{"circuitBreaker":{"cooldownMs":0}}`, "circuitBreaker.cooldownMs: must be between"},
@@ -140,7 +143,7 @@ func TestParseReportsEveryBadField(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		``, `{}`, `{"endpoints":[{"address":"10.0.0.1:8000","role":"decode"}]}`,
-		`{"strategy":"p","profiles":{"p":{}}}`, `{"state":{"path":"/s","token":"t"}}`,
+		`{"strategy":"least_request","plugins":[]}`, `{"state":{"path":"/s","token":"t"}}`,
 		`{"endpoints":[{"address":"[::1]:1"}],"fallbacks":8}`, `{"loraAdapters":{"a":"b"}}`, `[`, `{"a":`,
 	} {
 		f.Add([]byte(s))

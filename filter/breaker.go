@@ -1,0 +1,84 @@
+package filter
+
+import "github.com/kvroute/kvroute/filter/config"
+
+// breakers is per-host circuit breaking, per worker VM: consecutive failures
+// (5xx, connect failures seen as a fallback taking over, or responses slower
+// than the latency threshold) open a host's breaker; after the cool-down one
+// probe request is let through (half-open); its success closes the breaker,
+// its failure re-opens it for another cool-down.
+//
+// Per VM, not shared: each worker learns from its own traffic, which is
+// enough to stop sending to a dead pod within a few requests, and costs no
+// shared-data writes on the request path.
+type breakers struct {
+	cfg   config.CircuitBreaker
+	hosts map[string]*breakerState
+}
+
+type breakerState struct {
+	failures  int
+	openUntil int64 // ms; 0 when closed
+	probing   bool  // a half-open probe is in flight
+}
+
+func newBreakers(cfg config.CircuitBreaker) *breakers {
+	return &breakers{cfg: cfg, hosts: map[string]*breakerState{}}
+}
+
+func (b *breakers) state(addr string) *breakerState {
+	st := b.hosts[addr]
+	if st == nil {
+		st = &breakerState{}
+		b.hosts[addr] = st
+	}
+	return st
+}
+
+// open reports whether addr must not be picked now.
+func (b *breakers) open(addr string, nowMs int64) bool {
+	st := b.hosts[addr]
+	if st == nil || st.openUntil == 0 {
+		return false
+	}
+	if nowMs < st.openUntil {
+		return true
+	}
+	return st.probing // half-open: one probe at a time
+}
+
+// dispatched notes that a request went to addr; past the cool-down it is
+// the half-open probe.
+func (b *breakers) dispatched(addr string, nowMs int64) {
+	if st := b.hosts[addr]; st != nil && st.openUntil != 0 && nowMs >= st.openUntil {
+		st.probing = true
+	}
+}
+
+// result records the outcome of a request to addr and reports whether the
+// breaker opened (or re-opened) because of it.
+func (b *breakers) result(addr string, ok bool, nowMs int64) (opened bool) {
+	if b.cfg.ConsecutiveFailures == 0 {
+		return false
+	}
+	st := b.state(addr)
+	if ok {
+		*st = breakerState{}
+		return false
+	}
+	st.failures++
+	if st.probing || (st.openUntil == 0 && st.failures >= b.cfg.ConsecutiveFailures) {
+		st.openUntil = nowMs + int64(b.cfg.CooldownMs)
+		st.probing = false
+		return true
+	}
+	return false
+}
+
+// abandoned releases a probe whose request ended without an outcome (a
+// client reset), so the next request can probe.
+func (b *breakers) abandoned(addr string) {
+	if st := b.hosts[addr]; st != nil {
+		st.probing = false
+	}
+}

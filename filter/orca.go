@@ -1,0 +1,73 @@
+package filter
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// orcaHeader is the response header vLLM fills with ORCA load metrics when
+// the request carries orcaFormatHeader.
+const (
+	orcaHeader       = "endpoint-load-metrics"
+	orcaFormatHeader = "endpoint-load-metrics-format"
+)
+
+// orcaLoad is what kvroute reads from an ORCA report.
+type orcaLoad struct {
+	KVUsage          float64
+	Waiting, Running int
+	ok               bool
+}
+
+// parseORCA reads vLLM's endpoint-load-metrics value in TEXT
+// ("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0")
+// or JSON ("JSON {"named_metrics": {...}}") form. Unknown metrics are
+// ignored; a malformed value reports ok=false and changes nothing.
+func parseORCA(v string) orcaLoad {
+	var l orcaLoad
+	v = strings.TrimSpace(v)
+	set := func(name string, x float64) {
+		switch name {
+		case "kv_cache_usage_perc":
+			if x >= 0 && x <= 1 {
+				l.KVUsage, l.ok = x, true
+			}
+		case "num_requests_waiting":
+			if x >= 0 {
+				l.Waiting, l.ok = int(x), true
+			}
+		case "num_requests_running":
+			if x >= 0 {
+				l.Running, l.ok = int(x), true
+			}
+		}
+	}
+	switch {
+	case strings.HasPrefix(v, "TEXT "):
+		for _, kv := range strings.Split(v[len("TEXT "):], ",") {
+			name, val, found := strings.Cut(strings.TrimSpace(kv), "=")
+			if !found {
+				continue
+			}
+			x, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			if err != nil {
+				continue
+			}
+			set(strings.TrimPrefix(strings.TrimSpace(name), "named_metrics."), x)
+		}
+	case strings.HasPrefix(v, "JSON "):
+		doc := v[len("JSON "):]
+		if !gjson.Valid(doc) {
+			return orcaLoad{}
+		}
+		gjson.Get(doc, "named_metrics").ForEach(func(k, val gjson.Result) bool {
+			if val.Type == gjson.Number {
+				set(k.String(), val.Num)
+			}
+			return true
+		})
+	}
+	return l
+}

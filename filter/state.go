@@ -1,0 +1,313 @@
+package filter
+
+import (
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/internal/snapshot"
+)
+
+// The state endpoint: `kvroute metrics` POSTs a snapshot.State to every
+// gateway. The worker that receives it validates it and stores the raw body
+// in shared data; every worker reloads it when the generation key moves.
+const (
+	stateBodyKey = "kvroute/state/body"
+	stateGenKey  = "kvroute/state/gen"
+)
+
+// pushedState is a decoded, validated snapshot.
+type pushedState struct {
+	TimestampMs int64
+	Hosts       []snapshot.Host
+}
+
+// decodeSnapshot validates a pushed body. The error is the 400 message.
+func decodeSnapshot(body []byte) (pushedState, error) {
+	var st pushedState
+	if len(body) == 0 {
+		return st, errors.New("empty body: POST a kvroute state snapshot (JSON)")
+	}
+	if !gjson.ValidBytes(body) {
+		return st, errors.New("the body is not valid JSON")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return st, errors.New("the body must be a JSON object")
+	}
+	if v := root.Get("version"); v.Type != gjson.Number || v.Int() != snapshot.Version {
+		return st, fmt.Errorf("version: must be %d (this gateway reads snapshot format %d)", snapshot.Version, snapshot.Version)
+	}
+	ts := root.Get("timestampMs")
+	if ts.Type != gjson.Number || ts.Int() <= 0 {
+		return st, errors.New("timestampMs: must be a positive Unix time in milliseconds")
+	}
+	st.TimestampMs = ts.Int()
+	hosts := root.Get("hosts")
+	if !hosts.IsArray() {
+		return st, errors.New("hosts: must be an array")
+	}
+	seen := map[string]bool{}
+	var err error
+	i := 0
+	hosts.ForEach(func(_, h gjson.Result) bool {
+		var host snapshot.Host
+		host, err = decodeHost(h, i)
+		if err == nil && seen[host.Address] {
+			err = fmt.Errorf("hosts[%d].address: %q appears twice", i, host.Address)
+		}
+		if err != nil {
+			return false
+		}
+		seen[host.Address] = true
+		st.Hosts = append(st.Hosts, host)
+		i++
+		return true
+	})
+	if err != nil {
+		return pushedState{}, err
+	}
+	if len(st.Hosts) == 0 {
+		return pushedState{}, errors.New("hosts: must not be empty (a push replaces the candidate set; an empty one would leave nothing to route to)")
+	}
+	return st, nil
+}
+
+func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
+	at := fmt.Sprintf("hosts[%d]", i)
+	var host snapshot.Host
+	if !h.IsObject() {
+		return host, fmt.Errorf("%s: must be an object", at)
+	}
+	addr := h.Get("address")
+	if addr.Type != gjson.String {
+		return host, fmt.Errorf("%s.address: must be a host:port string", at)
+	}
+	if err := config.CheckAddress(addr.Str); err != nil {
+		return host, fmt.Errorf("%s.address: %v", at, err)
+	}
+	host.Address = addr.Str
+	switch role := h.Get("role"); {
+	case !role.Exists() || role.Str == "":
+		host.Role = config.RoleBoth
+	case role.Str == config.RoleBoth || role.Str == config.RolePrefill || role.Str == config.RoleDecode:
+		host.Role = role.Str
+	default:
+		return host, fmt.Errorf("%s.role: %q is not prefill, decode or both", at, role.Str)
+	}
+	if m := h.Get("model"); m.Exists() {
+		if m.Type != gjson.String {
+			return host, fmt.Errorf("%s.model: must be a string", at)
+		}
+		host.Model = m.Str
+	}
+	if a := h.Get("adapters"); a.Exists() && a.Type != gjson.Null {
+		if !a.IsArray() {
+			return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
+		}
+		for _, x := range a.Array() {
+			if x.Type != gjson.String {
+				return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
+			}
+			host.Adapters = append(host.Adapters, x.Str)
+		}
+	}
+	healthy := h.Get("healthy")
+	if healthy.Exists() && healthy.Type != gjson.True && healthy.Type != gjson.False {
+		return host, fmt.Errorf("%s.healthy: must be a boolean", at)
+	}
+	host.Healthy = !healthy.Exists() || healthy.Bool()
+	ints := []struct {
+		name string
+		dst  *int
+	}{{"waiting", &host.Waiting}, {"running", &host.Running}, {"blockSize", &host.BlockSize}, {"numGpuBlocks", &host.NumGPUBlocks}, {"cachedBlocks", &host.CachedBlocks}}
+	for _, f := range ints {
+		v := h.Get(f.name)
+		if !v.Exists() {
+			continue
+		}
+		n, ok := wholeNumber(v)
+		if !ok || n < 0 || n > 1<<40 {
+			return host, fmt.Errorf("%s.%s: must be a whole number >= 0", at, f.name)
+		}
+		*f.dst = int(n)
+	}
+	if v := h.Get("kvUsage"); v.Exists() {
+		if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
+			return host, fmt.Errorf("%s.kvUsage: must be a number from 0 to 1", at)
+		}
+		host.KVUsage = v.Num
+	}
+	for _, f := range []struct {
+		name string
+		dst  *int64
+	}{{"clearedAtMs", &host.ClearedAtMs}, {"scrapedAtMs", &host.ScrapedAtMs}} {
+		if v := h.Get(f.name); v.Exists() {
+			if v.Type != gjson.Number || v.Int() < 0 {
+				return host, fmt.Errorf("%s.%s: must be a Unix time in milliseconds", at, f.name)
+			}
+			*f.dst = v.Int()
+		}
+	}
+	return host, nil
+}
+
+// bearerToken extracts the token of an "Authorization: Bearer <token>" value.
+func bearerToken(v string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(v), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// authorized compares the presented token with the configured one in
+// constant time. An empty configured token authorizes nothing.
+func authorized(header, want string) bool {
+	got, ok := bearerToken(header)
+	if !ok || want == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// storeState publishes a validated body to every worker: the body first,
+// then a bumped generation, so a worker that sees the new generation reads
+// the new body. Returns the new generation.
+func storeState(body []byte) (uint64, error) {
+	if err := setUnconditionally(stateBodyKey, body); err != nil {
+		return 0, err
+	}
+	var buf [8]byte
+	for attempt := 0; attempt < maxCASAttempts; attempt++ {
+		v, cas, err := proxywasm.GetSharedData(stateGenKey)
+		var gen uint64
+		if err == nil && len(v) == 8 {
+			gen = binary.LittleEndian.Uint64(v)
+		} else if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
+			return 0, err
+		}
+		binary.LittleEndian.PutUint64(buf[:], gen+1)
+		err = proxywasm.SetSharedData(stateGenKey, buf[:], cas)
+		if err == nil {
+			return gen + 1, nil
+		}
+		if !errors.Is(err, types.ErrorStatusCasMismatch) {
+			return 0, err
+		}
+	}
+	return 0, errors.New("state generation: too much contention")
+}
+
+// setUnconditionally writes key whatever its current CAS (Envoy treats CAS
+// 0 so; reading the CAS first keeps hosts that do not, like the SDK's
+// emulator, working too).
+func setUnconditionally(key string, value []byte) error {
+	for attempt := 0; attempt < maxCASAttempts; attempt++ {
+		_, cas, err := proxywasm.GetSharedData(key)
+		if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
+			return err
+		}
+		err = proxywasm.SetSharedData(key, value, cas)
+		if err == nil || !errors.Is(err, types.ErrorStatusCasMismatch) {
+			return err
+		}
+	}
+	return errors.New(key + ": too much contention")
+}
+
+// loadStateGen reads the current generation (0: never pushed).
+func loadStateGen() uint64 {
+	v, _, err := proxywasm.GetSharedData(stateGenKey)
+	if err != nil || len(v) != 8 {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(v)
+}
+
+// loadState reads and decodes the stored body.
+func loadState() (pushedState, error) {
+	v, _, err := proxywasm.GetSharedData(stateBodyKey)
+	if err != nil {
+		return pushedState{}, err
+	}
+	return decodeSnapshot(v)
+}
+
+// stateHeaders handles the request headers of a push: method and
+// authorization are checked before any body is read, so a bad push changes
+// nothing and costs nothing.
+func (s *routerStream) stateHeaders(method string, endOfStream bool) types.Action {
+	p := s.plugin
+	if method != "POST" {
+		p.stats.badMethod.Increment(1)
+		return s.reject(&requestError{Status: 405, Message: "POST the state snapshot to " + p.cfg.State.Path})
+	}
+	auth, _ := proxywasm.GetHttpRequestHeader("authorization")
+	if !authorized(auth, p.token) {
+		p.stats.stateUnauthorized.Increment(1)
+		msg := "a valid 'Authorization: Bearer <token>' is required"
+		if p.token == "" {
+			msg = "the state endpoint is disabled: set state.token or state.tokenEnv in the plugin configuration"
+		}
+		return s.reject(&requestError{Status: 401, Message: msg})
+	}
+	if endOfStream {
+		p.stats.stateRejected.Increment(1)
+		return s.reject(badRequest("", "empty body: POST a kvroute state snapshot (JSON)"))
+	}
+	s.stateRequest = true
+	if p.cfg.BodyRouting {
+		return types.ActionPause
+	}
+	// Header-only mode (no allow_on_headers_stop_iteration): a paused header
+	// callback would never see the body, so let the headers go and answer
+	// from the body callback; Envoy resets the upstream request.
+	return types.ActionContinue
+}
+
+func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
+	p := s.plugin
+	if bodySize > p.cfg.MaxBodyBytes {
+		s.stateRequest = false
+		p.stats.stateRejected.Increment(1)
+		return s.reject(tooLarge(p.cfg.MaxBodyBytes))
+	}
+	if !endOfStream {
+		return types.ActionPause
+	}
+	s.stateRequest = false
+	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	if err != nil {
+		body = nil
+	}
+	if _, err := decodeSnapshot(body); err != nil {
+		p.stats.stateRejected.Increment(1)
+		return s.reject(badRequest("", "invalid state snapshot: %v", err))
+	}
+	gen, err := storeState(body)
+	if err != nil {
+		proxywasm.LogErrorf("kvroute.router: storing pushed state: %v", err)
+		return s.reject(&requestError{Status: 503, Message: "could not store the state; retry"})
+	}
+	p.stats.statePushes.Increment(1)
+	p.refreshState()
+	reply := []byte(`{"accepted":true,"generation":`)
+	reply = strconv.AppendUint(reply, gen, 10)
+	reply = append(reply, `,"hosts":`...)
+	reply = strconv.AppendInt(reply, int64(len(p.hosts)), 10)
+	reply = append(reply, '}')
+	if err := proxywasm.SendHttpResponse(200, [][2]string{{"content-type", "application/json"}}, reply, -1); err != nil {
+		proxywasm.LogWarnf("kvroute.router: answering the state push: %v", err)
+	}
+	return types.ActionPause
+}

@@ -1,0 +1,53 @@
+package filter
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/index"
+)
+
+// sharedStore is index.Store over proxy-wasm shared data: the one map all
+// worker VMs of the vm_id see.
+type sharedStore struct {
+	// emulated adapts to the SDK's proxytest emulator, which differs from
+	// Envoy in two ways that matter here: it hands out its own storage from
+	// get (Envoy copies into the VM), and it stores a new key's CAS as the
+	// given CAS + 1, so the index's create CAS (^uint32(0)) wraps to 0 and
+	// the key can never be updated again. Set only by tests.
+	emulated bool
+}
+
+// emulatedSharedData makes newRouter build an emulator-adapted store.
+var emulatedSharedData = false
+
+func (st sharedStore) Get(key string) ([]byte, uint32, error) {
+	v, cas, err := proxywasm.GetSharedData(key)
+	switch {
+	case err == nil:
+		if st.emulated {
+			v = append([]byte(nil), v...)
+		}
+		return v, cas, nil
+	case errors.Is(err, types.ErrorStatusNotFound):
+		return nil, 0, fmt.Errorf("%s: %w", key, index.ErrNotFound)
+	}
+	return nil, 0, fmt.Errorf("shared data %s: %w", key, err)
+}
+
+func (st sharedStore) Set(key string, value []byte, cas uint32) error {
+	if st.emulated && cas == ^uint32(0) {
+		cas = 0 // the emulator creates a missing key with any CAS and refuses 0 on an existing one
+	}
+	err := proxywasm.SetSharedData(key, value, cas)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, types.ErrorStatusCasMismatch):
+		return fmt.Errorf("%s: %w", key, index.ErrCASMismatch)
+	}
+	return fmt.Errorf("shared data %s: %w", key, err)
+}
