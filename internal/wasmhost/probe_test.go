@@ -401,3 +401,17 @@ func TestPauseInResponseHeaders(t *testing.T) {
 			r.code, r.body, h.CounterValue("probe.response_body"))
 	}
 }
+
+// A Pause in request headers (StopAllIterationAndWatermark) holds a body
+// over the buffer limit with flow control, not a 413: the stream waits.
+func TestWatermarkPauseOverLimitWaitsInsteadOf413(t *testing.T) {
+	h, url, up := probeHost(t, Filter{Configuration: "pause-headers"}, func(c *Config) {
+		c.BufferLimitBytes = 64 << 10
+		c.StreamIdleTimeout = 400 * time.Millisecond
+	})
+	r := do(t, "POST", url+"/v1/completions", jsonBody(300<<10), nil)
+	if r.code != http.StatusRequestTimeout || up.requests.Load() != 0 || h.CounterValue("probe.request_body") != 0 {
+		t.Errorf("status %d, upstream %d, on_request_body %d; want 408, 0, 0",
+			r.code, up.requests.Load(), h.CounterValue("probe.request_body"))
+	}
+}

@@ -56,7 +56,10 @@ type event struct {
 type dirState struct {
 	at      int  // filter where headers are stopped (valid when stopped)
 	stopped bool // headers are stopped at filter at
-	stopAll bool // ...with StopAllIterationAndWatermark: body is held, not delivered
+	stopAll bool // ...with StopAll*: body is held, not delivered to the filter
+	// stopAllBuffer: StopAllIterationAndBuffer (413 past the buffer limit)
+	// rather than ...AndWatermark (flow control: the stream just waits).
+	stopAllBuffer bool
 	started bool // headers entered the chain
 	fs      []filterData
 }
@@ -64,7 +67,8 @@ type dirState struct {
 type filterData struct {
 	pending    []byte // body held by the filter manager while headers stopAll here
 	pendingEOS bool
-	buffering  bool // the filter returned StopIterationAndBuffer on data
+	buffering  bool // the filter returned StopIterationAndBuffer (or ...AndWatermark) on data
+	watermark  bool // ...AndWatermark: past the limit the stream waits instead of 413
 	buf        []byte
 	bufEOS     bool
 }
@@ -341,9 +345,9 @@ func (s *stream) ensureCreated(c *wctx) {
 // StopAllIterationAndWatermark; StopIteration → StopAllIterationAndWatermark
 // unless the plugin allows StopIteration (request headers only decide by
 // the plugin setting; Envoy applies it to both directions).
-func (s *stream) headersStatus(c *wctx, request bool, eos bool) (cont bool, stopAll bool) {
+func (s *stream) headersStatus(c *wctx, request bool, eos bool) (cont bool, stopAll bool, buffer bool) {
 	if s.failed() {
-		return s.failCheck(), true
+		return s.failCheck(), true, false
 	}
 	v := s.v
 	fn, name, hm := v.fn.onResponseHeaders, "proxy_on_response_headers", s.respHeaders
@@ -353,18 +357,20 @@ func (s *stream) headersStatus(c *wctx, request bool, eos bool) (cont bool, stop
 	nh := len(hm.pairs)
 	res, stop, ok := v.call(c, name, fn, uint64(c.id), uint64(nh), b2u(eos))
 	if !ok || s.failed() {
-		return s.failCheck(), true
+		return s.failCheck(), true, false
 	}
 	if stop || res > headersStopAllIterationAndWatermark {
-		return false, true
+		return false, true, false
 	}
 	switch res {
 	case headersContinue:
-		return true, false
+		return true, false, false
 	case headersStopIteration:
-		return false, !s.h.cfg.Filters[c.filter].AllowOnHeadersStopIteration
+		return false, !s.h.cfg.Filters[c.filter].AllowOnHeadersStopIteration, false
+	case headersStopAllIterationAndBuffer:
+		return false, true, true
 	}
-	return false, true
+	return false, true, false
 }
 
 // dataStatus calls a body callback and converts its result.
@@ -411,12 +417,12 @@ func (s *stream) decodeHeaders(f int, eos bool) {
 		c := s.ctxs[f]
 		s.ensureCreated(c)
 		c.reqHeaders = s.reqHeaders
-		cont, stopAll := s.headersStatus(c, true, eos)
+		cont, stopAll, buffer := s.headersStatus(c, true, eos)
 		if cont {
 			c.reqHeaders = nil
 			continue
 		}
-		d.at, d.stopped, d.stopAll = f, true, stopAll
+		d.at, d.stopped, d.stopAll, d.stopAllBuffer = f, true, stopAll, buffer
 		return
 	}
 	if s.localReplied || s.done {
@@ -442,18 +448,22 @@ func (s *stream) decodeData(f int, chunk []byte, eos bool) {
 		}
 		c, fd := s.ctxs[f], &d.fs[f]
 		if d.stopped && d.at == f && d.stopAll {
-			// StopAllIterationAndWatermark: Envoy buffers the body and does
-			// not call the filter until it continues.
+			// StopAllIteration*: Envoy buffers the body and does not call
+			// the filter until it continues. Past the buffer limit,
+			// ...AndBuffer answers 413 and ...AndWatermark (the default
+			// conversion of a Pause) applies flow control: the stream waits.
 			fd.pending = append(fd.pending, chunk...)
 			fd.pendingEOS = eos
-			s.bufferLimitExceeded(len(fd.pending))
+			if d.stopAllBuffer {
+				s.bufferLimitExceeded(len(fd.pending))
+			}
 			return
 		}
 		var body *[]byte
 		if fd.buffering {
 			fd.buf = append(fd.buf, chunk...)
 			fd.bufEOS = eos
-			if s.bufferLimitExceeded(len(fd.buf)) {
+			if !fd.watermark && s.bufferLimitExceeded(len(fd.buf)) {
 				return
 			}
 			body = &fd.buf
@@ -479,6 +489,7 @@ func (s *stream) decodeData(f int, chunk []byte, eos bool) {
 			}
 		case dataStopIterationAndBuffer, dataStopIterationAndWatermark:
 			fd.buffering = true
+			fd.watermark = st == dataStopIterationAndWatermark
 			fd.buf = *body
 			fd.bufEOS = eos
 			c.reqBody = &fd.buf
@@ -538,12 +549,12 @@ func (s *stream) encodeHeaders(f int, eos bool) {
 			continue
 		}
 		c.respHeaders = s.respHeaders
-		cont, stopAll := s.headersStatus(c, false, eos)
+		cont, stopAll, buffer := s.headersStatus(c, false, eos)
 		if cont {
 			c.respHeaders = nil
 			continue
 		}
-		e.at, e.stopped, e.stopAll = f, true, stopAll
+		e.at, e.stopped, e.stopAll, e.stopAllBuffer = f, true, stopAll, buffer
 		return
 	}
 	e.at, e.stopped = -1, false
@@ -563,7 +574,7 @@ func (s *stream) encodeData(f int, chunk []byte, eos bool) {
 		if e.stopped && e.at == f && e.stopAll {
 			fd.pending = append(fd.pending, chunk...)
 			fd.pendingEOS = eos
-			if len(fd.pending) > s.h.cfg.BufferLimitBytes {
+			if e.stopAllBuffer && len(fd.pending) > s.h.cfg.BufferLimitBytes {
 				s.details = "response_payload_too_large"
 				s.abort()
 			}
