@@ -51,7 +51,10 @@
 //     returns; the reply runs through the encoder side of the filters and
 //     ends the stream. Envoy's own local replies (503 no healthy upstream
 //     or connect failure, 504 upstream timeout, 408 stream idle timeout,
-//     413 over the buffer limit) take the same path.
+//     413 when a body a filter buffers with StopIterationAndBuffer passes
+//     the buffer limit) take the same path. The Watermark variants,
+//     including the default conversion of a Pause in headers, apply flow
+//     control instead: the stream waits.
 //   - At stream end every context gets on_log, then on_done and
 //     on_delete, also when the client went away first.
 //   - Shared data is one map per vm_id, shared by every VM, with Envoy's

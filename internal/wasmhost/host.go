@@ -77,7 +77,9 @@ type Config struct {
 	RouteTimeout      time.Duration
 	ConnectTimeout    time.Duration
 	// BufferLimitBytes is the per-stream buffer limit (Envoy's connection
-	// buffer limit, default 1 MiB): a request body buffered past it gets 413.
+	// buffer limit, default 1 MiB): a request body a filter buffers
+	// (StopIterationAndBuffer, the SDK's Pause in a body callback) past it
+	// gets 413.
 	BufferLimitBytes int
 
 	// CompilationCacheDir persists wazero's compiled code across processes
