@@ -60,8 +60,8 @@ type dirState struct {
 	// stopAllBuffer: StopAllIterationAndBuffer (413 past the buffer limit)
 	// rather than ...AndWatermark (flow control: the stream just waits).
 	stopAllBuffer bool
-	started bool // headers entered the chain
-	fs      []filterData
+	started       bool // headers entered the chain
+	fs            []filterData
 }
 
 type filterData struct {
