@@ -413,15 +413,16 @@ func (h *Host) FireTicks() {
 
 // WorkerStatus describes one VM.
 type WorkerStatus struct {
-	Index  int
-	Failed bool // the VM trapped; its requests follow FailOpen
+	Index    int
+	Failed   bool  // the VM trapped; its requests follow FailOpen
+	Requests int64 // streams assigned to this worker so far
 }
 
 // Workers reports each VM's state.
 func (h *Host) Workers() []WorkerStatus {
 	out := make([]WorkerStatus, len(h.vms))
 	for i, v := range h.vms {
-		out[i] = WorkerStatus{Index: i, Failed: v.failed.Load()}
+		out[i] = WorkerStatus{Index: i, Failed: v.failed.Load(), Requests: v.streams.Load()}
 	}
 	return out
 }

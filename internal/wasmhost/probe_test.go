@@ -127,6 +127,11 @@ func TestStreamEndCallbacksAndSharedDataAcrossWorkers(t *testing.T) {
 			t.Errorf("%s = %d, want %d", m, got, n)
 		}
 	}
+	for _, w := range h.Workers() {
+		if w.Requests != n/2 {
+			t.Errorf("worker %d served %d streams, want %d (round robin)", w.Index, w.Requests, n/2)
+		}
+	}
 	// Both VMs incremented one shared key with CAS: one map per vm_id.
 	v, cas, ok := h.SharedData("probe.count")
 	if !ok || string(v) != strconv.Itoa(n) || cas == 0 {

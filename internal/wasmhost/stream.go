@@ -146,6 +146,7 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 	s.enc.fs = make([]filterData, n)
 	if n > 0 {
 		s.v = h.vms[int(h.nextWorker.Add(1)-1)%len(h.vms)]
+		s.v.streams.Add(1)
 		s.ctxs = make([]*wctx, n)
 		for i := range s.ctxs {
 			s.ctxs[i] = &wctx{vm: s.v, filter: i, root: s.v.roots[i], s: s, id: 0}

@@ -25,8 +25,9 @@ type vm struct {
 	mem   api.Memory
 	ctx   context.Context
 
-	mu     sync.Mutex
-	failed atomic.Bool
+	mu      sync.Mutex
+	failed  atomic.Bool
+	streams atomic.Int64 // streams assigned to this VM
 
 	fn struct {
 		malloc, onContextCreate, onVMStart, onConfigure       api.Function
