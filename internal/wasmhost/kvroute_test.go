@@ -87,7 +87,7 @@ func TestKvrouteClientDestinationHeaderNeverSteers(t *testing.T) {
 }
 
 func TestKvrouteMalformedConfigFailsPluginStart(t *testing.T) {
-	_, err := New(t.Context(), Config{Module: kvrouteModule(t), VMID: "kvroute", CompilationCacheDir: "-",
+	_, err := New(t.Context(), Config{Module: kvrouteModule(t), VMID: "kvroute",
 		Filters: []Filter{{RootID: "kvroute.router",
 			Configuration: `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"not-an-address"}]}`}}})
 	if err == nil {

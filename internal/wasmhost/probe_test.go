@@ -285,7 +285,7 @@ func TestClientDisconnectEndsStreamForFilter(t *testing.T) {
 }
 
 func TestProbeConfigureFailureNamesField(t *testing.T) {
-	_, err := New(context.Background(), Config{Module: probeModule(t), VMID: "probe", CompilationCacheDir: "-",
+	_, err := New(context.Background(), Config{Module: probeModule(t), VMID: "probe",
 		Filters: []Filter{{RootID: "probe", Configuration: "fail-configure"}}})
 	var pse *PluginStartError
 	if !errors.As(err, &pse) || !strings.Contains(err.Error(), `field "mode"`) {
@@ -318,7 +318,7 @@ func TestDispatchHTTPCallFollowsOverrideHost(t *testing.T) {
 	}
 	dead := l.Addr().String()
 	l.Close()
-	h, err := New(context.Background(), Config{Module: probeModule(t), VMID: "probe", CompilationCacheDir: "-",
+	h, err := New(context.Background(), Config{Module: probeModule(t), VMID: "probe",
 		Filters:  []Filter{{RootID: "probe"}},
 		Clusters: map[string][]string{"side": {a.addr, b.addr, dead}}})
 	if err != nil {
