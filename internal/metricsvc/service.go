@@ -1,0 +1,470 @@
+// Package metricsvc is `kvroute metrics`, the cluster-metrics service: it
+// discovers engines, scrapes their /metrics, follows their KV events and
+// pushes the resulting fleet snapshot to every gateway.
+//
+// The router filter only sees the load that passes through its own Envoy.
+// The engines know their real queues, KV use and cache capacity; this
+// service gathers that truth in one place and pushes the same picture to
+// every gateway replica, which also keeps several replicas consistent.
+//
+// The parts, one package each:
+//   - discovery: which engines exist (static file, DNS, Kubernetes);
+//   - scrape: one loop per engine reading its /metrics at a short interval;
+//   - kvevents: one ZMQ subscriber per engine tracking its cached blocks;
+//   - push: one delivery goroutine per gateway, latest snapshot wins.
+//
+// Service ties them together. Every scrape result and KV event batch wakes
+// the assembler, which builds a snapshot.State; it is published when its
+// content changed, and at least once per push interval so gateways can
+// tell a live service from a dead one by the snapshot's timestamp. An
+// engine is healthy while its last scrape succeeded and is at most two
+// intervals old, so a silent engine drops out within two intervals and
+// returns with its next good answer.
+package metricsvc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
+	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
+	"github.com/kvroute/kvroute/internal/snapshot"
+)
+
+// Config configures a Service. Zero durations take the documented defaults.
+type Config struct {
+	// Source discovers the engines. Required.
+	Source discovery.Source
+	// ScrapeInterval is how often each engine is scraped (default 100 ms);
+	// ScrapeTimeout bounds one scrape (default: the interval).
+	ScrapeInterval, ScrapeTimeout time.Duration
+	// MetricsPath is the engines' metrics path (default /metrics).
+	MetricsPath string
+	// Gateways are the state URLs pushed to, e.g.
+	// http://gw-0.gw:8080/.kvroute/v1/state. Empty: scrape only.
+	Gateways []string
+	// Token is the bearer token for pushes. Required with Gateways.
+	Token push.TokenSource
+	// PushInterval is the longest time between two pushes (default 1 s);
+	// a change is pushed at once. PushTimeout bounds one push (default 2 s).
+	PushInterval, PushTimeout time.Duration
+	// KVEventsTopic filters KV event messages by topic prefix (default all).
+	KVEventsTopic string
+	// Name identifies this instance in snapshots (snapshot.State.Source).
+	Name string
+	Log  *slog.Logger
+	// ScrapeClient and PushClient override the HTTP clients (tests).
+	ScrapeClient, PushClient *http.Client
+}
+
+// Service is one running cluster-metrics service.
+type Service struct {
+	cfg     Config
+	log     *slog.Logger
+	scrapeC *http.Client
+	pusher  *push.Pusher
+	tel     *telemetry
+
+	wake chan struct{}
+
+	mu        sync.Mutex
+	ctx       context.Context // the Run context, parent of per-host loops
+	hosts     map[string]*host
+	started   time.Time
+	lastTick  time.Time
+	published []byte // content key of the last published snapshot
+	lastPub   time.Time
+	current   snapshot.State
+	discOK    bool
+}
+
+// host is the service's state for one engine.
+type host struct {
+	ep      discovery.Endpoint
+	cancel  context.CancelFunc
+	tracker *kvevents.Tracker
+	sub     *kvevents.Subscriber
+
+	attempted bool
+	failing   bool
+	lastOK    time.Time
+	lastErr   string
+	sample    scrape.Sample
+}
+
+// New validates cfg and builds a Service; Run starts it.
+func New(cfg Config) (*Service, error) {
+	if cfg.Source == nil {
+		return nil, errors.New("metrics service: no discovery source configured (use an endpoints file, a DNS name or a Kubernetes service)")
+	}
+	if cfg.ScrapeInterval <= 0 {
+		cfg.ScrapeInterval = 100 * time.Millisecond
+	}
+	if cfg.ScrapeTimeout <= 0 {
+		cfg.ScrapeTimeout = cfg.ScrapeInterval
+	}
+	if cfg.MetricsPath == "" {
+		cfg.MetricsPath = "/metrics"
+	}
+	if cfg.PushInterval <= 0 {
+		cfg.PushInterval = time.Second
+	}
+	if cfg.PushTimeout <= 0 {
+		cfg.PushTimeout = 2 * time.Second
+	}
+	if len(cfg.Gateways) > 0 && cfg.Token == nil {
+		return nil, errors.New("metrics service: gateways are configured but no state token (give a token file or a token environment variable)")
+	}
+	if cfg.Token != nil {
+		if _, err := cfg.Token.Token(); err != nil {
+			return nil, fmt.Errorf("metrics service: %w", err)
+		}
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Service{
+		cfg:   cfg,
+		log:   log,
+		wake:  make(chan struct{}, 1),
+		hosts: map[string]*host{},
+	}
+	s.scrapeC = cfg.ScrapeClient
+	if s.scrapeC == nil {
+		s.scrapeC = &http.Client{Transport: &http.Transport{
+			// Engines are in-cluster: no proxy. Keep a connection per
+			// engine warm, since it is used ten times a second.
+			Proxy:               nil,
+			DialContext:         (&net.Dialer{Timeout: cfg.ScrapeTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 2,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	pc := cfg.PushClient
+	if pc == nil {
+		pc = &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second}}
+	}
+	s.pusher = push.New(cfg.Gateways, cfg.Token, pc, log)
+	s.pusher.Timeout = cfg.PushTimeout
+	s.tel = newTelemetry(s)
+	return s, nil
+}
+
+// Run runs the service until ctx is done. It returns an error only when
+// discovery cannot start (a configuration problem).
+func (s *Service) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.mu.Lock()
+	s.ctx = ctx
+	s.started = time.Now()
+	s.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.pusher.Run(ctx) }()
+	go func() { defer wg.Done(); s.assembleLoop(ctx) }()
+
+	s.log.Info("metrics service starting", "discovery", s.cfg.Source.Name(),
+		"scrape_interval", s.cfg.ScrapeInterval, "gateways", len(s.cfg.Gateways))
+	err := s.cfg.Source.Run(ctx, s.setEndpoints)
+	if err != nil {
+		err = fmt.Errorf("discovery (%s): %w", s.cfg.Source.Name(), err)
+	}
+	cancel()
+	wg.Wait()
+	s.mu.Lock()
+	for addr, h := range s.hosts {
+		h.cancel()
+		delete(s.hosts, addr)
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// setEndpoints applies a discovery update: new engines get a scrape loop
+// (and a KV event subscriber), gone ones are stopped, changed ones are
+// restarted with their new settings.
+func (s *Service) setEndpoints(eps []discovery.Endpoint) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.discOK = true
+	s.tel.discoveryUpdates.Inc()
+	want := make(map[string]discovery.Endpoint, len(eps))
+	for _, e := range eps {
+		want[e.Address] = e
+	}
+	for addr, h := range s.hosts {
+		e, ok := want[addr]
+		if ok && e.KVEvents == h.ep.KVEvents {
+			h.ep = e // role, model or adapters changed: no restart needed
+			continue
+		}
+		h.cancel()
+		delete(s.hosts, addr)
+		s.tel.forget(addr)
+		if !ok {
+			s.log.Info("engine removed", "host", addr)
+		}
+	}
+	for addr, e := range want {
+		if _, ok := s.hosts[addr]; ok {
+			continue
+		}
+		s.startHost(e)
+		s.log.Info("engine added", "host", addr, "role", e.Role, "model", e.Model, "kv_events", e.KVEvents)
+	}
+	s.notify()
+}
+
+// startHost starts an engine's loops; s.mu is held.
+func (s *Service) startHost(e discovery.Endpoint) {
+	hctx, cancel := context.WithCancel(s.ctx)
+	h := &host{ep: e, cancel: cancel}
+	s.hosts[e.Address] = h
+	loop := &scrape.Loop{
+		Client:   s.scrapeC,
+		Address:  e.Address,
+		URL:      "http://" + e.Address + s.cfg.MetricsPath,
+		Interval: s.cfg.ScrapeInterval,
+		Timeout:  s.cfg.ScrapeTimeout,
+		Report:   func(r scrape.Result) { s.onScrape(h, r) },
+	}
+	go loop.Run(hctx)
+	if e.KVEvents != "" {
+		h.tracker = &kvevents.Tracker{}
+		h.sub = &kvevents.Subscriber{
+			Endpoint: e.KVEvents,
+			Topic:    s.cfg.KVEventsTopic,
+			Tracker:  h.tracker,
+			Log:      s.log.With("host", e.Address),
+			OnChange: s.notify,
+		}
+		go h.sub.Run(hctx)
+	}
+}
+
+func (s *Service) onScrape(h *host, r scrape.Result) {
+	s.tel.observeScrape(r)
+	s.mu.Lock()
+	if s.hosts[h.ep.Address] != h {
+		s.mu.Unlock()
+		return // removed meanwhile
+	}
+	wasFailing, first := h.failing, !h.attempted
+	h.attempted = true
+	if r.Err == nil {
+		h.failing = false
+		h.lastOK = r.At
+		h.lastErr = ""
+		h.sample = r.Sample
+	} else {
+		h.failing = true
+		h.lastErr = r.Err.Error()
+	}
+	s.mu.Unlock()
+	switch {
+	case r.Err != nil && !wasFailing:
+		s.log.Warn("engine scrape failed; marked unhealthy", "host", r.Address, "reason", r.Reason, "err", r.Err)
+	case r.Err == nil && (wasFailing || first):
+		s.log.Info("engine answers; healthy", "host", r.Address, "engine", r.Sample.Engine, "model", r.Sample.Model)
+	}
+	s.notify()
+}
+
+func (s *Service) notify() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// assembleLoop builds and publishes snapshots on every wake-up and on a
+// half-interval tick (so an engine that stops answering ages out on time
+// even when nothing else happens).
+func (s *Service) assembleLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ScrapeInterval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		case <-t.C:
+		}
+		s.assembleAndPublish(time.Now())
+	}
+}
+
+// healthy is the health rule; s.mu is held.
+func (s *Service) healthy(h *host, now time.Time) bool {
+	return h.attempted && !h.failing && !h.lastOK.IsZero() && now.Sub(h.lastOK) <= 2*s.cfg.ScrapeInterval
+}
+
+func (s *Service) assembleAndPublish(now time.Time) {
+	s.mu.Lock()
+	s.lastTick = now
+	st := snapshot.State{Version: snapshot.Version, TimestampMs: now.UnixMilli(), Source: s.cfg.Name, Hosts: []snapshot.Host{}}
+	warm := true
+	for _, h := range s.hosts {
+		if !h.attempted {
+			warm = false
+		}
+		st.Hosts = append(st.Hosts, s.hostSnapshot(h, now))
+	}
+	started, lastPub, prev := s.started, s.lastPub, s.published
+	s.mu.Unlock()
+	sort.Slice(st.Hosts, func(i, j int) bool { return st.Hosts[i].Address < st.Hosts[j].Address })
+
+	// Until every engine has been tried once (or a second has passed),
+	// hold back: a first push of never-scraped hosts would mark the whole
+	// fleet unhealthy at every gateway.
+	if !warm && now.Sub(started) < time.Second {
+		return
+	}
+	key := contentKey(st)
+	changed := !bytes.Equal(key, prev)
+	if !changed && now.Sub(lastPub) < s.cfg.PushInterval {
+		return
+	}
+	body, err := json.Marshal(st)
+	if err != nil { // cannot happen with these types; never push garbage
+		s.log.Error("encoding snapshot", "err", err)
+		return
+	}
+	s.mu.Lock()
+	s.published, s.lastPub, s.current = key, now, st
+	s.mu.Unlock()
+	s.tel.published(st, changed)
+	s.pusher.Publish(body)
+}
+
+// contentKey encodes what a gateway acts on, leaving out the timestamps
+// that move on every scrape, so "changed" means a decision could change.
+func contentKey(st snapshot.State) []byte {
+	hs := slices.Clone(st.Hosts)
+	for i := range hs {
+		hs[i].ScrapedAtMs = 0
+	}
+	b, _ := json.Marshal(hs)
+	return b
+}
+
+// hostSnapshot maps one engine to the wire contract; s.mu is held.
+func (s *Service) hostSnapshot(h *host, now time.Time) snapshot.Host {
+	out := snapshot.Host{
+		Address:      h.ep.Address,
+		Role:         h.ep.Role,
+		Model:        h.ep.Model,
+		Healthy:      s.healthy(h, now),
+		Waiting:      h.sample.Waiting,
+		Running:      h.sample.Running,
+		KVUsage:      h.sample.KVUsage,
+		BlockSize:    h.sample.BlockSize,
+		NumGPUBlocks: h.sample.NumGPUBlocks,
+	}
+	if out.Model == "" {
+		out.Model = h.sample.Model
+	}
+	if out.Role == "both" {
+		out.Role = "" // the contract's default
+	}
+	out.Adapters = mergeSorted(h.ep.Adapters, h.sample.Adapters)
+	if !h.lastOK.IsZero() {
+		out.ScrapedAtMs = h.lastOK.UnixMilli()
+	}
+	if h.tracker != nil {
+		out.CachedBlocks = h.tracker.CachedBlocks()
+		if c := h.tracker.ClearedAt(); !c.IsZero() {
+			out.ClearedAtMs = c.UnixMilli()
+		}
+	}
+	return out
+}
+
+func mergeSorted(a, b []string) []string {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
+	out := append(slices.Clone(a), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Snapshot returns the last published snapshot.
+func (s *Service) Snapshot() snapshot.State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+// Handler serves the service's own endpoints: /metrics (Prometheus),
+// /healthz and /state (the last published snapshot, for people).
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.tel.handler())
+	mux.HandleFunc("GET /healthz", s.serveHealth)
+	mux.HandleFunc("GET /state", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(s.Snapshot())
+	})
+	return mux
+}
+
+type healthReport struct {
+	Status   string          `json:"status"`
+	Reason   string          `json:"reason,omitempty"`
+	Hosts    int             `json:"hosts"`
+	Healthy  int             `json:"healthyHosts"`
+	Gateways []gatewayHealth `json:"gateways"`
+}
+
+type gatewayHealth struct {
+	URL                 string `json:"url"`
+	Pushed              uint64 `json:"pushed"`
+	ConsecutiveFailures int    `json:"consecutiveFailures"`
+	LastError           string `json:"lastError,omitempty"`
+}
+
+// serveHealth answers 200 while discovery has produced a set and the
+// assembler is ticking. Failing engines or gateways do not make the service
+// unhealthy: restarting it would not fix them, and /metrics reports them.
+func (s *Service) serveHealth(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	s.mu.Lock()
+	rep := healthReport{Status: "ok", Hosts: len(s.hosts)}
+	for _, h := range s.hosts {
+		if s.healthy(h, now) {
+			rep.Healthy++
+		}
+	}
+	stall := max(10*s.cfg.ScrapeInterval, 2*time.Second)
+	switch {
+	case !s.discOK:
+		rep.Status, rep.Reason = "starting", "discovery has not produced an endpoint set yet"
+	case now.Sub(s.lastTick) > stall:
+		rep.Status, rep.Reason = "stalled", "the snapshot loop has not run for "+now.Sub(s.lastTick).Round(time.Millisecond).String()
+	}
+	s.mu.Unlock()
+	for _, g := range s.pusher.Stats() {
+		rep.Gateways = append(rep.Gateways, gatewayHealth{URL: g.URL, Pushed: g.OK, ConsecutiveFailures: g.Consecutive, LastError: g.LastError})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if rep.Status != "ok" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	json.NewEncoder(w).Encode(rep)
+}

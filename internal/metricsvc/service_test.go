@@ -1,0 +1,660 @@
+package metricsvc
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
+	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/simserver"
+	"github.com/kvroute/kvroute/internal/snapshot"
+)
+
+// gateway is a state endpoint that checks the bearer token, like the
+// router's, and keeps every snapshot it accepted.
+type gateway struct {
+	token  string
+	status atomic.Int64 // forced answer when non-zero
+	srv    *httptest.Server
+
+	mu       sync.Mutex
+	accepted []snapshot.State
+	refused  int
+}
+
+func newGateway(t *testing.T, token string) *gateway {
+	g := &gateway{token: token}
+	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.Method != http.MethodPost || r.URL.Path != "/.kvroute/v1/state" {
+			http.NotFound(w, r)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+g.token {
+			g.mu.Lock()
+			g.refused++
+			g.mu.Unlock()
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		if s := g.status.Load(); s != 0 {
+			http.Error(w, "gateway trouble", int(s))
+			return
+		}
+		var st snapshot.State
+		if err := json.Unmarshal(body, &st); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		g.mu.Lock()
+		g.accepted = append(g.accepted, st)
+		g.mu.Unlock()
+	}))
+	t.Cleanup(g.srv.Close)
+	return g
+}
+
+func (g *gateway) url() string { return g.srv.URL + "/.kvroute/v1/state" }
+
+func (g *gateway) latest() (snapshot.State, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.accepted) == 0 {
+		return snapshot.State{}, 0
+	}
+	return g.accepted[len(g.accepted)-1], len(g.accepted)
+}
+
+func hostOf(st snapshot.State, addr string) (snapshot.Host, bool) {
+	for _, h := range st.Hosts {
+		if h.Address == addr {
+			return h, true
+		}
+	}
+	return snapshot.Host{}, false
+}
+
+// waitState waits until the gateway's latest snapshot satisfies cond.
+func (g *gateway) waitState(t *testing.T, what string, d time.Duration, cond func(snapshot.State) bool) snapshot.State {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st, n := g.latest()
+		if n > 0 && cond(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; latest snapshot: %+v", what, st)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// logSink collects the service's logs for assertions.
+type logSink struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func startService(t *testing.T, cfg Config) (*Service, *logSink, string) {
+	t.Helper()
+	sink := &logSink{}
+	cfg.Log = slog.New(slog.NewTextHandler(sink, nil))
+	if cfg.Name == "" {
+		cfg.Name = "test"
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	admin := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		admin.Close()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	return s, sink, admin.URL
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metricValue finds one sample line's value in a Prometheus exposition.
+func metricValue(text, series string) (float64, bool) {
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			var v float64
+			fmt.Sscanf(rest, "%g", &v)
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// TestLiveEnginesKillAndRestart scrapes live simulated vLLM engines
+// (internal/simserver) over real HTTP, kills one, and brings it back on
+// the same port.
+func TestLiveEnginesKillAndRestart(t *testing.T) {
+	fleet, err := simserver.Start(simserver.Options{Replicas: 2, TimeScale: 1, KVBlocks: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Closed one by one: engine b is killed mid-test, and a second Close
+	// of the same server panics in simserver (reported to its owner).
+	defer fleet.Servers[0].Close()
+	a, b := fleet.Servers[0].Addr, fleet.Servers[1].Addr
+	gw := newGateway(t, "s3cret")
+	const interval = 100 * time.Millisecond
+	_, logs, admin := startService(t, Config{
+		Source:         discovery.Fixed{{Address: a, Role: "prefill"}, {Address: b}},
+		ScrapeInterval: interval,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("s3cret"),
+		PushInterval:   500 * time.Millisecond,
+	})
+
+	st := gw.waitState(t, "both engines healthy", 5*time.Second, func(st snapshot.State) bool {
+		ha, _ := hostOf(st, a)
+		hb, _ := hostOf(st, b)
+		return ha.Healthy && hb.Healthy
+	})
+	ha, _ := hostOf(st, a)
+	prof := fleet.Servers[0].Profile()
+	if ha.Model != "llama-3-8b" || ha.Role != "prefill" || ha.BlockSize != prof.BlockSize || ha.NumGPUBlocks != 4096 || ha.ScrapedAtMs == 0 {
+		t.Errorf("host a = %+v (profile block size %d)", ha, prof.BlockSize)
+	}
+	if st.Version != snapshot.Version || st.Source != "test" || st.TimestampMs == 0 {
+		t.Errorf("snapshot header = %+v", st)
+	}
+
+	// Load on engine a shows up as running requests.
+	ctx, cancelLoad := context.WithCancel(context.Background())
+	var loadWG sync.WaitGroup
+	for i := range 3 {
+		loadWG.Add(1)
+		go func() {
+			defer loadWG.Done()
+			body := fmt.Sprintf(`{"model":"llama-3-8b","prompt":"request %d %s","max_tokens":2000}`, i, strings.Repeat("x", 200))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	gw.waitState(t, "running requests on a", 5*time.Second, func(st snapshot.State) bool {
+		h, _ := hostOf(st, a)
+		return h.Running+h.Waiting >= 3
+	})
+	cancelLoad()
+	loadWG.Wait()
+
+	// Kill b: unhealthy within two intervals (plus scheduling slack on a
+	// shared machine), a unaffected.
+	killed := time.Now()
+	if err := fleet.Servers[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	st = gw.waitState(t, "b unhealthy", 2*time.Second, func(st snapshot.State) bool {
+		h, _ := hostOf(st, b)
+		return !h.Healthy
+	})
+	took := time.Since(killed)
+	t.Logf("killed engine marked unhealthy at the gateway after %v (interval %v)", took, interval)
+	if took > 2*interval+100*time.Millisecond {
+		t.Errorf("unhealthy after %v, want within two intervals (%v) plus slack", took, 2*interval)
+	}
+	if h, _ := hostOf(st, a); !h.Healthy {
+		t.Errorf("a went unhealthy with b")
+	}
+
+	// Restart b on the same port.
+	port := b[strings.LastIndexByte(b, ':')+1:]
+	var p int
+	fmt.Sscanf(port, "%d", &p)
+	var again *simserver.Fleet
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		again, err = simserver.Start(simserver.Options{Replicas: 1, PortBase: p, TimeScale: 1, KVBlocks: 4096})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("restart on port %d: %v", p, err)
+	}
+	defer again.Close()
+	back := time.Now()
+	gw.waitState(t, "b healthy again", 3*time.Second, func(st snapshot.State) bool {
+		h, _ := hostOf(st, b)
+		return h.Healthy
+	})
+	t.Logf("restarted engine healthy at the gateway after %v", time.Since(back))
+
+	out := logs.String()
+	for _, want := range []string{"marked unhealthy", "answers; healthy"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	code, text := get(t, admin+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	if v, ok := metricValue(text, fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="connect"}`, b)); !ok || v < 1 {
+		t.Errorf("connect failures for b not counted (%v, %v)", v, ok)
+	}
+	if v, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="ok"}`, a)); v < 2 {
+		t.Errorf("ok scrapes of a = %v", v)
+	}
+	code, text = get(t, admin+"/healthz")
+	if code != 200 || !strings.Contains(text, `"status":"ok"`) || !strings.Contains(text, `"healthyHosts":2`) {
+		t.Errorf("/healthz = %d %s", code, text)
+	}
+}
+
+// fakeEngine serves whatever metrics text it is told to.
+type fakeEngine struct {
+	text atomic.Value
+	srv  *httptest.Server
+}
+
+func newFakeEngine(t *testing.T, text string) *fakeEngine {
+	e := &fakeEngine{}
+	e.text.Store(text)
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, e.text.Load().(string))
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *fakeEngine) addr() string { return e.srv.Listener.Addr().String() }
+
+func vllmText(waiting, running int) string {
+	return fmt.Sprintf(`# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} %d
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} %d
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.5
+`, waiting, running)
+}
+
+// TestBadInputIsolated: malformed metrics, an unknown metric type, an SGLang
+// engine, a gateway answering 500 and one with another token, all at once.
+// Each problem is logged and counted, nothing crashes, and the healthy
+// engine and gateway are unaffected.
+func TestBadInputIsolated(t *testing.T) {
+	good := newFakeEngine(t, vllmText(2, 1))
+	malformed := newFakeEngine(t, "vllm:num_requests_waiting{model_name=\"m\" 3\n")
+	unknownType := newFakeEngine(t, "# TYPE vllm:num_requests_waiting exotic\nvllm:num_requests_waiting 3\n")
+	unrelatedUnknown := newFakeEngine(t, "# TYPE python_info strange\npython_info 1\n"+vllmText(4, 0))
+	sgl := newFakeEngine(t, "sglang:num_queue_reqs{model_name=\"q\"} 5\nsglang:num_running_reqs{model_name=\"q\"} 1\nsglang:token_usage{model_name=\"q\"} 0.25\n")
+	gw := newGateway(t, "tok")
+	gw500 := newGateway(t, "tok")
+	gw500.status.Store(500)
+	gwOther := newGateway(t, "a-different-token")
+
+	_, logs, admin := startService(t, Config{
+		Source: discovery.Fixed{{Address: good.addr()}, {Address: malformed.addr()}, {Address: unknownType.addr()},
+			{Address: unrelatedUnknown.addr()}, {Address: sgl.addr()}},
+		ScrapeInterval: 50 * time.Millisecond,
+		Gateways:       []string{gw500.url(), gwOther.url(), gw.url()},
+		Token:          push.StaticToken("tok"),
+	})
+	st := gw.waitState(t, "good engines healthy", 5*time.Second, func(st snapshot.State) bool {
+		h1, _ := hostOf(st, good.addr())
+		h2, _ := hostOf(st, unrelatedUnknown.addr())
+		h3, _ := hostOf(st, sgl.addr())
+		return h1.Healthy && h2.Healthy && h3.Healthy
+	})
+	if h, _ := hostOf(st, good.addr()); h.Waiting != 2 || h.Running != 1 || h.KVUsage != 0.5 || h.Model != "m" {
+		t.Errorf("good engine = %+v", h)
+	}
+	if h, _ := hostOf(st, unrelatedUnknown.addr()); h.Waiting != 4 {
+		t.Errorf("engine with an unrelated unknown type = %+v", h)
+	}
+	if h, _ := hostOf(st, sgl.addr()); h.Waiting != 5 || h.Running != 1 || h.KVUsage != 0.25 || h.Model != "q" {
+		t.Errorf("sglang engine = %+v", h)
+	}
+	for _, bad := range []string{malformed.addr(), unknownType.addr()} {
+		if h, ok := hostOf(st, bad); !ok || h.Healthy {
+			t.Errorf("bad engine %s = %+v (present %v), want present and unhealthy", bad, h, ok)
+		}
+	}
+	// Changes still flow to the good gateway while the others fail.
+	good.text.Store(vllmText(9, 1))
+	gw.waitState(t, "new queue", 3*time.Second, func(st snapshot.State) bool {
+		h, _ := hostOf(st, good.addr())
+		return h.Waiting == 9
+	})
+	time.Sleep(300 * time.Millisecond) // let the failing gateways retry a few times
+
+	_, text := get(t, admin+"/metrics")
+	checks := map[string]float64{
+		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, malformed.addr()):   2,
+		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, unknownType.addr()): 2,
+		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="status"}`, gw500.url()):     2,
+		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="unauthorized"}`, gwOther.url()): 2,
+		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="ok"}`, gw.url()):            2,
+	}
+	for series, min := range checks {
+		if v, ok := metricValue(text, series); !ok || v < min {
+			t.Errorf("%s = %v (present %v), want >= %v", series, v, ok, min)
+		}
+	}
+	if v, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="ok"}`, gwOther.url())); v != 0 {
+		t.Errorf("the gateway with another token accepted %v pushes", v)
+	}
+	if _, n := gwOther.latest(); n != 0 {
+		t.Errorf("wrong-token gateway stored %d snapshots", n)
+	}
+	out := logs.String()
+	for _, want := range []string{"state push failed", "reason=status", "reason=unauthorized", "unknown metric type", "engine scrape failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q", want)
+		}
+	}
+}
+
+// zmqPublisher is a vLLM-style KV event publisher in the test process.
+type zmqPublisher struct {
+	sock zmq4.Socket
+	ep   string
+}
+
+func newZMQPublisher(t *testing.T) *zmqPublisher {
+	pub := zmq4.NewPub(context.Background())
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	return &zmqPublisher{sock: pub, ep: "tcp://" + pub.Addr().String()}
+}
+
+func (p *zmqPublisher) send(t *testing.T, seq uint64, payload []byte) {
+	t.Helper()
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seq)
+	if err := p.sock.Send(zmq4.NewMsgFrom(nil, s[:], payload)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// batch encodes an EventBatch in the array layout (tagged arrays) or the
+// map layout ("type" keys). stored and removed are block hashes.
+func batch(t *testing.T, mapLayout bool, stored, removed []uint64, clear bool) []byte {
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	n := 0
+	if len(stored) > 0 {
+		n++
+	}
+	if len(removed) > 0 {
+		n++
+	}
+	if clear {
+		n++
+	}
+	check := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mapLayout {
+		check(e.EncodeMapLen(2))
+		check(e.EncodeString("ts"))
+		check(e.EncodeFloat64(1))
+		check(e.EncodeString("events"))
+	} else {
+		check(e.EncodeArrayLen(2))
+		check(e.EncodeFloat64(1))
+	}
+	check(e.EncodeArrayLen(n))
+	if len(stored) > 0 {
+		if mapLayout {
+			check(e.Encode(map[string]any{"type": "BlockStored", "block_hashes": stored, "parent_block_hash": nil,
+				"token_ids": []int{1, 2}, "block_size": 16, "lora_id": nil, "medium": "GPU"}))
+		} else {
+			check(e.Encode([]any{"BlockStored", stored, nil, []int{1, 2}, 16, nil, "GPU"}))
+		}
+	}
+	if len(removed) > 0 {
+		if mapLayout {
+			check(e.Encode(map[string]any{"type": "BlockRemoved", "block_hashes": removed, "medium": nil}))
+		} else {
+			check(e.Encode([]any{"BlockRemoved", removed, nil}))
+		}
+	}
+	if clear {
+		if mapLayout {
+			check(e.Encode(map[string]any{"type": "AllBlocksCleared"}))
+		} else {
+			check(e.Encode([]any{"AllBlocksCleared"}))
+		}
+	}
+	return buf.Bytes()
+}
+
+// TestKVEventsInSnapshot: a real ZMQ publisher emits both layouts, garbage
+// and a sequence gap; the snapshot carries the cached block count and the
+// clear, and the counters say what happened.
+func TestKVEventsInSnapshot(t *testing.T) {
+	eng := newFakeEngine(t, vllmText(0, 0))
+	pub := newZMQPublisher(t)
+	gw := newGateway(t, "tok")
+	_, logs, admin := startService(t, Config{
+		Source:         discovery.Fixed{{Address: eng.addr(), KVEvents: pub.ep}},
+		ScrapeInterval: 50 * time.Millisecond,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+	})
+	// Wait for the subscription (ZMQ drops messages sent before it).
+	deadline := time.Now().Add(10 * time.Second)
+	for len(pub.sock.(zmq4.Topics).Topics()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the service never subscribed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	pub.send(t, 0, batch(t, false, []uint64{1, 2, 3, 4}, nil, false))
+	pub.send(t, 1, batch(t, true, []uint64{5}, []uint64{1}, false))
+	gw.waitState(t, "4 cached blocks", 5*time.Second, func(st snapshot.State) bool {
+		h, _ := hostOf(st, eng.addr())
+		return h.CachedBlocks == 4 && h.Healthy
+	})
+	pub.send(t, 2, []byte{0xc1, 0xff, 0x00}) // garbage msgpack
+	pub.send(t, 6, batch(t, false, []uint64{6}, nil, false))
+	gw.waitState(t, "5 cached blocks after the gap", 5*time.Second, func(st snapshot.State) bool {
+		h, _ := hostOf(st, eng.addr())
+		return h.CachedBlocks == 5
+	})
+	before := time.Now().UnixMilli()
+	pub.send(t, 7, batch(t, true, nil, nil, true))
+	st := gw.waitState(t, "clear", 5*time.Second, func(st snapshot.State) bool {
+		h, _ := hostOf(st, eng.addr())
+		return h.CachedBlocks == 0 && h.ClearedAtMs >= before
+	})
+	if h, _ := hostOf(st, eng.addr()); !h.Healthy {
+		t.Errorf("host unhealthy: %+v", h)
+	}
+	_, text := get(t, admin+"/metrics")
+	for kind, want := range map[string]float64{"batches": 4, "gaps": 1, "missed_batches": 3, "decode_errors": 1, "clears": 1} {
+		series := fmt.Sprintf(`kvroute_metrics_kv_events_total{host=%q,kind=%q}`, eng.addr(), kind)
+		if v, ok := metricValue(text, series); !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
+		}
+	}
+	if v, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_kv_events_connected{host=%q}`, eng.addr())); v != 1 {
+		t.Errorf("kv_events_connected = %v", v)
+	}
+	out := logs.String()
+	for _, want := range []string{"sequence gap", "missed=3", "KV event batch dropped"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q", want)
+		}
+	}
+}
+
+// TestPushOnChangeAndInterval: an unchanged fleet is re-pushed once per
+// push interval (a heartbeat with a fresh timestamp); a change goes out at
+// once.
+func TestPushOnChangeAndInterval(t *testing.T) {
+	eng := newFakeEngine(t, vllmText(1, 1))
+	gw := newGateway(t, "tok")
+	const pushEvery = 300 * time.Millisecond
+	startService(t, Config{
+		Source:         discovery.Fixed{{Address: eng.addr()}},
+		ScrapeInterval: 20 * time.Millisecond,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+		PushInterval:   pushEvery,
+	})
+	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Healthy })
+	_, n0 := gw.latest()
+	time.Sleep(1050 * time.Millisecond)
+	st1, n1 := gw.latest()
+	// 1 s of a steady fleet scraped 50 times: about 3 heartbeats, not 50.
+	if d := n1 - n0; d < 2 || d > 5 {
+		t.Errorf("%d pushes in 1 s of no change with a %v push interval", d, pushEvery)
+	}
+	if time.Now().UnixMilli()-st1.TimestampMs > int64(pushEvery/time.Millisecond)+100 {
+		t.Errorf("heartbeat timestamp is old: %d ms", time.Now().UnixMilli()-st1.TimestampMs)
+	}
+	changed := time.Now()
+	eng.text.Store(vllmText(7, 1))
+	gw.waitState(t, "change", 2*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Waiting == 7 })
+	if d := time.Since(changed); d > pushEvery {
+		t.Errorf("a change took %v to reach the gateway, more than the heartbeat interval", d)
+	}
+}
+
+func TestDiscoveryChangesAndHealthz(t *testing.T) {
+	e1 := newFakeEngine(t, vllmText(1, 0))
+	e2 := newFakeEngine(t, vllmText(2, 0))
+	gw := newGateway(t, "tok")
+	src := &switchSource{ch: make(chan []discovery.Endpoint, 4)}
+	s, _, admin := startService(t, Config{
+		Source:         src,
+		ScrapeInterval: 20 * time.Millisecond,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+	})
+	if code, body := get(t, admin+"/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
+		t.Errorf("/healthz before discovery = %d %s", code, body)
+	}
+	src.ch <- []discovery.Endpoint{{Address: e1.addr(), Role: "decode"}}
+	gw.waitState(t, "e1", 3*time.Second, func(st snapshot.State) bool { return len(st.Hosts) == 1 && st.Hosts[0].Healthy })
+	src.ch <- []discovery.Endpoint{{Address: e2.addr()}, {Address: e1.addr(), Role: "prefill", Adapters: []string{"x"}}}
+	st := gw.waitState(t, "e1+e2", 3*time.Second, func(st snapshot.State) bool {
+		h1, _ := hostOf(st, e1.addr())
+		h2, _ := hostOf(st, e2.addr())
+		return h1.Role == "prefill" && h2.Healthy
+	})
+	if h, _ := hostOf(st, e1.addr()); len(h.Adapters) != 1 || h.Adapters[0] != "x" {
+		t.Errorf("e1 = %+v", h)
+	}
+	src.ch <- []discovery.Endpoint{{Address: e2.addr()}}
+	gw.waitState(t, "e1 gone", 3*time.Second, func(st snapshot.State) bool { return len(st.Hosts) == 1 && st.Hosts[0].Address == e2.addr() })
+	if code, body := get(t, admin+"/healthz"); code != 200 {
+		t.Errorf("/healthz = %d %s", code, body)
+	}
+	if code, body := get(t, admin+"/state"); code != 200 || !strings.Contains(body, e2.addr()) {
+		t.Errorf("/state = %d %s", code, body)
+	}
+	if got := s.Snapshot(); len(got.Hosts) != 1 {
+		t.Errorf("Snapshot() = %+v", got)
+	}
+}
+
+// switchSource hands the service whatever sets the test sends.
+type switchSource struct{ ch chan []discovery.Endpoint }
+
+func (s *switchSource) Name() string { return "test" }
+
+func (s *switchSource) Run(ctx context.Context, update func([]discovery.Endpoint)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case eps := <-s.ch:
+			update(eps)
+		}
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "discovery") {
+		t.Errorf("no source: %v", err)
+	}
+	if _, err := New(Config{Source: discovery.Fixed{}, Gateways: []string{"http://x"}}); err == nil || !strings.Contains(err.Error(), "token") {
+		t.Errorf("no token: %v", err)
+	}
+	if _, err := New(Config{Source: discovery.Fixed{}, Gateways: []string{"http://x"}, Token: push.StaticToken("")}); err == nil {
+		t.Error("empty token accepted")
+	}
+	s, err := New(Config{Source: discovery.Fixed{{Address: "nope"}}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Run(ctx); err == nil || !strings.Contains(err.Error(), "host:port") {
+		t.Errorf("bad endpoint: %v", err)
+	}
+}
+
+var _ = net.JoinHostPort

@@ -1,0 +1,158 @@
+package metricsvc
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
+	"github.com/kvroute/kvroute/internal/snapshot"
+)
+
+// telemetry is the service's own /metrics. Counters that the sub-packages
+// keep themselves (KV event trackers, gateway delivery) are read at
+// collection time by a custom collector, so those packages stay free of
+// Prometheus.
+type telemetry struct {
+	reg              *prometheus.Registry
+	scrapes          *prometheus.CounterVec
+	scrapeDuration   prometheus.Histogram
+	discoveryUpdates prometheus.Counter
+	snapshots        *prometheus.CounterVec
+	hosts            *prometheus.GaugeVec
+}
+
+func newTelemetry(s *Service) *telemetry {
+	t := &telemetry{
+		reg: prometheus.NewRegistry(),
+		scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_metrics_scrapes_total",
+			Help: "Engine scrapes by host and result (ok, or the failure reason: connect, timeout, status, parse, not_engine, too_large).",
+		}, []string{"host", "result"}),
+		scrapeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvroute_metrics_scrape_duration_seconds",
+			Help:    "Duration of engine scrapes, successful or not.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+		discoveryUpdates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_metrics_discovery_updates_total",
+			Help: "Endpoint sets received from discovery.",
+		}),
+		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_metrics_snapshots_published_total",
+			Help: "Snapshots handed to the gateways, by trigger (change or interval).",
+		}, []string{"trigger"}),
+		hosts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvroute_metrics_hosts",
+			Help: "Engines in the last published snapshot, by health.",
+		}, []string{"health"}),
+	}
+	t.reg.MustRegister(t.scrapes, t.scrapeDuration, t.discoveryUpdates, t.snapshots, t.hosts,
+		&pullCollector{s: s},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return t
+}
+
+func (t *telemetry) handler() http.Handler {
+	return promhttp.HandlerFor(t.reg, promhttp.HandlerOpts{})
+}
+
+func (t *telemetry) observeScrape(r scrape.Result) {
+	res := r.Reason
+	if r.Err == nil {
+		res = "ok"
+	}
+	t.scrapes.WithLabelValues(r.Address, res).Inc()
+	t.scrapeDuration.Observe(r.Duration.Seconds())
+}
+
+// forget drops a removed engine's series.
+func (t *telemetry) forget(addr string) {
+	t.scrapes.DeletePartialMatch(prometheus.Labels{"host": addr})
+}
+
+func (t *telemetry) published(st snapshot.State, changed bool) {
+	trigger := "interval"
+	if changed {
+		trigger = "change"
+	}
+	t.snapshots.WithLabelValues(trigger).Inc()
+	healthy := 0
+	for _, h := range st.Hosts {
+		if h.Healthy {
+			healthy++
+		}
+	}
+	t.hosts.WithLabelValues("healthy").Set(float64(healthy))
+	t.hosts.WithLabelValues("unhealthy").Set(float64(len(st.Hosts) - healthy))
+}
+
+var (
+	descKV = prometheus.NewDesc("kvroute_metrics_kv_events_total",
+		"KV event subscription counters by host and kind: batches, events, clears, gaps, missed_batches, restarts, decode_errors, unknown_events, overflow.",
+		[]string{"host", "kind"}, nil)
+	descCached = prometheus.NewDesc("kvroute_metrics_kv_cached_blocks",
+		"GPU blocks each engine reported stored and not removed (KV events).", []string{"host"}, nil)
+	descKVUp = prometheus.NewDesc("kvroute_metrics_kv_events_connected",
+		"1 while the KV event subscription to the engine is connected.", []string{"host"}, nil)
+	descPush = prometheus.NewDesc("kvroute_metrics_pushes_total",
+		"State pushes by gateway and result (ok, connect, timeout, unauthorized, status, token).",
+		[]string{"gateway", "result"}, nil)
+	descPushFailing = prometheus.NewDesc("kvroute_metrics_push_consecutive_failures",
+		"Failed pushes to the gateway since its last success.", []string{"gateway"}, nil)
+	descPushLatency = prometheus.NewDesc("kvroute_metrics_push_last_latency_seconds",
+		"Latency of the last successful push to the gateway.", []string{"gateway"}, nil)
+)
+
+// pullCollector reads the KV trackers' and pusher's own counters.
+type pullCollector struct{ s *Service }
+
+func (c *pullCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descKV, descCached, descKVUp, descPush, descPushFailing, descPushLatency} {
+		ch <- d
+	}
+}
+
+func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	s.mu.Lock()
+	type kvHost struct {
+		addr      string
+		st        [9]float64
+		cached    int
+		connected bool
+	}
+	var kv []kvHost
+	for addr, h := range s.hosts {
+		if h.tracker == nil {
+			continue
+		}
+		st := h.tracker.Stats()
+		kv = append(kv, kvHost{addr: addr, cached: h.tracker.CachedBlocks(), connected: h.sub.Connected(),
+			st: [9]float64{float64(st.Batches), float64(st.Events), float64(st.Clears), float64(st.Gaps),
+				float64(st.MissedBatches), float64(st.Restarts), float64(st.DecodeErrors), float64(st.Unknown), float64(st.Overflow)}})
+	}
+	s.mu.Unlock()
+	kinds := [9]string{"batches", "events", "clears", "gaps", "missed_batches", "restarts", "decode_errors", "unknown_events", "overflow"}
+	for _, h := range kv {
+		for i, k := range kinds {
+			ch <- prometheus.MustNewConstMetric(descKV, prometheus.CounterValue, h.st[i], h.addr, k)
+		}
+		ch <- prometheus.MustNewConstMetric(descCached, prometheus.GaugeValue, float64(h.cached), h.addr)
+		up := 0.0
+		if h.connected {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descKVUp, prometheus.GaugeValue, up, h.addr)
+	}
+	for _, g := range s.pusher.Stats() {
+		ch <- prometheus.MustNewConstMetric(descPush, prometheus.CounterValue, float64(g.OK), g.URL, "ok")
+		for reason, n := range g.FailedBy {
+			ch <- prometheus.MustNewConstMetric(descPush, prometheus.CounterValue, float64(n), g.URL, reason)
+		}
+		ch <- prometheus.MustNewConstMetric(descPushFailing, prometheus.GaugeValue, float64(g.Consecutive), g.URL)
+		ch <- prometheus.MustNewConstMetric(descPushLatency, prometheus.GaugeValue, g.LastLatency.Seconds(), g.URL)
+	}
+}
