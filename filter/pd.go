@@ -294,12 +294,7 @@ func (s *pdStream) onVLLMPrefill(numHeaders, bodySize, _ int) {
 		s.resume()
 		return
 	}
-	body, err := withKVTransferParams(s.body, kv)
-	if err != nil {
-		s.fallback(reasonBody)
-		s.resume()
-		return
-	}
+	body := withKVTransferParams(s.body, kv)
 	if err := proxywasm.ReplaceHttpRequestBody(body); err != nil {
 		proxywasm.LogWarnf("kvroute.pd: replacing the request body: %v", err)
 		s.fallback(reasonError)

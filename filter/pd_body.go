@@ -4,18 +4,68 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 )
 
-// Body rewrites of kvroute.pd. They edit the client's JSON in place with
-// sjson (no unmarshal, so every field kvroute does not know passes through
-// byte for byte) and never look at the prompt.
+// Body rewrites of kvroute.pd. They copy the client's JSON object member by
+// member in one pass (no unmarshal, so every field kvroute does not know
+// passes through byte for byte), replacing only the members the protocol
+// sets, and never look inside the prompt.
 
 // jsonObject reports whether body is one valid JSON object.
 func jsonObject(body []byte) bool {
-	return gjson.ValidBytes(body) && gjson.ParseBytes(body).IsObject()
+	if !gjson.ValidBytes(body) {
+		return false
+	}
+	for _, c := range body {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		return c == '{'
+	}
+	return false
+}
+
+// pdStringView views b as a string without copying (gjson.ParseBytes
+// copies the whole body). b must not change while the view is used.
+func pdStringView(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// rewriteObject copies a JSON object's top-level members in one pass,
+// leaving out those drop names, and appends set (each value raw JSON). The
+// members kept are copied byte for byte, in their order; set members come
+// last. body must be a valid JSON object.
+func rewriteObject(body []byte, drop func(key string) bool, set ...[2]string) []byte {
+	out := make([]byte, 0, len(body)+160)
+	out = append(out, '{')
+	gjson.Parse(pdStringView(body)).ForEach(func(k, v gjson.Result) bool {
+		if drop(k.Str) {
+			return true
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, k.Raw...)
+		out = append(out, ':')
+		out = append(out, v.Raw...)
+		return true
+	})
+	for _, kv := range set {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = gjson.AppendJSONString(out, kv[0])
+		out = append(out, ':')
+		out = append(out, kv[1]...)
+	}
+	return append(out, '}')
 }
 
 // vllmPrefillBody is the prefill-only copy of a request for vLLM's
@@ -25,27 +75,18 @@ func vllmPrefillBody(body []byte) ([]byte, bool) {
 	if !jsonObject(body) {
 		return nil, false
 	}
-	out := append([]byte(nil), body...)
-	var err error
-	set := func(path, raw string) {
-		if err == nil {
-			out, err = sjson.SetRawBytes(out, path, []byte(raw))
-		}
-	}
-	del := func(path string) {
-		if err == nil && gjson.GetBytes(out, path).Exists() {
-			out, err = sjson.DeleteBytes(out, path)
-		}
-	}
-	set("stream", "false")
-	set("max_tokens", "1")
+	set := [][2]string{{"stream", "false"}, {"max_tokens", "1"}}
 	if gjson.GetBytes(body, "max_completion_tokens").Exists() {
-		set("max_completion_tokens", "1")
+		set = append(set, [2]string{"max_completion_tokens", "1"})
 	}
-	del("stream_options")
-	del("min_tokens")
-	set("kv_transfer_params", vllmPrefillParams)
-	return out, err == nil
+	set = append(set, [2]string{"kv_transfer_params", vllmPrefillParams})
+	return rewriteObject(body, func(k string) bool {
+		switch k {
+		case "stream", "max_tokens", "max_completion_tokens", "kv_transfer_params", "stream_options", "min_tokens":
+			return true
+		}
+		return false
+	}, set...), true
 }
 
 // kvTransferParams returns the top-level kv_transfer_params object of a
@@ -61,25 +102,25 @@ func kvTransferParams(resp []byte) ([]byte, bool) {
 	return []byte(kv.Raw), true
 }
 
-// withKVTransferParams is the client's body with kv_transfer_params set to
-// kv (replacing any the client sent).
-func withKVTransferParams(body, kv []byte) ([]byte, error) {
-	return sjson.SetRawBytes(append([]byte(nil), body...), "kv_transfer_params", kv)
+// withKVTransferParams is the client's body (a valid JSON object) with
+// kv_transfer_params set to kv, replacing any the client sent.
+func withKVTransferParams(body, kv []byte) []byte {
+	return rewriteObject(body, func(k string) bool { return k == "kv_transfer_params" }, [2]string{"kv_transfer_params", string(kv)})
 }
 
-// withBootstrap is the client's body with SGLang's bootstrap fields.
+// withBootstrap is the client's body with SGLang's bootstrap fields
+// (replacing any the client sent).
 func withBootstrap(body []byte, host string, port int, room uint64) ([]byte, bool) {
 	if !jsonObject(body) {
 		return nil, false
 	}
-	out, err := sjson.SetBytes(append([]byte(nil), body...), "bootstrap_host", host)
-	if err == nil {
-		out, err = sjson.SetRawBytes(out, "bootstrap_port", strconv.AppendInt(nil, int64(port), 10))
-	}
-	if err == nil {
-		out, err = sjson.SetRawBytes(out, "bootstrap_room", strconv.AppendUint(nil, room, 10))
-	}
-	return out, err == nil
+	return rewriteObject(body, func(k string) bool {
+		return k == "bootstrap_host" || k == "bootstrap_port" || k == "bootstrap_room"
+	},
+		[2]string{"bootstrap_host", string(gjson.AppendJSONString(nil, host))},
+		[2]string{"bootstrap_port", strconv.Itoa(port)},
+		[2]string{"bootstrap_room", strconv.FormatUint(room, 10)},
+	), true
 }
 
 // bootstrapRoom is a random 63-bit room id, as SGLang's router draws it

@@ -123,6 +123,46 @@ func TestRunPDRealRouterThreshold(t *testing.T) {
 	}
 }
 
+// RunPD with a router that never splits, on an all-"both" fleet, is Run:
+// the same records request by request.
+func TestRunPDWithoutSplitsMatchesRun(t *testing.T) {
+	prof := pdProfile(t)
+	w, err := workload.SharedPrefix{Groups: 4, PromptsPerGroup: 25, SystemTokens: 1500, QuestionTokens: 200, OutputTokens: 20, Rate: 40, Seed: 3}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := make([]scorer.Role, 3)
+	agg, err := NewStrategy("kv_cache_aware", 3, StrategyOptions{Seed: 7, Profile: prof})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Run(Config{Replicas: 3, Profile: prof}, w, agg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, err := NewPDStrategy("kv_cache_aware", roles, StrategyOptions{Seed: 7, Profile: prof})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := RunPD(PDConfig{Config: Config{Replicas: 3, Profile: prof}, Roles: roles}, w, pd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Disaggregated != 0 {
+		t.Fatalf("split %d requests without a disaggregation config", got.Disaggregated)
+	}
+	for i := range want.Records {
+		a, b := want.Records[i], got.Records[i]
+		a.RouterTime, b.RouterTime = 0, 0
+		if a != b {
+			t.Fatalf("request %d: Run %+v, RunPD %+v", i, a, b)
+		}
+	}
+	if want.Makespan != got.Makespan {
+		t.Errorf("makespan %v vs %v", want.Makespan, got.Makespan)
+	}
+}
+
 // TestPDBenchMooncake is the aggregated-versus-disaggregated comparison on
 // the shared trace (minutes of CPU): KVROUTE_PD_BENCH=1 (make bench-pd).
 func TestPDBenchMooncake(t *testing.T) {
@@ -133,7 +173,13 @@ func TestPDBenchMooncake(t *testing.T) {
 	if trace == "" {
 		trace = "../../../shared/traces/mooncake_synthetic.jsonl"
 	}
-	w, err := workload.LoadMooncake(trace, workload.TraceOptions{RateScale: 1})
+	rate := 1.0
+	if v := os.Getenv("KVROUTE_PD_RATE"); v != "" {
+		if _, err := fmt.Sscan(v, &rate); err != nil || rate <= 0 {
+			t.Fatalf("KVROUTE_PD_RATE=%q: want a positive number", v)
+		}
+	}
+	w, err := workload.LoadMooncake(trace, workload.TraceOptions{RateScale: rate})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +220,8 @@ func TestPDBenchMooncake(t *testing.T) {
 		rows = append(rows, row{name: fmt.Sprintf("disaggregated %dP + %dD, threshold %d", split.p, replicas-split.p, split.threshold), s: res.Summarize(), pd: res})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d requests, %s, seed 1, kv_cache_aware on both sides\n\n", len(w.Requests), prof.Name)
+	fmt.Fprintf(&b, "%d requests, rate scale %g, %s, seed 1, kv_cache_aware on both sides; ceiling hit ratio of the 8-replica fleet %.3f\n\n",
+		len(w.Requests), rate, prof.Name, Ceiling(w, prof, replicas))
 	b.WriteString("| fleet (8 replicas) | split | TTFT p50 | TTFT p90 | TTFT p99 | TPOT p50 | TPOT p90 | E2E p50 | E2E p99 | out tok/s | hit ratio |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,12 +49,18 @@ type exchange struct {
 // recorder is an HTTP server in front of one engine (or a fake) that keeps
 // every exchange.
 type recorder struct {
-	addr string
-	mu   sync.Mutex
-	ex   []exchange
+	addr     string
+	mu       sync.Mutex
+	ex       []exchange
+	inflight atomic.Int64
 }
 
+// exchanges returns what the recorder saw, once the exchanges under way
+// are over (a client can read a whole response before its handler returns).
 func (r *recorder) exchanges() []exchange {
+	for deadline := time.Now().Add(5 * time.Second); r.inflight.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]exchange(nil), r.ex...)
@@ -94,6 +101,8 @@ func newRecorder(t *testing.T, h http.Handler) *recorder {
 	t.Helper()
 	rec := &recorder{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec.inflight.Add(1)
+		defer rec.inflight.Add(-1)
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		tw := &teeWriter{ResponseWriter: w}
