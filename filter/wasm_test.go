@@ -1,0 +1,372 @@
+package filter
+
+// Wasm integration tests of kvroute.router: the built dist/kvroute.wasm in
+// internal/wasmhost (an Envoy-like host on wazero), in front of simulated
+// vLLM engines (internal/simserver) on loopback.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/simserver"
+	"github.com/kvroute/kvroute/internal/wasmhost"
+)
+
+func wasmModule(t testing.TB) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "dist", "kvroute.wasm"))
+	if err != nil {
+		t.Fatalf("dist/kvroute.wasm is missing (%v): run `make wasm` (make test builds it first)", err)
+	}
+	return b
+}
+
+func startFleet(t testing.TB, opt simserver.Options) *simserver.Fleet {
+	t.Helper()
+	f, err := simserver.Start(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func endpointsJSON(addrs []string) string {
+	var eps []string
+	for _, a := range addrs {
+		eps = append(eps, fmt.Sprintf(`{"address":%q}`, a))
+	}
+	return `"endpoints":[` + strings.Join(eps, ",") + `]`
+}
+
+// startRouter runs the router filter in a host with the given plugin
+// configuration (without braces) and returns the host and its URL.
+func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmhost.Host, string) {
+	t.Helper()
+	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+		Module: wasmModule(t), VMID: "kvroute", Workers: workers,
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
+			Configuration: "{" + endpointsJSON(addrs) + cfg + "}"}},
+		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	t.Cleanup(func() {
+		front.Close()
+		h.Close()
+	})
+	return h, front.URL
+}
+
+var httpClient = &http.Client{Timeout: 20 * time.Second}
+
+func call(t testing.TB, method, url, body string, hdr map[string]string) (int, string, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// systemPrompt is one of n long shared prefixes (about 2 KB each).
+func systemPrompt(i int) string {
+	return fmt.Sprintf("System prompt %d. ", i) + strings.Repeat(fmt.Sprintf("Tenant %d rules: answer in the house style, cite sources, never guess. ", i), 28)
+}
+
+func chatBody(system, user string) string {
+	return fmt.Sprintf(`{"model":"llama-3-8b","messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"max_tokens":4}`, system, user)
+}
+
+// cachedTokensFor replays a shared-system-prompt workload through a fresh
+// fleet and host running strategy, and returns the cached prompt tokens the
+// engines reported.
+func cachedTokensFor(t *testing.T, strategy string) int64 {
+	// 8 engines, each with room for about three of the 16 system prompts
+	// (the fleet holds them all): round robin shows every engine every
+	// prompt and thrashes; affinity partitions the prompts.
+	f := startFleet(t, simserver.Options{Replicas: 8, TimeScale: 0, TimeScaleSet: true, KVBlocks: 110})
+	_, url := startRouter(t, f.Addrs(), 2, `,"strategy":"`+strategy+`","fallbacks":0`)
+	rng := rand.New(rand.NewSource(7))
+	var cached int64
+	for i := 0; i < 320; i++ {
+		code, body, _ := call(t, "POST", url+"/v1/chat/completions", chatBody(systemPrompt(rng.Intn(16)), fmt.Sprintf("question %d", i)), nil)
+		if code != 200 {
+			t.Fatalf("%s request %d: %d %s", strategy, i, code, body)
+		}
+		cached += gjson.Get(body, "usage.prompt_tokens_details.cached_tokens").Int()
+	}
+	return cached
+}
+
+func TestWasmSharedPrefixBeatsRoundRobin(t *testing.T) {
+	rr := cachedTokensFor(t, "round_robin")
+	kv := cachedTokensFor(t, "kv_cache_aware")
+	t.Logf("cached prompt tokens over 320 requests: kv_cache_aware %d, round_robin %d", kv, rr)
+	if kv == 0 || kv < 3*rr {
+		t.Errorf("kv_cache_aware cached %d tokens, want at least 3x round robin's %d", kv, rr)
+	}
+}
+
+// A prefix recorded by one worker VM is found by the other: the index
+// lives in shared data. Consecutive requests alternate between the two
+// workers, so each pair below is decided by different VMs.
+func TestWasmWorkersShareOneIndex(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	h, url := startRouter(t, f.Addrs(), 2, `,"fallbacks":0`)
+	served := func(body string) string {
+		before := h.UpstreamRequests()
+		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, nil); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+		for a, n := range h.UpstreamRequests() {
+			if n != before[a] {
+				return a
+			}
+		}
+		t.Fatal("no upstream served the request")
+		return ""
+	}
+	for i := 0; i < 6; i++ {
+		sys := systemPrompt(100 + i)
+		a := served(chatBody(sys, "first"))
+		b := served(chatBody(sys, "second"))
+		if a != b {
+			t.Errorf("prefix %d: worker A sent it to %s, worker B to %s; B should find A's record", i, a, b)
+		}
+	}
+}
+
+func TestWasmStateEndpointAuth(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	addrs := f.Addrs()
+	h, url := startRouter(t, addrs, 2, `,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}`)
+	push := pushBody(time.Now().UnixMilli(), addrs[2], addrs[3])
+	for _, tc := range []struct {
+		name, auth, body string
+		want             int
+	}{
+		{"missing token", "", push, 401},
+		{"wrong token", "Bearer wrong", push, 401},
+		{"malformed body", "Bearer " + stateToken, `{"version":1,`, 400},
+	} {
+		hdr := map[string]string{}
+		if tc.auth != "" {
+			hdr["authorization"] = tc.auth
+		}
+		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", tc.body, hdr); code != tc.want {
+			t.Errorf("%s: %d %s, want %d", tc.name, code, body, tc.want)
+		}
+		if _, _, ok := h.SharedData(stateGenKey); ok {
+			t.Fatalf("%s: a rejected push wrote state", tc.name)
+		}
+	}
+	// Nothing changed: all four engines still serve.
+	for i := 0; i < 8; i++ {
+		call(t, "POST", url+"/v1/completions", completion, nil)
+	}
+	if n := len(h.UpstreamRequests()); n != 4 {
+		t.Fatalf("before the push %d engines served, want 4", n)
+	}
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		t.Fatalf("good push: %d %s", code, body)
+	}
+	before := h.UpstreamRequests()
+	for i := 0; i < 8; i++ { // both workers must pick the push up
+		call(t, "POST", url+"/v1/completions", completion, nil)
+	}
+	after := h.UpstreamRequests()
+	for _, a := range addrs[:2] {
+		if after[a] != before[a] {
+			t.Errorf("%s is not in the pushed state but still got requests", a)
+		}
+	}
+	if after[addrs[2]]+after[addrs[3]]-before[addrs[2]]-before[addrs[3]] != 8 {
+		t.Errorf("pushed hosts did not get the 8 requests: %v -> %v", before, after)
+	}
+	if got := h.CounterValue("kvroute.router.state.unauthorized"); got != 2 {
+		t.Errorf("state.unauthorized = %d, want 2", got)
+	}
+}
+
+// hostStore reads the host's shared data as an index.Store, to check the
+// load counters from outside the VMs.
+type hostStore struct{ h *wasmhost.Host }
+
+func (s hostStore) Get(key string) ([]byte, uint32, error) {
+	v, cas, ok := s.h.SharedData(key)
+	if !ok {
+		return nil, 0, index.ErrNotFound
+	}
+	return v, cas, nil
+}
+
+func (s hostStore) Set(key string, value []byte, cas uint32) error {
+	return errors.New("read only")
+}
+
+func TestWasmLoadCountersSurviveResets(t *testing.T) {
+	n := 10000
+	if testing.Short() {
+		n = 1000
+	}
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0.002})
+	h, url := startRouter(t, f.Addrs(), 2, `,"fallbacks":1`)
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(seed))
+			for i := range jobs {
+				stream := rng.Intn(2) == 0
+				body := fmt.Sprintf(`{"model":"llama-3-8b","prompt":%q,"max_tokens":%d,"stream":%v}`, systemPrompt(i%5)+fmt.Sprint(i), 1+rng.Intn(32), stream)
+				ctx, cancel := context.WithCancel(context.Background())
+				if rng.Intn(3) == 0 { // client reset at a random moment
+					time.AfterFunc(time.Duration(rng.Intn(3000))*time.Microsecond, cancel)
+				}
+				req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(body))
+				resp, err := httpClient.Do(req)
+				outcome := "reset"
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil {
+						outcome = fmt.Sprint(resp.StatusCode)
+					}
+				}
+				cancel()
+				mu.Lock()
+				outcomes[outcome]++
+				mu.Unlock()
+			}
+		}(int64(w))
+	}
+	for i := 0; i < n; i++ {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	t.Logf("%d requests: %v", n, outcomes)
+	if outcomes["reset"] == 0 || outcomes["200"] == 0 {
+		t.Fatalf("the test needs both completed and reset requests: %v", outcomes)
+	}
+	ix, err := index.New(hostStore{h}, index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var leaked []index.Load
+		for _, l := range ix.Loads(nil) {
+			if l != (index.Load{}) {
+				leaked = append(leaked, l)
+			}
+		}
+		if len(leaked) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("load counters did not return to zero: %+v", leaked)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if h.VMFailures() != 0 {
+		t.Errorf("VM failures: %d", h.VMFailures())
+	}
+	if got := h.CounterValue("kvroute.router.recovered_panics"); got != 0 {
+		t.Errorf("recovered_panics = %d", got)
+	}
+}
+
+// The bad-input table through the real module: the documented status for
+// each, and both VMs healthy afterwards.
+func TestWasmBadInputs(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true, Model: "m"})
+	h, url := startRouter(t, f.Addrs(), 2, `,"maxBodyBytes":4096`)
+	total := func() int {
+		n := 0
+		for _, c := range h.UpstreamRequests() {
+			n += c
+		}
+		return n
+	}
+	for _, tc := range badInputs {
+		before := total()
+		var body io.Reader = strings.NewReader(tc.body)
+		if tc.chunks > 1 { // no length: the client sends Transfer-Encoding: chunked
+			body = io.MultiReader(strings.NewReader(tc.body))
+		}
+		if tc.body == "" {
+			body = http.NoBody
+		}
+		req, _ := http.NewRequest(tc.method, url+tc.path, body)
+		req.Header.Set("content-type", "application/json")
+		// One connection per case: after a local reply that left a request
+		// body unread, wasmhost does not yet drain it, and the next request on
+		// that keep-alive connection reads as garbage (reported to its owner).
+		req.Close = true
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		reached := total() - before
+		if tc.status == 0 {
+			// Routed: it reached an engine (whatever the engine answers:
+			// the simulator has no embeddings endpoint).
+			if reached != 1 {
+				t.Errorf("%s: want it routed to an engine, got %d %s (%d upstream requests)", tc.name, resp.StatusCode, b, reached)
+			}
+			continue
+		}
+		if resp.StatusCode != tc.status || reached != 0 {
+			t.Errorf("%s: %d %s (%d upstream requests), want %d from the filter", tc.name, resp.StatusCode, b, reached, tc.status)
+			continue
+		}
+		if gjson.GetBytes(b, "error.type").String() != "invalid_request_error" {
+			t.Errorf("%s: not an OpenAI-style error: %s", tc.name, b)
+		}
+	}
+	for _, w := range h.Workers() {
+		if w.Failed {
+			t.Errorf("worker %d failed", w.Index)
+		}
+	}
+	if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"still alive?","max_tokens":2}`, nil); code != 200 {
+		t.Errorf("after the bad inputs: %d %s", code, body)
+	}
+	if h.VMFailures() != 0 {
+		t.Errorf("VM failures: %d", h.VMFailures())
+	}
+}
