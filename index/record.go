@@ -100,24 +100,36 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64
 	key := ix.shardKeys[sh]
 	t := &ix.table
 	bt := ix.bucketTicks()
+	refreshed := false
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
 		v, cas, found := ix.get(key)
 		var view shardView
 		ok := false
 		if found {
-			if view, ok = parseShard(v); !ok {
+			// Readers binary-search the tags; a value whose tags are not
+			// strictly increasing was not written by the index: replace it.
+			if view, ok = parseShard(v); !ok || !view.sorted() {
+				ok, view = false, shardView{}
 				ix.metrics.Corrupt++
 			}
 		}
 		if ok && int32(view.epoch-t.epoch) > 0 {
-			// A writer with a newer slot table rewrote this shard: our table
-			// may still list a host that was removed since. Refresh it and
-			// retry, so a dead host's bit is never stamped valid.
-			ix.readSlots()
-			if err := t.check(ref); err != nil {
-				return err
+			if !refreshed {
+				// A writer with a newer slot table rewrote this shard: our
+				// table may still list a host that was removed since.
+				// Refresh it and retry, so a dead host's bit is never
+				// stamped valid.
+				refreshed = true
+				ix.readSlots()
+				if err := t.check(ref); err != nil {
+					return err
+				}
+				continue
 			}
-			continue
+			// Still ahead of the freshest table: epochs come only from the
+			// table, so this value is bogus. Replace it.
+			ix.metrics.Corrupt++
+			ok, view = false, shardView{}
 		}
 		dirty := found && !ok // a corrupt value is replaced
 		words := max(t.words(), 1)
@@ -139,21 +151,25 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64
 			level := ix.level(pos)
 			units := int32(1) << level
 			tag := blockTag(chain[pos], level)
-			k := e.find(tag)
+			k, found := e.find(tag)
 			if !add {
-				if k >= 0 && e.word(k, word)&bit != 0 {
+				if found && e.word(k, word)&bit != 0 {
 					e.setWord(k, word, e.word(k, word)&^bit)
 					ix.deltas = append(ix.deltas, usageDelta{e.age(k) / bt, -units})
 					dirty = true
 				}
 				continue
 			}
-			if k < 0 {
+			if !found {
 				if e.n >= ix.cfg.ShardEntries {
-					e.remove(e.oldest(now))
+					old := e.oldest(now)
+					e.remove(old)
+					if old < k {
+						k--
+					}
 					ix.metrics.Overflows++
 				}
-				e.add(tag, now, word, bit)
+				e.insert(k, tag, now, word, bit)
 				ix.deltas = append(ix.deltas, usageDelta{now / bt, units})
 				dirty = true
 				continue
@@ -256,15 +272,11 @@ func (e *shardEdit) empty(i int) bool {
 	return true
 }
 
-func (e *shardEdit) find(tag uint32) int {
-	off := shardHeader
-	for i := 0; i < e.n; i++ {
-		if le.Uint32(e.buf[off:]) == tag {
-			return i
-		}
-		off += e.stride
-	}
-	return -1
+// find returns the entry tagged tag, or -1 and the position where such
+// an entry belongs.
+func (e *shardEdit) find(tag uint32) (i int, found bool) {
+	i = searchTag(e.buf, e.stride, e.n, tag)
+	return i, i < e.n && le.Uint32(e.buf[e.off(i):]) == tag
 }
 
 // oldest returns the least recently refreshed entry.
@@ -278,37 +290,47 @@ func (e *shardEdit) oldest(now uint32) int {
 	return old
 }
 
-// compact drops the entries that no host holds.
+// compact drops the entries that no host holds, keeping the order.
 func (e *shardEdit) compact() {
-	for i := 0; i < e.n; {
+	kept := 0
+	for i := 0; i < e.n; i++ {
 		if e.empty(i) {
-			e.remove(i)
 			continue
 		}
-		i++
+		if kept != i {
+			copy(e.buf[e.off(kept):e.off(kept)+e.stride], e.buf[e.off(i):e.off(i)+e.stride])
+		}
+		kept++
 	}
+	e.n = kept
+	e.buf = e.buf[:e.off(e.n)]
 }
 
-// remove drops entry i, moving the last entry into its place.
+// remove drops entry i, keeping the order.
 func (e *shardEdit) remove(i int) {
-	last := e.n - 1
-	if i != last {
-		copy(e.buf[e.off(i):e.off(i)+e.stride], e.buf[e.off(last):e.off(last)+e.stride])
-	}
+	copy(e.buf[e.off(i):], e.buf[e.off(i+1):e.off(e.n)])
 	e.n--
 	e.buf = e.buf[:e.off(e.n)]
 }
 
-func (e *shardEdit) add(tag, age uint32, w int, bit uint64) {
-	e.buf = e.buf[:e.off(e.n)]
-	e.buf = le.AppendUint32(e.buf, tag)
-	e.buf = le.AppendUint32(e.buf, age)
+// insert puts a new entry at position i (from find), holding only bit in
+// word w.
+func (e *shardEdit) insert(i int, tag, age uint32, w int, bit uint64) {
+	end := e.off(e.n)
+	e.buf = e.buf[:end]
+	for k := 0; k < e.stride; k++ {
+		e.buf = append(e.buf, 0)
+	}
+	copy(e.buf[e.off(i+1):], e.buf[e.off(i):end])
+	off := e.off(i)
+	le.PutUint32(e.buf[off:], tag)
+	le.PutUint32(e.buf[off+4:], age)
 	for k := 0; k < e.words; k++ {
 		var x uint64
 		if k == w {
 			x = bit
 		}
-		e.buf = le.AppendUint64(e.buf, x)
+		le.PutUint64(e.buf[off+8+8*k:], x)
 	}
 	e.n++
 }

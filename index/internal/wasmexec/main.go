@@ -96,10 +96,19 @@ type hostEntry struct {
 
 func instantiateStore(ctx context.Context, r wazero.Runtime) error {
 	d := &hostData{entries: map[string]hostEntry{}}
+	i32 := api.ValueTypeI32
+	// GoModuleFunc, not WithFunc: reflection-based host functions cost
+	// microseconds per call and would dominate what is measured.
 	_, err := r.NewHostModuleBuilder("kvroute_store").
-		NewFunctionBuilder().WithFunc(d.get).Export("get").
-		NewFunctionBuilder().WithFunc(d.set).Export("set").
-		NewFunctionBuilder().WithFunc(d.reset).Export("reset").
+		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, st []uint64) {
+		st[0] = api.EncodeI32(d.get(ctx, m, uint32(st[0]), uint32(st[1]), uint32(st[2]), uint32(st[3]), uint32(st[4])))
+	}), []api.ValueType{i32, i32, i32, i32, i32}, []api.ValueType{i32}).Export("get").
+		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, st []uint64) {
+		st[0] = api.EncodeI32(d.set(ctx, m, uint32(st[0]), uint32(st[1]), uint32(st[2]), uint32(st[3]), uint32(st[4])))
+	}), []api.ValueType{i32, i32, i32, i32, i32}, []api.ValueType{i32}).Export("set").
+		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, _ []uint64) {
+		d.reset(ctx, m)
+	}), nil, nil).Export("reset").
 		Instantiate(ctx)
 	return err
 }
