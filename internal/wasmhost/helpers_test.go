@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tetratelabs/wazero"
 )
 
 // kvrouteModule returns dist/kvroute.wasm from the module root, failing
@@ -33,10 +35,35 @@ var (
 	probeErr  error
 )
 
+// TestMain builds and compiles the probe module in the background while
+// the first tests compile dist/kvroute.wasm: wazero compiles one module on
+// one core, and the machine has two.
+func TestMain(m *testing.M) {
+	go func() {
+		buildProbe()
+		if probeErr != nil {
+			return
+		}
+		ctx := context.Background()
+		r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCompilationCache(compilationCache("")))
+		defer r.Close(ctx)
+		_, _ = r.CompileModule(ctx, probeWasm)
+	}()
+	os.Exit(m.Run())
+}
+
 // probeModule builds testdata/probe, a raw-ABI module that reports what
 // the host lets it see, once per test process.
 func probeModule(t testing.TB) []byte {
 	t.Helper()
+	buildProbe()
+	if probeErr != nil {
+		t.Fatal(probeErr)
+	}
+	return probeWasm
+}
+
+func buildProbe() {
 	probeOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "wasmhost-probe")
 		if err != nil {
@@ -53,10 +80,6 @@ func probeModule(t testing.TB) []byte {
 		probeWasm, probeErr = os.ReadFile(out)
 		os.RemoveAll(dir)
 	})
-	if probeErr != nil {
-		t.Fatal(probeErr)
-	}
-	return probeWasm
 }
 
 // upstream is a loopback HTTP server that counts its requests and records
