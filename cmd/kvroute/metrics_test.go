@@ -136,7 +136,9 @@ func TestMetricsCommandEndToEnd(t *testing.T) {
 	var logMu sync.Mutex
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runMetrics(ctx, &o, writerFunc(func(p []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return logs.Write(p) })) }()
+	go func() {
+		done <- runMetrics(ctx, &o, writerFunc(func(p []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return logs.Write(p) }))
+	}()
 
 	deadline := time.Now().Add(5 * time.Second)
 	for {

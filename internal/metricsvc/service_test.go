@@ -385,11 +385,11 @@ func TestBadInputIsolated(t *testing.T) {
 
 	_, text := get(t, admin+"/metrics")
 	checks := map[string]float64{
-		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, malformed.addr()):   2,
-		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, unknownType.addr()): 2,
-		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="status"}`, gw500.url()):     2,
+		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, malformed.addr()):       2,
+		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, unknownType.addr()):     2,
+		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="status"}`, gw500.url()):         2,
 		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="unauthorized"}`, gwOther.url()): 2,
-		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="ok"}`, gw.url()):            2,
+		fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="ok"}`, gw.url()):                2,
 	}
 	for series, min := range checks {
 		if v, ok := metricValue(text, series); !ok || v < min {
