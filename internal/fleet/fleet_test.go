@@ -13,7 +13,7 @@ import (
 
 const sharedTrace = "../../../shared/traces/mooncake_synthetic.jsonl"
 
-func loadShared(t *testing.T, opt workload.TraceOptions) *workload.Workload {
+func loadShared(t testing.TB, opt workload.TraceOptions) *workload.Workload {
 	t.Helper()
 	if _, err := os.Stat(sharedTrace); err != nil {
 		t.Skipf("shared trace not present (%v)", err)

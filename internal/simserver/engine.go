@@ -122,8 +122,11 @@ func (le *liveEngine) drive() {
 		}
 		le.mu.Unlock()
 
-		if wall := time.Duration(float64(dur) * le.scale); wall > 0 {
-			t := time.NewTimer(wall)
+		// Sleep until the step's end on the virtual clock mapped to wall
+		// time, not for its duration: a late wake-up (a loaded machine)
+		// is made up by the next steps instead of accumulating.
+		if wait := time.Until(le.start.Add(time.Duration(float64(le.vnow+dur) * le.scale))); wait > 0 && le.scale > 0 {
+			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
 			case <-le.quit:
