@@ -89,7 +89,7 @@ func (d driftStats) String() string {
 // capacity holds a fraction of the working set, routing each request to
 // the host with the longest match (ties random) as kvroute would, and
 // compares every host's match for sampled chains with exact LRU.
-func runDrift(t testing.TB, seed uint64, capFraction float64, bucketMs int64, evict bool) driftStats {
+func runDrift(t testing.TB, seed uint64, capFraction float64, bucketMs int64, evict, feedback bool) driftStats {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	clk := &fakeClock{ms: 1e9}
 	const hosts = 8
@@ -138,10 +138,18 @@ func runDrift(t testing.TB, seed uint64, capFraction float64, bucketMs int64, ev
 		if rng.IntN(5) == 0 { // load balancing sends some elsewhere
 			best = rng.IntN(hosts)
 		}
+		stamp := m.Stamp(refs[best].Slot)
+		cached := lru[best].match(c) // what the engine will report
 		if err := ix.Record(refs[best], c, &m); err != nil {
 			t.Fatal(err)
 		}
 		lru[best].record(c, clk.ms, units)
+		if feedback {
+			clk.ms++
+			if _, err := ix.Correct(refs[best], stamp, cached); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if req >= 1000 && req%10 == 0 {
 			q := convs[rng.IntN(len(convs))]
 			ix.Query(q, &m)
@@ -173,8 +181,10 @@ func TestEvictionDriftAgainstExactLRU(t *testing.T) {
 		capFraction float64
 		minExact    float64
 	}{{0.3, 0.85}, {0.6, 0.85}} {
-		d := runDrift(t, 1, tc.capFraction, 1000, true)
+		d := runDrift(t, 1, tc.capFraction, 1000, true, false)
 		t.Logf("capacity %.0f%% of the working set, 1 s buckets: %v", 100*tc.capFraction, d)
+		fd := runDrift(t, 1, tc.capFraction, 1000, true, true)
+		t.Logf("  with cached_tokens feedback (Correct): %v", fd)
 		if float64(d.exact) < tc.minExact*float64(d.pairs) {
 			t.Errorf("capacity %.0f%%: only %v", 100*tc.capFraction, d)
 		}
@@ -185,15 +195,18 @@ func TestEvictionDriftAgainstExactLRU(t *testing.T) {
 // capacities (one workload replay per iteration).
 func BenchmarkEvictionDrift(b *testing.B) {
 	for _, capFraction := range []float64{0.3, 0.6} {
-		for _, bucket := range []int64{0, 250, 1000, 4000} {
+		for _, bucket := range []int64{0, 250, 1000, 4000, -1} {
 			name := fmt.Sprintf("cap=%.0f%%/bucket=%dms", 100*capFraction, bucket)
 			if bucket == 0 {
 				name = fmt.Sprintf("cap=%.0f%%/no-eviction", 100*capFraction)
 			}
+			if bucket < 0 {
+				name = fmt.Sprintf("cap=%.0f%%/bucket=1000ms+feedback", 100*capFraction)
+			}
 			b.Run(name, func(b *testing.B) {
 				var d driftStats
 				for i := 0; i < b.N; i++ {
-					d = runDrift(b, 1, capFraction, max(bucket, 1000), bucket != 0)
+					d = runDrift(b, 1, capFraction, max(bucket, 1000), bucket != 0, bucket < 0)
 				}
 				b.ReportMetric(100*float64(d.exact)/float64(d.pairs), "exact%")
 				b.ReportMetric(100*float64(d.over)/float64(d.pairs), "over%")

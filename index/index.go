@@ -159,6 +159,9 @@ type Metrics struct {
 	StoreErrors uint64
 	// Truncated counts queries cut short by Config.MaxQueryReads.
 	Truncated uint64
+	// Corrections counts horizons moved by Correct (the engine held fewer
+	// blocks than predicted).
+	Corrections uint64
 }
 
 // Index is one VM's handle on the shared block index. The state lives in

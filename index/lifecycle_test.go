@@ -214,3 +214,76 @@ func TestRecordSkipsFreshHeldBlocks(t *testing.T) {
 		t.Fatalf("record with foreign matches: %d", m.Blocks[a.Slot])
 	}
 }
+
+func TestCorrectFromCachedTokens(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{})
+	a, _ := ix.Register("a:1")
+	b, _ := ix.Register("b:1")
+	old, newer := chain(1, 40), chain(2, 40)
+	ix.Record(a, old, nil)
+	ix.Record(b, old, nil)
+	clk.ms += 10_000
+	ix.Record(a, newer, nil)
+	clk.ms += 10_000
+	// The engine behind a evicted the old chain (its real capacity is
+	// smaller than configured): a request for it reports 0 cached tokens.
+	var m Matches
+	ix.Query(old, &m)
+	stamp := m.Stamp(a.Slot)
+	if stamp.Blocks != 40 {
+		t.Fatalf("predicted %d", stamp.Blocks)
+	}
+	ix.Record(a, old, &m) // the request's own record, before the response
+	clk.ms += 100
+	moved, err := ix.Correct(a, stamp, 0)
+	if err != nil || !moved {
+		t.Fatalf("Correct = %v, %v", moved, err)
+	}
+	// The request's own blocks (recorded after the stamp) still count; the
+	// newer chain was refreshed after the old one's stamp, so it stays; b
+	// is untouched.
+	ix.Query(old, &m)
+	if m.Blocks[a.Slot] != 40 || m.Blocks[b.Slot] != 40 {
+		t.Fatalf("after Correct, old chain: a=%d b=%d, want 40 40", m.Blocks[a.Slot], m.Blocks[b.Slot])
+	}
+	ix.Query(newer, &m)
+	if m.Blocks[a.Slot] != 40 {
+		t.Fatalf("newer chain lost: %d", m.Blocks[a.Slot])
+	}
+	if moved, _ := ix.Correct(a, stamp, 40); moved {
+		t.Fatal("a confirmed prediction moved the horizon")
+	}
+}
+
+func TestCorrectDropsOlderBlocks(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{})
+	a, _ := ix.Register("a:1")
+	oldest, old := chain(5, 30), chain(6, 30)
+	ix.Record(a, oldest, nil)
+	clk.ms += 5000
+	ix.Record(a, old, nil)
+	clk.ms += 5000
+	var m Matches
+	ix.Query(old, &m)
+	stamp := m.Stamp(a.Slot)
+	if _, err := ix.Correct(a, stamp, 10); err != nil {
+		t.Fatal(err)
+	}
+	// LRU: the engine lost part of "old", so "oldest" (refreshed before
+	// it) is gone too; "old" itself, stamped, goes as well.
+	ix.Query(oldest, &m)
+	if m.Blocks[a.Slot] != 0 {
+		t.Fatalf("oldest chain still counted: %d", m.Blocks[a.Slot])
+	}
+	ix.Query(old, &m)
+	if m.Blocks[a.Slot] != 0 {
+		t.Fatalf("stamped chain still counted: %d", m.Blocks[a.Slot])
+	}
+	if ix.Metrics().Corrections != 1 {
+		t.Fatalf("Corrections = %d", ix.Metrics().Corrections)
+	}
+}
