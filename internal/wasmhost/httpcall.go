@@ -45,7 +45,7 @@ func (h *Host) doHTTPCall(v *vm, root *wctx, token uint32, cl *cluster, hdrs *he
 	root.callResp = resp
 	v.mu.Unlock()
 	v.call(root, "proxy_on_http_call_response", v.fn.onHTTPCallResponse, uint64(root.id), uint64(token),
-		uint64(len(resp.headers.pairs)), uint64(len(resp.body)), 0)
+		uint64(len(resp.headers.pairs)), uint64(len(resp.body)), uint64(len(resp.trailers.pairs)))
 	v.mu.Lock()
 	root.callResp = nil
 	v.mu.Unlock()
