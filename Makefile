@@ -1,6 +1,8 @@
 # kvroute: the two commands that matter are `make demo` and `make test`.
 GO ?= go
 ENVOY_COMPAT ?=
+# The shared Mooncake trace `make bench` replays (8 replicas, every strategy).
+TRACE ?= ../shared/traces/mooncake_synthetic.jsonl
 
 .PHONY: all wasm wasm-tinygo test demo bench fuzz oci vet clean
 
@@ -27,6 +29,7 @@ demo: wasm
 
 bench: wasm
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
 
 # Aggregated vs disaggregated fleets of 8 on the shared trace (kvroute.pd, README "Prefill/decode disaggregation").
 .PHONY: bench-pd
