@@ -1,0 +1,214 @@
+package filter
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/index"
+)
+
+func newParser(t testing.TB, cfgJSON string) *requestParser {
+	cfg, err := config.Parse([]byte(cfgJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &requestParser{cfg: cfg, hasher: index.NewHasher(index.HashConfig{})}
+}
+
+func TestParseFields(t *testing.T) {
+	p := newParser(t, `{"loraAdapters":{"sql-lora":"llama-3-8b"}}`)
+	r, err := p.parse([]byte(`{"model":"sql-lora","prompt":"`+strings.Repeat("x", 4000)+`","stream":true,"max_tokens":64,"user":"alice"}`), apiCompletions)
+	if err != nil {
+		t.Fatal(err.Message)
+	}
+	if r.Model != "llama-3-8b" || r.Adapter != "sql-lora" || !r.Stream || r.MaxTokens != 64 || r.SessionKey != "alice" || r.PromptTokens != 1000 {
+		t.Errorf("parsed %+v", r)
+	}
+	if len(p.hasher.Blocks()) == 0 {
+		t.Error("no blocks hashed")
+	}
+	r, err = p.parse([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":9}`), apiUnknown)
+	if err != nil || r.MaxTokens != 9 {
+		t.Errorf("sniffed chat: %+v %v", r, err)
+	}
+}
+
+// Same prefix, same leading blocks; a different model or salt, different blocks.
+func TestParseHashesPrefixes(t *testing.T) {
+	p := newParser(t, `{}`)
+	sys := strings.Repeat("shared system prompt ", 100)
+	chain := func(body string, kind apiKind) []uint64 {
+		if _, err := p.parse([]byte(body), kind); err != nil {
+			t.Fatal(err.Message)
+		}
+		return append([]uint64(nil), p.hasher.Blocks()...)
+	}
+	a := chain(chatBody(sys, "one"), apiChat)
+	b := chain(chatBody(sys, "two"), apiChat)
+	if len(a) < 4 || a[0] != b[0] || a[3] != b[3] {
+		t.Errorf("shared prefix does not share leading blocks: %x vs %x", a[:4], b[:4])
+	}
+	c := chain(strings.Replace(chatBody(sys, "one"), `"llama-3-8b"`, `"other"`, 1), apiChat)
+	if c[0] == a[0] {
+		t.Error("another model shares block hashes")
+	}
+}
+
+func TestErrorBodyIsOpenAIStyle(t *testing.T) {
+	e := badRequest("messages[0].role", "'%s' must be a non-empty string", "messages[0].role")
+	b := string(e.body())
+	if !gjson.Valid(b) || gjson.Get(b, "error.type").String() != "invalid_request_error" ||
+		gjson.Get(b, "error.param").String() != "messages[0].role" || gjson.Get(b, "error.code").Int() != 400 {
+		t.Errorf("body %s", b)
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, tc := range badInputs {
+		f.Add([]byte(tc.body), uint8(kindOf(tc.path)))
+	}
+	f.Add([]byte(`{"model":"m","prompt":[[1,2],[3]]}`), uint8(apiCompletions))
+	f.Add([]byte(`{"model":"m","input":"x"}`), uint8(apiUnknown))
+	p := newParser(f, `{"loraAdapters":{"a":"b"}}`)
+	f.Fuzz(func(t *testing.T, body []byte, kind uint8) {
+		r, err := p.parse(body, apiKind(kind%4))
+		if err != nil {
+			if err.Status != 400 || err.Message == "" || !gjson.ValidBytes(err.body()) {
+				t.Fatalf("bad error %+v", err)
+			}
+			return
+		}
+		if r.Model == "" || r.MaxTokens < 0 || r.PromptTokens < 0 {
+			t.Fatalf("accepted request breaks invariants: %+v", r)
+		}
+	})
+}
+
+func TestDecodeSnapshot(t *testing.T) {
+	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"source":"svc","hosts":[{"address":"10.0.0.1:8000","role":"prefill","model":"m","adapters":["a"],"healthy":false,"waiting":3,"running":2,"kvUsage":0.5,"blockSize":16,"numGpuBlocks":1000}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := st.Hosts[0]
+	if st.TimestampMs != 5 || h.Role != "prefill" || h.Healthy || h.Waiting != 3 || h.Running != 2 || h.KVUsage != 0.5 || h.NumGPUBlocks != 1000 || len(h.Adapters) != 1 {
+		t.Errorf("decoded %+v", st)
+	}
+	for body, want := range map[string]string{
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`:     "appears twice",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:            "hosts[0].kvUsage",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:           "hosts[0].waiting",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:        "hosts[0].role",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:        "hosts[0].healthy",
+		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                       "timestampMs",
+		`{"version":1,"timestampMs":5,"hosts":{}}`:                                         "hosts: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:         "hosts[0].adapters",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                          "hosts[0].address",
+		`not json`: "not valid JSON",
+	} {
+		if _, err := decodeSnapshot([]byte(body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", body, err, want)
+		}
+	}
+}
+
+func FuzzDecodeSnapshot(f *testing.F) {
+	f.Add([]byte(pushBody(1, "10.0.0.1:8000", "10.0.0.2:8000")))
+	f.Add([]byte(`{"version":1,"timestampMs":1,"hosts":[{"address":"[::1]:1","kvUsage":1}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		st, err := decodeSnapshot(body)
+		if err != nil {
+			return
+		}
+		if len(st.Hosts) == 0 || st.TimestampMs <= 0 {
+			t.Fatalf("accepted %+v", st)
+		}
+		for _, h := range st.Hosts {
+			if config.CheckAddress(h.Address) != nil || h.KVUsage < 0 || h.KVUsage > 1 {
+				t.Fatalf("accepted host %+v", h)
+			}
+		}
+	})
+}
+
+func TestBearer(t *testing.T) {
+	for header, want := range map[string]bool{
+		"Bearer tok": true, "bearer tok": true, "  Bearer   tok ": true,
+		"Bearer tok2": false, "Bearer": false, "Bearer ": false, "Basic tok": false, "tok": false, "": false,
+	} {
+		if got := authorized(header, "tok"); got != want {
+			t.Errorf("authorized(%q) = %v, want %v", header, got, want)
+		}
+	}
+	if authorized("Bearer ", "") || authorized("Bearer x", "") {
+		t.Error("an empty configured token must authorize nothing")
+	}
+}
+
+func TestParseORCA(t *testing.T) {
+	l := parseORCA("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0, cpu_utilization=0.3")
+	if !l.ok || l.KVUsage != 0.4 || l.Waiting != 2 {
+		t.Errorf("text: %+v", l)
+	}
+	l = parseORCA(`JSON {"named_metrics":{"kv_cache_usage_perc":0.9,"num_requests_running":7}}`)
+	if !l.ok || l.KVUsage != 0.9 || l.Running != 7 {
+		t.Errorf("json: %+v", l)
+	}
+	for _, bad := range []string{"", "TEXT", "TEXT named_metrics.kv_cache_usage_perc=abc", "JSON {", "TEXT named_metrics.kv_cache_usage_perc=7", "BINARY x"} {
+		if l := parseORCA(bad); l.ok {
+			t.Errorf("%q parsed as %+v", bad, l)
+		}
+	}
+}
+
+func TestCachedTokensAcrossChunks(t *testing.T) {
+	if n, ok := cachedTokens(nil, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens": 96}}}`)); !ok || n != 96 {
+		t.Errorf("whole: %d %v", n, ok)
+	}
+	first := []byte(`data: {"usage":{"prompt_tokens_details":{"cached_tok`)
+	second := []byte(`ens":128}}}` + "\n\n")
+	if _, ok := cachedTokens(nil, first); ok {
+		t.Error("found a value in half a field")
+	}
+	if n, ok := cachedTokens(keepTail(nil, first), second); !ok || n != 128 {
+		t.Errorf("split: %d %v", n, ok)
+	}
+	// A number cut at the chunk end is not taken until it is complete.
+	if _, ok := cachedTokens(nil, []byte(`"cached_tokens":12`)); ok {
+		t.Error("took a number that may continue in the next chunk")
+	}
+}
+
+func TestBreakerUnit(t *testing.T) {
+	b := newBreakers(config.CircuitBreaker{ConsecutiveFailures: 3, CooldownMs: 100})
+	for i := 0; i < 2; i++ {
+		b.result("a", false, 0)
+	}
+	b.result("a", true, 0) // a success resets the count
+	for i := 0; i < 2; i++ {
+		if b.result("a", false, 0) {
+			t.Fatal("opened before 3 consecutive failures")
+		}
+	}
+	if !b.result("a", false, 10) || !b.open("a", 50) {
+		t.Fatal("3 consecutive failures must open")
+	}
+	if b.open("a", 110) { // cool-down over: half-open, one probe allowed
+		t.Fatal("no probe after the cool-down")
+	}
+	b.dispatched("a", 110)
+	if !b.open("a", 111) {
+		t.Fatal("a second request while the probe is in flight")
+	}
+	b.abandoned("a") // the probe's client went away
+	if b.open("a", 112) {
+		t.Fatal("an abandoned probe must let the next request probe")
+	}
+	b.dispatched("a", 112)
+	b.result("a", true, 120)
+	if b.open("a", 121) {
+		t.Fatal("a successful probe must close the breaker")
+	}
+}
