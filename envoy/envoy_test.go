@@ -49,8 +49,6 @@ var shipped = []string{
 	"kubernetes/metrics.yaml",
 }
 
-const tokenPlaceholder = "REPLACE-WITH-STATE-TOKEN"
-
 func read(t *testing.T, name string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(name)
@@ -119,8 +117,14 @@ func checkKvroute(res *manifests.Result) error {
 		if p.RootID == "kvroute.pd" && !cfg.BodyRouting {
 			return fmt.Errorf("%s: kvroute.pd needs bodyRouting", p.Where)
 		}
-		if cfg.State.Token != "" && cfg.State.Token != tokenPlaceholder {
-			return fmt.Errorf("%s: state.token must be the %s placeholder in a shipped manifest", p.Where, tokenPlaceholder)
+		if cfg.State.Token != "" {
+			return fmt.Errorf("%s: state.token puts the secret in the manifest: use state.tokenEnv and pass the variable to the VM", p.Where)
+		}
+		if cfg.State.TokenEnv == "" {
+			return fmt.Errorf("%s: no state.tokenEnv: every push from kvroute metrics would get 401", p.Where)
+		}
+		if !contains(p.HostEnvKeys, cfg.State.TokenEnv) {
+			return fmt.Errorf("%s: state.tokenEnv %s is not passed to the VM (vm_config.environment_variables.host_env_keys, WasmPlugin vmConfig.env, Envoy Gateway env.hostKeys): the VM would read it empty", p.Where, cfg.State.TokenEnv)
 		}
 		if p.AllowOnHeadersStopIteration != nil { // Envoy-level config we control
 			vmIDs[p.VMID] = true
@@ -255,6 +259,16 @@ func checkWiring(res *manifests.Result, cfg *config.Config) error {
 						overrideHeaders = append(overrideHeaders, *ef.Header)
 					}
 				}
+			}
+		case *egv1a1.EnvoyProxy:
+			var env []string
+			if k := v.Spec.Provider; k != nil && k.Kubernetes != nil && k.Kubernetes.EnvoyDeployment != nil && k.Kubernetes.EnvoyDeployment.Container != nil {
+				for _, e := range k.Kubernetes.EnvoyDeployment.Container.Env {
+					env = append(env, e.Name)
+				}
+			}
+			if cfg.State.TokenEnv != "" && !contains(env, cfg.State.TokenEnv) {
+				return fmt.Errorf("%s: the Envoy container's env does not set %s, which the plugins read (state.tokenEnv)", o.Where, cfg.State.TokenEnv)
 			}
 		case *egv1a1.ClientTrafficPolicy:
 			if c := v.Spec.Connection; c != nil && c.BufferLimit != nil {
@@ -445,6 +459,10 @@ func TestBrokenManifestsNameTheField(t *testing.T) {
 		{"standalone/envoy.yaml", "- name: kvroute_prefill\n    type: STATIC\n    connect_timeout: 2s", "- name: kvroute_prefill\n    type: STATIC\n    connect_timeout: -2s", "ConnectTimeout"},
 		{"standalone/envoy.yaml", "port_value: 9002", "port_value: 99002", "PortValue"},
 		// kvroute's own checks.
+		{"standalone/envoy.yaml", "                    host_env_keys: [KVROUTE_STATE_TOKEN]\n", "", "host_env_keys"},
+		{"istio/wasmplugin-header-only.yaml", "      valueFrom: HOST", "      valueFrom: INLINE", "tokenEnv"},
+		{"envoy-gateway/kvroute.yaml", "        tokenEnv: KVROUTE_STATE_TOKEN", "        token: s3cr3t", "state.token"},
+		{"envoy-gateway/kvroute.yaml", "          - name: KVROUTE_STATE_TOKEN\n            valueFrom:", "          - name: STATE_TOKEN\n            valueFrom:", "container's env"},
 		{"standalone/envoy.yaml", "                allow_on_headers_stop_iteration: true\n                failure_policy: FAIL_OPEN\n                vm_config: *kvroute_vm", "                failure_policy: FAIL_OPEN\n                vm_config: *kvroute_vm", "allow_on_headers_stop_iteration"},
 		{"standalone/envoy.yaml", "per_connection_buffer_limit_bytes: 33554432\n    filter_chains", "per_connection_buffer_limit_bytes: 1048576\n    filter_chains", "maxBodyBytes"},
 		{"standalone/envoy.yaml", "- header: x-gateway-destination-endpoint\n            fallback_policy", "- header: x-destination\n            fallback_policy", "x-destination"},
