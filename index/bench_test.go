@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // Benchmarks compare the index with a naive baseline measured in the
@@ -106,6 +107,14 @@ func newBenchFleet(b *testing.B, hosts, tokens int, cfg Config, withNaive bool) 
 	return f
 }
 
+// reportCPU adds cpu-ns/op (see cpuNow) when the platform measures it.
+func reportCPU(b *testing.B, start time.Duration) {
+	if start == 0 {
+		return
+	}
+	b.ReportMetric(float64(cpuNow()-start)/float64(b.N), "cpu-ns/op")
+}
+
 func benchName(hosts, tokens int) string {
 	return fmt.Sprintf("tokens=%dK/hosts=%d", tokens>>10, hosts)
 }
@@ -120,10 +129,12 @@ func BenchmarkQuery(b *testing.B) {
 				r0, by0 := f.ix.metrics.Reads, f.ix.metrics.BytesRead
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
 					f.ix.Query(f.chain, &m)
 				}
 				b.StopTimer()
+				reportCPU(b, cpu0)
 				if m.Blocks[0] != len(f.chain) || m.Blocks[3] != len(f.chain)/10 {
 					b.Fatalf("wrong answer: host0 %d host3 %d of %d", m.Blocks[0], m.Blocks[3], len(f.chain))
 				}
@@ -136,10 +147,12 @@ func BenchmarkQuery(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				var gets, bytes int
+				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
 					gets, bytes = f.naive.query(hosts, f.chain, out)
 				}
 				b.StopTimer()
+				reportCPU(b, cpu0)
 				if out[0] != len(f.chain) {
 					b.Fatalf("naive: host0 %d of %d", out[0], len(f.chain))
 				}
@@ -161,10 +174,12 @@ func BenchmarkQueryRecord(b *testing.B) {
 			b.Run(benchName(hosts, tokens)+"/index-repeat", func(b *testing.B) {
 				var m Matches
 				b.ReportAllocs()
+				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
 					f.ix.Query(f.chain, &m)
 					f.ix.Record(f.refs[0], f.chain, &m)
 				}
+				reportCPU(b, cpu0)
 			})
 			// New prompts: a fresh chain of the same length every time
 			// (generating it costs about 1 ns per block).
@@ -174,6 +189,7 @@ func BenchmarkQueryRecord(b *testing.B) {
 				var m Matches
 				w0, o0 := f.ix.metrics.Writes, f.ix.metrics.Overflows
 				b.ReportAllocs()
+				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
 					f.clk.ms += 5 // 200 new prompts per second
 					fillChain(c, uint64(i)<<32|uint64(tokens))
@@ -181,17 +197,20 @@ func BenchmarkQueryRecord(b *testing.B) {
 					f.ix.Record(f.refs[i%hosts], c, &m)
 				}
 				b.StopTimer()
+				reportCPU(b, cpu0)
 				b.ReportMetric(float64(f.ix.metrics.Writes-w0)/float64(b.N), "sets/op")
 				b.ReportMetric(float64(f.ix.metrics.Overflows-o0)/float64(b.N), "overflows/op")
 			})
 			b.Run(benchName(hosts, tokens)+"/naive-new", func(b *testing.B) {
 				out := make([]int, hosts)
 				b.ReportAllocs()
+				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
 					fillChain(c, uint64(i)<<32|uint64(tokens)|1<<31)
 					f.naive.query(hosts, c, out)
 					f.naive.record(i%hosts, c)
 				}
+				reportCPU(b, cpu0)
 			})
 		}
 	}
@@ -317,6 +336,7 @@ func BenchmarkLayout(b *testing.B) {
 			b.Run(name+"/new", func(b *testing.B) {
 				var m Matches
 				w0, by0 := f.ix.metrics.Writes, f.ix.metrics.BytesRead
+				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
 					f.clk.ms += 5
 					fillChain(c, uint64(i)<<32|uint64(tokens))
@@ -324,6 +344,7 @@ func BenchmarkLayout(b *testing.B) {
 					f.ix.Record(f.refs[i%64], c, &m)
 				}
 				b.StopTimer()
+				reportCPU(b, cpu0)
 				b.ReportMetric(float64(n), "blocks")
 				b.ReportMetric(float64(f.ix.metrics.Writes-w0)/float64(b.N), "sets/op")
 				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
@@ -331,11 +352,13 @@ func BenchmarkLayout(b *testing.B) {
 			b.Run(name+"/repeat", func(b *testing.B) {
 				var m Matches
 				by0 := f.ix.metrics.BytesRead
+				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
 					f.ix.Query(f.chain, &m)
 					f.ix.Record(f.refs[0], f.chain, &m)
 				}
 				b.StopTimer()
+				reportCPU(b, cpu0)
 				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
 				// Precision: mean tokens lost below a uniformly random cut.
 				h := NewHasher(f.ix.cfg.Hash)

@@ -185,7 +185,6 @@ type Index struct {
 	// query state
 	q queryState
 	// record scratch
-	order   []uint64
 	work    []byte
 	enc     []byte
 	deltas  []usageDelta

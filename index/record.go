@@ -1,9 +1,5 @@
 package index
 
-import (
-	"slices"
-)
-
 // Record marks ref's host as holding the whole chain blocks after routing
 // a request there (for prefill/decode, call it for both hosts).
 //
@@ -64,25 +60,19 @@ func (ix *Index) mark(ref HostRef, chain []uint64, from int, add bool) error {
 	if err := ix.table.check(ref); err != nil {
 		return err
 	}
-	// Group by shard: sort (shard, position) pairs packed in a uint64.
-	ix.order = ix.order[:0]
-	for i := from; i < len(chain); i++ {
-		ix.order = append(ix.order, uint64(ix.shardAt(chain, i))<<32|uint64(i))
-	}
-	slices.Sort(ix.order)
+	// One shard update per segment: a segment's blocks share a shard.
+	// (Two segments of one chain rarely share a shard; they then cost two
+	// updates, which is cheaper than sorting to merge them.)
 	now := ix.nowAge()
 	ix.pending = ix.pending[:0]
 	var firstErr error
-	for g := 0; g < len(ix.order); {
-		sh := int(ix.order[g] >> 32)
-		e := g + 1
-		for e < len(ix.order) && int(ix.order[e]>>32) == sh {
-			e++
-		}
-		if err := ix.updateShard(ref, sh, chain, ix.order[g:e], now, add); err != nil && firstErr == nil {
+	seg := ix.cfg.SegmentBlocks
+	for lo := from; lo < len(chain); {
+		hi := min(lo&^(seg-1)+seg, len(chain))
+		if err := ix.updateShard(ref, ix.shardAt(chain, lo), chain, lo, hi, now, add); err != nil && firstErr == nil {
 			firstErr = err
 		}
-		g = e
+		lo = hi
 	}
 	if len(ix.pending) > 0 {
 		if err := ix.bookUsage(ref, now); err != nil && firstErr == nil {
@@ -96,7 +86,7 @@ func (ix *Index) mark(ref HostRef, chain []uint64, from int, add bool) error {
 // the copy Get returned in place (header, then fixed-stride entries):
 // decoding a 64-entry shard into structures and encoding it back cost
 // more than the shared-data round trip.
-func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64, now uint32, add bool) error {
+func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, now uint32, add bool) error {
 	key := ix.shardKeys[sh]
 	t := &ix.table
 	bt := ix.bucketTicks()
@@ -140,14 +130,21 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64
 			ix.work = widenShard(ix.work, view, words)
 		}
 		e := shardEdit{buf: ix.work, words: words, stride: 8 + 8*words, n: view.n}
-		if ok && ix.cleanShard(&e, view.epoch) {
-			dirty = true
-			e.compact() // free the room of entries left with no host
+		// Bits of hosts removed since the shard was written must go before
+		// the new epoch is stamped: a full pass, rare. Bits past a host's
+		// horizon are ignored by readers, so they are dropped lazily: from
+		// an entry this update refreshes (the refresh would revive them),
+		// and from the whole shard when it needs room.
+		cleaned := false
+		if ok && !isZero(t.staleMask(view.epoch)) {
+			ix.cleanShard(&e, view.epoch)
+			e.compact()
+			dirty, cleaned = true, true
 		}
+		needCompact := false
 		word, bit := ref.Slot/64, uint64(1)<<(ref.Slot%64)
 		ix.deltas = ix.deltas[:0]
-		for _, o := range group {
-			pos := int(uint32(o))
+		for pos := lo; pos < hi; pos++ {
 			level := ix.level(pos)
 			units := int32(1) << level
 			tag := blockTag(chain[pos], level)
@@ -157,8 +154,18 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64
 					e.setWord(k, word, e.word(k, word)&^bit)
 					ix.deltas = append(ix.deltas, usageDelta{e.age(k) / bt, -units})
 					dirty = true
+					needCompact = needCompact || e.empty(k)
 				}
 				continue
+			}
+			if !found && e.n >= ix.cfg.ShardEntries && !cleaned && t.anyHorz {
+				// Full: first drop what has expired, then look again.
+				if ix.cleanShard(&e, view.epoch) {
+					e.compact()
+					dirty = true
+					k, found = e.find(tag)
+				}
+				cleaned = true
 			}
 			if !found {
 				if e.n >= ix.cfg.ShardEntries {
@@ -173,6 +180,14 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64
 				ix.deltas = append(ix.deltas, usageDelta{now / bt, units})
 				dirty = true
 				continue
+			}
+			if t.anyHorz {
+				if b := e.bits(k); !isZero(b) {
+					if nb := t.dropExpired(b, e.age(k)); nb != b {
+						e.setBits(k, nb)
+						dirty = true
+					}
+				}
 			}
 			if w := e.word(k, word); w&bit == 0 {
 				e.setWord(k, word, w|bit)
@@ -191,7 +206,9 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, group []uint64
 		}
 		// Drop entries left with no host; trim a shard written under a
 		// larger ShardEntries.
-		e.compact()
+		if needCompact {
+			e.compact()
+		}
 		for e.n > ix.cfg.ShardEntries {
 			e.remove(e.oldest(now))
 			ix.metrics.Overflows++
