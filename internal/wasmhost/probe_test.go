@@ -420,3 +420,25 @@ func TestWatermarkPauseOverLimitWaitsInsteadOf413(t *testing.T) {
 			r.code, up.requests.Load(), h.CounterValue("probe.request_body"))
 	}
 }
+
+// A local reply before the request body was read closes the connection, so
+// unread body bytes never parse as the next request on a keep-alive client.
+func TestLocalReplyBeforeBodyClosesConnection(t *testing.T) {
+	_, url, _ := probeHost(t, Filter{}, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Announce 5000 bytes, send 100: the rest would be "the next request".
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-probe-local: 413\r\nContent-Length: 5000\r\n\r\n%s", strings.Repeat("a", 100))
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 413 || !resp.Close {
+		t.Errorf("status %d, Connection: close %v; want the filter's 413 and a closed connection", resp.StatusCode, resp.Close)
+	}
+}

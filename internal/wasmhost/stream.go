@@ -90,6 +90,7 @@ type stream struct {
 	respHeaders  *headerMap
 	reqBodySize  int64
 	bodyRead     atomic.Int64 // bytes the body reader got
+	readerDone   chan struct{}
 	respBodySize int64
 	details      string
 	props        map[string][]byte
@@ -159,6 +160,7 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 	noBody := r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0
 	if !noBody {
 		readerDone := make(chan struct{})
+		s.readerDone = readerDone
 		go func() {
 			defer close(readerDone)
 			s.readBody()
@@ -236,6 +238,19 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 	if s.aborted {
 		defer panic(http.ErrAbortHandler) // after the body reader stopped
 	}
+}
+
+// bodyIncomplete reports whether request body bytes are still unread.
+func (s *stream) bodyIncomplete() bool {
+	if s.readerDone == nil {
+		return false
+	}
+	select {
+	case <-s.readerDone:
+		return false
+	default:
+	}
+	return s.r.ContentLength < 0 || s.bodyRead.Load() < s.r.ContentLength
 }
 
 func (s *stream) readBody() {
@@ -664,6 +679,13 @@ func (s *stream) writeHeaders(eos bool) {
 		code = http.StatusBadGateway
 	}
 	hdr.Set("Server", "envoy") // the connection manager's server_header_transformation: OVERWRITE
+	if s.bodyIncomplete() {
+		// A response before the whole request (a local reply from the
+		// headers, an early upstream answer): Envoy closes an HTTP/1
+		// connection then, so unread body bytes never parse as the next
+		// request.
+		hdr.Set("Connection", "close")
+	}
 	s.w.WriteHeader(code)
 	if eos {
 		s.done = true
