@@ -17,9 +17,10 @@
 // the assembler, which builds a snapshot.State; it is published when its
 // content changed, and at least once per push interval so gateways can
 // tell a live service from a dead one by the snapshot's timestamp. An
-// engine is healthy while its last scrape succeeded and is at most two
-// intervals old, so a silent engine drops out within two intervals and
-// returns with its next good answer.
+// engine is healthy while its last scrape succeeded and is at most an
+// interval plus a scrape timeout old (two intervals by default), so a
+// silent engine drops out within two intervals and returns with its next
+// good answer.
 package metricsvc
 
 import (
@@ -309,9 +310,15 @@ func (s *Service) assembleLoop(ctx context.Context) {
 	}
 }
 
-// healthy is the health rule; s.mu is held.
+// healthy is the health rule; s.mu is held. A failed scrape marks the
+// engine unhealthy at once: a killed engine refuses the next scrape (at
+// most one interval later) and a hung one times out (at most one interval
+// plus the timeout, two intervals by default). The age check is the
+// backstop for a scrape loop that is itself stuck: no good answer for an
+// interval plus a timeout (two intervals by default) is unhealthy too.
 func (s *Service) healthy(h *host, now time.Time) bool {
-	return h.attempted && !h.failing && !h.lastOK.IsZero() && now.Sub(h.lastOK) <= 2*s.cfg.ScrapeInterval
+	return h.attempted && !h.failing && !h.lastOK.IsZero() &&
+		now.Sub(h.lastOK) <= s.cfg.ScrapeInterval+s.cfg.ScrapeTimeout
 }
 
 func (s *Service) assembleAndPublish(now time.Time) {

@@ -248,7 +248,9 @@ func TestLiveEnginesKillAndRestart(t *testing.T) {
 	})
 	took := time.Since(killed)
 	t.Logf("killed engine marked unhealthy at the gateway after %v (interval %v)", took, interval)
-	if took > 2*interval+100*time.Millisecond {
+	// The rule is pinned by TestHealthRule; here a loaded shared machine
+	// gets generous slack for goroutine scheduling and the push itself.
+	if took > 2*interval+500*time.Millisecond {
 		t.Errorf("unhealthy after %v, want within two intervals (%v) plus slack", took, 2*interval)
 	}
 	if h, _ := hostOf(st, a); !h.Healthy {
@@ -381,9 +383,18 @@ func TestBadInputIsolated(t *testing.T) {
 		h, _ := hostOf(st, good.addr())
 		return h.Waiting == 9
 	})
-	time.Sleep(300 * time.Millisecond) // let the failing gateways retry a few times
-
-	_, text := get(t, admin+"/metrics")
+	// Let the failing gateways retry a few times.
+	var text string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, text = get(t, admin+"/metrics")
+		a, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="status"}`, gw500.url()))
+		b, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_pushes_total{gateway=%q,result="unauthorized"}`, gwOther.url()))
+		if (a >= 2 && b >= 2) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	checks := map[string]float64{
 		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, malformed.addr()):       2,
 		fmt.Sprintf(`kvroute_metrics_scrapes_total{host=%q,result="parse"}`, unknownType.addr()):     2,
@@ -549,36 +560,101 @@ func TestKVEventsInSnapshot(t *testing.T) {
 	}
 }
 
-// TestPushOnChangeAndInterval: an unchanged fleet is re-pushed once per
-// push interval (a heartbeat with a fresh timestamp); a change goes out at
-// once.
-func TestPushOnChangeAndInterval(t *testing.T) {
+// contentOf is what the "changed" decision compares: the hosts without
+// their scrape timestamps.
+func contentOf(st snapshot.State) string {
+	return string(contentKey(st))
+}
+
+// TestPushOnChange: with a long push interval, a change goes out at once
+// (well before the interval could explain it), and no snapshot is pushed
+// twice with the same content.
+func TestPushOnChange(t *testing.T) {
 	eng := newFakeEngine(t, vllmText(1, 1))
 	gw := newGateway(t, "tok")
-	const pushEvery = 300 * time.Millisecond
+	const pushEvery = 10 * time.Second
 	startService(t, Config{
 		Source:         discovery.Fixed{{Address: eng.addr()}},
-		ScrapeInterval: 20 * time.Millisecond,
+		ScrapeInterval: 50 * time.Millisecond,
 		Gateways:       []string{gw.url()},
 		Token:          push.StaticToken("tok"),
 		PushInterval:   pushEvery,
 	})
 	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Healthy })
-	_, n0 := gw.latest()
-	time.Sleep(1050 * time.Millisecond)
-	st1, n1 := gw.latest()
-	// 1 s of a steady fleet scraped 50 times: about 3 heartbeats, not 50.
-	if d := n1 - n0; d < 2 || d > 5 {
-		t.Errorf("%d pushes in 1 s of no change with a %v push interval", d, pushEvery)
-	}
-	if time.Now().UnixMilli()-st1.TimestampMs > int64(pushEvery/time.Millisecond)+100 {
-		t.Errorf("heartbeat timestamp is old: %d ms", time.Now().UnixMilli()-st1.TimestampMs)
-	}
+	time.Sleep(500 * time.Millisecond) // about 10 scrapes of an unchanged engine
 	changed := time.Now()
 	eng.text.Store(vllmText(7, 1))
-	gw.waitState(t, "change", 2*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Waiting == 7 })
-	if d := time.Since(changed); d > pushEvery {
-		t.Errorf("a change took %v to reach the gateway, more than the heartbeat interval", d)
+	gw.waitState(t, "change", pushEvery/2, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Waiting == 7 })
+	t.Logf("a queue change reached the gateway %v after the engine changed (scrape interval 50 ms)", time.Since(changed))
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	for i := 1; i < len(gw.accepted); i++ {
+		if contentOf(gw.accepted[i]) == contentOf(gw.accepted[i-1]) {
+			t.Errorf("push %d repeats push %d's content within the push interval", i, i-1)
+		}
+	}
+}
+
+// TestPushHeartbeat: an unchanged fleet is still pushed once per push
+// interval, with a fresh timestamp, so gateways can tell a live service
+// from a dead one; and never sooner than the interval without a change.
+func TestPushHeartbeat(t *testing.T) {
+	eng := newFakeEngine(t, vllmText(1, 1))
+	gw := newGateway(t, "tok")
+	const pushEvery = 200 * time.Millisecond
+	startService(t, Config{
+		Source:         discovery.Fixed{{Address: eng.addr()}},
+		ScrapeInterval: 50 * time.Millisecond,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+		PushInterval:   pushEvery,
+	})
+	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Healthy })
+	time.Sleep(1500 * time.Millisecond)
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	heartbeats := 0
+	for i := 1; i < len(gw.accepted); i++ {
+		prev, cur := gw.accepted[i-1], gw.accepted[i]
+		if contentOf(prev) != contentOf(cur) {
+			continue // a change (a health flap on a loaded machine, say)
+		}
+		heartbeats++
+		if gap := cur.TimestampMs - prev.TimestampMs; gap < pushEvery.Milliseconds() {
+			t.Errorf("unchanged snapshot re-pushed after %d ms, push interval %v", gap, pushEvery)
+		}
+	}
+	// About 7 in 1.5 s; a fleet scraped 30 times is not pushed 30 times.
+	if heartbeats < 2 || len(gw.accepted) > 20 {
+		t.Errorf("%d heartbeats among %d pushes in 1.5 s", heartbeats, len(gw.accepted))
+	}
+}
+
+// TestHealthRule pins the rule itself: healthy while the last scrape
+// succeeded and is at most two intervals old.
+func TestHealthRule(t *testing.T) {
+	s, err := New(Config{Source: discovery.Fixed{}, ScrapeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	h := &host{attempted: true, lastOK: t0}
+	for _, c := range []struct {
+		after   time.Duration
+		failing bool
+		want    bool
+	}{
+		// interval + timeout = 200 ms by default
+		{0, false, true}, {150 * time.Millisecond, false, true}, {200 * time.Millisecond, false, true},
+		{201 * time.Millisecond, false, false}, {50 * time.Millisecond, true, false},
+	} {
+		h.failing = c.failing
+		if got := s.healthy(h, t0.Add(c.after)); got != c.want {
+			t.Errorf("%v after the last good scrape (failing %v): healthy=%v, want %v", c.after, c.failing, got, c.want)
+		}
+	}
+	if s.healthy(&host{}, t0) || s.healthy(&host{attempted: true, failing: true}, t0) {
+		t.Error("a never-scraped host is healthy")
 	}
 }
 
