@@ -43,7 +43,11 @@ func pdStringView(b []byte) string {
 // members kept are copied byte for byte, in their order; set members come
 // last. body must be a valid JSON object.
 func rewriteObject(body []byte, drop func(key string) bool, set ...[2]string) []byte {
-	out := make([]byte, 0, len(body)+160)
+	extra := 2
+	for _, kv := range set {
+		extra += len(kv[0]) + len(kv[1]) + 8 // quotes, colon, comma, escapes of plain keys
+	}
+	out := make([]byte, 0, len(body)+extra)
 	out = append(out, '{')
 	gjson.Parse(pdStringView(body)).ForEach(func(k, v gjson.Result) bool {
 		if drop(k.Str) {
