@@ -105,7 +105,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	report, err := benchFleet(w, names, prof, o, sopt, progressBar(stderr, len(names)*len(w.Requests)))
+	report, walls, err := benchFleet(w, names, prof, o, sopt, progressBar(stderr, len(names)*len(w.Requests)))
 	if err != nil {
 		return err
 	}
@@ -119,13 +119,17 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d\n\n", len(w.Requests), o.trace, o.replicas, prof.Name, o.rateScale, o.seed)
 	report.Markdown(stdout)
+	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
+	for i, name := range names {
+		fmt.Fprintf(stdout, " %s %.1fs", name, walls[i].Seconds())
+	}
 	fmt.Fprintf(stdout, "\nwrote %s and %s\n", o.out, png)
 	return nil
 }
 
 // benchFleet simulates every strategy on the workload (in parallel, each
 // with its own fleet and router) and computes the fleet's ceiling.
-func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, error) {
+func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
 	report := &benchreport.Report{
 		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated",
 		Results: make([]benchreport.Result, len(names)),
@@ -134,6 +138,7 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 	if par <= 0 {
 		par = runtime.GOMAXPROCS(0)
 	}
+	walls := make([]time.Duration, len(names))
 	sem := make(chan struct{}, par)
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
@@ -163,6 +168,7 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
+			walls[i] = res.Wall
 		})
 	}
 	wg.Wait()
@@ -170,9 +176,9 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 		progress(-1)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return report, nil
+	return report, walls, nil
 }
 
 func toResult(name string, res *fleet.Result) benchreport.Result {
@@ -225,4 +231,12 @@ func progressBar(w io.Writer, total int) func(int) {
 		fill := width * done / total
 		fmt.Fprintf(f, "\r[%s%s] %3d%% %6.1fs", strings.Repeat("#", fill), strings.Repeat(".", width-fill), 100*done/total, time.Since(start).Seconds())
 	}
+}
+
+// parallelism is how many strategies run at once.
+func parallelism(flag, n int) int {
+	if flag <= 0 {
+		flag = runtime.GOMAXPROCS(0)
+	}
+	return min(flag, n)
 }
