@@ -39,6 +39,9 @@ type Config struct {
 	VMID string
 	// VMConfiguration is the vm_config configuration, readable at any time.
 	VMConfiguration string
+	// Env is vm_config.environment_variables: what the module's WASI
+	// environ (os.Getenv) sees. Envoy passes nothing else.
+	Env map[string]string
 
 	// Filters is the HTTP filter chain, in decoding order, each a plugin of
 	// the same module told apart by root id. The router comes last.

@@ -442,3 +442,14 @@ func TestLocalReplyBeforeBodyClosesConnection(t *testing.T) {
 		t.Errorf("status %d, Connection: close %v; want the filter's 413 and a closed connection", resp.StatusCode, resp.Close)
 	}
 }
+
+// While _initialize runs (Go's init functions), proxy_* calls other than
+// proxy_log trap, as in proxy-wasm-cpp-host; the environment comes from
+// vm_config.environment_variables.
+func TestHostCallDuringInitializeTraps(t *testing.T) {
+	_, err := New(context.Background(), Config{Module: probeModule(t), VMID: "probe",
+		Env: map[string]string{"PROBE_INIT_CALL": "1"}, Filters: []Filter{{RootID: "probe"}}})
+	if err == nil || !strings.Contains(err.Error(), "restricted") || !strings.Contains(err.Error(), "proxy_set_tick_period_milliseconds") {
+		t.Fatalf("err = %v, want a failed _initialize naming the restricted call", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	crand "crypto/rand"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -302,6 +303,14 @@ func (h *Host) startVM(ctx context.Context, index int) (*vm, error) {
 		WithSysWalltime().WithSysNanotime().WithRandSource(crand.Reader).
 		WithStdout(&lineLogger{v: v, level: LevelInfo}).
 		WithStderr(&lineLogger{v: v, level: LevelError})
+	keys := make([]string, 0, len(h.cfg.Env))
+	for k := range h.cfg.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		mc = mc.WithEnv(k, h.cfg.Env[k])
+	}
 	mod, err := h.runtime.InstantiateModule(v.ctx, h.compiled, mc)
 	if err != nil {
 		return nil, fmt.Errorf("wasmhost: Failed to load Wasm module (worker %d): %w", index, err)

@@ -8,12 +8,21 @@
 package main
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"unsafe"
 )
 
 func main() {}
+
+// With PROBE_INIT_CALL set (vm_config.environment_variables), the module
+// calls the host while _initialize runs, which Envoy forbids.
+func init() {
+	if os.Getenv("PROBE_INIT_CALL") != "" {
+		proxySetTickPeriod(10)
+	}
+}
 
 //go:wasmimport env proxy_log
 func proxyLog(level uint32, ptr unsafe.Pointer, size uint32) uint32
