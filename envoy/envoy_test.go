@@ -111,6 +111,9 @@ func checkKvroute(res *manifests.Result) error {
 			return fmt.Errorf("%s: plugin configuration: %w", p.Where, err)
 		}
 		cfgs = append(cfgs, cfg)
+		if len(cfg.Warnings) > 0 {
+			return fmt.Errorf("%s: the strategy configuration draws warnings: %v", p.Where, cfg.Warnings)
+		}
 		if cfg.BodyRouting && (p.AllowOnHeadersStopIteration == nil || !*p.AllowOnHeadersStopIteration) {
 			return fmt.Errorf("%s: bodyRouting is on but allow_on_headers_stop_iteration is not true: Envoy would pick the host before the filter sees the body", p.Where)
 		}
