@@ -200,7 +200,7 @@ func TestPDBenchMooncake(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows = append(rows, row{name: "aggregated 8 x both", s: ar.Summarize()})
-	for _, split := range []struct{ p, threshold int }{{2, 512}, {3, 512}, {4, 512}, {3, 4096}} {
+	for _, split := range []struct{ p, threshold int }{{2, 512}, {4, 512}, {5, 512}, {6, 512}, {4, 4096}} {
 		roles := make([]scorer.Role, replicas)
 		for i := range roles {
 			roles[i] = scorer.RoleDecode
