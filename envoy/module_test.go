@@ -24,7 +24,10 @@ import (
 // manifest, and only the engine addresses are pointed at loopback upstreams.
 
 type engine struct {
-	srv       *httptest.Server
+	srv *httptest.Server
+	// reply, when set, is the JSON body answered (default: a completion).
+	reply     string
+	lastBody  atomic.Value // string
 	requests  atomic.Int64
 	bodyBytes atomic.Int64
 	// chosen counts requests whose destination header names this engine
@@ -36,7 +39,9 @@ type engine struct {
 func newEngine(t *testing.T) *engine {
 	e := &engine{}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n, _ := io.Copy(io.Discard, r.Body)
+		body, _ := io.ReadAll(r.Body)
+		n := int64(len(body))
+		e.lastBody.Store(string(body))
 		e.requests.Add(1)
 		for _, a := range strings.Split(r.Header.Get("x-gateway-destination-endpoint"), ",") {
 			if strings.TrimSpace(a) == e.addr() {
@@ -46,6 +51,10 @@ func newEngine(t *testing.T) *engine {
 		}
 		e.bodyBytes.Add(n)
 		w.Header().Set("content-type", "application/json")
+		if e.reply != "" {
+			io.WriteString(w, e.reply)
+			return
+		}
 		io.WriteString(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
 	}))
 	t.Cleanup(e.srv.Close)
@@ -163,3 +172,4 @@ func TestShippedOriginalDstBootstrapRunsWithTheModule(t *testing.T) {
 		t.Errorf("ORIGINAL_DST dialled the client-named address %d times", got)
 	}
 }
+
