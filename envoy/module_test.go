@@ -172,4 +172,3 @@ func TestShippedOriginalDstBootstrapRunsWithTheModule(t *testing.T) {
 		t.Errorf("ORIGINAL_DST dialled the client-named address %d times", got)
 	}
 }
-
