@@ -111,7 +111,36 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if !root.IsObject() {
 		return r, badRequest("", "the request body must be a JSON object")
 	}
-	model := root.Get("model")
+	// One pass over the top-level keys: a Get per field would rescan the
+	// whole body (prompt included) for every key that is absent or comes
+	// after the prompt. A repeated key keeps its last value, as Python's
+	// json module (vLLM, SGLang) does.
+	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "model":
+			model = v
+		case "stream":
+			stream = v
+		case "max_tokens":
+			maxTokens = v
+		case "max_completion_tokens":
+			maxCompletion = v
+		case "user":
+			user = v
+		case "cache_salt":
+			salt = v
+		case "messages":
+			messages = v
+		case "tools":
+			tools = v
+		case "prompt":
+			prompt = v
+		case "input":
+			input = v
+		}
+		return true
+	})
 	if !model.Exists() {
 		return r, badRequest("model", "'model' is required")
 	}
@@ -122,45 +151,43 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
 		r.Model, r.Adapter = base, model.Str
 	}
-	if v := root.Get("stream"); v.Exists() {
-		if v.Type != gjson.True && v.Type != gjson.False {
+	if stream.Exists() {
+		if stream.Type != gjson.True && stream.Type != gjson.False {
 			return r, badRequest("stream", "'stream' must be a boolean")
 		}
-		r.Stream = v.Bool()
+		r.Stream = stream.Bool()
 	}
-	for _, name := range [...]string{"max_tokens", "max_completion_tokens"} {
-		v := root.Get(name)
-		if !v.Exists() || v.Type == gjson.Null {
+	for _, f := range [...]struct {
+		name string
+		v    gjson.Result
+	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
+		if !f.v.Exists() || f.v.Type == gjson.Null {
 			continue
 		}
-		n, ok := wholeNumber(v)
+		n, ok := wholeNumber(f.v)
 		if !ok || n < 0 || n > maxMaxTokens {
-			return r, badRequest(name, "'%s' must be a whole number from 0 to %d", name, maxMaxTokens)
+			return r, badRequest(f.name, "'%s' must be a whole number from 0 to %d", f.name, maxMaxTokens)
 		}
 		r.MaxTokens = int(n)
 	}
-	if v := root.Get("user"); v.Exists() && v.Type != gjson.Null {
-		if v.Type != gjson.String {
+	if user.Exists() && user.Type != gjson.Null {
+		if user.Type != gjson.String {
 			return r, badRequest("user", "'user' must be a string")
 		}
-		r.SessionKey = v.Str
+		r.SessionKey = user.Str
 	}
-	salt := ""
-	if v := root.Get("cache_salt"); v.Exists() {
-		if v.Type != gjson.String {
-			return r, badRequest("cache_salt", "'cache_salt' must be a string")
-		}
-		salt = v.Str
+	if salt.Exists() && salt.Type != gjson.String {
+		return r, badRequest("cache_salt", "'cache_salt' must be a string")
 	}
 
-	p.hasher.Reset(r.Model, r.Adapter, salt)
+	p.hasher.Reset(r.Model, r.Adapter, salt.Str)
 	if kind == apiUnknown {
 		switch {
-		case root.Get("messages").Exists():
+		case messages.Exists():
 			kind = apiChat
-		case root.Get("prompt").Exists():
+		case prompt.Exists():
 			kind = apiCompletions
-		case root.Get("input").Exists():
+		case input.Exists():
 			kind = apiEmbeddings
 		default:
 			return r, badRequest("", "the body has no 'messages', 'prompt' or 'input'")
@@ -169,11 +196,11 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	var err *requestError
 	switch kind {
 	case apiChat:
-		err = p.chat(root)
+		err = p.chat(messages, tools)
 	case apiCompletions:
-		err = p.prompt(root.Get("prompt"), "prompt")
+		err = p.prompt(prompt, "prompt")
 	case apiEmbeddings:
-		err = p.prompt(root.Get("input"), "input")
+		err = p.prompt(input, "input")
 	}
 	if err != nil {
 		return r, err
@@ -257,14 +284,13 @@ func (p *requestParser) tokenIDs(items []gjson.Result, name string) *requestErro
 
 // chat hashes tools and messages in request order, as a chat template lays
 // them out.
-func (p *requestParser) chat(root gjson.Result) *requestError {
-	if tools := root.Get("tools"); tools.Exists() && tools.Type != gjson.Null {
+func (p *requestParser) chat(msgs, tools gjson.Result) *requestError {
+	if tools.Exists() && tools.Type != gjson.Null {
 		if !tools.IsArray() {
 			return badRequest("tools", "'tools' must be an array")
 		}
 		p.hasher.Field("tools", tools.Raw)
 	}
-	msgs := root.Get("messages")
 	if !msgs.Exists() {
 		return badRequest("messages", "'messages' is required")
 	}
@@ -292,15 +318,31 @@ func (p *requestParser) message(m gjson.Result, i int) *requestError {
 	if !m.IsObject() {
 		return badRequest(at, "'%s' must be an object with 'role' and 'content'", at)
 	}
-	role := m.Get("role")
+	// One pass over the message's keys (a Get per key would rescan the
+	// content, which may be most of the body).
+	var role, name, content, calls, callID gjson.Result
+	m.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "role":
+			role = v
+		case "name":
+			name = v
+		case "content":
+			content = v
+		case "tool_calls":
+			calls = v
+		case "tool_call_id":
+			callID = v
+		}
+		return true
+	})
 	if role.Type != gjson.String || role.Str == "" {
 		return badRequest(at+".role", "'%s.role' must be a non-empty string", at)
 	}
 	p.hasher.BeginMessage(role.Str)
-	if name := m.Get("name"); name.Type == gjson.String {
+	if name.Type == gjson.String {
 		p.hasher.Field("name", name.Str)
 	}
-	content := m.Get("content")
 	switch {
 	case content.Type == gjson.String:
 		p.hasher.Text(content.Str)
@@ -320,7 +362,7 @@ func (p *requestParser) message(m gjson.Result, i int) *requestError {
 	default:
 		return badRequest(at+".content", "'%s.content' must be a string or an array of content parts", at)
 	}
-	if calls := m.Get("tool_calls"); calls.Exists() && calls.Type != gjson.Null {
+	if calls.Exists() && calls.Type != gjson.Null {
 		if !calls.IsArray() {
 			return badRequest(at+".tool_calls", "'%s.tool_calls' must be an array", at)
 		}
@@ -329,8 +371,8 @@ func (p *requestParser) message(m gjson.Result, i int) *requestError {
 			p.hasher.ToolCall(c.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
 		}
 	}
-	if id := m.Get("tool_call_id"); id.Type == gjson.String {
-		p.hasher.Field("tool_call_id", id.Str)
+	if callID.Type == gjson.String {
+		p.hasher.Field("tool_call_id", callID.Str)
 	}
 	return nil
 }

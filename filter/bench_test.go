@@ -1,0 +1,92 @@
+package filter
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/wasmhost"
+)
+
+// BenchmarkRouterInWasm measures what kvroute.router costs per request in
+// the Wasm host with 16 candidate hosts, against the same host without the
+// filter, in the same run: each iteration sends one request through each,
+// alternately, and the sub-benchmark reports both per-request times, their
+// difference (the filter: body copy into the VM, parse, hash, index query
+// and record, decision, header writes, response callbacks) and the ratio.
+func BenchmarkRouterInWasm(b *testing.B) {
+	module := wasmModule(b)
+	var addrs []string
+	for i := 0; i < 16; i++ {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("content-type", "application/json")
+			io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
+		}))
+		b.Cleanup(up.Close)
+		addrs = append(addrs, up.Listener.Addr().String())
+	}
+	clusters := map[string][]string{"engines": addrs}
+	start := func(cfg wasmhost.Config) string {
+		h, err := wasmhost.New(context.Background(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		front := httptest.NewServer(h)
+		b.Cleanup(func() { front.Close(); h.Close() })
+		return front.URL
+	}
+	baseURL := start(wasmhost.Config{Clusters: clusters, RouteCluster: "engines"})
+	filterURL := start(wasmhost.Config{Module: module, VMID: "kvroute", Clusters: clusters, RouteCluster: "engines",
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
+	send := func(b *testing.B, url, body string) {
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	for _, size := range []struct {
+		name  string
+		bytes int
+	}{{"1Ktok", 4 << 10}, {"8Ktok", 32 << 10}, {"32Ktok", 128 << 10}, {"220KB", 220 << 10}} {
+		// A shared system prompt (most of the body) and a varying question.
+		system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", size.bytes/55)
+		body := func(i int) string { return chatBody(system, fmt.Sprintf("question number %d", i)) }
+		b.Run(size.name, func(b *testing.B) {
+			for i := 0; i < 20; i++ {
+				send(b, baseURL, body(i))
+				send(b, filterURL, body(i))
+			}
+			b.SetBytes(int64(len(body(0))))
+			var tBase, tFilter time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				bd := body(i)
+				t0 := time.Now()
+				send(b, baseURL, bd)
+				t1 := time.Now()
+				send(b, filterURL, bd)
+				tFilter += time.Since(t1)
+				tBase += t1.Sub(t0)
+			}
+			b.StopTimer()
+			n := float64(b.N)
+			b.ReportMetric(float64(tBase.Microseconds())/n, "us/req-nofilter")
+			b.ReportMetric(float64(tFilter.Microseconds())/n, "us/req-filter")
+			b.ReportMetric(float64(tFilter-tBase)/float64(time.Microsecond)/n, "us/req-overhead")
+			b.ReportMetric(float64(tFilter)/float64(tBase), "ratio")
+		})
+	}
+}
