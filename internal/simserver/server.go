@@ -99,6 +99,8 @@ type Server struct {
 	client   *http.Client
 	wg       sync.WaitGroup
 	served   atomic.Int64
+	closed   sync.Once
+	closeErr error
 }
 
 // Start launches the servers and returns once all of them accept
@@ -193,20 +195,24 @@ func (f *Fleet) Close() error {
 	return errors.Join(errs...)
 }
 
-// Close stops the server.
+// Close stops the server. It is idempotent: a test that kills one replica
+// may still Close the whole fleet.
 func (s *Server) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	err := s.http.Shutdown(ctx)
-	if err != nil {
-		err = s.http.Close()
-	}
-	s.engine.close()
-	s.wg.Wait()
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
-	return err
+	s.closed.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		err := s.http.Shutdown(ctx)
+		if err != nil {
+			err = s.http.Close()
+		}
+		s.engine.close()
+		s.wg.Wait()
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		s.closeErr = err
+	})
+	return s.closeErr
 }
 
 // Stats returns the engine's current state and counters.

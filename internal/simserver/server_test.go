@@ -469,8 +469,14 @@ func TestPortBaseAndClose(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
+	if err := f.Servers[1].Close(); err != nil { // kill one replica first
+		t.Fatal(err)
+	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
 	}
 	if _, err := http.Get("http://" + addrs[0] + "/health"); err == nil {
 		t.Fatal("server still answering after Close")
