@@ -215,9 +215,18 @@ func checkWiring(res *manifests.Result, cfg *config.Config) error {
 	header := cfg.DestinationHeader
 	var overrideHeaders []string
 	var bufferLimits []uint32
+	stripped := false // a filter or setting removes the client's header before kvroute
 	for _, r := range res.Envoy {
 		switch m := r.Message.(type) {
+		case *hcmv3.HttpFilter:
+			hm := &headermutationv3.HeaderMutation{}
+			if m.GetTypedConfig().MessageIs(hm) && m.GetTypedConfig().UnmarshalTo(hm) == nil {
+				for _, mu := range hm.GetMutations().GetRequestMutations() {
+					stripped = stripped || mu.GetRemove() == header
+				}
+			}
 		case *bootstrapv3.Bootstrap:
+			stripped = true // checkListener requires it per listener
 			for _, l := range m.GetStaticResources().GetListeners() {
 				if err := checkListener(r.Where, l, header, cfg); err != nil {
 					return err
@@ -280,6 +289,7 @@ func checkWiring(res *manifests.Result, cfg *config.Config) error {
 			if h := v.Spec.Headers; h == nil || h.EarlyRequestHeaders == nil || !contains(h.EarlyRequestHeaders.Remove, header) {
 				return fmt.Errorf("%s: headers.earlyRequestHeaders.remove must list %s so a client cannot steer the request", o.Where, header)
 			}
+			stripped = true
 		}
 	}
 	if cfg.BodyRouting {
@@ -291,6 +301,9 @@ func checkWiring(res *manifests.Result, cfg *config.Config) error {
 				return fmt.Errorf("%s: connection buffer limit %d is below maxBodyBytes %d: Envoy would answer 413 before the filter decides", res.File, b, cfg.MaxBodyBytes)
 			}
 		}
+	}
+	if !stripped {
+		return fmt.Errorf("%s: nothing removes a client's %s before kvroute runs (header_mutation filter, earlyRequestHeaders): with the VM failed open a client would pick the replica", res.File, header)
 	}
 	for _, h := range overrideHeaders {
 		if h != "" && h != header {
@@ -480,7 +493,8 @@ func TestBrokenManifestsNameTheField(t *testing.T) {
 		{"istio/envoyfilter.yaml", `"prefillCluster": "outbound|8000||vllm-prefill.llm.svc.cluster.local"`, `"prefillCluster": "outbound|8000||vllm-prefil.llm.svc.cluster.local"`, "pd.prefillCluster"},
 		{"envoy-gateway/kvroute.yaml", "decodeCluster: httproute/llm/kvroute-inference/rule/0", "decodeCluster: httproute/llm/kvroute/rule/0", "pd.decodeCluster"},
 		// Istio.
-		{"istio/envoyfilter.yaml", "applyTo: LISTENER", "applyTo: LISTENERS", "applyTo"},
+		{"istio/envoyfilter.yaml", "applyTo: LISTENER\n", "applyTo: LISTENERS\n", "applyTo"},
+		{"istio/envoyfilter.yaml", "            - remove: x-gateway-destination-endpoint", "            - remove: x-other", "nothing removes"},
 		{"istio/envoyfilter.yaml", "          type_urls:\n", "          type_url:\n", "type_url"},
 		{"istio/envoyfilter.yaml", "initial_fetch_timeout: 0s", "initial_fetch_timeout: soon", "initial_fetch_timeout"},
 		{"istio/envoyfilter.yaml", "                override_host_sources:", "                override_hosts_sources:", "override_hosts_sources"},
