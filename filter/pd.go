@@ -16,7 +16,7 @@ import (
 //
 // It sits after kvroute.router in the filter chain and acts only on requests
 // the router disaggregated: the router names the prefill host in
-// PrefillEndpointHeader (the decode host stays in the destination header).
+// PrefillHostHeader (the decode host stays in the destination header).
 // The router strips every client-supplied x-kvroute-* header, so the header
 // can only come from it. kvroute.pd then:
 //
@@ -44,11 +44,12 @@ import (
 // allow_on_headers_stop_iteration (>= 1.35); without it Envoy holds the body
 // back until the filter resumes, and the request would hang.
 
-// PrefillEndpointHeader is the internal request header by which
+// PrefillHostHeader is the internal request header by which
 // kvroute.router hands kvroute.pd the prefill host: "host:port", optionally
 // followed by fallbacks (comma-separated, retry order). kvroute.pd removes it
-// before the request goes upstream.
-const PrefillEndpointHeader = "x-kvroute-prefill-endpoint"
+// before the request goes upstream. (The router spells it
+// internalHeaderPrefix + "prefill-host".)
+const PrefillHostHeader = "x-kvroute-prefill-host"
 
 // Outcomes named in the marker header.
 const (
@@ -187,7 +188,7 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 	for _, h := range hs {
 		name := strings.ToLower(h[0])
 		switch {
-		case name == PrefillEndpointHeader:
+		case name == PrefillHostHeader:
 			s.prefill = strings.TrimSpace(h[1])
 			continue
 		case name == testPanicHeader:
@@ -208,8 +209,8 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 		s.stats().passthrough.Increment(1)
 		return types.ActionContinue
 	}
-	if err := proxywasm.RemoveHttpRequestHeader(PrefillEndpointHeader); err != nil {
-		proxywasm.LogWarnf("kvroute.pd: removing %s: %v", PrefillEndpointHeader, err)
+	if err := proxywasm.RemoveHttpRequestHeader(PrefillHostHeader); err != nil {
+		proxywasm.LogWarnf("kvroute.pd: removing %s: %v", PrefillHostHeader, err)
 	}
 	if endOfStream {
 		// Nothing to prefill: a body-less request goes on as it is.

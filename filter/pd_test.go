@@ -73,7 +73,7 @@ func pdSend(t *testing.T, host proxytest.HostEmulator, prefill, body string, ext
 		{"content-length", strconv.Itoa(len(body))}, {"x-gateway-destination-endpoint", pdDecode},
 	}
 	if prefill != "" {
-		hs = append(hs, [2]string{PrefillEndpointHeader, prefill})
+		hs = append(hs, [2]string{PrefillHostHeader, prefill})
 	}
 	hs = append(hs, extra...)
 	a := host.CallOnRequestHeaders(id, hs, false)
@@ -120,8 +120,8 @@ func TestPDVLLMPrefillThenDecode(t *testing.T) {
 	if a != types.ActionPause {
 		t.Fatalf("body: %v, want Pause until the prefill answers", a)
 	}
-	if _, ok := pdHeaderValue(host.GetCurrentRequestHeaders(id), PrefillEndpointHeader); ok {
-		t.Errorf("%s still on the request: it must not reach the decode host", PrefillEndpointHeader)
+	if _, ok := pdHeaderValue(host.GetCurrentRequestHeaders(id), PrefillHostHeader); ok {
+		t.Errorf("%s still on the request: it must not reach the decode host", PrefillHostHeader)
 	}
 	calls := host.GetCalloutAttributesFromContext(id)
 	if len(calls) != 1 {
@@ -143,8 +143,8 @@ func TestPDVLLMPrefillThenDecode(t *testing.T) {
 			t.Errorf("callout header %s = %q, want %q", name, got, want)
 		}
 	}
-	if _, ok := pdHeaderValue(c.Headers, PrefillEndpointHeader); ok {
-		t.Errorf("callout carries %s", PrefillEndpointHeader)
+	if _, ok := pdHeaderValue(c.Headers, PrefillHostHeader); ok {
+		t.Errorf("callout carries %s", PrefillHostHeader)
 	}
 	pb := gjson.ParseBytes(c.Body)
 	checks := map[string]string{
@@ -274,7 +274,7 @@ func TestPDRecoveredPanicFailsOpen(t *testing.T) {
 	host := pdStart(t, "")
 	id := host.InitializeHttpContext()
 	a := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {":authority", "gw"},
-		{PrefillEndpointHeader, pdPrefill}, {"x-kvroute-test-panic", "recover"}}, false)
+		{PrefillHostHeader, pdPrefill}, {"x-kvroute-test-panic", "recover"}}, false)
 	if a != types.ActionContinue {
 		t.Fatalf("headers after a recovered panic: %v, want Continue", a)
 	}

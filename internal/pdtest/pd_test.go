@@ -209,13 +209,22 @@ type reply struct {
 	ttft   time.Duration // first body byte
 }
 
+// send posts body with the routing headers kvroute.router would have set:
+// the decode host in the destination header, the prefill host in
+// filter.PrefillHostHeader.
 func (s *setup) send(t *testing.T, path, body string) reply {
+	t.Helper()
+	return s.sendRaw(t, path, body, map[string]string{destHeader: s.decode.addr, filter.PrefillHostHeader: s.prefill.addr})
+}
+
+func (s *setup) sendRaw(t *testing.T, path, body string, hdr map[string]string) reply {
 	t.Helper()
 	req, _ := http.NewRequest("POST", s.url+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", requestID)
-	req.Header.Set(destHeader, s.decode.addr)
-	req.Header.Set(filter.PrefillEndpointHeader, s.prefill.addr)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
 	client := &http.Client{Timeout: 30 * time.Second}
 	t0 := time.Now()
 	resp, err := client.Do(req)
@@ -302,8 +311,8 @@ func checkTransfer(t *testing.T, s *setup) string {
 		if got := e.header.Get("X-Request-Id"); got != requestID {
 			t.Errorf("%s got x-request-id %q, want the client's %q", e.path, got, requestID)
 		}
-		if e.header.Get(filter.PrefillEndpointHeader) != "" {
-			t.Errorf("%s received %s", e.path, filter.PrefillEndpointHeader)
+		if e.header.Get(filter.PrefillHostHeader) != "" {
+			t.Errorf("%s received %s", e.path, filter.PrefillHostHeader)
 		}
 	}
 	pb := gjson.ParseBytes(pre[0].body)
