@@ -22,7 +22,6 @@ import (
 	"github.com/ohler55/ojg/jp"
 	"github.com/ohler55/ojg/oj"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -334,7 +333,6 @@ func applyEGPatch(res *Result, where string, p egv1a1.EnvoyJSONPatchConfig, list
 		listeners[p.Name] = out
 		return nil
 	case egClusterType:
-		var base proto.Message = &clusterv3.Cluster{}
 		if noPath {
 			// A whole new resource.
 			if op.Op != "add" || op.Value == nil {
@@ -354,7 +352,7 @@ func applyEGPatch(res *Result, where string, p egv1a1.EnvoyJSONPatchConfig, list
 		if !strings.HasPrefix(p.Name, "httproute/") {
 			return fieldErr(where+".name", fmt.Errorf("%q: the checker only knows route clusters (httproute/NS/NAME/rule/N)", p.Name))
 		}
-		base = &clusterv3.Cluster{
+		base := &clusterv3.Cluster{
 			Name:                 p.Name,
 			ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{ServiceName: p.Name, EdsConfig: &corev3.ConfigSource{
