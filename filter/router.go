@@ -44,6 +44,9 @@ type routerPlugin struct {
 	stateGen uint64 // generation of the pushed state in hosts (0: static endpoints)
 	stateTs  int64  // its timestampMs
 	breakers *breakers
+	// Per address, what this VM last applied to the index from pushed state.
+	capacity  map[string]int
+	clearedAt map[string]int64
 
 	lastRouter router.Stats
 	lastIndex  index.Metrics
@@ -70,7 +73,7 @@ func counterMetric(name string) proxywasm.MetricCounter {
 }
 
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
-	p := &routerPlugin{cfg: cfg, now: clock, pos: map[string]int{}}
+	p := &routerPlugin{cfg: cfg, now: clock, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{}}
 	p.stats = routerStats{
 		commonStats:       newCommonStats("router"),
 		routed:            counterMetric("requests.routed"),
@@ -178,13 +181,35 @@ func (p *routerPlugin) refreshState() {
 		p.stateGen = gen
 		return
 	}
+	hc := p.ix.Config().Hash
+	tokensPerBlock := max(hc.BlockChars/max(hc.CharsPerToken, 1), 1)
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
+		capacity := h.BlockSize * h.NumGPUBlocks // tokens
 		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
-			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: h.NumGPUBlocks}
+			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock}
 	}
 	p.setHosts(cs)
 	p.stateGen, p.stateTs = gen, st.TimestampMs
+	// Engine facts the index keeps for every worker: KV capacity (drives
+	// eviction of the index's beliefs) and cache clears (AllBlocksCleared,
+	// restarts). Every worker applies them; both are idempotent.
+	for _, h := range st.Hosts {
+		ref, ok := p.ix.Lookup(h.Address)
+		if !ok {
+			continue
+		}
+		if capacity := h.BlockSize * h.NumGPUBlocks; capacity > 0 && p.capacity[h.Address] != capacity {
+			if err := p.ix.SetCapacity(ref, capacity); err == nil {
+				p.capacity[h.Address] = capacity
+			}
+		}
+		if h.ClearedAtMs > p.clearedAt[h.Address] {
+			if err := p.ix.Clear(ref); err == nil {
+				p.clearedAt[h.Address] = h.ClearedAtMs
+			}
+		}
+	}
 }
 
 // prepare refreshes per-decision host fields: pushed-state staleness and the

@@ -594,3 +594,40 @@ func TestSharedPrefixGoesToTheSameHost(t *testing.T) {
 		host.CompleteHttpContext(id)
 	}
 }
+
+// A push's clearedAtMs makes the index forget that host's blocks: the
+// shared prefix then has no holder, and capacity reaches the index.
+func TestStatePushClearsAndSizesHosts(t *testing.T) {
+	host, p := newHost(t, RootRouter, `{"fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":86400000}}`, types.OnPluginStartStatusOK)
+	push := func(cleared int64) {
+		body := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":"10.2.0.1:8000","healthy":true,"blockSize":16,"numGpuBlocks":1000,"clearedAtMs":%d},{"address":"10.2.0.2:8000","healthy":true,"blockSize":16,"numGpuBlocks":1000,"clearedAtMs":%d}]}`, time.Now().UnixMilli(), cleared, cleared)
+		id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
+		if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
+			t.Fatalf("push: %+v", r)
+		}
+	}
+	push(0)
+	system := strings.Repeat("a long shared system prompt for the clear test. ", 60)
+	body := chatBody(system, "q")
+	matched := func() int {
+		p.parser.parse([]byte(body), apiChat)
+		var m index.Matches
+		if err := p.ix.Query(p.parser.hasher.Blocks(), &m); err != nil {
+			t.Fatal(err)
+		}
+		_, blocks := m.Best()
+		return blocks
+	}
+	id, _ := send(host, "POST", "/v1/chat/completions", body)
+	host.CompleteHttpContext(id)
+	if matched() == 0 {
+		t.Fatal("the decision recorded nothing in the index")
+	}
+	if want := 16 * 1000 / 64; p.hosts[0].BlockCapacity != want {
+		t.Errorf("BlockCapacity = %d, want %d index blocks", p.hosts[0].BlockCapacity, want)
+	}
+	push(time.Now().UnixMilli())
+	if n := matched(); n != 0 {
+		t.Errorf("after clearedAtMs the index still matches %d blocks", n)
+	}
+}
