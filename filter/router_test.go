@@ -194,18 +194,6 @@ func TestPluginStartFailsOnUnknownRootID(t *testing.T) {
 	}
 }
 
-func TestPDPassesThrough(t *testing.T) {
-	host, _ := newHost(t, RootPD, threeEndpoints+`}`, types.OnPluginStartStatusOK)
-	id := host.InitializeHttpContext()
-	action := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {"x-kvroute-prefill-host", "10.0.0.1:8000"}}, false)
-	if action != types.ActionContinue {
-		t.Fatalf("action %v", action)
-	}
-	if got, _ := header(host.GetCurrentRequestHeaders(id), "x-kvroute-prefill-host"); got != "10.0.0.1:8000" {
-		t.Errorf("pd must leave the router's headers alone, got %v", host.GetCurrentRequestHeaders(id))
-	}
-}
-
 func TestTestHookRecoverFailsOpen(t *testing.T) {
 	host, _ := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0,"testHooks":true}`, types.OnPluginStartStatusOK)
 	id, action := post(host, completion,
