@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !linux && !(wasip1 && kvroute_hoststore)
 
 package index
 

@@ -23,7 +23,7 @@ type HashConfig struct {
 	// BlockChars.
 	LevelBlocks int
 	// MaxLevel caps the doubling (block size at most BlockChars << MaxLevel).
-	// Zero uses DefaultMaxLevel.
+	// Zero uses DefaultMaxLevel; at most 15.
 	MaxLevel int
 	// CharsPerToken converts canonical bytes to estimated tokens. Token-id
 	// prompts are encoded as 4 bytes per id, so 4 (the default) is exact
@@ -48,6 +48,9 @@ func (c HashConfig) withDefaults() HashConfig {
 	}
 	if c.MaxLevel <= 0 {
 		c.MaxLevel = DefaultMaxLevel
+	}
+	if c.MaxLevel > 15 { // the index stores a block's level in 4 bits
+		c.MaxLevel = 15
 	}
 	if c.CharsPerToken <= 0 {
 		c.CharsPerToken = DefaultCharsPerToken

@@ -2,7 +2,10 @@
 
 package index
 
-import "unsafe"
+import (
+	"time"
+	"unsafe"
+)
 
 // hostStore keeps shared data on the host, as Envoy does: a get is a host
 // call that copies the value into a fresh guest buffer (the SDK allocates
@@ -58,3 +61,9 @@ func benchStore() Store { return &hostStore{} }
 
 // resetBenchStore empties the host's map: every hostStore shares it.
 func resetBenchStore() { hostReset() }
+
+//go:wasmimport kvroute_store cpu_ns
+func hostCPU() int64
+
+// cpuNow returns the CPU time of the host process running this guest.
+func cpuNow() time.Duration { return time.Duration(hostCPU()) }

@@ -109,6 +109,9 @@ func instantiateStore(ctx context.Context, r wazero.Runtime) error {
 		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, _ []uint64) {
 		d.reset(ctx, m)
 	}), nil, nil).Export("reset").
+		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(_ context.Context, _ api.Module, st []uint64) {
+		st[0] = uint64(processCPU())
+	}), nil, []api.ValueType{api.ValueTypeI64}).Export("cpu_ns").
 		Instantiate(ctx)
 	return err
 }
