@@ -124,7 +124,7 @@ Every flag can also be set in a YAML --config file under the flag's name
 	fl.StringVar(&o.kvEventsTopic, "kv-events-topic", "", "KV event topic prefix to subscribe to (default: all)")
 
 	fl.DurationVar(&o.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each engine is scraped")
-	fl.DurationVar(&o.scrapeTimeout, "scrape-timeout", 0, "timeout of one scrape (default: the scrape interval)")
+	fl.DurationVar(&o.scrapeTimeout, "scrape-timeout", 0, "timeout of one scrape (default: 80% of the scrape interval)")
 	fl.StringVar(&o.metricsPath, "metrics-path", "/metrics", "the engines' metrics path")
 
 	fl.StringArrayVar(&o.gateways, "gateway", nil, "gateway state URL, e.g. http://gw:9002/.kvroute/v1/state (repeat for each gateway)")

@@ -49,7 +49,7 @@ type Config struct {
 	// Source discovers the engines. Required.
 	Source discovery.Source
 	// ScrapeInterval is how often each engine is scraped (default 100 ms);
-	// ScrapeTimeout bounds one scrape (default: the interval).
+	// ScrapeTimeout bounds one scrape (default: 80% of the interval).
 	ScrapeInterval, ScrapeTimeout time.Duration
 	// MetricsPath is the engines' metrics path (default /metrics).
 	MetricsPath string
@@ -98,11 +98,12 @@ type host struct {
 	tracker *kvevents.Tracker
 	sub     *kvevents.Subscriber
 
-	attempted bool
-	failing   bool
-	lastOK    time.Time
-	lastErr   string
-	sample    scrape.Sample
+	attempted  bool
+	failing    bool
+	lastReason string // of the last scrape ("" when it succeeded)
+	lastOK     time.Time
+	lastErr    string
+	sample     scrape.Sample
 }
 
 // New validates cfg and builds a Service; Run starts it.
@@ -114,7 +115,10 @@ func New(cfg Config) (*Service, error) {
 		cfg.ScrapeInterval = 100 * time.Millisecond
 	}
 	if cfg.ScrapeTimeout <= 0 {
-		cfg.ScrapeTimeout = cfg.ScrapeInterval
+		// 80% of the interval: a hung engine's scrape fails at most 1.8
+		// intervals after it went silent, inside the two-interval promise
+		// with room for the push itself.
+		cfg.ScrapeTimeout = cfg.ScrapeInterval * 4 / 5
 	}
 	if cfg.MetricsPath == "" {
 		cfg.MetricsPath = "/metrics"
@@ -265,8 +269,9 @@ func (s *Service) onScrape(h *host, r scrape.Result) {
 		s.mu.Unlock()
 		return // removed meanwhile
 	}
-	wasFailing, first := h.failing, !h.attempted
+	wasFailing, first, lastReason := h.failing, !h.attempted, h.lastReason
 	h.attempted = true
+	h.lastReason = r.Reason
 	if r.Err == nil {
 		h.failing = false
 		h.lastOK = r.At
@@ -277,9 +282,14 @@ func (s *Service) onScrape(h *host, r scrape.Result) {
 		h.lastErr = r.Err.Error()
 	}
 	s.mu.Unlock()
+	// Logged on transitions only (and when the reason changes): a broken
+	// engine scraped ten times a second must not write ten lines a second;
+	// the counters carry every failure.
 	switch {
 	case r.Err != nil && !wasFailing:
 		s.log.Warn("engine scrape failed; marked unhealthy", "host", r.Address, "reason", r.Reason, "err", r.Err)
+	case r.Err != nil && r.Reason != lastReason:
+		s.log.Warn("engine scrape still failing, for another reason", "host", r.Address, "reason", r.Reason, "err", r.Err)
 	case r.Err == nil && (wasFailing || first):
 		s.log.Info("engine answers; healthy", "host", r.Address, "engine", r.Sample.Engine, "model", r.Sample.Model)
 	}
@@ -313,12 +323,13 @@ func (s *Service) assembleLoop(ctx context.Context) {
 // healthy is the health rule; s.mu is held. A failed scrape marks the
 // engine unhealthy at once: a killed engine refuses the next scrape (at
 // most one interval later) and a hung one times out (at most one interval
-// plus the timeout, two intervals by default). The age check is the
-// backstop for a scrape loop that is itself stuck: no good answer for an
-// interval plus a timeout (two intervals by default) is unhealthy too.
+// plus the timeout, 1.8 intervals by default). The age check is the
+// backstop for a scrape loop that is itself stuck: no good answer for two
+// intervals (or an interval plus a longer configured timeout) is unhealthy
+// too.
 func (s *Service) healthy(h *host, now time.Time) bool {
-	return h.attempted && !h.failing && !h.lastOK.IsZero() &&
-		now.Sub(h.lastOK) <= s.cfg.ScrapeInterval+s.cfg.ScrapeTimeout
+	maxAge := max(2*s.cfg.ScrapeInterval, s.cfg.ScrapeInterval+s.cfg.ScrapeTimeout)
+	return h.attempted && !h.failing && !h.lastOK.IsZero() && now.Sub(h.lastOK) <= maxAge
 }
 
 func (s *Service) assembleAndPublish(now time.Time) {

@@ -644,7 +644,7 @@ func TestHealthRule(t *testing.T) {
 		failing bool
 		want    bool
 	}{
-		// interval + timeout = 200 ms by default
+		// two intervals = 200 ms
 		{0, false, true}, {150 * time.Millisecond, false, true}, {200 * time.Millisecond, false, true},
 		{201 * time.Millisecond, false, false}, {50 * time.Millisecond, true, false},
 	} {
@@ -734,3 +734,43 @@ func TestNewRejectsBadConfig(t *testing.T) {
 }
 
 var _ = net.JoinHostPort
+
+// TestHungEngine: an engine that still accepts connections but stops
+// answering is caught by the scrape timeout: unhealthy within two
+// intervals, healthy again when it answers.
+func TestHungEngine(t *testing.T) {
+	var hung atomic.Bool
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hung.Load() {
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+			return
+		}
+		io.WriteString(w, vllmText(1, 1))
+	}))
+	defer srv.Close()
+	defer close(release)
+	addr := srv.Listener.Addr().String()
+	gw := newGateway(t, "tok")
+	const interval = 100 * time.Millisecond
+	startService(t, Config{
+		Source:         discovery.Fixed{{Address: addr}},
+		ScrapeInterval: interval,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+	})
+	gw.waitState(t, "healthy", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, addr); return h.Healthy })
+	silent := time.Now()
+	hung.Store(true)
+	gw.waitState(t, "unhealthy", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, addr); return !h.Healthy })
+	took := time.Since(silent)
+	t.Logf("hung engine marked unhealthy at the gateway after %v (interval %v, default timeout 80%%)", took, interval)
+	if took > 2*interval+500*time.Millisecond {
+		t.Errorf("unhealthy after %v, want within two intervals plus slack", took)
+	}
+	hung.Store(false)
+	gw.waitState(t, "healthy again", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, addr); return h.Healthy })
+}
