@@ -343,8 +343,14 @@ func (s *Service) assembleAndPublish(now time.Time) {
 		}
 		st.Hosts = append(st.Hosts, s.hostSnapshot(h, now))
 	}
-	started, lastPub, prev := s.started, s.lastPub, s.published
+	started, lastPub, prev, discovered := s.started, s.lastPub, s.published, s.discOK
 	s.mu.Unlock()
+	// Nothing is pushed before discovery has produced its first set: an
+	// empty snapshot would take every candidate away from the gateways
+	// while, say, the Kubernetes informers are still syncing.
+	if !discovered {
+		return
+	}
 	sort.Slice(st.Hosts, func(i, j int) bool { return st.Hosts[i].Address < st.Hosts[j].Address })
 
 	// Until every engine has been tried once (or a second has passed),

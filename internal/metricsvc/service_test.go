@@ -672,6 +672,10 @@ func TestDiscoveryChangesAndHealthz(t *testing.T) {
 	if code, body := get(t, admin+"/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
 		t.Errorf("/healthz before discovery = %d %s", code, body)
 	}
+	time.Sleep(100 * time.Millisecond) // several snapshot loop ticks
+	if _, n := gw.latest(); n != 0 {
+		t.Errorf("%d snapshots pushed before discovery produced a set (an empty one takes every candidate away)", n)
+	}
 	src.ch <- []discovery.Endpoint{{Address: e1.addr(), Role: "decode"}}
 	gw.waitState(t, "e1", 3*time.Second, func(st snapshot.State) bool { return len(st.Hosts) == 1 && st.Hosts[0].Healthy })
 	src.ch <- []discovery.Endpoint{{Address: e2.addr()}, {Address: e1.addr(), Role: "prefill", Adapters: []string{"x"}}}
