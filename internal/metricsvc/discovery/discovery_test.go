@@ -77,6 +77,9 @@ endpoints:
 	if err != nil {
 		t.Fatal(err)
 	}
+	if empty, err := ParseFile([]byte("endpoints: []\n")); err != nil || len(empty) != 0 {
+		t.Errorf("explicitly empty fleet: %v %v", empty, err)
+	}
 	if len(eps) != 2 || eps[0].Role != "decode" || eps[0].Adapters[0] != "sql-lora" || eps[0].KVEvents != "tcp://10.0.0.7:5557" || eps[1].Role != "both" {
 		t.Errorf("eps = %+v", eps)
 	}

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -22,6 +23,9 @@ import (
 // It is re-read when its modification time or size changes (checked every
 // Poll), so editing a mounted ConfigMap takes effect without a restart; a
 // file that no longer parses is reported and the previous list kept.
+// Replace the file atomically (write a temporary file, then rename, as
+// Kubernetes does for ConfigMap volumes): a rewrite in place can be read
+// half-written.
 type File struct {
 	Path string
 	Poll time.Duration // default 5 s
@@ -29,7 +33,10 @@ type File struct {
 }
 
 type fileDoc struct {
-	Endpoints []Endpoint `json:"endpoints"`
+	// A pointer, so a file without the key (an empty file caught halfway
+	// through a non-atomic rewrite, say) is an error rather than an empty
+	// fleet; "endpoints: []" is allowed.
+	Endpoints *[]Endpoint `json:"endpoints"`
 }
 
 // Name implements Source.
@@ -51,9 +58,13 @@ func ParseFile(b []byte) ([]Endpoint, error) {
 	if err := yaml.UnmarshalStrict(b, &doc); err != nil {
 		return nil, fmt.Errorf("endpoints file: %w", err)
 	}
+	if doc.Endpoints == nil {
+		return nil, errors.New("endpoints file: no \"endpoints\" key (write \"endpoints: []\" for an empty fleet)")
+	}
+	eps := *doc.Endpoints
 	seen := map[string]bool{}
-	for i := range doc.Endpoints {
-		e := &doc.Endpoints[i]
+	for i := range eps {
+		e := &eps[i]
 		if err := e.Validate(); err != nil {
 			return nil, fmt.Errorf("endpoints file, entry %d: %w", i+1, err)
 		}
@@ -62,7 +73,7 @@ func ParseFile(b []byte) ([]Endpoint, error) {
 		}
 		seen[e.Address] = true
 	}
-	return doc.Endpoints, nil
+	return eps, nil
 }
 
 // Run implements Source. The first read must succeed; later failures keep
