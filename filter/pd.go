@@ -67,7 +67,18 @@ const (
 	reasonDispatch  = "dispatch_failed"   // the callout could not be sent (unknown cluster, ...)
 	reasonBody      = "bad_body"          // the request body is not a JSON object
 	reasonPanic     = "recovered_panic"
+	reasonNoBody    = "no_body" // the body never reached the filter: allow_on_headers_stop_iteration is off
 )
+
+// pdBodyWait is how long a request may wait, headers held, for its body.
+// Behind kvroute.router the body arrives with the headers (the router
+// buffered it), so a longer wait means Envoy holds the body back: the plugin
+// lacks allow_on_headers_stop_iteration. The request then goes on
+// decode-only instead of hanging until the stream times out.
+var pdBodyWait = 2 * time.Second
+
+// pdTickMs is the root tick that looks for such requests.
+const pdTickMs = 500
 
 // vllmPrefillParams is what vLLM's NixlConnector expects on the prefill
 // request: compute the prompt and keep its KV for a remote decode.
@@ -82,6 +93,10 @@ type pdPlugin struct {
 	cfg   *config.Config
 	pd    config.PD
 	stats pdStats
+	// held are the streams whose headers wait for the body, by context id.
+	held     map[uint32]*pdStream
+	bodyWait time.Duration
+	warned   bool // the allow_on_headers_stop_iteration error was logged
 }
 
 type pdStats struct {
@@ -103,7 +118,7 @@ type pdStats struct {
 }
 
 func newPD(cfg *config.Config) (*pdPlugin, error) {
-	p := &pdPlugin{cfg: cfg, pd: cfg.PD}
+	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait}
 	p.stats = pdStats{
 		commonStats:    newCommonStats("pd"),
 		disaggregated:  proxywasm.DefineCounterMetric("kvroute.pd.requests.disaggregated"),
@@ -112,15 +127,44 @@ func newPD(cfg *config.Config) (*pdPlugin, error) {
 		fallbackFailed: proxywasm.DefineCounterMetric("kvroute.pd.requests.fallback_failed"),
 		fallbacks:      map[string]proxywasm.MetricCounter{},
 	}
-	for _, r := range []string{reasonError, reasonTimeout, reasonMalformed, reasonDispatch, reasonBody, reasonPanic} {
+	for _, r := range []string{reasonError, reasonTimeout, reasonMalformed, reasonDispatch, reasonBody, reasonPanic, reasonNoBody} {
 		p.stats.fallbacks[r] = proxywasm.DefineCounterMetric("kvroute.pd.fallback." + r)
+	}
+	if err := proxywasm.SetTickPeriodMilliSeconds(pdTickMs); err != nil {
+		proxywasm.LogWarnf("kvroute.pd: setting the tick period: %v (requests whose body never arrives will wait for Envoy's stream timeout)", err)
 	}
 	return p, nil
 }
 
-func (p *pdPlugin) newStream(uint32) types.HttpContext { return &pdStream{plugin: p} }
+func (p *pdPlugin) newStream(id uint32) types.HttpContext { return &pdStream{plugin: p, id: id} }
 
-func (p *pdPlugin) onTick() {}
+// onTick sends on, decode-only, every request whose headers have waited
+// for a body longer than bodyWait (see pdBodyWait).
+func (p *pdPlugin) onTick() {
+	now := time.Now()
+	for id, s := range p.held {
+		if now.Sub(s.heldAt) < p.bodyWait {
+			continue
+		}
+		delete(p.held, id)
+		if s.done || s.phase != phaseBuffering {
+			continue
+		}
+		if err := proxywasm.SetEffectiveContext(id); err != nil {
+			continue
+		}
+		if !p.warned {
+			p.warned = true
+			proxywasm.LogErrorf("kvroute.pd: no request body reached the filter within %v of the headers: "+
+				"set allow_on_headers_stop_iteration: true on the kvroute.pd plugin (Envoy >= 1.35); until then requests go decode-only", p.bodyWait)
+		}
+		s.phase = phaseResumed
+		s.fallback(reasonNoBody)
+		if err := proxywasm.ResumeHttpRequest(); err != nil {
+			proxywasm.LogWarnf("kvroute.pd: resuming a request that had no body: %v", err)
+		}
+	}
+}
 
 // pdPhase is where a disaggregated stream is.
 type pdPhase uint8
@@ -146,6 +190,8 @@ const (
 type pdStream struct {
 	types.DefaultHttpContext
 	plugin *pdPlugin
+	id     uint32
+	heldAt time.Time
 
 	phase   pdPhase
 	done    bool   // stream over: late callbacks do nothing
@@ -218,11 +264,14 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 		return types.ActionContinue
 	}
 	s.phase = phaseBuffering
+	s.heldAt = time.Now()
+	s.plugin.held[s.id] = s
 	return types.ActionPause
 }
 
 func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
 	defer guard(s.stats().recoveredPanics, "kvroute.pd on_request_body", &action, s.failOpenInline)
+	delete(s.plugin.held, s.id)
 	if s.phase != phaseBuffering {
 		return types.ActionContinue
 	}
@@ -496,7 +545,10 @@ func (s *pdStream) OnHttpResponseBody(_ int, endOfStream bool) (action types.Act
 	return types.ActionPause
 }
 
-func (s *pdStream) OnHttpStreamDone() { s.done = true }
+func (s *pdStream) OnHttpStreamDone() {
+	s.done = true
+	delete(s.plugin.held, s.id)
+}
 
 func (s *pdStream) addMarker() {
 	if h := s.plugin.pd.MarkerHeader; h != "" && s.marker != "" {

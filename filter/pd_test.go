@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -462,5 +463,54 @@ func TestPDBodyHelpers(t *testing.T) {
 		if h != tc.host || p != tc.port || ok != tc.ok {
 			t.Errorf("splitAddress(%q) = %q, %d, %v", tc.in, h, p, ok)
 		}
+	}
+}
+
+// Without allow_on_headers_stop_iteration Envoy never delivers the body to a
+// filter holding the headers: the tick sends such a request on decode-only.
+func TestPDNoBodySendsDecodeOnly(t *testing.T) {
+	defer func(w time.Duration) { pdBodyWait = w }(pdBodyWait)
+	pdBodyWait = 20 * time.Millisecond
+	host := pdStart(t, "")
+	if p := host.GetTickPeriod(); p != pdTickMs {
+		t.Fatalf("tick period %d, want %d", p, pdTickMs)
+	}
+	id := host.InitializeHttpContext()
+	a := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/v1/completions"}, {":authority", "gw"},
+		{PrefillHostHeader, pdPrefill}}, false)
+	if a != types.ActionPause {
+		t.Fatalf("headers: %v", a)
+	}
+	host.Tick()
+	if a := host.GetCurrentHttpStreamAction(id); a != types.ActionPause {
+		t.Fatalf("resumed before the wait was over: %v", a)
+	}
+	time.Sleep(30 * time.Millisecond)
+	host.Tick()
+	if a := host.GetCurrentHttpStreamAction(id); a != types.ActionContinue {
+		t.Fatalf("after the wait: %v, want Continue (decode-only)", a)
+	}
+	if n := pdCounter(t, host, "kvroute.pd.fallback.no_body"); n != 1 {
+		t.Errorf("fallback.no_body = %d", n)
+	}
+	if logs := strings.Join(host.GetErrorLogs(), "\n"); !strings.Contains(logs, "allow_on_headers_stop_iteration") {
+		t.Errorf("no log telling the operator what to set: %q", logs)
+	}
+	// The held body then passes untouched, with no prefill.
+	if a := host.CallOnRequestBody(id, []byte(pdClientBody), true); a != types.ActionContinue {
+		t.Errorf("body after the resume: %v", a)
+	}
+	if n := len(host.GetCalloutAttributesFromContext(id)); n != 0 {
+		t.Errorf("%d callouts after a decode-only resume", n)
+	}
+	if m, _ := pdMarker(t, host, id, "200"); m != "fallback=no_body" {
+		t.Errorf("marker %q", m)
+	}
+	// A request whose body arrives in time is not touched by the tick.
+	id2, a2 := pdSend(t, host, pdPrefill, pdClientBody)
+	time.Sleep(30 * time.Millisecond)
+	host.Tick()
+	if a2 != types.ActionPause || host.GetCurrentHttpStreamAction(id2) != types.ActionPause {
+		t.Errorf("a request waiting for its prefill was resumed by the tick")
 	}
 }

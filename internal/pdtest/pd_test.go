@@ -168,6 +168,11 @@ func engines(t *testing.T, scale float64) *simserver.Fleet {
 // prefill endpoint header itself, standing in for the router.
 func start(t *testing.T, pdConfig string, prefill, decode *recorder) *setup {
 	t.Helper()
+	return startAllow(t, pdConfig, prefill, decode, true)
+}
+
+func startAllow(t *testing.T, pdConfig string, prefill, decode *recorder, allowStopIteration bool) *setup {
+	t.Helper()
 	cfg := `{}`
 	if pdConfig != "" {
 		cfg = `{"pd":` + pdConfig + `}`
@@ -176,7 +181,7 @@ func start(t *testing.T, pdConfig string, prefill, decode *recorder) *setup {
 		Module:       kvrouteModule(t),
 		VMID:         "kvroute",
 		Workers:      1,
-		Filters:      []wasmhost.Filter{{RootID: filter.RootPD, Configuration: cfg, AllowOnHeadersStopIteration: true}},
+		Filters:      []wasmhost.Filter{{RootID: filter.RootPD, Configuration: cfg, AllowOnHeadersStopIteration: allowStopIteration}},
 		Clusters:     map[string][]string{decodeCluster: {decode.addr}, prefillCluster: {prefill.addr}},
 		RouteCluster: decodeCluster,
 		RouteTimeout: 30 * time.Second,
@@ -651,4 +656,37 @@ func TestSGLangPrefillTimeout(t *testing.T) {
 	if got := counter(s.host, "kvroute.pd.fallback.prefill_timeout"); got != 1 {
 		t.Errorf("fallback.prefill_timeout = %d", got)
 	}
+}
+
+// Without allow_on_headers_stop_iteration the host (as Envoy) holds the body
+// back while kvroute.pd holds the headers: after a short wait the filter
+// sends the request on decode-only instead of letting it hang.
+func TestWithoutAllowOnHeadersStopIterationGoesDecodeOnly(t *testing.T) {
+	f := engines(t, 0.05)
+	s := startAllow(t, "", proxyTo(t, f.Servers[0].Addr), proxyTo(t, f.Servers[1].Addr), false)
+	body := completion(900, 3, true, "noallow")
+	t0 := time.Now()
+	r := s.send(t, "/v1/completions", body)
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	if m := r.header.Get(markerHeader); m != "fallback=no_body" {
+		t.Errorf("marker %q, want fallback=no_body", m)
+	}
+	if took := time.Since(t0); took > 5*time.Second {
+		t.Errorf("took %v: the wait should be about 2 s", took)
+	}
+	if n := len(s.prefill.inference()); n != 0 {
+		t.Errorf("%d prefill requests", n)
+	}
+	if dec := s.decode.inference(); len(dec) != 1 || string(dec[0].body) != body {
+		t.Errorf("decode did not get the client's body")
+	}
+	if got := counter(s.host, "kvroute.pd.fallback.no_body"); got != 1 {
+		t.Errorf("fallback.no_body = %d", got)
+	}
+	if len(s.host.LogsContaining("allow_on_headers_stop_iteration")) == 0 {
+		t.Errorf("no log line tells the operator what to set")
+	}
+	sse(t, r.body)
 }
