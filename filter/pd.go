@@ -228,7 +228,7 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 		proxywasm.LogWarnf("kvroute.pd: reading request headers: %v", err)
 		return types.ActionContinue
 	}
-	var hook string
+	var hook, path string
 	dest := s.plugin.cfg.DestinationHeader
 	s.headers = s.headers[:0]
 	for _, h := range hs {
@@ -239,6 +239,8 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 			continue
 		case name == testPanicHeader:
 			hook = h[1]
+		case name == ":path":
+			path = h[1]
 		case name == dest:
 			s.decode = h[1]
 			continue
@@ -251,12 +253,16 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 		s.headers = append(s.headers, [2]string{name, h[1]})
 	}
 	testPanic(s.plugin.cfg.TestHooks, hook)
-	if s.prefill == "" {
+	if s.prefill != "" {
+		if err := proxywasm.RemoveHttpRequestHeader(PrefillHostHeader); err != nil {
+			proxywasm.LogWarnf("kvroute.pd: removing %s: %v", PrefillHostHeader, err)
+		}
+	}
+	if s.prefill == "" || !generates(path) {
+		// Not split by the router, or nothing to decode (embeddings, ...).
+		s.prefill = ""
 		s.stats().passthrough.Increment(1)
 		return types.ActionContinue
-	}
-	if err := proxywasm.RemoveHttpRequestHeader(PrefillHostHeader); err != nil {
-		proxywasm.LogWarnf("kvroute.pd: removing %s: %v", PrefillHostHeader, err)
 	}
 	if endOfStream {
 		// Nothing to prefill: a body-less request goes on as it is.
@@ -665,6 +671,15 @@ func (s *pdStream) setContentLength(n int) {
 	if err := proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(n)); err != nil {
 		proxywasm.LogWarnf("kvroute.pd: setting content-length: %v", err)
 	}
+}
+
+// generates reports whether path is an OpenAI endpoint that generates
+// tokens (completions, chat completions): only those have a decode phase.
+func generates(path string) bool {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	return strings.HasSuffix(path, "/completions")
 }
 
 // hopByHopHeader reports the headers a proxy never forwards as they are.

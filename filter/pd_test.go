@@ -514,3 +514,22 @@ func TestPDNoBodySendsDecodeOnly(t *testing.T) {
 		t.Errorf("a request waiting for its prefill was resumed by the tick")
 	}
 }
+
+// Only token-generating endpoints are split; the router's header never
+// reaches an upstream either way.
+func TestPDSplitsOnlyGeneratingPaths(t *testing.T) {
+	host := pdStart(t, "")
+	for path, split := range map[string]bool{
+		"/v1/embeddings": false, "/v1/models": false, "/v1/completions?x=1": true, "/v1/chat/completions": true,
+	} {
+		id := host.InitializeHttpContext()
+		a := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", path}, {":authority", "gw"},
+			{PrefillHostHeader, pdPrefill}}, false)
+		if split != (a == types.ActionPause) {
+			t.Errorf("%s: action %v, split %v", path, a, split)
+		}
+		if _, ok := pdHeaderValue(host.GetCurrentRequestHeaders(id), PrefillHostHeader); ok {
+			t.Errorf("%s: %s left on the request", path, PrefillHostHeader)
+		}
+	}
+}
