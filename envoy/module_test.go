@@ -172,3 +172,36 @@ func TestShippedOriginalDstBootstrapRunsWithTheModule(t *testing.T) {
 		t.Errorf("ORIGINAL_DST dialled the client-named address %d times", got)
 	}
 }
+
+// TestShippedStateListener pushes fleet state to the shipped state listener:
+// the token comes from Envoy's environment (host_env_keys), a wrong or
+// missing token is refused, the right one accepted.
+func TestShippedStateListener(t *testing.T) {
+	t.Setenv("KVROUTE_STATE_TOKEN", "t0ken-from-the-environment")
+	_, url := startManifest(t, "standalone/envoy.yaml", "kvroute_state", nil)
+	state := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":"10.0.0.11:8000","role":"decode","healthy":true,"waiting":0,"running":1,"kvUsage":0.2}]}`, time.Now().UnixMilli())
+	for _, c := range []struct {
+		auth string
+		want int
+	}{
+		{"", 401},
+		{"Bearer wrong", 401},
+		{"Bearer t0ken-from-the-environment", 200},
+	} {
+		hdr := map[string]string{}
+		if c.auth != "" {
+			hdr["authorization"] = c.auth
+		}
+		if code, resp := post(t, url+"/.kvroute/v1/state", state, hdr); code != c.want {
+			t.Errorf("push with %q: %d %s, want %d", c.auth, code, resp, c.want)
+		}
+	}
+
+	// Without the variable in Envoy's environment the VM has no token and
+	// refuses every push, the right one included.
+	t.Setenv("KVROUTE_STATE_TOKEN", "")
+	_, url = startManifest(t, "standalone/envoy.yaml", "kvroute_state", nil)
+	if code, resp := post(t, url+"/.kvroute/v1/state", state, map[string]string{"authorization": "Bearer t0ken-from-the-environment"}); code != 401 {
+		t.Errorf("push to a VM without the token variable: %d %s, want 401", code, resp)
+	}
+}

@@ -3,6 +3,7 @@ package manifests
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 
@@ -23,7 +24,9 @@ import (
 // filters in chain order with their root ids, configurations and
 // allow_on_headers_stop_iteration, the vm_id, every STATIC cluster, the
 // route's cluster, the header its override_host (or ORIGINAL_DST) reads, the
-// failure policy, the connection buffer limit and the timeouts.
+// failure policy, the connection buffer limit, the timeouts, and the VM's
+// environment (host_env_keys are read from this process's environment, as
+// Envoy reads its own).
 //
 // remap, when non-nil, rewrites each endpoint address ("10.0.0.11:8000")
 // in the clusters and, textually, in the plugin configurations: it points
@@ -74,6 +77,21 @@ func HostConfig(b *bootstrapv3.Bootstrap, listener string, remap map[string]stri
 			AllowOnHeadersStopIteration: pc.GetAllowOnHeadersStopIteration().GetValue(),
 		})
 		vmIDs[pc.GetVmConfig().GetVmId()] = true
+		// The VM's environment as Envoy builds it: host_env_keys read from
+		// this process's environment, key_values as given.
+		if ev := pc.GetVmConfig().GetEnvironmentVariables(); ev != nil {
+			if cfg.Env == nil {
+				cfg.Env = map[string]string{}
+			}
+			for _, k := range ev.GetHostEnvKeys() {
+				if v, ok := os.LookupEnv(k); ok {
+					cfg.Env[k] = v
+				}
+			}
+			for k, v := range ev.GetKeyValues() {
+				cfg.Env[k] = v
+			}
+		}
 		cfg.FailOpen = pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN || pc.GetFailOpen()
 	}
 	if len(vmIDs) > 1 {
