@@ -89,11 +89,21 @@ func (d driftStats) String() string {
 // capacity holds a fraction of the working set, routing each request to
 // the host with the longest match (ties random) as kvroute would, and
 // compares every host's match for sampled chains with exact LRU.
-func runDrift(t testing.TB, seed uint64, capFraction float64, bucketMs int64, evict, feedback bool) driftStats {
+// driftOpts selects one replay.
+type driftOpts struct {
+	capFraction float64 // host capacity as a fraction of the working set
+	bucketMs    int64   // Config.BucketMs
+	evict       bool    // set host capacities (else the index never evicts)
+	feedback    bool    // call Correct with the engine's cached blocks
+	segment     int     // Config.SegmentBlocks (0: default)
+}
+
+func runDrift(t testing.TB, seed uint64, o driftOpts) driftStats {
+	capFraction, bucketMs, evict, feedback := o.capFraction, o.bucketMs, o.evict, o.feedback
 	rng := rand.New(rand.NewPCG(seed, 3))
 	clk := &fakeClock{ms: 1e9}
 	const hosts = 8
-	ix := newTestIndex(t, &MemStore{}, clk, Config{Shards: 1024, BucketMs: bucketMs})
+	ix := newTestIndex(t, &MemStore{}, clk, Config{Shards: 1024, BucketMs: bucketMs, SegmentBlocks: o.segment})
 	units := func(i int) int { return 1 << ix.level(i) }
 	// 300 conversations: a shared system prompt (one of 5) then their own
 	// turns; a request is a conversation's prefix up to a turn.
@@ -170,6 +180,9 @@ func runDrift(t testing.TB, seed uint64, capFraction float64, bucketMs int64, ev
 			}
 		}
 	}
+	if testing.Verbose() {
+		t.Logf("index metrics: %+v", ix.Metrics())
+	}
 	return d
 }
 
@@ -181,9 +194,9 @@ func TestEvictionDriftAgainstExactLRU(t *testing.T) {
 		capFraction float64
 		minExact    float64
 	}{{0.3, 0.85}, {0.6, 0.85}} {
-		d := runDrift(t, 1, tc.capFraction, 1000, true, false)
+		d := runDrift(t, 1, driftOpts{capFraction: tc.capFraction, bucketMs: 1000, evict: true})
 		t.Logf("capacity %.0f%% of the working set, 1 s buckets: %v", 100*tc.capFraction, d)
-		fd := runDrift(t, 1, tc.capFraction, 1000, true, true)
+		fd := runDrift(t, 1, driftOpts{capFraction: tc.capFraction, bucketMs: 1000, evict: true, feedback: true})
 		t.Logf("  with cached_tokens feedback (Correct): %v", fd)
 		if float64(d.exact) < tc.minExact*float64(d.pairs) {
 			t.Errorf("capacity %.0f%%: only %v", 100*tc.capFraction, d)
@@ -206,7 +219,11 @@ func BenchmarkEvictionDrift(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				var d driftStats
 				for i := 0; i < b.N; i++ {
-					d = runDrift(b, 1, capFraction, max(bucket, 1000), bucket != 0, bucket < 0)
+					ms := bucket
+					if ms <= 0 {
+						ms = 1000
+					}
+					d = runDrift(b, 1, driftOpts{capFraction: capFraction, bucketMs: ms, evict: bucket != 0, feedback: bucket < 0})
 				}
 				b.ReportMetric(100*float64(d.exact)/float64(d.pairs), "exact%")
 				b.ReportMetric(100*float64(d.over)/float64(d.pairs), "over%")
@@ -214,5 +231,18 @@ func BenchmarkEvictionDrift(b *testing.B) {
 				b.ReportMetric(100*float64(d.absBlocks)/float64(max(d.refBlocks, 1)), "err%blocks")
 			})
 		}
+	}
+	// Segment length: continuations of a shared prefix share the shard of
+	// the segment where they diverge; long segments overflow it.
+	for _, seg := range []int{1, 4, 8, 16, 32} {
+		b.Run(fmt.Sprintf("cap=30%%/segment=%d", seg), func(b *testing.B) {
+			var d driftStats
+			for i := 0; i < b.N; i++ {
+				d = runDrift(b, 1, driftOpts{capFraction: 0.3, bucketMs: 1000, evict: true, segment: seg})
+			}
+			b.ReportMetric(100*float64(d.exact)/float64(d.pairs), "exact%")
+			b.ReportMetric(100*float64(d.under)/float64(d.pairs), "under%")
+			b.ReportMetric(100*float64(d.absBlocks)/float64(max(d.refBlocks, 1)), "err%blocks")
+		})
 	}
 }

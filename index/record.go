@@ -52,7 +52,7 @@ func (ix *Index) mark(ref HostRef, chain []uint64, from int, add bool) error {
 	// Right after a Query (Record with its Matches) the slot table it read
 	// is reused: a table a few microseconds stale is safe, since a shard
 	// written with an older table epoch masks the bits of any host removed
-	// since (see loadEntries and staleMask).
+	// since (see updateShard and staleMask).
 	if !ix.tableFresh || ix.table.check(ref) != nil {
 		ix.readSlots()
 	}
