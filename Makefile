@@ -42,6 +42,7 @@ fuzz:
 	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s ./index || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s ./internal/metricsvc/kvevents
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./internal/metricsvc/scrape
+	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s ./filter
 
 oci: wasm
 	$(GO) run ./cmd/kvroute oci build --wasm dist/kvroute.wasm --out dist/kvroute-oci.tar

@@ -1,0 +1,73 @@
+package filter
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+// FuzzPDRewrite checks the body rewrites on arbitrary input: never a panic;
+// for a JSON object, valid JSON out with the protocol's members set, every
+// other member kept byte for byte, and kv_transfer_params carried exactly.
+// go test -run '^$' -fuzz FuzzPDRewrite ./filter
+func FuzzPDRewrite(f *testing.F) {
+	for _, seed := range []string{
+		pdClientBody,
+		`{"prompt":"p"}`,
+		`{}`,
+		` {"a":1,"a":2,"stream":true} `,
+		`{"kv_transfer_params":{"x":[1,{"y":null}]},"bootstrap_room":5,"stream_options":null}`,
+		`{"messages":[{"role":"user","content":"\u00e9\"\\\n"}],"max_completion_tokens":3}`,
+		`[1]`, `"s"`, `{"a":`, ``, `null`,
+	} {
+		f.Add([]byte(seed), []byte(pdBenchKV))
+	}
+	f.Fuzz(func(t *testing.T, body, kv []byte) {
+		pb, ok := vllmPrefillBody(body)
+		bb, ok2 := withBootstrap(body, "10.0.0.1", 8998, 42)
+		if ok != jsonObject(body) || ok2 != ok {
+			t.Fatalf("accepted %v/%v for a body that is an object: %v", ok, ok2, jsonObject(body))
+		}
+		if !ok {
+			return
+		}
+		root := gjson.ParseBytes(body)
+		for _, out := range [][]byte{pb, bb} {
+			if !gjson.ValidBytes(out) || !gjson.ParseBytes(out).IsObject() {
+				t.Fatalf("rewrite is not a JSON object: %q -> %q", body, out)
+			}
+		}
+		p := gjson.ParseBytes(pb)
+		if p.Get("stream").Raw != "false" || p.Get("max_tokens").Raw != "1" || p.Get("kv_transfer_params").Raw != vllmPrefillParams ||
+			p.Get("stream_options").Exists() || p.Get("min_tokens").Exists() {
+			t.Fatalf("prefill body lacks the protocol's fields: %q", pb)
+		}
+		// Every member the rewrite does not own survives (last value wins, as
+		// in every JSON decoder).
+		root.ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "stream", "max_tokens", "max_completion_tokens", "kv_transfer_params", "stream_options", "min_tokens":
+				return true
+			}
+			if got := p.Get(gjson.Escape(k.Str)); got.Raw != root.Get(gjson.Escape(k.Str)).Raw {
+				t.Fatalf("member %q changed: %q -> %q", k.Str, root.Get(gjson.Escape(k.Str)).Raw, got.Raw)
+			}
+			return true
+		})
+		// kv as a prefill response carries it, then on into the decode body.
+		if raw, ok := kvTransferParams([]byte(`{"id":1,"kv_transfer_params":` + string(kv) + `}`)); ok {
+			if string(raw) != strings.TrimSpace(string(kv)) {
+				t.Fatalf("kv_transfer_params read as %q from %q", raw, kv)
+			}
+			db := withKVTransferParams(body, raw)
+			if got := gjson.GetBytes(db, "kv_transfer_params").Raw; got != string(raw) || !gjson.ValidBytes(db) {
+				t.Fatalf("kv_transfer_params not carried byte for byte: %q in %q", raw, db)
+			}
+		}
+		b := gjson.ParseBytes(bb)
+		if b.Get("bootstrap_host").String() != "10.0.0.1" || b.Get("bootstrap_port").Raw != "8998" || b.Get("bootstrap_room").Raw != "42" {
+			t.Fatalf("bootstrap fields missing: %q", bb)
+		}
+	})
+}
