@@ -88,6 +88,10 @@ type seq struct {
 	blocks     []int32
 	computed   int // tokens whose KV is computed
 	registered int // leading blocks registered in the prefix cache
+	// prefillTo is how many tokens must be computed before the next token
+	// is sampled: the prompt, plus the tokens already generated when the
+	// request was preempted (recomputation rebuilds their KV too).
+	prefillTo int
 }
 
 // Engine is one replica.
@@ -186,8 +190,8 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		n := 1
-		if s.computed < s.r.PromptTokens {
-			n = min(s.r.PromptTokens-s.computed, budget)
+		if s.computed < s.prefillTo {
+			n = min(s.prefillTo-s.computed, budget)
 		}
 		need := e.blocksFor(s.computed+n) - len(s.blocks)
 		for need > e.kv.available() {
@@ -215,6 +219,7 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 		s := e.waiting[0]
 		r := s.r
 		bs := e.prof.BlockSize
+		s.prefillTo = r.PromptTokens + r.Generated
 		hit := e.kv.lookup(r.BlockHashes)
 		// At least one prompt token is always computed, to get logits.
 		if hit*bs >= r.PromptTokens {
@@ -230,7 +235,7 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 			n = 1
 			s.computed = max(s.computed, r.PromptTokens-1)
 		} else {
-			n = min(r.PromptTokens-s.computed, budget)
+			n = min(s.prefillTo-s.computed, budget)
 		}
 		need := e.blocksFor(s.computed+n) - len(s.blocks)
 		if need > e.kv.available() {
@@ -266,13 +271,13 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 	for k, s := range e.sched {
 		n := e.schedN[k]
 		r := s.r
-		wasPrefill := s.computed < r.PromptTokens
+		wasPrefill := s.computed < s.prefillTo
 		s.computed += n
 		if wasPrefill {
 			e.stats.PromptTokens += int64(n)
 			e.registerFull(s)
 		}
-		if s.computed >= r.PromptTokens {
+		if s.computed >= s.prefillTo {
 			r.Generated++
 			e.stats.GenerationTokens++
 			if r.Generated == 1 {
@@ -288,7 +293,7 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 	if len(res.Finished) > 0 {
 		kept := e.running[:0]
 		for _, s := range e.running {
-			if s.r.Generated >= s.r.MaxTokens && s.computed >= s.r.PromptTokens {
+			if s.r.Generated >= s.r.MaxTokens && s.computed >= s.prefillTo {
 				e.kv.release(s.blocks)
 				s.blocks = nil
 				continue
@@ -324,9 +329,8 @@ func (e *Engine) preempt(s *seq) {
 	s.computed, s.registered = 0, 0
 	s.r.Preemptions++
 	e.stats.Preemptions++
-	// Generated tokens are kept (they were streamed); recomputation
-	// rebuilds their KV along with the prompt in a real engine. The model
-	// recomputes the prompt only, a slight underestimate of the cost.
+	// Generated tokens are kept (they were streamed); on readmission the
+	// prompt and those tokens are recomputed (prefillTo).
 	e.waiting = append(e.waiting, nil)
 	copy(e.waiting[1:], e.waiting)
 	e.waiting[0] = s

@@ -166,6 +166,12 @@ func TestPreemptionWhenKVExhausted(t *testing.T) {
 	if s.KVUsage != 0 {
 		t.Fatalf("KV usage %.2f after all requests finished, want 0", s.KVUsage)
 	}
+	// Recomputation: every preempted request prefills its prompt and the
+	// tokens it had generated again, so more than the 8 prompts' 2,400
+	// tokens went through prefill.
+	if s.PromptTokens <= 8*300+s.Preemptions*300 {
+		t.Fatalf("prefilled %d tokens after %d preemptions: recomputation of generated tokens missing", s.PromptTokens, s.Preemptions)
+	}
 }
 
 func TestTooLongRequestRejected(t *testing.T) {
