@@ -104,7 +104,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if !utf8.Valid(body) {
 		return r, badRequest("", "the request body is not valid UTF-8")
 	}
-	if !gjson.ValidBytes(body) {
+	if !validJSON(body) {
 		return r, badRequest("", "the request body is not valid JSON")
 	}
 	root := gjson.ParseBytes(body)

@@ -64,7 +64,7 @@ type routerStats struct {
 	indexErrors, loadErrors                       proxywasm.MetricCounter
 	statePushes, stateUnauthorized, stateRejected proxywasm.MetricCounter
 	breakerOpened, disaggregated                  proxywasm.MetricCounter
-	decisionMicros                                proxywasm.MetricHistogram
+	decisionMicros, bodyMicros                    proxywasm.MetricHistogram
 	byProfile                                     map[string]proxywasm.MetricCounter
 }
 
@@ -100,6 +100,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		breakerOpened:     counterMetric("breaker.opened"),
 		disaggregated:     counterMetric("requests.disaggregated"),
 		decisionMicros:    proxywasm.DefineHistogramMetric("kvroute.router.decision_us"),
+		bodyMicros:        proxywasm.DefineHistogramMetric("kvroute.router.request_body_us"),
 		byProfile:         map[string]proxywasm.MetricCounter{},
 	}
 	p.token = cfg.State.Token
@@ -393,6 +394,8 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 		return types.ActionPause // buffer until the whole body is here
 	}
 	s.awaitingBody = false
+	start := p.now()
+	defer func() { p.stats.bodyMicros.Record(uint64(p.now().Sub(start).Microseconds())) }()
 	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
 	if err != nil && bodySize > 0 {
 		proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
