@@ -140,12 +140,16 @@ var (
 	moduleErr  error
 )
 
-func kvrouteModule(t *testing.T) []byte {
-	t.Helper()
+func readModule() ([]byte, error) {
 	moduleOnce.Do(func() {
 		moduleWasm, moduleErr = os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
 	})
-	if moduleErr != nil {
+	return moduleWasm, moduleErr
+}
+
+func kvrouteModule(t *testing.T) []byte {
+	t.Helper()
+	if _, err := readModule(); err != nil {
 		t.Fatalf("dist/kvroute.wasm is missing (%v): run make wasm (make test builds it first)", moduleErr)
 	}
 	return moduleWasm
