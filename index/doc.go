@@ -10,17 +10,25 @@
 // The index is laid out for that map:
 //
 //   - a host slot table (one key): address hash to slot, a generation per
-//     slot, a clear epoch per slot, capacity and eviction horizon;
-//   - block shards (Config.Shards keys): a block hash picks its shard by
-//     Fibonacci hashing; a shard is a small table of (tag, age, host
-//     bitmap) entries, rewritten whole under CAS;
-//   - a usage histogram per host (one key per slot) that drives eviction;
+//     slot, a clear epoch per slot (removal and Clear make a host's bits
+//     stop counting at once, without touching the shards), capacity and
+//     eviction horizon;
+//   - block shards (Config.Shards keys): a block picks its shard by
+//     Fibonacci hashing of the first block of its segment (SegmentBlocks
+//     consecutive blocks of a chain share a shard, so recording a chain
+//     costs one write per segment); a shard is a small table of (tag, age,
+//     host bitmap) entries sorted by tag, rewritten whole under CAS;
+//   - a usage histogram per host (one key per slot): tracked blocks by
+//     recency bucket, from which eviction moves the host's horizon as its
+//     engine's LRU would;
 //   - load counters (one key for all hosts).
 //
-// A Query copies only the slot table and the few shards its binary search
-// probes; Record rewrites one shard per distinct shard of the new blocks.
+// A Query copies the slot table and the few shards its binary search
+// probes; Record rewrites one shard per segment of the blocks it adds.
 // Values are self-describing (magic, version, exact length): anything
 // short, corrupt or from another version reads as empty and is counted.
+// Keys are never written with CAS 0 (Envoy would let two creators both
+// win): see createCAS.
 //
 // The package imports no proxy-wasm SDK: it sees the proxy through Store,
 // so the same code runs in unit tests, benchmarks, the fleet simulator
