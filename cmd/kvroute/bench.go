@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 
 type benchOptions struct {
 	trace      string
+	workload   string
 	replicas   int
 	strategies string
 	out        string
@@ -44,6 +46,9 @@ It writes the bench contract's JSON (see DESIGN.md), a PNG next to it (TTFT CDF
 per strategy, hit ratio per strategy against the fleet's ceiling) and prints a
 markdown table.
 
+Instead of a trace, --workload runs one of the built-in generators:
+` + strings.Join(benchWorkloadNames(), ", ") + ` (see the README's Simulator section).
+
 Strategies: ` + strings.Join(fleet.StrategyNames, ", ") + `.
 Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 		Args: cobra.NoArgs,
@@ -52,7 +57,8 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace (required)")
+	f.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace (required unless --workload)")
+	f.StringVar(&o.workload, "workload", "", "built-in generated workload instead of a trace: "+strings.Join(benchWorkloadNames(), ", "))
 	f.IntVar(&o.replicas, "replicas", 8, "number of engine replicas")
 	f.StringVar(&o.strategies, "strategies", strings.Join(fleet.StrategyNames, ","), "comma-separated strategies to compare")
 	f.StringVar(&o.out, "out", "bench.json", "results file (JSON); the plot is written next to it as .png")
@@ -66,8 +72,8 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 }
 
 func runBench(o benchOptions, stdout, stderr io.Writer) error {
-	if o.trace == "" {
-		return errors.New("--trace is required: a Mooncake JSONL file such as ../shared/traces/mooncake_synthetic.jsonl")
+	if (o.trace == "") == (o.workload == "") {
+		return errors.New("--trace is required (a Mooncake JSONL file such as ../shared/traces/mooncake_synthetic.jsonl), or --workload instead of it")
 	}
 	if o.replicas < 1 {
 		return fmt.Errorf("--replicas must be at least 1, got %d", o.replicas)
@@ -100,8 +106,18 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	w, err := workload.LoadMooncake(o.trace, workload.TraceOptions{RateScale: o.rateScale, Limit: o.limit})
-	if err != nil {
+	var w *workload.Workload
+	source := o.trace
+	if o.workload != "" {
+		if w, err = benchWorkload(o.workload, o.seed); err != nil {
+			return err
+		}
+		w.Scale(o.rateScale)
+		if o.limit > 0 && o.limit < len(w.Requests) {
+			w.Requests = w.Requests[:o.limit]
+		}
+		source = "workload:" + o.workload
+	} else if w, err = workload.LoadMooncake(o.trace, workload.TraceOptions{RateScale: o.rateScale, Limit: o.limit}); err != nil {
 		return err
 	}
 
@@ -109,7 +125,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	report.Trace = o.trace
+	report.Trace = source
 	if err := report.WriteJSON(o.out); err != nil {
 		return err
 	}
@@ -117,7 +133,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := report.WritePNG(png); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d\n\n", len(w.Requests), o.trace, o.replicas, prof.Name, o.rateScale, o.seed)
+	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed)
 	report.Markdown(stdout)
 	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
 	for i, name := range names {
@@ -239,4 +255,44 @@ func parallelism(flag, n int) int {
 		flag = runtime.GOMAXPROCS(0)
 	}
 	return min(flag, n)
+}
+
+// benchWorkloads are the generated workloads bench can run instead of a
+// trace, each a few minutes of traffic for 8 replicas of the default
+// profile.
+var benchWorkloads = map[string]func(seed uint64) (*workload.Workload, error){
+	// 64 system prompts of 4,000 tokens, 32 questions each.
+	"shared-prefix": func(seed uint64) (*workload.Workload, error) {
+		return workload.SharedPrefix{Groups: 64, PromptsPerGroup: 32, SystemTokens: 4000, QuestionTokens: 200,
+			OutputTokens: 100, Rate: 20, Seed: seed}.Generate()
+	},
+	// 200 users, 8 turns each, 10 s between turns.
+	"multi-turn": func(seed uint64) (*workload.Workload, error) {
+		return workload.MultiTurn{Users: 200, Rounds: 8, SystemTokens: 1000, QuestionTokens: 300,
+			OutputTokens: 200, Rate: 2, ThinkTime: 10 * time.Second, Seed: seed}.Generate()
+	},
+	// 2,000 queries over 200 documents of 1,500 tokens, 4 per query.
+	"rag": func(seed uint64) (*workload.Workload, error) {
+		return workload.RAG{Queries: 2000, Documents: 200, DocsPerQuery: 4, DocTokens: 1500, SystemTokens: 500,
+			QuestionTokens: 100, OutputTokens: 100, Rate: 10, Seed: seed}.Generate()
+	},
+	// make demo's workload.
+	"demo": func(seed uint64) (*workload.Workload, error) { return demoWorkload(seed, 1) },
+}
+
+func benchWorkloadNames() []string {
+	names := make([]string, 0, len(benchWorkloads))
+	for n := range benchWorkloads {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func benchWorkload(name string, seed uint64) (*workload.Workload, error) {
+	gen, ok := benchWorkloads[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown workload %q (known: %s)", name, strings.Join(benchWorkloadNames(), ", "))
+	}
+	return gen(seed)
 }

@@ -158,3 +158,18 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchGeneratedWorkload(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "wl.json")
+	var stdout bytes.Buffer
+	err := runBench(benchOptions{workload: "shared-prefix", replicas: 4, strategies: "round_robin,kv_cache_aware",
+		out: out, rateScale: 1, seed: 3, limit: 600}, &stdout, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(out)
+	validateBenchJSON(t, raw, []string{"round_robin", "kv_cache_aware"}, 4)
+	if !strings.Contains(string(raw), `"trace": "workload:shared-prefix"`) {
+		t.Fatalf("trace field does not name the workload:\n%s", raw[:200])
+	}
+}
