@@ -21,8 +21,8 @@ func TestConfigErrorsNameTheirPath(t *testing.T) {
 		{"missing type", `{"plugins": [{"name": "a"}]}`, "plugins[0].type", "missing"},
 		{"unknown plugin type", `{"plugins": [{"name": "a", "type": "magic"}]}`, "plugins[0].type", `unknown plugin type "magic"; known:`},
 		{"duplicate names", `{"plugins": [{"name": "a", "type": "healthy"}, {"name": "a", "type": "role"}]}`, "plugins[1].name", `duplicate name "a" (first defined at plugins[0])`},
-		{"unknown parameter", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"absolute": 5}}]}`, "plugins[0].params.absolute", "unknown field; known: absoluteTokens, decodeWeight, relative, waitingTokens"},
-		{"parameter of a parameterless plugin", `{"plugins": [{"name": "p", "type": "prefix_cache", "params": {"x": 1}}]}`, "plugins[0].params.x", "takes no parameters"},
+		{"unknown parameter", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"absolute": 5}}]}`, "plugins[0].params.absolute", "unknown field; known: absoluteTokens, basis, decodeWeight, relative, waitingTokens"},
+		{"parameter of a parameterless plugin", `{"plugins": [{"name": "p", "type": "session_affinity", "params": {"x": 1}}]}`, "plugins[0].params.x", "takes no parameters"},
 		{"parameter out of range", `{"plugins": [{"name": "h", "type": "consistent_hash", "params": {"loadFactor": 0.5}}]}`, "plugins[0].params.loadFactor", "must be in [1, 100]"},
 		{"parameter wrong type", `{"plugins": [{"name": "h", "type": "consistent_hash", "params": {"loadFactor": "1.25"}}]}`, "plugins[0].params.loadFactor", "want a number, got a string"},
 		{"parameter not whole", `{"plugins": [{"name": "s", "type": "saturation", "params": {"maxWaiting": 1.5}}]}`, "plugins[0].params.maxWaiting", "whole number"},
@@ -104,7 +104,7 @@ func TestValidConfigs(t *testing.T) {
 				if h.Decode.Index == nil || h.Decode.Index.BlockChars != 64 || h.Decode.Index.CapacityBlocksPerHost != 31250 {
 					t.Fatalf("gie_default index hint %+v", h.Decode.Index)
 				}
-				want := map[string]float64{"prefix_cache": 3, "queue": 2, "kv_utilization": 2}
+				want := map[string]float64{"prefix_blocks": 3, "queue": 2, "kv_utilization": 2}
 				for _, s := range h.Decode.Scorers {
 					if want[s.Name] != s.Weight {
 						t.Fatalf("gie_default %s weight %v", s.Name, s.Weight)

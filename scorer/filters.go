@@ -32,13 +32,14 @@ func init() {
 			}
 		})
 	Register("load_guard", KindFilter,
-		"the imbalance guard: drops hosts whose outstanding token work exceeds the least-loaded host's by more than absoluteTokens AND by more than relative times, while others remain",
+		"the imbalance guard: drops hosts whose token work exceeds the best host's by more than absoluteTokens AND by more than relative times; work is outstanding tokens plus, with basis cost, this request's uncached tokens there",
 		func(p *Params) Plugin {
 			return &loadGuard{
 				absTokens:    float64(p.Int("absoluteTokens", 32768, 0, 1<<40)),
 				rel:          p.Float("relative", 1.5, 1, 1000),
 				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
 				queuedTokens: float64(p.Int("waitingTokens", 0, 0, 1<<30)),
+				withRequest:  p.Enum("basis", "cost", "cost", "load") == "cost",
 			}
 		})
 }
@@ -170,15 +171,24 @@ func (f *saturationFilter) Filter(c *Cycle, cand []int) []int {
 // loadGuard is kvroute's imbalance guard, in the spirit of SGLang's two
 // thresholds but measured in tokens, not requests: one 100k-token prompt is
 // not the same load as one 100-token prompt. A host is too loaded to chase
-// affinity on when its outstanding work exceeds the least-loaded
-// candidate's by more than absTokens and by more than rel times. The
-// absolute term keeps an idle fleet from ping-ponging over a few tokens;
-// the relative term scales with traffic.
+// affinity on when its work exceeds the best candidate's by more than
+// absTokens and by more than rel times. The absolute term keeps an idle
+// fleet from ping-ponging over a few tokens; the relative term scales with
+// traffic.
+//
+// With basis "cost" (the default) a host's work includes the prompt tokens
+// this request would have to compute there, so a warm host is judged by
+// what sending the request there really costs: a host 40k tokens busy that
+// holds 38k of a 40k-token prompt costs 42k, about what an idle host that
+// must compute all 40k costs, and keeps the request. With basis "load"
+// only outstanding work counts, which evicts affinity far too early on
+// long prompts (measured in the README).
 type loadGuard struct {
 	absTokens    float64
 	rel          float64
 	decodeWeight float64
 	queuedTokens float64 // tokens assumed per pushed waiting request
+	withRequest  bool
 }
 
 func (*loadGuard) Type() string { return "load_guard" }
@@ -200,6 +210,9 @@ func (g *loadGuard) Filter(c *Cycle, cand []int) []int {
 	minL := -1.0
 	for _, h := range cand {
 		l := tokenLoad(&c.Hosts[h], g.decodeWeight, g.queuedTokens)
+		if g.withRequest {
+			l += float64(c.Req.Uncached(h))
+		}
 		load[h] = l
 		if minL < 0 || l < minL {
 			minL = l

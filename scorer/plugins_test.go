@@ -130,6 +130,15 @@ func TestFilters(t *testing.T) {
 				h[0].PendingPrefillTokens, h[1].PendingPrefillTokens = 19000, 10000
 				return h
 			}, want: []int{0, 1}},
+		{name: "load guard with cost basis keeps a busy warm host", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1.5}`,
+			hosts: func() []Host { h := fleet(2); h[0].PendingPrefillTokens = 9000; return h },
+			// host 0: 9000 + 500 uncached; host 1: 0 + 10000
+			req:  func(r *Request) { r.PromptTokens = 10000; r.MatchedTokens = []int32{9500, 0} },
+			want: []int{0, 1}},
+		{name: "load guard with load basis drops it", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1.5, "basis": "load"}`,
+			hosts: func() []Host { h := fleet(2); h[0].PendingPrefillTokens = 9000; return h },
+			req:  func(r *Request) { r.PromptTokens = 10000; r.MatchedTokens = []int32{9500, 0} },
+			want: []int{1}},
 		{name: "load guard counts decode tokens by weight", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1, "decodeWeight": 1}`,
 			hosts: func() []Host { h := fleet(2); h[0].PendingDecodeTokens = 1500; return h },
 			want:  []int{1}},
@@ -160,10 +169,17 @@ func TestScorers(t *testing.T) {
 		req               func(*Request)
 		want              []float64
 	}{
-		{name: "prefix cache is matched over total blocks", typ: "prefix_cache", cat: Affinity,
+		{name: "prefix cache in blocks is matched over total blocks", typ: "prefix_cache", params: `{"unit": "blocks"}`, cat: Affinity,
 			hosts: func() []Host { return fleet(3) },
-			req:   func(r *Request) { r.TotalBlocks = 8; r.MatchedBlocks = []int32{8, 2, 0} },
+			req:   func(r *Request) { r.TotalBlocks = 8; r.MatchedBlocks = []int32{8, 2, 0}; r.MatchedTokens = []int32{1000, 100, 0} },
 			want:  []float64{1, 0.25, 0}},
+		{name: "prefix cache in tokens is matched over prompt tokens", typ: "prefix_cache", cat: Affinity,
+			hosts: func() []Host { return fleet(3) },
+			req: func(r *Request) {
+				r.PromptTokens, r.TotalBlocks = 1000, 8
+				r.MatchedBlocks, r.MatchedTokens = []int32{8, 2, 0}, []int32{1000, 100, 0}
+			},
+			want: []float64{1, 0.1, 0}},
 		{name: "prefix cache without blocks scores 0", typ: "prefix_cache", cat: Affinity,
 			hosts: func() []Host { return fleet(2) }, req: func(r *Request) { r.TotalBlocks = 0 },
 			want: []float64{0, 0}},
@@ -198,11 +214,21 @@ func TestScorers(t *testing.T) {
 			},
 			// costs 3000, 1000, 2000
 			want: []float64{1.0 / 3, 1, 0.5}},
+		{name: "prefill cost on a token scale", typ: "prefill_cost", params: `{"decodeWeight": 0, "scaleTokens": 2000}`, cat: Distribution,
+			hosts: func() []Host { h := fleet(3); h[0].PendingPrefillTokens = 3000; return h },
+			req: func(r *Request) {
+				r.PromptTokens = 2000
+				r.MatchedTokens = []int32{2000, 1000, 0}
+			},
+			// costs 3000, 1000, 2000: 2000 and 1000 extra tokens
+			want: []float64{0, 1, 0.5}},
 		{name: "session affinity", typ: "session_affinity", cat: Affinity,
 			hosts: func() []Host { return fleet(3) }, req: func(r *Request) { r.PinnedAddress = "10.0.0.2:8000" },
 			want: []float64{0, 1, 0}},
 		{name: "session affinity without a pin", typ: "session_affinity", cat: Affinity,
 			hosts: func() []Host { return fleet(2) }, want: []float64{0, 0}},
+		{name: "prefix home without a prefix scores 0", typ: "prefix_home", cat: Affinity,
+			hosts: func() []Host { return fleet(3) }, want: []float64{0, 0, 0}},
 		{name: "lora affinity: loaded, loadable, full", typ: "lora_affinity", cat: Affinity,
 			hosts: func() []Host {
 				h := fleet(3)
@@ -322,4 +348,39 @@ func TestPickers(t *testing.T) {
 			}
 		}
 	})
+}
+
+// prefix_home gives exactly one home per prefix, the same one whatever the
+// candidate order, and spreads prefixes over hosts.
+func TestPrefixHome(t *testing.T) {
+	s := plugin(t, "prefix_home", "").(Scorer)
+	hosts := fleet(8)
+	homes := make([]int, 8)
+	for k := uint64(1); k <= 800; k++ {
+		req := newReq(8, 100, 4)
+		req.PrefixHash = k * 0x9e3779b97f4a7c15
+		out := make([]float64, 8)
+		s.Score(cycle(hosts, req), all(8), out)
+		home, ones := -1, 0
+		for h, v := range out {
+			if v == 1 {
+				home, ones = h, ones+1
+			}
+		}
+		if ones != 1 {
+			t.Fatalf("key %d: scores %v", k, out)
+		}
+		rev := []int{7, 6, 5, 4, 3, 2, 1, 0}
+		out2 := make([]float64, 8)
+		s.Score(cycle(hosts, req), rev, out2)
+		if out2[home] != 1 {
+			t.Fatalf("key %d: home depends on candidate order", k)
+		}
+		homes[home]++
+	}
+	for _, n := range homes {
+		if n < 60 || n > 140 {
+			t.Fatalf("homes per host %v", homes)
+		}
+	}
 }

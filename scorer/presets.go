@@ -31,14 +31,19 @@ var presetConfigs = map[string]string{
 		"filters": ["healthy", "role", "model"],
 		"scorers": [{"plugin": "session_affinity", "weight": 1}],
 		"picker": "rr_ties", "allowHotspot": true}}}`,
+	// kvroute's default; tuned on the shared Mooncake trace with the fleet
+	// simulator (README, "Routing strategies", explains every knob).
 	"kv_cache_aware": `{
-		"plugins": [{"name": "guard", "type": "load_guard",
-		             "params": {"absoluteTokens": 32768, "relative": 1.5, "decodeWeight": 0.05}}],
+		"plugins": [
+		  {"name": "guard", "type": "load_guard",
+		   "params": {"absoluteTokens": 65536, "relative": 2, "basis": "cost", "decodeWeight": 0.05}},
+		  {"name": "cost", "type": "prefill_cost", "params": {"scaleTokens": 16384, "decodeWeight": 0.05}}],
 		"profiles": {"kv_cache_aware": {
 		"filters": ["healthy", "role", "model", "saturation", "guard"],
-		"scorers": [{"plugin": "prefix_cache", "weight": 1},
-		            {"plugin": "prefill_cost", "weight": 2},
-		            {"plugin": "kv_utilization", "weight": 0.25}],
+		"scorers": [{"plugin": "prefix_cache", "weight": 3},
+		            {"plugin": "cost", "weight": 3},
+		            {"plugin": "kv_utilization", "weight": 1.5},
+		            {"plugin": "session_affinity", "weight": 1.5}],
 		"picker": "max_score"}}}`,
 	"sglang_cache_aware": `{"profiles": {"sglang_cache_aware": {
 		"filters": ["healthy", "role", "model"], "picker": "sglang_cache_aware"}}}`,
@@ -46,9 +51,11 @@ var presetConfigs = map[string]string{
 	// queue-scorer 2, kv-cache-utilization-scorer 2, max-score-picker; its
 	// approximate prefix index uses 64-character blocks and an LRU of 31,250
 	// blocks per pod.
-	"gie_default": `{"profiles": {"gie_default": {
+	"gie_default": `{
+		"plugins": [{"name": "prefix_blocks", "type": "prefix_cache", "params": {"unit": "blocks"}}],
+		"profiles": {"gie_default": {
 		"filters": ["healthy", "role", "model"],
-		"scorers": [{"plugin": "prefix_cache", "weight": 3},
+		"scorers": [{"plugin": "prefix_blocks", "weight": 3},
 		            {"plugin": "queue", "weight": 2},
 		            {"plugin": "kv_utilization", "weight": 2}],
 		"picker": "max_score",

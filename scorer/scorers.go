@@ -4,8 +4,10 @@ import "math"
 
 func init() {
 	Register("prefix_cache", KindScorer,
-		"affinity: the fraction of the request's blocks the index believes the host holds (matched over total blocks)",
-		func(p *Params) Plugin { return prefixScorer{} })
+		"affinity: the fraction of the request the index believes the host holds: matched over total tokens (unit tokens, the default) or blocks (unit blocks, as GIE counts)",
+		func(p *Params) Plugin {
+			return prefixScorer{blocks: p.Enum("unit", "tokens", "tokens", "blocks") == "blocks"}
+		})
 	Register("kv_utilization", KindScorer,
 		"balance: 1 minus the host's KV-cache utilization (stale state scores 0.5)",
 		func(p *Params) Plugin { return kvUtilScorer{} })
@@ -35,11 +37,17 @@ func init() {
 	Register("prefill_cost", KindScorer,
 		"distribution: estimated prefill work ahead of the request, in tokens: pending prompt tokens plus this request's uncached tokens (plus decodeWeight times decode tokens); the cheapest host scores 1, others cheapest/cost",
 		func(p *Params) Plugin {
-			return prefillCostScorer{decodeWeight: p.Float("decodeWeight", 0.05, 0, 100)}
+			return prefillCostScorer{
+				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
+				scaleTokens:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
+			}
 		})
 	Register("session_affinity", KindScorer,
 		"affinity: 1 for the host the request's session is pinned to, 0 for the others",
 		func(p *Params) Plugin { return sessionScorer{} })
+	Register("prefix_home", KindScorer,
+		"affinity: 1 for the request's home host, the candidate that rendezvous hashing of the prompt-prefix hash ranks first, 0 for the others; keeps a prefix group together when the index has forgotten it",
+		func(p *Params) Plugin { return prefixHomeScorer{} })
 	Register("lora_affinity", KindScorer,
 		"affinity: 1 when the requested LoRA adapter is loaded, 0.5 when it can be loaded, 0 when the host is full",
 		func(p *Params) Plugin { return loraScorer{} })
@@ -48,19 +56,30 @@ func init() {
 		func(p *Params) Plugin { return latencyScorer{} })
 }
 
-type prefixScorer struct{}
+// prefixScorer scores the cached fraction of the prompt. Tokens are the
+// default unit because kvroute's index hashes long prompts in blocks that
+// grow along the chain: a match over the first, short blocks covers fewer
+// tokens than its share of blocks suggests. With uniform blocks (GIE's
+// index) both units agree.
+type prefixScorer struct{ blocks bool }
 
 func (prefixScorer) Type() string       { return "prefix_cache" }
 func (prefixScorer) Category() Category { return Affinity }
-func (prefixScorer) Score(c *Cycle, cand []int, out []float64) {
-	total := c.Req.TotalBlocks
+func (p prefixScorer) Score(c *Cycle, cand []int, out []float64) {
+	total := c.Req.PromptTokens
+	if p.blocks {
+		total = c.Req.TotalBlocks
+	}
 	for _, h := range cand {
 		if total <= 0 {
 			out[h] = 0
 			continue
 		}
-		b, _ := c.Req.Matched(h)
-		out[h] = float64(b) / float64(total)
+		b, t := c.Req.Matched(h)
+		if p.blocks {
+			t = b
+		}
+		out[h] = math.Min(float64(t)/float64(total), 1)
 	}
 }
 
@@ -111,7 +130,13 @@ func (s loadScorer) Score(c *Cycle, cand []int, out []float64) {
 // compute for this request. It is a distribution scorer (it spreads by
 // tokens), but it also rewards cache hits, which is why kv_cache_aware pairs
 // it with prefix_cache at a lower weight instead of trusting either alone.
-type prefillCostScorer struct{ decodeWeight float64 }
+//
+// By default a host scores cheapest/cost, a ratio. With scaleTokens set the
+// score falls linearly with the extra tokens over the cheapest host,
+// 1 - extra/scaleTokens (0 beyond), so it weighs what TTFT feels — extra
+// prefill time — rather than a ratio: 2x the cost of a 500-token prompt is
+// nothing, 2x the cost of a 60k-token prompt is seconds.
+type prefillCostScorer struct{ decodeWeight, scaleTokens float64 }
 
 func (prefillCostScorer) Type() string       { return "prefill_cost" }
 func (prefillCostScorer) Category() Category { return Distribution }
@@ -121,6 +146,12 @@ func (s prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))
 		out[h] = cost
 		best = math.Min(best, cost)
+	}
+	if s.scaleTokens > 0 {
+		for _, h := range cand {
+			out[h] = math.Max(0, 1-(out[h]-best)/s.scaleTokens)
+		}
+		return
 	}
 	for _, h := range cand {
 		if out[h] <= 0 || best <= 0 && out[h] <= best {
@@ -147,6 +178,34 @@ func (sessionScorer) Score(c *Cycle, cand []int, out []float64) {
 		} else {
 			out[h] = 0
 		}
+	}
+}
+
+// prefixHomeScorer gives every prompt prefix a home host by rendezvous
+// hashing, the prefix_hash strategy's first choice. As a low-weight
+// tie-breaker it places requests whose prefix the index no longer knows
+// (evicted, or never seen) where the rest of their group went, instead of
+// wherever load happens to be lowest, which keeps one copy of a group's
+// cache instead of several. Every gateway worker computes the same home
+// without sharing any state.
+type prefixHomeScorer struct{}
+
+func (prefixHomeScorer) Type() string       { return "prefix_home" }
+func (prefixHomeScorer) Category() Category { return Affinity }
+func (prefixHomeScorer) Score(c *Cycle, cand []int, out []float64) {
+	key := c.Req.PrefixHash
+	home, best := -1, uint64(0)
+	for _, h := range cand {
+		out[h] = 0
+		if key == 0 {
+			continue
+		}
+		if w := mix64(key ^ hostID(&c.Hosts[h])); home < 0 || w > best {
+			home, best = h, w
+		}
+	}
+	if home >= 0 {
+		out[home] = 1
 	}
 }
 

@@ -265,7 +265,7 @@ func TestExplanation(t *testing.T) {
 	req.MatchedTokens = []int32{0, 6000, 0}
 	d := h.Run(req, hosts, NewScratch(1)).Decode
 	got := d.Explain(req, hosts)
-	for _, want := range []string{"profile=kv_cache_aware", "host=10.0.0.2:8000", "prefix_cache=0.750x1", "prefill_cost=1.000x2",
+	for _, want := range []string{"profile=kv_cache_aware", "host=10.0.0.2:8000", "prefix_cache=0.750x3", "cost=1.000x3", "session_affinity=0.000x1.5",
 		"matched=12/16blk", "uncached=2000tok", "fallbacks=10.0.0.", "candidates=3/3"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("explanation %q lacks %q", got, want)
@@ -318,6 +318,40 @@ func TestShortRequestSlices(t *testing.T) {
 		d := handler(t, name).Run(req, fleet(5), NewScratch(1)).Decode
 		if d.Primary() < 0 {
 			t.Fatalf("%s: no decision", name)
+		}
+	}
+}
+
+// The guard alone: with affinity weighted far above load, the warm host
+// keeps every request until its work passes the bound, then loses it, and
+// the explanation names the guard.
+func TestImbalanceGuardBound(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"strategy": "p",
+		"plugins": [{"name": "g", "type": "load_guard", "params": {"absoluteTokens": 10000, "relative": 1.5, "decodeWeight": 0}}],
+		"profiles": {"p": {"filters": ["g"], "scorers": [{"plugin": "prefix_cache", "weight": 100}, {"plugin": "least_request", "weight": 0.01}]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := fleet(3)
+	req := newReq(3, 8000, 16)
+	req.MatchedBlocks = []int32{16, 0, 0}
+	req.MatchedTokens = []int32{8000, 0, 0}
+	// Work: warm = load + 0 uncached, cold = 0 + 8000; bound = max(8000 + 10000, 1.5 x 8000) = 18000.
+	for _, tc := range []struct {
+		load int64
+		warm bool
+	}{{0, true}, {17000, true}, {18000, true}, {18001, false}, {50000, false}} {
+		hosts[0].PendingPrefillTokens = tc.load
+		d := h.Run(req, hosts, NewScratch(1)).Decode
+		if (d.Primary() == 0) != tc.warm {
+			t.Fatalf("warm host at %d tokens: chosen=%v, want %v (%s)", tc.load, d.Primary() == 0, tc.warm, d.Explain(req, hosts))
+		}
+		if !tc.warm && d.Note != "imbalance guard" {
+			t.Fatalf("note %q at %d tokens", d.Note, tc.load)
 		}
 	}
 }
