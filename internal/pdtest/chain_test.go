@@ -180,3 +180,27 @@ func TestChainPrefillHostAsNamed(t *testing.T) {
 		t.Errorf("%d prefill requests, want 6", total)
 	}
 }
+
+// SGLang through the whole chain: the router's prefill host becomes the
+// bootstrap host, and the decode engine receives the KV from its peer.
+func TestChainSGLang(t *testing.T) {
+	c := startChain(t, 1, 512, `{"protocol":"sglang","bootstrapPort":0}`)
+	r := c.send(t, completion(1200, 4, true, "chain-sgl"))
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if m := r.header.Get(markerHeader); m != "prefill=bootstrap" {
+		t.Errorf("marker %q, want prefill=bootstrap", m)
+	}
+	sse(t, r.body)
+	if got := c.engines.Servers[0].Stats().PromptTokens; got != 1 {
+		t.Errorf("decode engine prefilled %d tokens, want 1", got)
+	}
+	if got := c.engines.Servers[1].Stats().PromptTokens; got != 1200 {
+		t.Errorf("prefill engine prefilled %d tokens, want 1200", got)
+	}
+	dec := c.decode.inference()
+	if len(dec) != 1 || gjson.GetBytes(dec[0].body, "bootstrap_host").String() == "" {
+		t.Fatalf("decode request without bootstrap fields")
+	}
+}
