@@ -370,3 +370,30 @@ func TestWasmBadInputs(t *testing.T) {
 		t.Errorf("VM failures: %d", h.VMFailures())
 	}
 }
+
+// A dead engine (connection refused): override_host moves on to the next
+// address in the destination header; the filter sees another upstream
+// answer, counts a fallback and a failure of the primary, and after
+// consecutiveFailures stops choosing the dead engine.
+func TestWasmDeadEngineOpensTheBreaker(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true})
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadAddr := dead.Listener.Addr().String()
+	dead.Close() // nothing listens there any more
+	addrs := append([]string{deadAddr}, f.Addrs()...)
+	h, url := startRouter(t, addrs, 1, `,"strategy":"round_robin","fallbacks":2,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}`)
+	for i := 0; i < 12; i++ {
+		if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hello","max_tokens":2}`, nil); code != 200 {
+			t.Fatalf("request %d: %d %s (a fallback should have served it)", i, code, body)
+		}
+	}
+	if got := h.CounterValue("kvroute.router.fallbacks_used"); got != 2 {
+		t.Errorf("fallbacks_used = %d, want 2 (then the breaker keeps the dead engine out)", got)
+	}
+	if got := h.CounterValue("kvroute.router.breaker.opened"); got != 1 {
+		t.Errorf("breaker.opened = %d, want 1", got)
+	}
+	if n := h.UpstreamRequests()[deadAddr]; n != 0 {
+		t.Errorf("the dead engine is counted as serving %d requests", n)
+	}
+}
