@@ -396,7 +396,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		writeError(w, http.StatusBadRequest, "", "%v: the prompt plus max_tokens exceed the engine's KV capacity of %d tokens", err, s.prof.NumGPUBlocks()*s.prof.BlockSize)
 		return
 	}
-	id := fmt.Sprintf("%s-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[j.chat], er.ID)
+	idPrefix := "cmpl"
+	if j.chat {
+		idPrefix = "chatcmpl"
+	}
+	id := fmt.Sprintf("%s-%d", idPrefix, er.ID)
 	created := time.Now().Unix()
 	h := w.Header()
 	h.Set("x-sim-replica", s.Addr)
