@@ -303,11 +303,17 @@ func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action typ
 }
 
 // callHeaders are the client's request headers for a callout to the host
-// list dest (content-length and hop-by-hop headers dropped, x-request-id
-// kept), with the destination header naming dest.
+// list dest (content-length, accept-encoding and hop-by-hop headers dropped,
+// x-request-id and credentials kept), with the destination header naming
+// dest.
 func (s *pdStream) callHeaders(dest string, bodyLen int) [][2]string {
 	hs := make([][2]string, 0, len(s.headers)+2)
-	hs = append(hs, s.headers...)
+	for _, h := range s.headers {
+		// kvroute.pd reads the answer: ask for it uncompressed.
+		if h[0] != "accept-encoding" {
+			hs = append(hs, h)
+		}
+	}
 	hs = append(hs, [2]string{s.plugin.cfg.DestinationHeader, dest}, [2]string{"content-length", strconv.Itoa(bodyLen)})
 	return hs
 }

@@ -117,7 +117,7 @@ func TestPDPassThroughWithoutPrefillEndpoint(t *testing.T) {
 
 func TestPDVLLMPrefillThenDecode(t *testing.T) {
 	host := pdStart(t, "")
-	id, a := pdSend(t, host, pdPrefill+",10.0.0.22:8000", pdClientBody)
+	id, a := pdSend(t, host, pdPrefill+",10.0.0.22:8000", pdClientBody, [2]string{"accept-encoding", "gzip"}, [2]string{"authorization", "Bearer k"})
 	if a != types.ActionPause {
 		t.Fatalf("body: %v, want Pause until the prefill answers", a)
 	}
@@ -146,6 +146,12 @@ func TestPDVLLMPrefillThenDecode(t *testing.T) {
 	}
 	if _, ok := pdHeaderValue(c.Headers, PrefillHostHeader); ok {
 		t.Errorf("callout carries %s", PrefillHostHeader)
+	}
+	if _, ok := pdHeaderValue(c.Headers, "accept-encoding"); ok {
+		t.Errorf("callout asks for a compressed answer kvroute.pd could not read")
+	}
+	if got, _ := pdHeaderValue(c.Headers, "authorization"); got != "Bearer k" {
+		t.Errorf("callout authorization %q, want the client's", got)
 	}
 	pb := gjson.ParseBytes(c.Body)
 	checks := map[string]string{
