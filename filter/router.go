@@ -15,10 +15,6 @@ import (
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// prefillHostHeader tells the kvroute.pd filter (after the router in the
-// chain) which host should prefill a disaggregated request.
-const prefillHostHeader = internalHeaderPrefix + "prefill-host"
-
 // clock is the router's time source; tests replace it to step through
 // breaker cool-downs and state staleness.
 var clock = time.Now
@@ -474,7 +470,8 @@ func (s *routerStream) decide(in *router.Input) {
 		return
 	}
 	if res.Disaggregated && t.PrefillAddress != "" {
-		_ = proxywasm.ReplaceHttpRequestHeader(prefillHostHeader, t.PrefillAddress)
+		// kvroute.pd (after the router in the chain) prefills there.
+		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, t.PrefillAddress)
 	}
 	if p.cfg.ORCA {
 		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
