@@ -287,6 +287,7 @@ func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action typ
 	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.pd: reading the request body: %v", err)
+		s.phase = phaseResumed
 		s.fallback(reasonBody)
 		return types.ActionContinue
 	}
