@@ -619,3 +619,23 @@ func TestStatePushClearsAndSizesHosts(t *testing.T) {
 		t.Errorf("after clearedAtMs the index still matches %d blocks", n)
 	}
 }
+
+// Header-only mode cannot hold the headers for a body, so a push continues
+// its headers and is answered from the body callback; the token can come
+// from the VM's environment.
+func TestStatePushHeaderOnlyModeAndTokenEnv(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_STATE_TOKEN", stateToken)
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"bodyRouting":false,"state":{"tokenEnv":"KVROUTE_TEST_STATE_TOKEN"}}`, types.OnPluginStartStatusOK)
+	id := host.InitializeHttpContext()
+	action := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/.kvroute/v1/state"}, {"authorization", "Bearer " + stateToken}}, false)
+	if action != types.ActionContinue {
+		t.Fatalf("header-only push: headers action %v, want Continue", action)
+	}
+	host.CallOnRequestBody(id, []byte(pushBody(time.Now().UnixMilli(), "10.3.0.1:8000")), true)
+	if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
+		t.Fatalf("push reply %+v", r)
+	}
+	if len(p.hosts) != 1 || p.hosts[0].Address != "10.3.0.1:8000" {
+		t.Errorf("candidates after the push: %+v", p.hosts)
+	}
+}
