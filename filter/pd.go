@@ -103,7 +103,7 @@ type pdStats struct {
 	commonStats
 	// disaggregated: prefill went to the prefill host (vLLM: its
 	// kv_transfer_params reached the decode request; SGLang: the pair was
-	// sent and the prefill answered 200).
+	// sent; a prefill failure noticed later is counted as a fallback too).
 	disaggregated proxywasm.MetricCounter
 	// passthrough: the router did not disaggregate; the request is untouched.
 	passthrough proxywasm.MetricCounter
@@ -444,6 +444,9 @@ func (s *pdStream) startSGLang() types.Action {
 	s.setContentLength(len(body))
 	s.marker = pdMarkBootstrap
 	s.phase = phaseResumed
+	// Counted when the pair leaves: the prefill's answer may come after the
+	// stream has ended, when no callback runs any more.
+	s.stats().disaggregated.Increment(1)
 	return types.ActionContinue
 }
 
@@ -457,7 +460,6 @@ func (s *pdStream) onSGLangPrefill(numHeaders, bodySize, _ int) {
 	_, reason := s.readPrefill(numHeaders, bodySize)
 	if reason == "" {
 		s.sgl = sglOK
-		s.stats().disaggregated.Increment(1)
 		if s.respHeld {
 			// The decode failed on its own account: pass its answer on.
 			s.releaseResponse()
