@@ -53,7 +53,7 @@ func (p sglangPicker) Pick(c *Cycle, cand []int, _ []float64, order []int) []int
 	for _, h := range cand {
 		l := float64(c.Hosts[h].InFlight)
 		load[h] = l
-		lo, hi = math.Min(lo, l), math.Max(hi, l)
+		lo, hi = min(lo, l), max(hi, l)
 	}
 	var primary int
 	switch {
@@ -127,7 +127,7 @@ func (p dynamoPicker) Pick(c *Cycle, cand []int, _ []float64, order []int) []int
 	for _, h := range cand {
 		v := p.overlapWeight*float64(c.Req.Uncached(h)) + float64(c.Hosts[h].InFlightTokens) + req
 		cost[h] = v
-		lo, hi = math.Min(lo, v), math.Max(hi, v)
+		lo, hi = min(lo, v), max(hi, v)
 	}
 	var primary int
 	if p.temperature == 0 || hi == lo {

@@ -119,7 +119,7 @@ func (p *maxScorePicker) Pick(c *Cycle, cand []int, scores []float64, order []in
 	if p.roundRobinTies {
 		best := math.Inf(-1)
 		for _, h := range cand {
-			best = math.Max(best, scores[h])
+			best = max(best, scores[h])
 		}
 		ties := 0
 		for _, h := range cand {
@@ -157,7 +157,7 @@ func (p weightedRandomPicker) Pick(c *Cycle, cand []int, scores []float64, order
 func softmaxSample(c *Cycle, cand []int, v []float64, temperature float64) int {
 	hi := math.Inf(-1)
 	for _, h := range cand {
-		hi = math.Max(hi, v[h])
+		hi = max(hi, v[h])
 	}
 	w := c.Floats()
 	var sum float64

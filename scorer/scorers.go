@@ -79,7 +79,7 @@ func (p prefixScorer) Score(c *Cycle, cand []int, out []float64) {
 		if p.blocks {
 			t = b
 		}
-		out[h] = math.Min(float64(t)/float64(total), 1)
+		out[h] = min(float64(t)/float64(total), 1)
 	}
 }
 
@@ -112,8 +112,8 @@ func (s loadScorer) Score(c *Cycle, cand []int, out []float64) {
 	for _, h := range cand {
 		l := s.load(&c.Hosts[h])
 		out[h] = l
-		lo = math.Min(lo, l)
-		hi = math.Max(hi, l)
+		lo = min(lo, l)
+		hi = max(hi, l)
 	}
 	span := hi - lo
 	for _, h := range cand {
@@ -145,11 +145,11 @@ func (s prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 	for _, h := range cand {
 		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))
 		out[h] = cost
-		best = math.Min(best, cost)
+		best = min(best, cost)
 	}
 	if s.scaleTokens > 0 {
 		for _, h := range cand {
-			out[h] = math.Max(0, 1-(out[h]-best)/s.scaleTokens)
+			out[h] = max(0, 1-(out[h]-best)/s.scaleTokens)
 		}
 		return
 	}
@@ -232,7 +232,7 @@ func (latencyScorer) Score(c *Cycle, cand []int, out []float64) {
 	best := math.Inf(1)
 	for _, h := range cand {
 		if l := c.Hosts[h].LatencyEWMAMs; l > 0 {
-			best = math.Min(best, l)
+			best = min(best, l)
 		}
 	}
 	for _, h := range cand {
