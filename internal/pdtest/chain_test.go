@@ -204,3 +204,21 @@ func TestChainSGLang(t *testing.T) {
 		t.Fatalf("decode request without bootstrap fields")
 	}
 }
+
+// The threshold's edge: 511 estimated uncached tokens stay whole, 512 are
+// split (scorer: split when uncached >= threshold).
+func TestChainThresholdEdge(t *testing.T) {
+	c := startChain(t, 1, 512, "")
+	for _, tc := range []struct {
+		tokens int
+		marker string
+	}{{511, ""}, {512, "prefill=remote"}} {
+		r := c.send(t, completion(tc.tokens, 2, false, fmt.Sprintf("edge-%d", tc.tokens)))
+		if r.status != 200 {
+			t.Fatalf("%d tokens: %d %s", tc.tokens, r.status, r.body)
+		}
+		if m := r.header.Get(markerHeader); m != tc.marker {
+			t.Errorf("%d uncached tokens: marker %q, want %q", tc.tokens, m, tc.marker)
+		}
+	}
+}
