@@ -52,6 +52,10 @@ type Config struct {
 	Clusters map[string][]string
 	// RouteCluster is the cluster the route forwards to.
 	RouteCluster string
+	// DirectResponse, when set, makes the route answer itself (Envoy's
+	// route direct_response) instead of forwarding: the filters run, then
+	// the router replies with this status and body.
+	DirectResponse *DirectResponse
 	// DestinationHeader is the request header the host override reads
 	// (default DefaultDestinationHeader).
 	DestinationHeader string
@@ -94,6 +98,12 @@ type Config struct {
 	// releases without the poll_oneoff host fix do (golang/go#78513), to
 	// test modules built for them.
 	PollOneoffUnsupported bool
+}
+
+// DirectResponse is a route's fixed answer.
+type DirectResponse struct {
+	Status int
+	Body   string
 }
 
 // Filter is one Wasm HTTP filter: a plugin of the module.

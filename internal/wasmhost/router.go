@@ -19,6 +19,10 @@ import (
 // up and the response back.
 
 func (s *stream) routeHeaders(eos bool) {
+	if dr := s.h.cfg.DirectResponse; dr != nil {
+		s.localReply(dr.Status, []byte(dr.Body), nil, "direct_response")
+		return
+	}
 	s.routed = true
 	dest, _ := s.reqHeaders.get(s.h.cfg.DestinationHeader)
 	var attempts []string

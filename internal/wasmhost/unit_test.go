@@ -284,3 +284,14 @@ func TestServeOnListener(t *testing.T) {
 		t.Errorf("Serve returned %v", err)
 	}
 }
+
+func TestDirectResponseRoute(t *testing.T) {
+	_, url := startHost(t, Config{DirectResponse: &DirectResponse{Status: 204}})
+	if r := do(t, "POST", url+"/x", `{"a":1}`, nil); r.code != 204 {
+		t.Errorf("status %d, want 204", r.code)
+	}
+	_, url = startHost(t, Config{DirectResponse: &DirectResponse{Status: 404, Body: "nothing here"}})
+	if r := do(t, "GET", url+"/x", "", nil); r.code != 404 || r.body != "nothing here" {
+		t.Errorf("got %d %q", r.code, r.body)
+	}
+}
