@@ -46,6 +46,15 @@ func (ix *Index) AddLoad(ref HostRef, prefillTokens, decodeTokens int) (LoadTick
 // AddLoadKV is AddLoad that also counts kvTokens, the KV cache tokens the
 // request will occupy until it finishes (prompt plus max tokens).
 func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens int) (LoadTicket, error) {
+	// The slot table is the authority on generations: a ref it accepts
+	// owns the slot, and counts stored under any other generation belong
+	// to a previous host (or a bad value) and are reset.
+	if ix.table.check(ref) != nil {
+		ix.readSlots()
+		if err := ix.table.check(ref); err != nil {
+			return LoadTicket{}, err
+		}
+	}
 	t := LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens), kv: clampU32(kvTokens)}
 	if err := ix.updateLoad(ref, t, true); err != nil {
 		return LoadTicket{}, err
@@ -122,15 +131,13 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 		gen := le.Uint32(r)
 		switch {
 		case gen == ref.Gen:
-		case add && int32(ref.Gen-gen) > 0:
-			// First request for a new incarnation: start from zero.
+		case add:
+			// First request for this incarnation: start from zero.
 			le.PutUint32(r, ref.Gen)
 			le.PutUint32(r[4:], 0)
 			le.PutUint32(r[8:], 0)
 			le.PutUint32(r[12:], 0)
 			le.PutUint32(r[16:], 0)
-		case add:
-			return ErrStaleHost
 		default:
 			// Releasing for an older incarnation whose counts were reset:
 			// nothing to do, and the ticket is spent.
