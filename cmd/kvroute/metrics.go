@@ -49,8 +49,9 @@ type metricsOptions struct {
 	roleLabel  string
 	modelLabel string
 
-	kvEventsPort  int
-	kvEventsTopic string
+	kvEventsPort       int
+	kvEventsReplayPort int
+	kvEventsTopic      string
 
 	scrapeInterval time.Duration
 	scrapeTimeout  time.Duration
@@ -121,6 +122,7 @@ Every flag can also be set in a YAML --config file under the flag's name
 	fl.StringVar(&o.modelLabel, "model-label", discovery.DefaultModelLabel, "kubernetes discovery: pod label holding the model")
 
 	fl.IntVar(&o.kvEventsPort, "kv-events-port", 0, "dns/kubernetes discovery: engines' KV event publisher port (0: do not subscribe)")
+	fl.IntVar(&o.kvEventsReplayPort, "kv-events-replay-port", 0, "dns/kubernetes discovery: engines' KV event replay socket port, asked for the batches of a sequence gap (0: gaps are only counted)")
 	fl.StringVar(&o.kvEventsTopic, "kv-events-topic", "", "KV event topic prefix to subscribe to (default: all)")
 
 	fl.DurationVar(&o.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each engine is scraped")
@@ -231,7 +233,7 @@ func (o *metricsOptions) source(log *slog.Logger) (discovery.Source, error) {
 			return nil, errors.New("dns discovery needs --dns-name")
 		}
 		return &discovery.DNS{Host: o.dnsName, Port: o.port, Role: o.role, Model: o.model,
-			KVEventsPort: o.kvEventsPort, Refresh: o.dnsRefresh, Log: log}, nil
+			KVEventsPort: o.kvEventsPort, KVEventsReplayPort: o.kvEventsReplayPort, Refresh: o.dnsRefresh, Log: log}, nil
 	case "kubernetes":
 		var cfg *rest.Config
 		var err error
@@ -256,7 +258,7 @@ func (o *metricsOptions) source(log *slog.Logger) (discovery.Source, error) {
 			ns = strings.TrimSpace(string(b))
 		}
 		return &discovery.Kubernetes{Client: client, Namespace: ns, Service: o.service, Selector: o.selector,
-			PortName: o.portName, KVEventsPort: o.kvEventsPort, RoleLabel: o.roleLabel, ModelLabel: o.modelLabel, Log: log}, nil
+			PortName: o.portName, KVEventsPort: o.kvEventsPort, KVEventsReplayPort: o.kvEventsReplayPort, RoleLabel: o.roleLabel, ModelLabel: o.modelLabel, Log: log}, nil
 	}
 	return nil, fmt.Errorf("--discovery %q: want static, dns or kubernetes", kind)
 }

@@ -86,9 +86,13 @@ func TestRealGateway(t *testing.T) {
 
 	e1.waiting.Store(40)
 	e2.waiting.Store(0)
+	// A generous scrape timeout: on a loaded shared machine a 40 ms timeout
+	// flaps engines unhealthy now and then, which legitimately moves a
+	// request and would blur what this test checks.
 	_, _, admin := startService(t, Config{
 		Source:         discovery.Fixed{{Address: e1.addr()}, {Address: e2.addr()}},
 		ScrapeInterval: 50 * time.Millisecond,
+		ScrapeTimeout:  time.Second,
 		Gateways:       []string{stateURL},
 		Token:          push.StaticToken("s3cret"),
 	})

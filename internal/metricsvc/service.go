@@ -214,7 +214,7 @@ func (s *Service) setEndpoints(eps []discovery.Endpoint) {
 	}
 	for addr, h := range s.hosts {
 		e, ok := want[addr]
-		if ok && e.KVEvents == h.ep.KVEvents {
+		if ok && e.KVEvents == h.ep.KVEvents && e.KVEventsReplay == h.ep.KVEventsReplay {
 			h.ep = e // role, model or adapters changed: no restart needed
 			continue
 		}
@@ -252,11 +252,12 @@ func (s *Service) startHost(e discovery.Endpoint) {
 	if e.KVEvents != "" {
 		h.tracker = &kvevents.Tracker{}
 		h.sub = &kvevents.Subscriber{
-			Endpoint: e.KVEvents,
-			Topic:    s.cfg.KVEventsTopic,
-			Tracker:  h.tracker,
-			Log:      s.log.With("host", e.Address),
-			OnChange: s.notify,
+			Endpoint:       e.KVEvents,
+			ReplayEndpoint: e.KVEventsReplay,
+			Topic:          s.cfg.KVEventsTopic,
+			Tracker:        h.tracker,
+			Log:            s.log.With("host", e.Address),
+			OnChange:       s.notify,
 		}
 		go h.sub.Run(hctx)
 	}

@@ -91,7 +91,7 @@ func (t *telemetry) published(st snapshot.State, changed bool) {
 
 var (
 	descKV = prometheus.NewDesc("kvroute_metrics_kv_events_total",
-		"KV event subscription counters by host and kind: batches, events, clears, gaps, missed_batches, restarts, decode_errors, unknown_events, overflow.",
+		"KV event subscription counters by host and kind: batches, events, clears, gaps (left after replay), missed_batches, replayed_batches, restarts, decode_errors, unknown_events, overflow.",
 		[]string{"host", "kind"}, nil)
 	descCached = prometheus.NewDesc("kvroute_metrics_kv_cached_blocks",
 		"GPU blocks each engine reported stored and not removed (KV events).", []string{"host"}, nil)
@@ -120,7 +120,7 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	type kvHost struct {
 		addr      string
-		st        [9]float64
+		st        [10]float64
 		cached    int
 		connected bool
 	}
@@ -131,11 +131,12 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		st := h.tracker.Stats()
 		kv = append(kv, kvHost{addr: addr, cached: h.tracker.CachedBlocks(), connected: h.sub.Connected(),
-			st: [9]float64{float64(st.Batches), float64(st.Events), float64(st.Clears), float64(st.Gaps),
-				float64(st.MissedBatches), float64(st.Restarts), float64(st.DecodeErrors), float64(st.Unknown), float64(st.Overflow)}})
+			st: [10]float64{float64(st.Batches), float64(st.Events), float64(st.Clears), float64(st.Gaps),
+				float64(st.MissedBatches), float64(st.Replayed), float64(st.Restarts), float64(st.DecodeErrors),
+				float64(st.Unknown), float64(st.Overflow)}})
 	}
 	s.mu.Unlock()
-	kinds := [9]string{"batches", "events", "clears", "gaps", "missed_batches", "restarts", "decode_errors", "unknown_events", "overflow"}
+	kinds := [10]string{"batches", "events", "clears", "gaps", "missed_batches", "replayed_batches", "restarts", "decode_errors", "unknown_events", "overflow"}
 	for _, h := range kv {
 		for i, k := range kinds {
 			ch <- prometheus.MustNewConstMetric(descKV, prometheus.CounterValue, h.st[i], h.addr, k)

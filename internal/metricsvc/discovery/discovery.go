@@ -33,6 +33,10 @@ type Endpoint struct {
 	// KVEvents is the engine's KV event publisher (tcp://host:port); empty
 	// when its events are not followed.
 	KVEvents string `json:"kvEvents,omitempty"`
+	// KVEventsReplay is the engine's KV event replay socket
+	// (tcp://host:port), asked for the batches of a sequence gap; empty
+	// when gaps are only counted.
+	KVEventsReplay string `json:"kvEventsReplay,omitempty"`
 }
 
 // Source produces the current endpoint set.
@@ -63,6 +67,14 @@ func (e *Endpoint) Validate() error {
 	if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
 		return fmt.Errorf("endpoint %s: kvEvents %q: want tcp://host:port (the engine's --kv-events-config endpoint)", e.Address, e.KVEvents)
 	}
+	if e.KVEventsReplay != "" {
+		if e.KVEvents == "" {
+			return fmt.Errorf("endpoint %s: kvEventsReplay without kvEvents", e.Address)
+		}
+		if !strings.HasPrefix(e.KVEventsReplay, "tcp://") && !strings.HasPrefix(e.KVEventsReplay, "ipc://") {
+			return fmt.Errorf("endpoint %s: kvEventsReplay %q: want tcp://host:port (the engine's --kv-events-config replay_endpoint)", e.Address, e.KVEventsReplay)
+		}
+	}
 	return nil
 }
 
@@ -74,7 +86,8 @@ func Equal(a, b []Endpoint) bool {
 	a, b = sorted(a), sorted(b)
 	for i := range a {
 		if a[i].Address != b[i].Address || a[i].Role != b[i].Role || a[i].Model != b[i].Model ||
-			a[i].KVEvents != b[i].KVEvents || !slices.Equal(a[i].Adapters, b[i].Adapters) {
+			a[i].KVEvents != b[i].KVEvents || a[i].KVEventsReplay != b[i].KVEventsReplay ||
+			!slices.Equal(a[i].Adapters, b[i].Adapters) {
 			return false
 		}
 	}

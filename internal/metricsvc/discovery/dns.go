@@ -24,10 +24,12 @@ type DNS struct {
 	Host         string
 	Port         int
 	Role, Model  string
-	KVEventsPort int           // 0: do not follow KV events
-	Refresh      time.Duration // default 5 s
-	Resolver     Resolver      // default net.DefaultResolver
-	Log          *slog.Logger
+	KVEventsPort int // 0: do not follow KV events
+	// KVEventsReplayPort is the engines' replay socket port (0: none).
+	KVEventsReplayPort int
+	Refresh            time.Duration // default 5 s
+	Resolver           Resolver      // default net.DefaultResolver
+	Log                *slog.Logger
 }
 
 // Name implements Source.
@@ -62,6 +64,9 @@ func (d *DNS) Resolve(ctx context.Context) ([]Endpoint, error) {
 			Role:     d.Role,
 			Model:    d.Model,
 			KVEvents: kvEventsFor(ip, d.KVEventsPort),
+		}
+		if e.KVEvents != "" {
+			e.KVEventsReplay = kvEventsFor(ip, d.KVEventsReplayPort)
 		}
 		if err := e.Validate(); err != nil {
 			return nil, err

@@ -39,6 +39,8 @@ type Kubernetes struct {
 	// PortName picks the slice port by name; empty takes the first port.
 	PortName     string
 	KVEventsPort int // 0: do not follow KV events
+	// KVEventsReplayPort is the engines' replay socket port (0: none).
+	KVEventsReplayPort int
 	// RoleLabel and ModelLabel are the pod label keys (defaults
 	// DefaultRoleLabel, DefaultModelLabel).
 	RoleLabel, ModelLabel string
@@ -176,6 +178,9 @@ func (k *Kubernetes) collect(sl sliceLister, pl podGetter, sel string, log *slog
 					Role:     role,
 					Model:    model,
 					KVEvents: kvEventsFor(ip, k.KVEventsPort),
+				}
+				if e.KVEvents != "" {
+					e.KVEventsReplay = kvEventsFor(ip, k.KVEventsReplayPort)
 				}
 				if err := e.Validate(); err != nil {
 					log.Warn("skipping endpoint", "slice", es.Name, "err", err)

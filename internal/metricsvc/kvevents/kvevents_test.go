@@ -420,3 +420,96 @@ func TestSubscriberRealZMQ(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// replayServer is vLLM's replay socket: a ROUTER that answers an 8-byte
+// start sequence with every buffered batch from there on, then -1.
+func replayServer(t *testing.T, ctx context.Context, buffered map[uint64][]byte) string {
+	t.Helper()
+	r := zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))
+	if err := r.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	go func() {
+		for {
+			msg, err := r.Recv()
+			if err != nil {
+				return
+			}
+			// [identity, empty, start]
+			if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
+				continue
+			}
+			id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
+			for seq := start; seq < start+100; seq++ {
+				if p, ok := buffered[seq]; ok {
+					var s [8]byte
+					binary.BigEndian.PutUint64(s[:], seq)
+					r.Send(zmq4.NewMsgFrom(id, []byte{}, s[:], p))
+				}
+			}
+			r.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, []byte{}))
+		}
+	}()
+	return "tcp://" + r.Addr().String()
+}
+
+func TestSubscriberReplaysGaps(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := newPublisher(t, ctx, "127.0.0.1:0")
+	defer pub.sock.Close()
+	// The replay buffer holds batches 2 and 3 but no longer 1.
+	replayEP := replayServer(t, ctx, map[uint64][]byte{
+		2: encMapBatch(t, 2, storedEv{hashes: []any{uint64(20)}}),
+		3: encArrayBatch(t, 3, storedEv{hashes: []any{uint64(30), uint64(31)}}),
+	})
+	log, logs := newLog()
+	tr := &Tracker{}
+	sub := &Subscriber{Endpoint: pub.ep, ReplayEndpoint: replayEP, Tracker: tr, Log: log}
+	go sub.Run(ctx)
+	pub.waitSubscriber()
+	pub.send(0, encArrayBatch(t, 1, storedEv{hashes: []any{uint64(1)}}))
+	pub.send(4, encArrayBatch(t, 4, storedEv{hashes: []any{uint64(40)}}))
+	waitFor(t, "batch 4", func() bool { n, _ := tr.Next(); return n == 5 })
+	st := tr.Stats()
+	if st.Replayed != 2 || st.Gaps != 1 || st.MissedBatches != 1 {
+		t.Errorf("stats = %+v, want 2 replayed and 1 batch still missing", st)
+	}
+	for _, h := range []uint64{1, 20, 30, 31, 40} {
+		if !tr.Has(IntHash(h)) {
+			t.Errorf("block %d not tracked", h)
+		}
+	}
+	if !strings.Contains(logs(), "gap filled from the replay socket") {
+		t.Errorf("log:\n%s", logs())
+	}
+	// A gap whose batches are all still buffered leaves no gap at all.
+	tr2 := &Tracker{}
+	replay2 := replayServer(t, ctx, map[uint64][]byte{6: encArrayBatch(t, 6, storedEv{hashes: []any{uint64(60)}})})
+	pub2 := newPublisher(t, ctx, "127.0.0.1:0")
+	defer pub2.sock.Close()
+	go (&Subscriber{Endpoint: pub2.ep, ReplayEndpoint: replay2, Tracker: tr2, Log: log}).Run(ctx)
+	pub2.waitSubscriber()
+	pub2.send(5, encArrayBatch(t, 5, "AllBlocksCleared"))
+	pub2.send(7, encArrayBatch(t, 7, storedEv{hashes: []any{uint64(70)}}))
+	waitFor(t, "batch 7", func() bool { n, _ := tr2.Next(); return n == 8 })
+	if st := tr2.Stats(); st.Gaps != 0 || st.Replayed != 1 || !tr2.Has(IntHash(60)) {
+		t.Errorf("stats = %+v", st)
+	}
+	// A dead replay socket: the gap is counted, nothing else breaks.
+	tr3 := &Tracker{}
+	pub3 := newPublisher(t, ctx, "127.0.0.1:0")
+	defer pub3.sock.Close()
+	go (&Subscriber{Endpoint: pub3.ep, ReplayEndpoint: "tcp://127.0.0.1:1", ReplayTimeout: 200 * time.Millisecond, Tracker: tr3, Log: log}).Run(ctx)
+	pub3.waitSubscriber()
+	pub3.send(0, encArrayBatch(t, 1, "AllBlocksCleared"))
+	pub3.send(3, encArrayBatch(t, 1, storedEv{hashes: []any{uint64(3)}}))
+	waitFor(t, "batch 3", func() bool { n, _ := tr3.Next(); return n == 4 })
+	if st := tr3.Stats(); st.Gaps != 1 || st.MissedBatches != 2 || !tr3.Has(IntHash(3)) {
+		t.Errorf("dead replay: stats = %+v", st)
+	}
+	if !strings.Contains(logs(), "KV event replay failed") {
+		t.Errorf("replay failure not logged")
+	}
+}

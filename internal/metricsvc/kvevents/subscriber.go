@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -22,9 +23,18 @@ type Subscriber struct {
 	Endpoint string
 	// Topic filters messages by prefix; empty takes all (vLLM's default
 	// topic is empty).
-	Topic   string
-	Tracker *Tracker
-	Log     *slog.Logger
+	Topic string
+	// ReplayEndpoint is the engine's replay socket (vLLM's
+	// replay_endpoint, a ROUTER), e.g. tcp://10.0.0.7:5558. When set, a
+	// sequence gap is filled by asking it for the missed batches before
+	// the batch that revealed the gap is applied. Empty: gaps are only
+	// counted and logged.
+	ReplayEndpoint string
+	// ReplayTimeout bounds one replay (default 1 s); live batches wait
+	// meanwhile.
+	ReplayTimeout time.Duration
+	Tracker       *Tracker
+	Log           *slog.Logger
 	// OnChange, when set, is called after each applied batch (the service
 	// uses it to assemble and push a new snapshot).
 	OnChange func()
@@ -120,6 +130,14 @@ func (s *Subscriber) handle(frames [][]byte, log *slog.Logger) {
 		s.limiter.Log(log, slog.LevelWarn, "decode", "KV event batch dropped", "seq", seq, "err", err)
 		return
 	}
+	if next, ok := s.Tracker.Next(); ok && seq > next && s.ReplayEndpoint != "" {
+		n, err := s.replay(next, seq)
+		if err != nil {
+			s.limiter.Log(log, slog.LevelWarn, "replay", "KV event replay failed", "from", next, "to", seq-1, "err", err)
+		} else {
+			log.Info("KV event sequence gap filled from the replay socket", "from", next, "to", seq-1, "replayed", n)
+		}
+	}
 	res := s.Tracker.Apply(seq, batch, now)
 	switch {
 	case res.Missed > 0:
@@ -130,5 +148,64 @@ func (s *Subscriber) handle(frames [][]byte, log *slog.Logger) {
 	}
 	if s.OnChange != nil {
 		s.OnChange()
+	}
+}
+
+// endSeq is vLLM's end-of-replay marker: -1 as a signed 8-byte integer.
+const endSeq = ^uint64(0)
+
+// replay asks the engine's replay socket for batches from..until-1 and
+// applies them in order. vLLM's ROUTER takes [empty, 8-byte start] from a
+// DEALER and answers [empty, seq, payload] per buffered batch from start
+// on, then [empty, -1, ""]. Batches it no longer holds stay missing and
+// are counted as a gap when the live batch is applied.
+func (s *Subscriber) replay(from, until uint64) (int, error) {
+	timeout := s.ReplayTimeout
+	if timeout <= 0 {
+		timeout = time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	sock := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
+	defer sock.Close()
+	if err := sock.Dial(s.ReplayEndpoint); err != nil {
+		return 0, fmt.Errorf("dial replay socket %s: %w", s.ReplayEndpoint, err)
+	}
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], from)
+	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
+		return 0, fmt.Errorf("replay request: %w", err)
+	}
+	replayed := 0
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			return replayed, fmt.Errorf("replay answer after %d batches: %w", replayed, err)
+		}
+		frames := msg.Frames
+		for len(frames) > 0 && len(frames[0]) == 0 {
+			frames = frames[1:] // the DEALER's empty delimiter
+		}
+		if len(frames) < 1 || len(frames[0]) != 8 {
+			return replayed, errors.New("replay answer is not [seq, payload]")
+		}
+		seq := binary.BigEndian.Uint64(frames[0])
+		if seq == endSeq || seq >= until {
+			return replayed, nil
+		}
+		if seq < from || len(frames) < 2 {
+			continue
+		}
+		if next, ok := s.Tracker.Next(); ok && seq < next {
+			continue // already applied
+		}
+		b, err := Decode(frames[1])
+		if err != nil {
+			s.Tracker.DecodeFailed(seq, true)
+			continue
+		}
+		s.Tracker.Apply(seq, b, time.Now())
+		s.Tracker.Replayed()
+		replayed++
 	}
 }

@@ -22,8 +22,9 @@ type Stats struct {
 	Events        uint64 // events applied, all kinds
 	Unknown       uint64 // events with an unknown type tag (skipped)
 	Clears        uint64 // AllBlocksCleared events
-	Gaps          uint64 // sequence gaps detected
+	Gaps          uint64 // sequence gaps left after any replay
 	MissedBatches uint64 // batches lost in those gaps
+	Replayed      uint64 // missed batches recovered from the replay socket
 	Restarts      uint64 // sequence went backwards: publisher restarted
 	DecodeErrors  uint64 // messages that could not be decoded
 	Overflow      uint64 // stores dropped because MaxBlocks was reached
@@ -77,6 +78,21 @@ func (t *Tracker) Apply(seq uint64, b Batch, now time.Time) SeqResult {
 		t.applyLocked(&b.Events[i], now)
 	}
 	return res
+}
+
+// Next returns the sequence number expected next; ok is false before the
+// first batch.
+func (t *Tracker) Next() (next uint64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lastSeq + 1, t.haveSeq
+}
+
+// Replayed counts a batch recovered by replay (applied with Apply as well).
+func (t *Tracker) Replayed() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stats.Replayed++
 }
 
 // DecodeFailed records a message that could not be decoded. Its sequence
