@@ -13,6 +13,18 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
+// palette is Tableau's 10 categorical colours: distinct for the nine
+// strategies of the bench contract.
+var palette = []color.Color{
+	color.RGBA{31, 119, 180, 255}, color.RGBA{255, 127, 14, 255}, color.RGBA{44, 160, 44, 255},
+	color.RGBA{214, 39, 40, 255}, color.RGBA{148, 103, 189, 255}, color.RGBA{140, 86, 75, 255},
+	color.RGBA{227, 119, 194, 255}, color.RGBA{127, 127, 127, 255}, color.RGBA{188, 189, 34, 255},
+	color.RGBA{23, 190, 207, 255},
+}
+
+// highlighted is drawn thicker: kvroute's default profile.
+const highlighted = "kv_cache_aware"
+
 // WritePNG draws two panels side by side: the TTFT CDF of every strategy
 // (log-scaled time axis, since cache hits move the body of the distribution
 // by orders of magnitude) and the cache hit ratio per strategy with the
@@ -44,9 +56,12 @@ func (r *Report) WritePNG(path string) error {
 		if err != nil {
 			return fmt.Errorf("plot %s: %w", x.Strategy, err)
 		}
-		line.Color = plotutil.Color(i)
-		line.Dashes = plotutil.Dashes(i / 7)
+		line.Color = palette[i%len(palette)]
+		line.Dashes = plotutil.Dashes(i / len(palette))
 		line.Width = vg.Points(1.5)
+		if x.Strategy == highlighted {
+			line.Width = vg.Points(3)
+		}
 		cdf.Add(line)
 		cdf.Legend.Add(x.Strategy, line)
 	}
@@ -54,13 +69,16 @@ func (r *Report) WritePNG(path string) error {
 	bars := plot.New()
 	bars.Title.Text = "cache hit ratio (cached / input tokens)"
 	bars.Y.Label.Text = "hit ratio"
-	bars.Y.Min, bars.Y.Max = 0, 1
 	vals := make(plotter.Values, len(r.Results))
 	names := make([]string, len(r.Results))
+	top := r.CeilingHitRatio
 	for i, x := range r.Results {
 		vals[i] = x.CacheHitRatio
 		names[i] = x.Strategy
+		top = max(top, x.CacheHitRatio)
 	}
+	// Room above the tallest bar (or the ceiling) for labels and legend.
+	bars.Y.Min, bars.Y.Max = 0, min(1, top*1.25+0.02)
 	if len(vals) > 0 {
 		bc, err := plotter.NewBarChart(vals, vg.Points(18))
 		if err != nil {
@@ -69,6 +87,19 @@ func (r *Report) WritePNG(path string) error {
 		bc.Color = color.RGBA{R: 66, G: 133, B: 244, A: 255}
 		bc.LineStyle.Width = 0
 		bars.Add(bc)
+		// Each bar carries its value, so the chart reads without a ruler.
+		var xys plotter.XYs
+		var labels []string
+		for i, v := range vals {
+			xys = append(xys, plotter.XY{X: float64(i), Y: v + 0.01*bars.Y.Max})
+			labels = append(labels, fmt.Sprintf("%.1f%%", 100*v))
+		}
+		if lb, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: labels}); err == nil {
+			for i := range lb.TextStyle {
+				lb.TextStyle[i].XAlign = draw.XCenter
+			}
+			bars.Add(lb)
+		}
 		bars.NominalX(names...)
 		bars.X.Tick.Label.Rotation = 0.6
 		bars.X.Tick.Label.XAlign = draw.XRight
