@@ -205,3 +205,39 @@ func TestShippedStateListener(t *testing.T) {
 		t.Errorf("push to a VM without the token variable: %d %s, want 401", code, resp)
 	}
 }
+
+// TestShippedBootstrapDisaggregates sends a long prompt through the shipped
+// bootstrap: the router picks a prefill host (disaggregation threshold 512
+// tokens), kvroute.pd calls it through the kvroute_prefill cluster, and the
+// decode engine receives the prefill's kv_transfer_params untouched. This is
+// the wiring the manifest is responsible for: pd.prefillCluster names a
+// cluster with override_host on the destination header.
+func TestShippedBootstrapDisaggregates(t *testing.T) {
+	d1, d2, prefill := newEngine(t), newEngine(t), newEngine(t)
+	const params = `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"prefill-0","remote_block_ids":[1,2,3],"remote_host":"10.9.9.9","remote_port":5600}`
+	prefill.reply = `{"id":"p","choices":[{"text":"x"}],"kv_transfer_params":` + params + `}`
+	_, url := startManifest(t, "standalone/envoy.yaml", "inference", map[string]string{
+		"10.0.0.11:8000": d1.addr(), "10.0.0.12:8000": d2.addr(), "10.0.0.21:8000": prefill.addr(),
+	})
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 300) // ~2700 words
+	code, resp := post(t, url+"/v1/completions", `{"model":"llama-3-8b","prompt":"`+prompt+`","max_tokens":16}`, nil)
+	if code != 200 {
+		t.Fatalf("%d %.200s", code, resp)
+	}
+	if prefill.requests.Load() != 1 || prefill.chosen.Load() != 1 {
+		t.Fatalf("prefill engine: %d requests (%d naming it); want the one prefill callout", prefill.requests.Load(), prefill.chosen.Load())
+	}
+	pbody, _ := prefill.lastBody.Load().(string)
+	if !strings.Contains(pbody, `"max_tokens":1`) || !strings.Contains(pbody, `"do_remote_decode":true`) {
+		t.Errorf("prefill request is not a vLLM prefill-only request: %.300s", pbody)
+	}
+	var decoded string
+	for _, d := range []*engine{d1, d2} {
+		if d.requests.Load() == 1 {
+			decoded, _ = d.lastBody.Load().(string)
+		}
+	}
+	if !strings.Contains(decoded, `"kv_transfer_params":`+params) {
+		t.Errorf("decode request lacks the prefill's kv_transfer_params byte for byte: %.300s", decoded[max(0, len(decoded)-400):])
+	}
+}
