@@ -180,6 +180,13 @@ func TestScorers(t *testing.T) {
 				r.MatchedBlocks, r.MatchedTokens = []int32{8, 2, 0}, []int32{1000, 100, 0}
 			},
 			want: []float64{1, 0.1, 0}},
+		{name: "prefix cache on a token scale", typ: "prefix_cache", params: `{"scaleTokens": 4000}`, cat: Affinity,
+			hosts: func() []Host { return fleet(3) },
+			req: func(r *Request) {
+				r.PromptTokens, r.TotalBlocks = 10000, 8
+				r.MatchedBlocks, r.MatchedTokens = []int32{8, 2, 0}, []int32{10000, 1000, 0}
+			},
+			want: []float64{1, 0.25, 0}},
 		{name: "prefix cache without blocks scores 0", typ: "prefix_cache", cat: Affinity,
 			hosts: func() []Host { return fleet(2) }, req: func(r *Request) { r.TotalBlocks = 0 },
 			want: []float64{0, 0}},

@@ -37,10 +37,11 @@ var presetConfigs = map[string]string{
 		"plugins": [
 		  {"name": "guard", "type": "load_guard",
 		   "params": {"absoluteTokens": 65536, "relative": 2, "basis": "cost", "decodeWeight": 0.05}},
-		  {"name": "cost", "type": "prefill_cost", "params": {"scaleTokens": 16384, "decodeWeight": 0.05}}],
+		  {"name": "cost", "type": "prefill_cost", "params": {"scaleTokens": 16384, "decodeWeight": 0.05}},
+		  {"name": "prefix", "type": "prefix_cache", "params": {"scaleTokens": 8192}}],
 		"profiles": {"kv_cache_aware": {
 		"filters": ["healthy", "role", "model", "saturation", "guard"],
-		"scorers": [{"plugin": "prefix_cache", "weight": 3},
+		"scorers": [{"plugin": "prefix", "weight": 3},
 		            {"plugin": "cost", "weight": 3},
 		            {"plugin": "kv_utilization", "weight": 1.5},
 		            {"plugin": "session_affinity", "weight": 1.5}],

@@ -4,9 +4,12 @@ import "math"
 
 func init() {
 	Register("prefix_cache", KindScorer,
-		"affinity: the fraction of the request the index believes the host holds: matched over total tokens (unit tokens, the default) or blocks (unit blocks, as GIE counts)",
+		"affinity: the fraction of the request the index believes the host holds: matched over total tokens (unit tokens, the default) or blocks (unit blocks, as GIE counts); with scaleTokens, matched tokens over that scale (capped at 1)",
 		func(p *Params) Plugin {
-			return prefixScorer{blocks: p.Enum("unit", "tokens", "tokens", "blocks") == "blocks"}
+			return prefixScorer{
+				blocks: p.Enum("unit", "tokens", "tokens", "blocks") == "blocks",
+				scale:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
+			}
 		})
 	Register("kv_utilization", KindScorer,
 		"balance: 1 minus the host's KV-cache utilization (stale state scores 0.5)",
@@ -61,7 +64,17 @@ func init() {
 // grow along the chain: a match over the first, short blocks covers fewer
 // tokens than its share of blocks suggests. With uniform blocks (GIE's
 // index) both units agree.
-type prefixScorer struct{ blocks bool }
+//
+// With scaleTokens the score is matched tokens over that scale, capped at 1:
+// an absolute measure, comparable with prefill_cost's scaleTokens. Paired
+// with equal scales and weights, the two choose the host that maximises
+// matched tokens minus extra prefill tokens, so a 1,000-token match is
+// worth 1,000 tokens of queue — whether the prompt is 2k or 60k long —
+// instead of the whole weight of the prefix scorer.
+type prefixScorer struct {
+	blocks bool
+	scale  float64
+}
 
 func (prefixScorer) Type() string       { return "prefix_cache" }
 func (prefixScorer) Category() Category { return Affinity }
@@ -69,6 +82,8 @@ func (p prefixScorer) Score(c *Cycle, cand []int, out []float64) {
 	total := c.Req.PromptTokens
 	if p.blocks {
 		total = c.Req.TotalBlocks
+	} else if p.scale > 0 {
+		total = int(p.scale)
 	}
 	for _, h := range cand {
 		if total <= 0 {

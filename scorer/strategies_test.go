@@ -265,7 +265,7 @@ func TestExplanation(t *testing.T) {
 	req.MatchedTokens = []int32{0, 6000, 0}
 	d := h.Run(req, hosts, NewScratch(1)).Decode
 	got := d.Explain(req, hosts)
-	for _, want := range []string{"profile=kv_cache_aware", "host=10.0.0.2:8000", "prefix_cache=0.750x3", "cost=1.000x3", "session_affinity=0.000x1.5",
+	for _, want := range []string{"profile=kv_cache_aware", "host=10.0.0.2:8000", "prefix=0.732x3", "cost=1.000x3", "session_affinity=0.000x1.5",
 		"matched=12/16blk", "uncached=2000tok", "fallbacks=10.0.0.", "candidates=3/3"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("explanation %q lacks %q", got, want)
