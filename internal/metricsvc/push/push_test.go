@@ -94,7 +94,7 @@ func TestPushTokenAndIsolation(t *testing.T) {
 	slow.delay.Store(int64(time.Hour))
 
 	p := New([]string{slow.url(), failing.url(), wrongTok.url(), good.url()}, StaticToken("s3cret"), nil, quiet())
-	p.Timeout = 500 * time.Millisecond
+	p.Timeout = 3 * time.Second
 	p.MinBackoff = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -103,13 +103,14 @@ func TestPushTokenAndIsolation(t *testing.T) {
 	start := time.Now()
 	p.Publish([]byte(`{"v":1}`))
 	waitFor(t, "good gateway", 2*time.Second, func() bool { b, _ := good.last(); return b == `{"v":1}` })
-	if d := time.Since(start); d > 300*time.Millisecond {
+	// Serialized behind the slow gateway it would take the 3 s timeout.
+	if d := time.Since(start); d > 1500*time.Millisecond {
 		t.Errorf("good gateway got the push after %v: the slow one delayed it", d)
 	}
 	p.Publish([]byte(`{"v":2}`))
 	waitFor(t, "second push", 2*time.Second, func() bool { b, _ := good.last(); return b == `{"v":2}` })
 
-	waitFor(t, "failures counted", 3*time.Second, func() bool {
+	waitFor(t, "failures counted", 10*time.Second, func() bool {
 		st := p.Stats()
 		return st[0].FailedBy["timeout"] >= 1 && st[1].FailedBy["status"] >= 2 && st[2].FailedBy["unauthorized"] >= 2
 	})
