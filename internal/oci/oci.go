@@ -134,7 +134,7 @@ func checkModule(data []byte) error {
 // with fixed ownership, mode and time so the digest depends only on module.
 func pluginLayer(module []byte) ([]byte, error) {
 	var buf bytes.Buffer
-	gz, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	gz, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
 	if err != nil {
 		return nil, err
 	}
