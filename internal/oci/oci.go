@@ -133,8 +133,15 @@ func checkModule(data []byte) error {
 // pluginLayer returns a gzip-compressed tar holding module as plugin.wasm,
 // with fixed ownership, mode and time so the digest depends only on module.
 func pluginLayer(module []byte) ([]byte, error) {
+	return pluginLayerLevel(module, gzip.DefaultCompression)
+}
+
+// pluginLayerLevel is pluginLayer at a given gzip level. The default level
+// is used: level 9 saves well under 1 % on the module for several times the
+// CPU (BenchmarkPluginLayer).
+func pluginLayerLevel(module []byte, level int) ([]byte, error) {
 	var buf bytes.Buffer
-	gz, err := gzip.NewWriterLevel(&buf, gzip.DefaultCompression)
+	gz, err := gzip.NewWriterLevel(&buf, level)
 	if err != nil {
 		return nil, err
 	}
