@@ -264,12 +264,12 @@ func (s *Service) startHost(e discovery.Endpoint) {
 }
 
 func (s *Service) onScrape(h *host, r scrape.Result) {
-	s.tel.observeScrape(r)
 	s.mu.Lock()
 	if s.hosts[h.ep.Address] != h {
 		s.mu.Unlock()
-		return // removed meanwhile
+		return // removed meanwhile (its series are gone; do not recreate them)
 	}
+	s.tel.observeScrape(r)
 	wasFailing, first, lastReason := h.failing, !h.attempted, h.lastReason
 	h.attempted = true
 	h.lastReason = r.Reason
