@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/snapshot"
 )
@@ -190,3 +191,54 @@ func TestMetricsCommandEndToEnd(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestMetricsManifestArgs keeps the shipped Kubernetes manifest and the
+// command in step: every argument it passes must parse as a flag of
+// `kvroute metrics`, and it must pick Kubernetes discovery.
+func TestMetricsManifestArgs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "envoy", "kubernetes", "metrics.yaml"))
+	if err != nil {
+		t.Skipf("SKIPPED: no envoy/kubernetes/metrics.yaml (%v)", err)
+	}
+	var args []string
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var obj struct {
+			Kind string `json:"kind"`
+			Spec struct {
+				Template struct {
+					Spec struct {
+						Containers []struct {
+							Args []string `json:"args"`
+						} `json:"containers"`
+					} `json:"spec"`
+				} `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if obj.Kind == "Deployment" && len(obj.Spec.Template.Spec.Containers) > 0 {
+			args = obj.Spec.Template.Spec.Containers[0].Args
+		}
+	}
+	if len(args) == 0 || args[0] != "metrics" {
+		t.Fatalf("the Deployment does not run `kvroute metrics`: args %q", args)
+	}
+	cmd, _, err := rootCmd.Find([]string{"metrics"})
+	if err != nil || cmd.Name() != "metrics" {
+		t.Fatalf("metrics command not registered: %v", err)
+	}
+	fl := pflag.NewFlagSet("manifest", pflag.ContinueOnError)
+	fl.AddFlagSet(cmd.Flags())
+	if err := fl.Parse(args[1:]); err != nil {
+		t.Fatalf("manifest args %q: %v", args[1:], err)
+	}
+	if v, _ := fl.GetString("discovery"); v != "kubernetes" {
+		t.Errorf("manifest discovery = %q", v)
+	}
+	for _, name := range []string{"gateway", "token-file", "listen"} {
+		if !fl.Changed(name) {
+			t.Errorf("manifest does not set --%s", name)
+		}
+	}
+}
