@@ -199,7 +199,8 @@ type pdStream struct {
 	decode  string // the destination header (decode hosts)
 	hasCL   bool   // the request carries content-length (kept exact)
 	headers [][2]string
-	body    []byte // the client's body, for the request and the fallbacks
+	body    []byte   // the client's body, for the request and the fallbacks
+	members []member // its top-level members (aliasing body)
 	sent    time.Time
 	marker  string
 
@@ -292,6 +293,13 @@ func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action typ
 		return types.ActionContinue
 	}
 	s.body = body
+	ms, ok := parseObject(body)
+	if !ok {
+		s.phase = phaseResumed
+		s.fallback(reasonBody)
+		return types.ActionContinue
+	}
+	s.members = ms
 	if s.plugin.pd.Protocol == config.PDProtocolSGLang {
 		action = s.startSGLang()
 	} else {
@@ -321,11 +329,7 @@ func (s *pdStream) callHeaders(dest string, bodyLen int) [][2]string {
 
 // startVLLM dispatches the prefill-only request and holds the main one.
 func (s *pdStream) startVLLM() types.Action {
-	pb, ok := vllmPrefillBody(s.body)
-	if !ok {
-		s.fallback(reasonBody)
-		return types.ActionContinue
-	}
+	pb := vllmPrefillBody(s.members)
 	pd := &s.plugin.pd
 	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(s.prefill, len(pb)), pb, nil, uint32(pd.TimeoutMs), s.onVLLMPrefill)
 	if err != nil {
@@ -357,7 +361,7 @@ func (s *pdStream) onVLLMPrefill(numHeaders, bodySize, _ int) {
 		s.resume()
 		return
 	}
-	body := withKVTransferParams(s.body, kv)
+	body := withKVTransferParams(s.members, kv)
 	if err := proxywasm.ReplaceHttpRequestBody(body); err != nil {
 		proxywasm.LogWarnf("kvroute.pd: replacing the request body: %v", err)
 		s.fallback(reasonError)
@@ -420,11 +424,7 @@ func (s *pdStream) startSGLang() types.Action {
 	if pd.BootstrapPort != 0 {
 		port = pd.BootstrapPort
 	}
-	body, ok := withBootstrap(s.body, host, port, bootstrapRoom())
-	if !ok {
-		s.fallback(reasonBody)
-		return types.ActionContinue
-	}
+	body := withBootstrap(s.members, host, port, bootstrapRoom())
 	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(first, len(body)), body, nil, uint32(pd.TimeoutMs), s.onSGLangPrefill)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.pd: dispatching the prefill to cluster %q: %v (check pd.prefillCluster)", pd.PrefillCluster, err)

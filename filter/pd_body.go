@@ -1,10 +1,10 @@
 package filter
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -16,51 +16,105 @@ import (
 
 // jsonObject reports whether body is one valid JSON object.
 func jsonObject(body []byte) bool {
-	if !gjson.ValidBytes(body) {
-		return false
-	}
-	for _, c := range body {
-		switch c {
-		case ' ', '\t', '\n', '\r':
-			continue
+	i := skipSpace(body, 0)
+	return i < len(body) && body[i] == '{' && validJSON(body)
+}
+
+// member is one top-level member of a JSON object: its key (unescaped) and
+// its bytes from the key's opening quote to the end of the value.
+type member struct {
+	key string
+	raw []byte
+}
+
+// members lists a valid JSON object's top-level members in one pass, with
+// the validator's string skipping (gjson walks strings byte by byte, which
+// Go compiled to Wasm pays dearly for on a long prompt). The raw slices
+// alias body.
+func members(body []byte, dst []member) []member {
+	dst = dst[:0]
+	i := skipSpace(body, 0) + 1 // past '{'
+	for {
+		i = skipSpace(body, i)
+		if i >= len(body) || body[i] != '"' {
+			return dst // '}'
 		}
-		return c == '{'
+		start := i
+		i = skipString(body, i)
+		key := body[start+1 : i-1]
+		var name string
+		if bytes.IndexByte(key, '\\') >= 0 {
+			name = gjson.Parse(string(body[start:i])).Str // escaped key: "str\u0065am" is "stream"
+		} else {
+			name = string(key)
+		}
+		i = skipSpace(body, i) + 1 // past ':'
+		i = skipValue(body, skipSpace(body, i))
+		dst = append(dst, member{key: name, raw: body[start:i]})
+		i = skipSpace(body, i)
+		if i < len(body) && body[i] == ',' {
+			i++
+		}
 	}
-	return false
 }
 
-// pdStringView views b as a string without copying (gjson.ParseBytes
-// copies the whole body). b must not change while the view is used.
-func pdStringView(b []byte) string {
-	if len(b) == 0 {
-		return ""
+// skipValue returns the index after the value starting at b[i]; b is valid
+// JSON.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
 	}
-	return unsafe.String(unsafe.SliceData(b), len(b))
+	for i < len(b) {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	return i
 }
 
-// rewriteObject copies a JSON object's top-level members in one pass,
-// leaving out those drop names, and appends set (each value raw JSON). The
-// members kept are copied byte for byte, in their order; set members come
-// last. body must be a valid JSON object.
-func rewriteObject(body []byte, drop func(key string) bool, set ...[2]string) []byte {
-	extra := 2
+// buildObject writes the members, leaving out those drop names, then set
+// (each value raw JSON), into one exactly sized buffer. Kept members are
+// copied byte for byte, in their order.
+func buildObject(ms []member, drop func(key string) bool, set ...[2]string) []byte {
+	n := 2
+	for _, m := range ms {
+		n += len(m.raw) + 1
+	}
 	for _, kv := range set {
-		extra += len(kv[0]) + len(kv[1]) + 8 // quotes, colon, comma, escapes of plain keys
+		n += len(kv[0]) + len(kv[1]) + 8
 	}
-	out := make([]byte, 0, len(body)+extra)
+	out := make([]byte, 0, n)
 	out = append(out, '{')
-	gjson.Parse(pdStringView(body)).ForEach(func(k, v gjson.Result) bool {
-		if drop(k.Str) {
-			return true
+	for _, m := range ms {
+		if drop(m.key) {
+			continue
 		}
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = append(out, k.Raw...)
-		out = append(out, ':')
-		out = append(out, v.Raw...)
-		return true
-	})
+		out = append(out, m.raw...)
+	}
 	for _, kv := range set {
 		if len(out) > 1 {
 			out = append(out, ',')
@@ -72,59 +126,83 @@ func rewriteObject(body []byte, drop func(key string) bool, set ...[2]string) []
 	return append(out, '}')
 }
 
-// vllmPrefillBody is the prefill-only copy of a request for vLLM's
-// NixlConnector: no streaming, one output token, the KV kept for a remote
-// decode. The client's body is not modified.
-func vllmPrefillBody(body []byte) ([]byte, bool) {
+// parseObject validates body as one JSON object and lists its members: the
+// one pass over the client's body that both rewrites then share.
+func parseObject(body []byte) ([]member, bool) {
 	if !jsonObject(body) {
 		return nil, false
 	}
+	return members(body, make([]member, 0, 16)), true
+}
+
+func hasMember(ms []member, key string) bool {
+	for _, m := range ms {
+		if m.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// vllmPrefillBody is the prefill-only copy of a request for vLLM's
+// NixlConnector: no streaming, one output token, the KV kept for a remote
+// decode. The client's body is not modified.
+func vllmPrefillBody(ms []member) []byte {
 	set := [][2]string{{"stream", "false"}, {"max_tokens", "1"}}
-	if gjson.GetBytes(body, "max_completion_tokens").Exists() {
+	if hasMember(ms, "max_completion_tokens") {
 		set = append(set, [2]string{"max_completion_tokens", "1"})
 	}
 	set = append(set, [2]string{"kv_transfer_params", vllmPrefillParams})
-	return rewriteObject(body, func(k string) bool {
+	return buildObject(ms, func(k string) bool {
 		switch k {
 		case "stream", "max_tokens", "max_completion_tokens", "kv_transfer_params", "stream_options", "min_tokens":
 			return true
 		}
 		return false
-	}, set...), true
+	}, set...)
 }
 
 // kvTransferParams returns the top-level kv_transfer_params object of a
 // prefill response exactly as its bytes were sent.
 func kvTransferParams(resp []byte) ([]byte, bool) {
-	if !jsonObject(resp) {
+	ms, ok := parseObject(resp)
+	if !ok {
 		return nil, false
 	}
-	kv := gjson.GetBytes(resp, "kv_transfer_params")
-	if !kv.IsObject() {
+	var kv []byte
+	for _, m := range ms {
+		if m.key == "kv_transfer_params" {
+			kv = m.raw // the last one wins, as in every JSON decoder
+		}
+	}
+	if kv == nil {
 		return nil, false
 	}
-	return []byte(kv.Raw), true
+	// raw is `"kv_transfer_params":<value>` with optional spaces.
+	i := skipSpace(kv, skipString(kv, 0))
+	v := kv[skipSpace(kv, i+1):]
+	if len(v) == 0 || v[0] != '{' {
+		return nil, false
+	}
+	return append([]byte(nil), v...), true
 }
 
-// withKVTransferParams is the client's body (a valid JSON object) with
-// kv_transfer_params set to kv, replacing any the client sent.
-func withKVTransferParams(body, kv []byte) []byte {
-	return rewriteObject(body, func(k string) bool { return k == "kv_transfer_params" }, [2]string{"kv_transfer_params", string(kv)})
+// withKVTransferParams is the client's body with kv_transfer_params set to
+// kv, replacing any the client sent.
+func withKVTransferParams(ms []member, kv []byte) []byte {
+	return buildObject(ms, func(k string) bool { return k == "kv_transfer_params" }, [2]string{"kv_transfer_params", string(kv)})
 }
 
 // withBootstrap is the client's body with SGLang's bootstrap fields
 // (replacing any the client sent).
-func withBootstrap(body []byte, host string, port int, room uint64) ([]byte, bool) {
-	if !jsonObject(body) {
-		return nil, false
-	}
-	return rewriteObject(body, func(k string) bool {
+func withBootstrap(ms []member, host string, port int, room uint64) []byte {
+	return buildObject(ms, func(k string) bool {
 		return k == "bootstrap_host" || k == "bootstrap_port" || k == "bootstrap_room"
 	},
 		[2]string{"bootstrap_host", string(gjson.AppendJSONString(nil, host))},
 		[2]string{"bootstrap_port", strconv.Itoa(port)},
 		[2]string{"bootstrap_room", strconv.FormatUint(room, 10)},
-	), true
+	)
 }
 
 // bootstrapRoom is a random 63-bit room id, as SGLang's router draws it

@@ -443,13 +443,33 @@ func TestPDSGLangDecodeFailureNotPrefills(t *testing.T) {
 }
 
 func TestPDBodyHelpers(t *testing.T) {
-	if _, ok := vllmPrefillBody([]byte(`"str"`)); ok {
-		t.Error("vllmPrefillBody accepted a string")
+	for _, bad := range []string{`"str"`, `[{}]`, `{"a":}`, ``, ` `, `{"a":1}x`} {
+		if _, ok := parseObject([]byte(bad)); ok {
+			t.Errorf("parseObject accepted %q", bad)
+		}
 	}
 	// Without max_completion_tokens none is added; max_tokens always is.
-	pb, ok := vllmPrefillBody([]byte(`{"prompt":"p"}`))
-	if !ok || gjson.GetBytes(pb, "max_completion_tokens").Exists() || gjson.GetBytes(pb, "max_tokens").Raw != "1" {
+	ms, _ := parseObject([]byte(`{"prompt":"p"}`))
+	pb := vllmPrefillBody(ms)
+	if gjson.GetBytes(pb, "max_completion_tokens").Exists() || gjson.GetBytes(pb, "max_tokens").Raw != "1" {
 		t.Errorf("prefill body %s", pb)
+	}
+	// An escaped key is the key it decodes to: a client cannot keep its own
+	// "stream" by spelling it differently.
+	ms, _ = parseObject([]byte(`{"str\u0065am":true, "kv_transfer_params" : {"a" : 1} ,"n":[1,{"}":"]"}]}`))
+	pb = vllmPrefillBody(ms)
+	if got := gjson.GetBytes(pb, "stream").Raw; got != "false" || strings.Contains(string(pb), `u0065`) {
+		t.Errorf("escaped stream kept: %s", pb)
+	}
+	if got := gjson.GetBytes(pb, "n").Raw; got != `[1,{"}":"]"}]` {
+		t.Errorf("nested member changed: %s", got)
+	}
+	kv, ok := kvTransferParams([]byte(`{"kv_transfer_params" :  {"x":[1, 2]} , "z":0}`))
+	if !ok || string(kv) != `{"x":[1, 2]}` {
+		t.Errorf("kvTransferParams = %q, %v", kv, ok)
+	}
+	if _, ok := kvTransferParams([]byte(`{"kv_transfer_params":[1]}`)); ok {
+		t.Error("an array accepted as kv_transfer_params")
 	}
 	for _, tc := range []struct {
 		in   string
