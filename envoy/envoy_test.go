@@ -25,7 +25,6 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
-	"google.golang.org/protobuf/proto"
 	istionet "istio.io/api/networking/v1alpha3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -563,7 +562,6 @@ func TestPluginConfigsAgree(t *testing.T) {
 	}
 }
 
-var _ proto.Message = (*bootstrapv3.Bootstrap)(nil)
 
 // TestWasmModuleStaysLight: the API modules these checks use (and the OCI
 // library) must never reach the Wasm module, whose size and start time they
