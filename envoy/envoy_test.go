@@ -562,7 +562,6 @@ func TestPluginConfigsAgree(t *testing.T) {
 	}
 }
 
-
 // TestWasmModuleStaysLight: the API modules these checks use (and the OCI
 // library) must never reach the Wasm module, whose size and start time they
 // would multiply.
