@@ -2,7 +2,11 @@ package scrape
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -115,4 +119,35 @@ func TestBenchPageParses(t *testing.T) {
 	if err != nil || s2.Waiting != s.Waiting || s2.KVUsage != s.KVUsage || s2.NumGPUBlocks != s.NumGPUBlocks {
 		t.Fatalf("baseline %+v differs from %+v (%v)", s2, s, err)
 	}
+}
+
+// BenchmarkScrapeOnceVsGet measures one whole scrape over loopback HTTP of
+// a vLLM-shaped page (request, filter, parse, extract) against the baseline
+// of only fetching the same page, alternating in one loop. The scrape's
+// time per op times engines times scrapes per second is the service's CPU
+// budget for scraping.
+func BenchmarkScrapeOnceVsGet(b *testing.B) {
+	page := vllmPage(b)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(page) }))
+	defer srv.Close()
+	l := &Loop{Client: srv.Client(), Address: "a", URL: srv.URL + "/metrics", Interval: time.Second, Timeout: 10 * time.Second}
+	var ours, base time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if r := l.Once(context.Background()); r.Err != nil {
+			b.Fatal(r.Err)
+		}
+		t1 := time.Now()
+		resp, err := srv.Client().Get(srv.URL + "/metrics")
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		ours += t1.Sub(t0)
+		base += time.Since(t1)
+	}
+	b.ReportMetric(float64(ours.Nanoseconds())/float64(b.N), "scrape-ns/op")
+	b.ReportMetric(float64(base.Nanoseconds())/float64(b.N), "get-ns/op")
+	b.ReportMetric(float64(ours)/float64(base), "ratio")
 }
