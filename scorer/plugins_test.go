@@ -137,8 +137,8 @@ func TestFilters(t *testing.T) {
 			want: []int{0, 1}},
 		{name: "load guard with load basis drops it", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1.5, "basis": "load"}`,
 			hosts: func() []Host { h := fleet(2); h[0].PendingPrefillTokens = 9000; return h },
-			req:  func(r *Request) { r.PromptTokens = 10000; r.MatchedTokens = []int32{9500, 0} },
-			want: []int{1}},
+			req:   func(r *Request) { r.PromptTokens = 10000; r.MatchedTokens = []int32{9500, 0} },
+			want:  []int{1}},
 		{name: "load guard counts decode tokens by weight", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1, "decodeWeight": 1}`,
 			hosts: func() []Host { h := fleet(2); h[0].PendingDecodeTokens = 1500; return h },
 			want:  []int{1}},
@@ -171,8 +171,12 @@ func TestScorers(t *testing.T) {
 	}{
 		{name: "prefix cache in blocks is matched over total blocks", typ: "prefix_cache", params: `{"unit": "blocks"}`, cat: Affinity,
 			hosts: func() []Host { return fleet(3) },
-			req:   func(r *Request) { r.TotalBlocks = 8; r.MatchedBlocks = []int32{8, 2, 0}; r.MatchedTokens = []int32{1000, 100, 0} },
-			want:  []float64{1, 0.25, 0}},
+			req: func(r *Request) {
+				r.TotalBlocks = 8
+				r.MatchedBlocks = []int32{8, 2, 0}
+				r.MatchedTokens = []int32{1000, 100, 0}
+			},
+			want: []float64{1, 0.25, 0}},
 		{name: "prefix cache in tokens is matched over prompt tokens", typ: "prefix_cache", cat: Affinity,
 			hosts: func() []Host { return fleet(3) },
 			req: func(r *Request) {
