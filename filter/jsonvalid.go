@@ -1,5 +1,7 @@
 package filter
 
+import "encoding/binary"
+
 // validJSON reports whether b is one JSON value (RFC 8259) with nothing but
 // whitespace around it. It does not check UTF-8 (the caller runs
 // utf8.Valid, which is fast everywhere).
@@ -138,6 +140,11 @@ var plainStringByte = func() (t [256]bool) {
 func skipString(b []byte, i int) int {
 	i++
 	for {
+		// Eight bytes at a time while none of them needs a look (a prompt is
+		// mostly such runs), then byte by byte.
+		for i+8 <= len(b) && plainWord(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
 		for i < len(b) && plainStringByte[b[i]] {
 			i++
 		}
@@ -166,6 +173,19 @@ func skipString(b []byte, i int) int {
 			return -1
 		}
 	}
+}
+
+// plainWord reports whether none of the eight bytes in x is a quote, a
+// backslash or a control character (SWAR: each test sets a byte's high bit
+// where the condition holds; bytes >= 0x80, UTF-8, are plain).
+func plainWord(x uint64) bool {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	hasZero := func(v uint64) uint64 { return (v - ones) & ^v & highs }
+	control := (x - 0x20*ones) & ^x & highs
+	return control|hasZero(x^('"'*ones))|hasZero(x^('\\'*ones)) == 0
 }
 
 func isHex(c byte) bool {

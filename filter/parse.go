@@ -107,87 +107,92 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if !validJSON(body) {
 		return r, badRequest("", "the request body is not valid JSON")
 	}
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() {
+	if body[skipSpace(body, 0)] != '{' {
 		return r, badRequest("", "the request body must be a JSON object")
 	}
-	// One pass over the top-level keys: a Get per field would rescan the
-	// whole body (prompt included) for every key that is absent or comes
-	// after the prompt. A repeated key keeps its last value, as Python's
-	// json module (vLLM, SGLang) does.
-	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input gjson.Result
-	root.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
-		case "model":
+	// One pass over the top-level members with the span walker (see
+	// jsonwalk.go); gjson reads the small values. A repeated key keeps its
+	// last value, as Python's json module (vLLM, SGLang) does.
+	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input []byte
+	forEachMember(body[skipSpace(body, 0):], func(k, v []byte) bool {
+		switch string(k) {
+		case `"model"`:
 			model = v
-		case "stream":
+		case `"stream"`:
 			stream = v
-		case "max_tokens":
+		case `"max_tokens"`:
 			maxTokens = v
-		case "max_completion_tokens":
+		case `"max_completion_tokens"`:
 			maxCompletion = v
-		case "user":
+		case `"user"`:
 			user = v
-		case "cache_salt":
+		case `"cache_salt"`:
 			salt = v
-		case "messages":
+		case `"messages"`:
 			messages = v
-		case "tools":
+		case `"tools"`:
 			tools = v
-		case "prompt":
+		case `"prompt"`:
 			prompt = v
-		case "input":
+		case `"input"`:
 			input = v
 		}
 		return true
 	})
-	if !model.Exists() {
+	if model == nil {
 		return r, badRequest("model", "'model' is required")
 	}
-	if model.Type != gjson.String || model.Str == "" {
+	if jsonType(model) != gjson.String || len(model) == 2 {
 		return r, badRequest("model", "'model' must be a non-empty string")
 	}
-	r.Model = model.Str
+	r.Model = stringOf(model)
 	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
-		r.Model, r.Adapter = base, model.Str
+		r.Model, r.Adapter = base, r.Model
 	}
-	if stream.Exists() {
-		if stream.Type != gjson.True && stream.Type != gjson.False {
+	if stream != nil {
+		switch jsonType(stream) {
+		case gjson.True:
+			r.Stream = true
+		case gjson.False:
+		default:
 			return r, badRequest("stream", "'stream' must be a boolean")
 		}
-		r.Stream = stream.Bool()
 	}
 	for _, f := range [...]struct {
 		name string
-		v    gjson.Result
+		v    []byte
 	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
-		if !f.v.Exists() || f.v.Type == gjson.Null {
+		if f.v == nil || jsonType(f.v) == gjson.Null {
 			continue
 		}
-		n, ok := wholeNumber(f.v)
+		n, ok := wholeNumber(gjson.ParseBytes(f.v))
 		if !ok || n < 0 || n > maxMaxTokens {
 			return r, badRequest(f.name, "'%s' must be a whole number from 0 to %d", f.name, maxMaxTokens)
 		}
 		r.MaxTokens = int(n)
 	}
-	if user.Exists() && user.Type != gjson.Null {
-		if user.Type != gjson.String {
+	if user != nil && jsonType(user) != gjson.Null {
+		if jsonType(user) != gjson.String {
 			return r, badRequest("user", "'user' must be a string")
 		}
-		r.SessionKey = user.Str
+		r.SessionKey = stringOf(user)
 	}
-	if salt.Exists() && salt.Type != gjson.String {
-		return r, badRequest("cache_salt", "'cache_salt' must be a string")
+	saltText := ""
+	if salt != nil {
+		if jsonType(salt) != gjson.String {
+			return r, badRequest("cache_salt", "'cache_salt' must be a string")
+		}
+		saltText = stringOf(salt)
 	}
 
-	p.hasher.Reset(r.Model, r.Adapter, salt.Str)
+	p.hasher.Reset(r.Model, r.Adapter, saltText)
 	if kind == apiUnknown {
 		switch {
-		case messages.Exists():
+		case messages != nil:
 			kind = apiChat
-		case prompt.Exists():
+		case prompt != nil:
 			kind = apiCompletions
-		case input.Exists():
+		case input != nil:
 			kind = apiEmbeddings
 		default:
 			return r, badRequest("", "the body has no 'messages', 'prompt' or 'input'")
@@ -226,57 +231,72 @@ func wholeNumber(v gjson.Result) (int64, bool) {
 
 // prompt hashes a completions "prompt" or embeddings "input": a string, an
 // array of strings, an array of token ids, or an array of such arrays.
-func (p *requestParser) prompt(v gjson.Result, name string) *requestError {
-	switch {
-	case !v.Exists() || v.Type == gjson.Null:
+func (p *requestParser) prompt(v []byte, name string) *requestError {
+	switch jsonType(v) {
+	case gjson.Null:
 		return badRequest(name, "'%s' is required", name)
-	case v.Type == gjson.String:
-		if v.Str == "" {
+	case gjson.String:
+		if len(v) == 2 {
 			return badRequest(name, "'%s' must not be empty", name)
 		}
-		p.hasher.Text(v.Str)
+		p.hasher.Text(stringOf(v))
 		return nil
-	case !v.IsArray():
+	}
+	if v[0] != '[' {
 		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
-	items := v.Array()
-	if len(items) == 0 {
+	var first []byte
+	forEachElement(v, func(e []byte) bool { first = e; return false })
+	if first == nil {
 		return badRequest(name, "'%s' must not be empty", name)
 	}
-	switch {
-	case items[0].Type == gjson.Number:
-		return p.tokenIDs(items, name)
-	case items[0].Type == gjson.String:
-		for i, it := range items {
-			if it.Type != gjson.String {
-				return badRequest(name, "'%s[%d]' must be a string like the first element", name, i)
+	var err *requestError
+	i := 0
+	switch t := jsonType(first); {
+	case t == gjson.Number:
+		return p.tokenIDs(v, name)
+	case t == gjson.String:
+		forEachElement(v, func(e []byte) bool {
+			if jsonType(e) != gjson.String {
+				err = badRequest(name, "'%s[%d]' must be a string like the first element", name, i)
+				return false
 			}
-			p.hasher.Text(it.Str)
-		}
-		return nil
-	case items[0].IsArray():
-		for i, it := range items {
-			sub := it.Array()
-			if !it.IsArray() || len(sub) == 0 {
-				return badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, i)
+			p.hasher.Text(stringOf(e))
+			i++
+			return true
+		})
+		return err
+	case first[0] == '[':
+		forEachElement(v, func(e []byte) bool {
+			if e[0] != '[' || e[skipSpace(e, 1)] == ']' {
+				err = badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, i)
+				return false
 			}
-			if err := p.tokenIDs(sub, name+"["+strconv.Itoa(i)+"]"); err != nil {
-				return err
-			}
-		}
-		return nil
+			err = p.tokenIDs(e, name+"["+strconv.Itoa(i)+"]")
+			i++
+			return err == nil
+		})
+		return err
 	}
 	return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 }
 
-func (p *requestParser) tokenIDs(items []gjson.Result, name string) *requestError {
+func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 	p.ids = p.ids[:0]
-	for i, it := range items {
-		n, ok := wholeNumber(it)
+	var err *requestError
+	i := 0
+	forEachElement(arr, func(e []byte) bool {
+		n, ok := wholeNumber(gjson.ParseBytes(e))
 		if !ok || n < 0 || n > maxTokenID {
-			return badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
+			err = badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
+			return false
 		}
 		p.ids = append(p.ids, uint32(n))
+		i++
+		return true
+	})
+	if err != nil {
+		return err
 	}
 	p.hasher.Tokens(p.ids)
 	return nil
@@ -284,22 +304,22 @@ func (p *requestParser) tokenIDs(items []gjson.Result, name string) *requestErro
 
 // chat hashes tools and messages in request order, as a chat template lays
 // them out.
-func (p *requestParser) chat(msgs, tools gjson.Result) *requestError {
-	if tools.Exists() && tools.Type != gjson.Null {
-		if !tools.IsArray() {
+func (p *requestParser) chat(msgs, tools []byte) *requestError {
+	if tools != nil && jsonType(tools) != gjson.Null {
+		if tools[0] != '[' {
 			return badRequest("tools", "'tools' must be an array")
 		}
-		p.hasher.Field("tools", tools.Raw)
+		p.hasher.Field("tools", unsafeString(tools))
 	}
-	if !msgs.Exists() {
+	if msgs == nil {
 		return badRequest("messages", "'messages' is required")
 	}
-	if !msgs.IsArray() {
+	if msgs[0] != '[' {
 		return badRequest("messages", "'messages' must be an array of message objects")
 	}
 	var err *requestError
 	n := 0
-	msgs.ForEach(func(_, m gjson.Result) bool {
+	forEachElement(msgs, func(m []byte) bool {
 		err = p.message(m, n)
 		n++
 		return err == nil
@@ -313,43 +333,43 @@ func (p *requestParser) chat(msgs, tools gjson.Result) *requestError {
 	return nil
 }
 
-func (p *requestParser) message(m gjson.Result, i int) *requestError {
+func (p *requestParser) message(m []byte, i int) *requestError {
 	at := "messages[" + strconv.Itoa(i) + "]"
-	if !m.IsObject() {
+	if m[0] != '{' {
 		return badRequest(at, "'%s' must be an object with 'role' and 'content'", at)
 	}
-	// One pass over the message's keys (a Get per key would rescan the
-	// content, which may be most of the body).
-	var role, name, content, calls, callID gjson.Result
-	m.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
-		case "role":
+	// One pass over the message's members (the content may be most of the
+	// body).
+	var role, name, content, calls, callID []byte
+	forEachMember(m, func(k, v []byte) bool {
+		switch string(k) {
+		case `"role"`:
 			role = v
-		case "name":
+		case `"name"`:
 			name = v
-		case "content":
+		case `"content"`:
 			content = v
-		case "tool_calls":
+		case `"tool_calls"`:
 			calls = v
-		case "tool_call_id":
+		case `"tool_call_id"`:
 			callID = v
 		}
 		return true
 	})
-	if role.Type != gjson.String || role.Str == "" {
+	if jsonType(role) != gjson.String || len(role) == 2 {
 		return badRequest(at+".role", "'%s.role' must be a non-empty string", at)
 	}
-	p.hasher.BeginMessage(role.Str)
-	if name.Type == gjson.String {
-		p.hasher.Field("name", name.Str)
+	p.hasher.BeginMessage(stringOf(role))
+	if jsonType(name) == gjson.String {
+		p.hasher.Field("name", stringOf(name))
 	}
 	switch {
-	case content.Type == gjson.String:
-		p.hasher.Text(content.Str)
-	case content.IsArray():
+	case jsonType(content) == gjson.String:
+		p.hasher.Text(stringOf(content))
+	case content != nil && content[0] == '[':
 		var err *requestError
 		j := 0
-		content.ForEach(func(_, part gjson.Result) bool {
+		forEachElement(content, func(part []byte) bool {
 			err = p.part(part, at+".content["+strconv.Itoa(j)+"]")
 			j++
 			return err == nil
@@ -357,48 +377,56 @@ func (p *requestParser) message(m gjson.Result, i int) *requestError {
 		if err != nil {
 			return err
 		}
-	case !content.Exists() || content.Type == gjson.Null:
-		// An assistant message with tool calls, or a refusal: no content.
+	case jsonType(content) == gjson.Null:
+		// Absent or null: an assistant message with tool calls, or a refusal.
 	default:
 		return badRequest(at+".content", "'%s.content' must be a string or an array of content parts", at)
 	}
-	if calls.Exists() && calls.Type != gjson.Null {
-		if !calls.IsArray() {
+	if calls != nil && jsonType(calls) != gjson.Null {
+		if calls[0] != '[' {
 			return badRequest(at+".tool_calls", "'%s.tool_calls' must be an array", at)
 		}
-		for _, c := range calls.Array() {
+		for _, c := range gjson.ParseBytes(calls).Array() {
 			fn := c.Get("function")
 			p.hasher.ToolCall(c.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
 		}
 	}
-	if callID.Type == gjson.String {
-		p.hasher.Field("tool_call_id", callID.Str)
+	if jsonType(callID) == gjson.String {
+		p.hasher.Field("tool_call_id", stringOf(callID))
 	}
 	return nil
 }
 
-func (p *requestParser) part(part gjson.Result, at string) *requestError {
-	if !part.IsObject() {
+func (p *requestParser) part(part []byte, at string) *requestError {
+	if part[0] != '{' {
 		return badRequest(at, "'%s' must be a content part object", at)
 	}
-	typ := part.Get("type")
-	if typ.Type != gjson.String {
+	var typ, text []byte
+	forEachMember(part, func(k, v []byte) bool {
+		switch string(k) {
+		case `"type"`:
+			typ = v
+		case `"text"`:
+			text = v
+		}
+		return true
+	})
+	if jsonType(typ) != gjson.String || typ == nil {
 		return badRequest(at+".type", "'%s.type' must be a string", at)
 	}
-	switch typ.Str {
+	switch t := stringOf(typ); t {
 	case "text":
-		text := part.Get("text")
-		if text.Type != gjson.String {
+		if jsonType(text) != gjson.String || text == nil {
 			return badRequest(at+".text", "'%s.text' must be a string", at)
 		}
-		p.hasher.Text(text.Str)
+		p.hasher.Text(stringOf(text))
 	case "image_url":
-		p.hasher.Part("image_url", part.Get("image_url.url").String())
+		p.hasher.Part("image_url", gjson.GetBytes(part, "image_url.url").String())
 	case "input_audio":
-		p.hasher.Part("input_audio", part.Get("input_audio.data").String())
+		p.hasher.Part("input_audio", gjson.GetBytes(part, "input_audio.data").String())
 	default:
 		// Other part types shape the prompt too: hash them whole.
-		p.hasher.Part(typ.Str, part.Raw)
+		p.hasher.Part(t, unsafeString(part))
 	}
 	return nil
 }
