@@ -115,6 +115,10 @@ type pdStats struct {
 	// fallbackFailed: that decode-only callout failed too; the client got
 	// the decode's own answer.
 	fallbackFailed proxywasm.MetricCounter
+	// prefillMicros is the prefill callout's duration, success or not: the
+	// TTFT the split adds before the decode starts (vLLM), or the prefill
+	// peer's time (SGLang).
+	prefillMicros proxywasm.MetricHistogram
 }
 
 func newPD(cfg *config.Config) (*pdPlugin, error) {
@@ -126,6 +130,7 @@ func newPD(cfg *config.Config) (*pdPlugin, error) {
 		lateFallbacks:  proxywasm.DefineCounterMetric("kvroute.pd.requests.late_fallback"),
 		fallbackFailed: proxywasm.DefineCounterMetric("kvroute.pd.requests.fallback_failed"),
 		fallbacks:      map[string]proxywasm.MetricCounter{},
+		prefillMicros:  proxywasm.DefineHistogramMetric("kvroute.pd.prefill_us"),
 	}
 	for _, r := range []string{reasonError, reasonTimeout, reasonMalformed, reasonDispatch, reasonBody, reasonPanic, reasonNoBody} {
 		p.stats.fallbacks[r] = proxywasm.DefineCounterMetric("kvroute.pd.fallback." + r)
@@ -376,6 +381,7 @@ func (s *pdStream) onVLLMPrefill(numHeaders, bodySize, _ int) {
 
 // readPrefill reads a prefill callout answer and classifies a failure.
 func (s *pdStream) readPrefill(numHeaders, bodySize int) (*calloutResponse, string) {
+	s.stats().prefillMicros.Record(uint64(time.Since(s.sent).Microseconds()))
 	if numHeaders == 0 {
 		return nil, reasonError // reset
 	}

@@ -202,6 +202,9 @@ func TestPDVLLMPrefillThenDecode(t *testing.T) {
 	if n := pdCounter(t, host, "kvroute.pd.requests.disaggregated"); n != 1 {
 		t.Errorf("disaggregated = %d, want 1", n)
 	}
+	if _, err := host.GetHistogramMetric("kvroute.pd.prefill_us"); err != nil {
+		t.Errorf("prefill_us histogram: %v", err)
+	}
 }
 
 func TestPDVLLMClientKVTransferParamsReplaced(t *testing.T) {

@@ -444,6 +444,15 @@ func TestVLLMTTFTReflectsTransferredPrefill(t *testing.T) {
 	if got := s.engines.Servers[0].Stats().PromptTokens; got != n {
 		t.Errorf("prefill engine prefilled %d tokens, want %d", got, n)
 	}
+	// The filter's prefill histogram saw the remote prefill, and it is
+	// within the client's TTFT.
+	m, ok := s.host.Metric("kvroute.pd.prefill_us")
+	if !ok || len(m.Samples) != 1 {
+		t.Fatalf("kvroute.pd.prefill_us: %+v", m)
+	}
+	if us := time.Duration(m.Samples[0]) * time.Microsecond; us < time.Duration(float64(prefill)*scale) || us > r.ttft {
+		t.Errorf("prefill_us %v, want between the prefill %v and the TTFT %v", us, prefill, r.ttft)
+	}
 }
 
 // --- failures (vLLM) ----------------------------------------------------------
