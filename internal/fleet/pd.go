@@ -10,7 +10,8 @@ package fleet
 //  1. prefill: the prompt runs on a prefill replica with one output token
 //     (the token is thrown away, as the pd filter throws the prefill
 //     response away after reading its kv_transfer_params);
-//  2. KV transfer: the prompt's KV cache crosses the network at
+//  2. KV transfer: the prompt's KV cache, less what the decode replica's
+//     own prefix cache holds when the prefill ends, crosses the network at
 //     PDConfig.KVTransferBandwidth plus a fixed per-transfer latency;
 //  3. decode: the request joins the decode replica with its KV already
 //     there (sim.Request.KVTransferred: one prompt token recomputed for
@@ -270,7 +271,10 @@ func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
 					inPrefill[idx] = false
 					res.Records[idx].CachedTokens = er.CachedTokens
 					res.Records[idx].Preemptions = er.Preemptions
-					d := cfg.KVTransferLatency + time.Duration(float64(er.PromptTokens)*kvBytes/cfg.KVTransferBandwidth*float64(time.Second))
+					// The decode engine pulls only the blocks its own prefix
+					// cache lacks (vLLM's connector matches locally first).
+					pull := max(er.PromptTokens-reps[res.Records[idx].Replica].eng.PeekCached(chains[idx]), 0)
+					d := cfg.KVTransferLatency + time.Duration(float64(pull)*kvBytes/cfg.KVTransferBandwidth*float64(time.Second))
 					res.Transfer += d
 					heap.Push(&transfers, transfer{at: now + d, idx: idx})
 					continue

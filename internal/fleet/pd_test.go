@@ -241,3 +241,28 @@ func TestPDBenchMooncake(t *testing.T) {
 		}
 	}
 }
+
+// A prompt the decode replica already holds is not transferred again: the
+// second identical request moves only the fixed latency.
+func TestRunPDTransfersOnlyWhatDecodeLacks(t *testing.T) {
+	prof := pdProfile(t)
+	const n = 4096
+	text := workload.PseudoTokens(5, n)
+	w := &workload.Workload{Requests: []workload.Request{
+		{ID: 0, Model: "m", Prompt: text, PromptTokens: n, OutputTokens: 4},
+		{ID: 1, Model: "m", Prompt: text, PromptTokens: n, OutputTokens: 4, Arrival: 10 * time.Second},
+	}}
+	cfg := PDConfig{Config: Config{Replicas: 2, Profile: prof}, Roles: []scorer.Role{scorer.RolePrefill, scorer.RoleDecode},
+		KVTransferLatency: time.Millisecond}
+	res, err := RunPD(cfg, w, fixedPD{d: 1, p: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := time.Duration(float64(n) * prof.KVBytesPerToken() / 50e9 * float64(time.Second))
+	if want := 2*time.Millisecond + full; res.Transfer != want {
+		t.Errorf("transfer %v, want one full prompt (%v) plus two latencies", res.Transfer, full)
+	}
+	if res.Records[1].CachedTokens < n-16 {
+		t.Errorf("second prefill found %d cached tokens on the prefill replica", res.Records[1].CachedTokens)
+	}
+}
