@@ -89,12 +89,13 @@ func TestRealGateway(t *testing.T) {
 	// A generous scrape timeout: on a loaded shared machine a 40 ms timeout
 	// flaps engines unhealthy now and then, which legitimately moves a
 	// request and would blur what this test checks.
-	_, _, admin := startService(t, Config{
+	svc, _, admin := startService(t, Config{
 		Source:         discovery.Fixed{{Address: e1.addr()}, {Address: e2.addr()}},
 		ScrapeInterval: 50 * time.Millisecond,
 		ScrapeTimeout:  time.Second,
 		Gateways:       []string{stateURL},
 		Token:          push.StaticToken("s3cret"),
+		PushInterval:   100 * time.Millisecond,
 	})
 	// A second service with the wrong token that sees only the decoy: were
 	// its pushes applied, every request would go to the decoy.
@@ -121,21 +122,31 @@ func TestRealGateway(t *testing.T) {
 			t.Fatalf("request %d: status %d", seq, resp.StatusCode)
 		}
 	}
-	// routeTo sends requests until one lands on want (the push carrying
-	// the new queues has arrived), then checks that n more all do.
+	// routeTo waits until the gateway holds a snapshot with want's queue
+	// shorter (the service published it, and two more pushes succeeded
+	// after that, so one started after it), then checks that n requests
+	// all go to want.
 	routeTo := func(want, other *servingEngine, n int) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(10 * time.Second)
 		for {
-			before := want.served.Load()
-			send()
-			if want.served.Load() > before {
+			st := svc.Snapshot()
+			hw, _ := hostOf(st, want.addr())
+			ho, _ := hostOf(st, other.addr())
+			if hw.Healthy && ho.Healthy && hw.Waiting < ho.Waiting {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("the decision never followed the pushed queues (pushes applied: %d)", host.CounterValue("kvroute.router.state.pushes"))
+				t.Fatalf("the service never published the new queues: %+v", st)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
+		}
+		ok0 := svc.pusher.Stats()[0].OK
+		for svc.pusher.Stats()[0].OK < ok0+2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("no pushes reached the gateway (applied: %d)", host.CounterValue("kvroute.router.state.pushes"))
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 		w0, o0 := want.served.Load(), other.served.Load()
 		for range n {

@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -565,7 +567,12 @@ func TestKVEventsInSnapshot(t *testing.T) {
 // contentOf is what the "changed" decision compares: the hosts without
 // their scrape timestamps.
 func contentOf(st snapshot.State) string {
-	return string(contentKey(st))
+	hs := slices.Clone(st.Hosts)
+	for i := range hs {
+		hs[i].ScrapedAtMs = 0
+	}
+	b, _ := json.Marshal(hs)
+	return string(b)
 }
 
 // TestPushOnChange: with a long push interval, a change goes out at once
@@ -783,4 +790,36 @@ func TestHungEngine(t *testing.T) {
 	}
 	hung.Store(false)
 	gw.waitState(t, "healthy again", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, addr); return h.Healthy })
+}
+
+// TestSameContentCoversEveryField changes each field of snapshot.Host in
+// turn: all but ScrapedAtMs must count as a change, so a field added to the
+// contract later is pushed on change rather than only with the heartbeat.
+func TestSameContentCoversEveryField(t *testing.T) {
+	base := snapshot.Host{Address: "a:1", Role: "decode", Model: "m", Adapters: []string{"x"}, Healthy: true,
+		Waiting: 1, Running: 1, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 10, CachedBlocks: 3, ClearedAtMs: 5, ScrapedAtMs: 7}
+	typ := reflect.TypeOf(base)
+	for i := range typ.NumField() {
+		h := base
+		h.Adapters = slices.Clone(base.Adapters)
+		f := reflect.ValueOf(&h).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString(f.String() + "!")
+		case reflect.Bool:
+			f.SetBool(!f.Bool())
+		case reflect.Int, reflect.Int64:
+			f.SetInt(f.Int() + 1)
+		case reflect.Float64:
+			f.SetFloat(f.Float() + 0.25)
+		case reflect.Slice:
+			f.Set(reflect.Append(f, reflect.ValueOf("y")))
+		default:
+			t.Fatalf("field %s has kind %s: teach this test and sameContent about it", typ.Field(i).Name, f.Kind())
+		}
+		same := sameContent([]snapshot.Host{base}, []snapshot.Host{h})
+		if want := typ.Field(i).Name == "ScrapedAtMs"; same != want {
+			t.Errorf("changing %s: sameContent = %v, want %v", typ.Field(i).Name, same, want)
+		}
+	}
 }
