@@ -397,3 +397,20 @@ func TestWasmDeadEngineOpensTheBreaker(t *testing.T) {
 		t.Errorf("the dead engine is counted as serving %d requests", n)
 	}
 }
+
+// With orca on, the filter asks the engine for endpoint-load-metrics (the
+// engine answers with it); off, it does not.
+func TestWasmORCARequested(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true})
+	for _, on := range []bool{true, false} {
+		_, url := startRouter(t, f.Addrs(), 1, fmt.Sprintf(`,"orca":%v`, on))
+		code, body, hdr := call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil)
+		if code != 200 {
+			t.Fatalf("%d %s", code, body)
+		}
+		got := hdr.Get("endpoint-load-metrics")
+		if on != strings.HasPrefix(got, "TEXT ") {
+			t.Errorf("orca=%v: engine's endpoint-load-metrics = %q", on, got)
+		}
+	}
+}
