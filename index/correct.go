@@ -18,43 +18,29 @@ func (m *Matches) Stamp(slot int) MatchStamp {
 
 // Correct closes the loop with the engine's own count of cached prompt
 // tokens (usage.prompt_tokens_details.cached_tokens, converted to blocks
-// by the caller with the Hasher): when the engine held fewer blocks than
-// the index predicted, the host evicted block confirmedBlocks of the
-// chain, last refreshed at or after the stamped block. Engines evict least
-// recently used first, so everything of this host refreshed no later than
-// the stamped block is gone too: Correct raises the host's horizon past
-// it. Blocks recorded since (this request's own) stay counted.
-//
-// The stamp's age is the entry's, shared by every host holding the block:
-// when another host refreshed it more recently, the horizon moves further
-// than the engine evicted, and the host under-reports until new requests
-// re-record its blocks (conservative: fewer affinity decisions, never a
-// wrong one). It reports whether the horizon moved.
+// by the caller with the Hasher). When the engine held fewer blocks than
+// the index predicted, it had evicted blocks confirmedBlocks..Blocks-1,
+// which the index still counted: the host's usage was under-counted by at
+// least their units. Correct evicts that many of the host's oldest units
+// (moving its horizon), and only units last refreshed no later than the
+// stamped block, since under LRU nothing newer can have gone first. Blocks
+// recorded since (this request's own) stay counted. It reports whether
+// the horizon moved.
 func (ix *Index) Correct(ref HostRef, stamp MatchStamp, confirmedBlocks int) (bool, error) {
 	if stamp.Blocks == 0 || confirmedBlocks >= stamp.Blocks {
 		return false, nil
 	}
-	horizon := stamp.age + 1
-	if horizon == 0 {
-		horizon = 1
+	confirmedBlocks = max(confirmedBlocks, 0)
+	var missing uint32
+	for i := confirmedBlocks; i < stamp.Blocks; i++ {
+		missing += 1 << ix.level(i)
 	}
-	// Never past now: this request's own blocks were recorded at now.
-	if now := ix.nowAge(); int32(horizon-now) > 0 {
-		horizon = now
+	ix.readSlots()
+	if err := ix.table.check(ref); err != nil {
+		return false, err
 	}
-	moved := false
-	err := ix.updateSlots(func(t *slotTable) (bool, error) {
-		if err := t.check(ref); err != nil {
-			return false, err
-		}
-		r := &t.recs[ref.Slot]
-		if r.horizon != 0 && int32(horizon-r.horizon) <= 0 {
-			return false, nil
-		}
-		r.horizon = horizon
-		moved = true
-		return true, nil
-	})
+	ix.pending = ix.pending[:0]
+	moved, err := ix.bookUsage(ref, ix.nowAge(), missing, stamp.age)
 	if moved {
 		ix.metrics.Corrections++
 	}

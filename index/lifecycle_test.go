@@ -218,17 +218,19 @@ func TestRecordSkipsFreshHeldBlocks(t *testing.T) {
 func TestCorrectFromCachedTokens(t *testing.T) {
 	st := &MemStore{}
 	clk := &fakeClock{ms: 1e6}
-	ix := newTestIndex(t, st, clk, Config{})
+	ix := newTestIndex(t, st, clk, Config{Hash: HashConfig{LevelBlocks: -1}})
 	a, _ := ix.Register("a:1")
 	b, _ := ix.Register("b:1")
-	old, newer := chain(1, 40), chain(2, 40)
+	ancient, old, newer := chain(1, 40), chain(2, 40), chain(3, 40)
+	ix.Record(a, ancient, nil)
+	ix.Record(b, ancient, nil)
+	clk.ms += 10_000
 	ix.Record(a, old, nil)
-	ix.Record(b, old, nil)
 	clk.ms += 10_000
 	ix.Record(a, newer, nil)
 	clk.ms += 10_000
-	// The engine behind a evicted the old chain (its real capacity is
-	// smaller than configured): a request for it reports 0 cached tokens.
+	// The engine behind a had only 10 blocks of "old" (its real capacity
+	// is smaller than configured): 30 blocks it lacked were still counted.
 	var m Matches
 	ix.Query(old, &m)
 	stamp := m.Stamp(a.Slot)
@@ -237,53 +239,55 @@ func TestCorrectFromCachedTokens(t *testing.T) {
 	}
 	ix.Record(a, old, &m) // the request's own record, before the response
 	clk.ms += 100
-	moved, err := ix.Correct(a, stamp, 0)
-	if err != nil || !moved {
-		t.Fatalf("Correct = %v, %v", moved, err)
-	}
-	// The request's own blocks (recorded after the stamp) still count; the
-	// newer chain was refreshed after the old one's stamp, so it stays; b
-	// is untouched.
-	ix.Query(old, &m)
-	if m.Blocks[a.Slot] != 40 || m.Blocks[b.Slot] != 40 {
-		t.Fatalf("after Correct, old chain: a=%d b=%d, want 40 40", m.Blocks[a.Slot], m.Blocks[b.Slot])
-	}
-	ix.Query(newer, &m)
-	if m.Blocks[a.Slot] != 40 {
-		t.Fatalf("newer chain lost: %d", m.Blocks[a.Slot])
-	}
 	if moved, _ := ix.Correct(a, stamp, 40); moved {
 		t.Fatal("a confirmed prediction moved the horizon")
 	}
+	moved, err := ix.Correct(a, stamp, 10)
+	if err != nil || !moved {
+		t.Fatalf("Correct = %v, %v", moved, err)
+	}
+	held := func(c []uint64, h HostRef) int {
+		ix.Query(c, &m)
+		return m.Blocks[h.Slot]
+	}
+	// Under LRU the engine lost what it refreshed before "old": the
+	// ancient chain (40 units >= the 30 missing) goes; the newer chain and
+	// the request's own blocks stay; b is untouched.
+	if held(ancient, a) != 0 || held(ancient, b) != 40 {
+		t.Fatalf("ancient: a=%d b=%d, want 0 40", held(ancient, a), held(ancient, b))
+	}
+	if held(old, a) != 40 || held(newer, a) != 40 {
+		t.Fatalf("old %d newer %d, want 40 40", held(old, a), held(newer, a))
+	}
+	if ix.Metrics().Corrections != 1 {
+		t.Fatalf("Corrections = %d", ix.Metrics().Corrections)
+	}
 }
 
-func TestCorrectDropsOlderBlocks(t *testing.T) {
+func TestCorrectNeverEvictsNewerThanTheStamp(t *testing.T) {
 	st := &MemStore{}
 	clk := &fakeClock{ms: 1e6}
-	ix := newTestIndex(t, st, clk, Config{})
+	ix := newTestIndex(t, st, clk, Config{Hash: HashConfig{LevelBlocks: -1}})
 	a, _ := ix.Register("a:1")
-	oldest, old := chain(5, 30), chain(6, 30)
-	ix.Record(a, oldest, nil)
-	clk.ms += 5000
+	old, newer := chain(5, 30), chain(6, 30)
 	ix.Record(a, old, nil)
 	clk.ms += 5000
 	var m Matches
 	ix.Query(old, &m)
 	stamp := m.Stamp(a.Slot)
-	if _, err := ix.Correct(a, stamp, 10); err != nil {
+	ix.Record(a, newer, nil)
+	clk.ms += 5000
+	// 30 units missing, but only "old" (30 units) was refreshed no later
+	// than the stamp: "newer" must survive even though more was asked.
+	if _, err := ix.Correct(a, stamp, 0); err != nil {
 		t.Fatal(err)
-	}
-	// LRU: the engine lost part of "old", so "oldest" (refreshed before
-	// it) is gone too; "old" itself, stamped, goes as well.
-	ix.Query(oldest, &m)
-	if m.Blocks[a.Slot] != 0 {
-		t.Fatalf("oldest chain still counted: %d", m.Blocks[a.Slot])
 	}
 	ix.Query(old, &m)
 	if m.Blocks[a.Slot] != 0 {
 		t.Fatalf("stamped chain still counted: %d", m.Blocks[a.Slot])
 	}
-	if ix.Metrics().Corrections != 1 {
-		t.Fatalf("Corrections = %d", ix.Metrics().Corrections)
+	ix.Query(newer, &m)
+	if m.Blocks[a.Slot] != 30 {
+		t.Fatalf("newer chain evicted: %d", m.Blocks[a.Slot])
 	}
 }

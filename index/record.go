@@ -75,7 +75,7 @@ func (ix *Index) mark(ref HostRef, chain []uint64, from int, add bool) error {
 		lo = hi
 	}
 	if len(ix.pending) > 0 {
-		if err := ix.bookUsage(ref, now); err != nil && firstErr == nil {
+		if _, err := ix.bookUsage(ref, now, 0, 0); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}

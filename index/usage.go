@@ -25,8 +25,10 @@ func (ix *Index) bucketTicks() uint32 {
 }
 
 // bookUsage applies ix.pending to ref's usage histogram and evicts past
-// the host's capacity.
-func (ix *Index) bookUsage(ref HostRef, now uint32) error {
+// the host's capacity. extra > 0 also evicts at least that many of the
+// oldest units (Correct), from buckets that start no later than limit. It
+// reports whether the horizon moved.
+func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, error) {
 	key := ix.usageKeys[ref.Slot]
 	bt := ix.bucketTicks()
 	nowB := now / bt
@@ -73,6 +75,21 @@ func (ix *Index) bookUsage(ref HostRef, now uint32) error {
 		}
 		var horizon uint32
 		var evicted uint64
+		for b, left := tail, extra; b != head && left > 0; b++ {
+			end := (b + 1) * bt
+			if int32(b*bt-limit) > 0 { // the bucket starts after limit
+				break
+			}
+			c := &u[b%usageBuckets]
+			if *c == 0 {
+				continue
+			}
+			left -= min(left, *c)
+			total -= *c
+			evicted += uint64(*c)
+			*c = 0
+			horizon = max(end, 1)
+		}
 		if rec.capacity > 0 && total > rec.capacity {
 			// Evict down to a low watermark, 1/evictSlack below capacity,
 			// so the horizon (a slot table write, which makes every VM
@@ -108,16 +125,16 @@ func (ix *Index) bookUsage(ref HostRef, now uint32) error {
 			continue
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 		if horizon != 0 {
 			ix.metrics.Evictions += evicted
-			return ix.raiseHorizon(ref, horizon)
+			return true, ix.raiseHorizon(ref, horizon)
 		}
-		return nil
+		return false, nil
 	}
 	ix.metrics.CASFailures++
-	return ErrContended
+	return false, ErrContended
 }
 
 // advance moves the histogram's newest bucket to nowB, folding buckets
