@@ -493,7 +493,7 @@ type gatewayHealth struct {
 func (s *Service) serveHealth(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	s.mu.Lock()
-	rep := healthReport{Status: "ok", Hosts: len(s.hosts)}
+	rep := healthReport{Status: "ok", Hosts: len(s.hosts), Gateways: []gatewayHealth{}}
 	for _, h := range s.hosts {
 		if s.healthy(h, now) {
 			rep.Healthy++
