@@ -93,6 +93,51 @@ type requestParser struct {
 	cfg    *config.Config
 	hasher *index.Hasher
 	ids    []uint32
+
+	// Top-level members of the last body, and how many must not reach an
+	// engine (see clientOnly).
+	members []memberSpan
+	dropped int
+	out     []byte
+}
+
+type memberSpan struct {
+	start, end int // body[start:end] is `"key": value`
+	drop       bool
+}
+
+// clientOnly are top-level request fields by which one engine is told to
+// pull KV from, or pair with, another (vLLM's NixlConnector
+// kv_transfer_params, SGLang's bootstrap pairing). Only kvroute.pd may set
+// them: from a client they would make an engine connect to a host the
+// client names. The router removes them from every request it routes.
+var clientOnly = map[string]bool{
+	`"kv_transfer_params"`: true,
+	`"bootstrap_host"`:     true,
+	`"bootstrap_port"`:     true,
+	`"bootstrap_room"`:     true,
+}
+
+// withoutClientOnly returns body without the members parse marked, or nil
+// when there is nothing to remove. The result is reused by the next call.
+func (p *requestParser) withoutClientOnly(body []byte) []byte {
+	if p.dropped == 0 {
+		return nil
+	}
+	out := append(p.out[:0], '{')
+	first := true
+	for _, m := range p.members {
+		if m.drop {
+			continue
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		out = append(out, body[m.start:m.end]...)
+		first = false
+	}
+	p.out = append(out, '}')
+	return p.out
 }
 
 // parse validates body for kind and feeds its prompt to the hasher.
@@ -114,7 +159,15 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	// jsonwalk.go); gjson reads the small values. A repeated key keeps its
 	// last value, as Python's json module (vLLM, SGLang) does.
 	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input []byte
+	p.members, p.dropped = p.members[:0], 0
 	forEachMember(body[skipSpace(body, 0):], func(k, v []byte) bool {
+		// Offsets in body of this member (k and v are views of body).
+		m := memberSpan{start: cap(body) - cap(k), end: cap(body) - cap(v) + len(v)}
+		if clientOnly[string(k)] {
+			m.drop = true
+			p.dropped++
+		}
+		p.members = append(p.members, m)
 		switch string(k) {
 		case `"model"`:
 			model = v

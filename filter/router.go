@@ -60,6 +60,7 @@ type routerStats struct {
 	indexErrors, loadErrors                       proxywasm.MetricCounter
 	statePushes, stateUnauthorized, stateRejected proxywasm.MetricCounter
 	breakerOpened, disaggregated                  proxywasm.MetricCounter
+	clientFieldsRemoved                           proxywasm.MetricCounter
 	decisionMicros, bodyMicros                    proxywasm.MetricHistogram
 	byProfile                                     map[string]proxywasm.MetricCounter
 }
@@ -71,33 +72,34 @@ func counterMetric(name string) proxywasm.MetricCounter {
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p := &routerPlugin{cfg: cfg, now: clock, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{}}
 	p.stats = routerStats{
-		commonStats:       newCommonStats("router"),
-		routed:            counterMetric("requests.routed"),
-		noCandidate:       counterMetric("requests.no_candidate"),
-		failedOpen:        counterMetric("requests.failed_open"),
-		passThrough:       counterMetric("requests.pass_through"),
-		badRequest:        counterMetric("requests.rejected_400"),
-		tooLarge:          counterMetric("requests.rejected_413"),
-		badMethod:         counterMetric("requests.rejected_405"),
-		notFound:          counterMetric("requests.rejected_404"),
-		parseErrors:       counterMetric("parse_errors"),
-		staleState:        counterMetric("stale_state"),
-		fallbacksUsed:     counterMetric("fallbacks_used"),
-		predictedCached:   counterMetric("predicted_cached_tokens"),
-		confirmedCached:   counterMetric("confirmed_cached_tokens"),
-		feedback:          counterMetric("feedback.responses"),
-		overPredicted:     counterMetric("feedback.over_predicted"),
-		underPredicted:    counterMetric("feedback.under_predicted"),
-		indexErrors:       counterMetric("index_errors"),
-		loadErrors:        counterMetric("load_errors"),
-		statePushes:       counterMetric("state.pushes"),
-		stateUnauthorized: counterMetric("state.unauthorized"),
-		stateRejected:     counterMetric("state.rejected"),
-		breakerOpened:     counterMetric("breaker.opened"),
-		disaggregated:     counterMetric("requests.disaggregated"),
-		decisionMicros:    proxywasm.DefineHistogramMetric("kvroute.router.decision_us"),
-		bodyMicros:        proxywasm.DefineHistogramMetric("kvroute.router.request_body_us"),
-		byProfile:         map[string]proxywasm.MetricCounter{},
+		commonStats:         newCommonStats("router"),
+		routed:              counterMetric("requests.routed"),
+		noCandidate:         counterMetric("requests.no_candidate"),
+		failedOpen:          counterMetric("requests.failed_open"),
+		passThrough:         counterMetric("requests.pass_through"),
+		badRequest:          counterMetric("requests.rejected_400"),
+		tooLarge:            counterMetric("requests.rejected_413"),
+		badMethod:           counterMetric("requests.rejected_405"),
+		notFound:            counterMetric("requests.rejected_404"),
+		parseErrors:         counterMetric("parse_errors"),
+		staleState:          counterMetric("stale_state"),
+		fallbacksUsed:       counterMetric("fallbacks_used"),
+		predictedCached:     counterMetric("predicted_cached_tokens"),
+		confirmedCached:     counterMetric("confirmed_cached_tokens"),
+		feedback:            counterMetric("feedback.responses"),
+		overPredicted:       counterMetric("feedback.over_predicted"),
+		underPredicted:      counterMetric("feedback.under_predicted"),
+		indexErrors:         counterMetric("index_errors"),
+		loadErrors:          counterMetric("load_errors"),
+		statePushes:         counterMetric("state.pushes"),
+		stateUnauthorized:   counterMetric("state.unauthorized"),
+		stateRejected:       counterMetric("state.rejected"),
+		breakerOpened:       counterMetric("breaker.opened"),
+		disaggregated:       counterMetric("requests.disaggregated"),
+		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
+		decisionMicros:      proxywasm.DefineHistogramMetric("kvroute.router.decision_us"),
+		bodyMicros:          proxywasm.DefineHistogramMetric("kvroute.router.request_body_us"),
+		byProfile:           map[string]proxywasm.MetricCounter{},
 	}
 	p.token = cfg.State.Token
 	if cfg.State.TokenEnv != "" {
@@ -406,6 +408,16 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 	}
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
+	}
+	if clean := p.parser.withoutClientOnly(body); clean != nil {
+		if err := proxywasm.ReplaceHttpRequestBody(clean); err == nil {
+			_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(clean)))
+			p.stats.clientFieldsRemoved.Increment(uint64(p.parser.dropped))
+		} else {
+			proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
+			p.stats.badRequest.Increment(1)
+			return s.reject(&requestError{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"})
+		}
 	}
 	in := router.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,

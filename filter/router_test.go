@@ -639,3 +639,38 @@ func TestStatePushHeaderOnlyModeAndTokenEnv(t *testing.T) {
 		t.Errorf("candidates after the push: %+v", p.hosts)
 	}
 }
+
+// Client-supplied P/D pairing fields never reach an engine: the router
+// removes them from the body it forwards (and fixes content-length).
+func TestClientPDFieldsRemoved(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	body := `{"model":"m","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"169.254.169.254","remote_port":80},` +
+		`"prompt":"hello there","bootstrap_host":"169.254.169.254", "bootstrap_port":8998,"bootstrap_room":7,"max_tokens":4}`
+	id, action := post(host, body, [2]string{"content-length", fmt.Sprint(len(body))})
+	if action != types.ActionContinue {
+		t.Fatalf("action %v", action)
+	}
+	got := host.GetCurrentRequestBody(id)
+	if !validJSON(got) {
+		t.Fatalf("forwarded body is not JSON: %s", got)
+	}
+	for _, k := range []string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room", "169.254"} {
+		if strings.Contains(string(got), k) {
+			t.Errorf("forwarded body still has %s: %s", k, got)
+		}
+	}
+	if gjson.GetBytes(got, "model").Str != "m" || gjson.GetBytes(got, "prompt").Str != "hello there" || gjson.GetBytes(got, "max_tokens").Int() != 4 {
+		t.Errorf("other fields changed: %s", got)
+	}
+	if cl, _ := header(host.GetCurrentRequestHeaders(id), "content-length"); cl != fmt.Sprint(len(got)) {
+		t.Errorf("content-length %s, body %d bytes", cl, len(got))
+	}
+	if n := counter(t, host, "kvroute.router.client_pd_fields_removed"); n != 4 {
+		t.Errorf("client_pd_fields_removed = %d, want 4", n)
+	}
+	// A body without them is forwarded byte for byte.
+	id, _ = post(host, completion)
+	if got := string(host.GetCurrentRequestBody(id)); got != completion {
+		t.Errorf("clean body changed: %s", got)
+	}
+}

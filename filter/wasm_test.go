@@ -414,3 +414,26 @@ func TestWasmORCARequested(t *testing.T) {
 		}
 	}
 }
+
+func TestWasmClientPDFieldsNeverReachTheEngine(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, string(b))
+		mu.Unlock()
+		io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer up.Close()
+	_, url := startRouter(t, []string{up.Listener.Addr().String()}, 1, `,"fallbacks":0`)
+	body := `{"model":"m","prompt":"x","kv_transfer_params":{"remote_host":"169.254.169.254"},"bootstrap_host":"169.254.169.254"}`
+	if code, b, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || strings.Contains(seen[0], "169.254") || gjson.Get(seen[0], "prompt").Str != "x" {
+		t.Errorf("engine received %q", seen)
+	}
+}
