@@ -24,6 +24,9 @@ const (
 	stateGenKey  = "kvroute/state/gen"
 )
 
+// maxCASAttempts bounds compare-and-set retries on the state keys.
+const maxCASAttempts = 8
+
 // pushedState is a decoded, validated snapshot.
 type pushedState struct {
 	TimestampMs int64
