@@ -6,8 +6,24 @@
 //   - kvroute.router decides which upstream serves each inference request and
 //     says so in the destination header that Envoy's override_host policy
 //     reads.
-//   - kvroute.pd turns one request into prefill then decode (a pass-through
-//     until that filter lands).
+//   - kvroute.pd turns one request into prefill then decode (pd.go).
+//
+// A routed request's life in kvroute.router (router.go):
+//
+//	request headers  strip client routing headers; state push, pass-through,
+//	                 405, or hold the headers for the body (Pause)
+//	request body     validate and walk the JSON (jsonvalid.go, jsonwalk.go),
+//	                 hash the prompt into blocks (parse.go), decide with
+//	                 internal/router over the shared index, set the
+//	                 destination header, resume
+//	response headers status, latency and ORCA feed the breaker and the
+//	                 host's load (breaker.go, orca.go)
+//	response body    first byte ends pending prefill; cached_tokens is noted
+//	stream done      feedback, then every load counter is released
+//
+// Per worker VM: the candidate set, breakers and decision scratch. Shared by
+// all workers through proxy-wasm shared data: the prefix index, the load
+// counters and the pushed state (state.go, store.go).
 //
 // Every callback runs behind a panic guard (guard.go): inside Wasm a Go panic
 // kills the VM for that worker, so a bug must cost one request, not a worker.
