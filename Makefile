@@ -37,7 +37,8 @@ bench-pd:
 	KVROUTE_PD_BENCH=1 KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
 
 fuzz:
-	@echo "fuzz targets are added by their packages"
+	for f in FuzzParseRequest FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s ./filter || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./filter/config
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s ./scorer
 	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s ./index || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s ./internal/metricsvc/kvevents
