@@ -1,0 +1,263 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/admission"
+	"github.com/kvroute/kvroute/internal/sim"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// AdmissionOptions configure RunAdmitted.
+type AdmissionOptions struct {
+	// Config is the admission configuration, as the filter's "admission"
+	// key would give it (Enabled is ignored: RunAdmitted always admits).
+	Config admission.Config
+	// Class gives each request its class, as the x-kvroute-priority header
+	// or a per-path/per-model default would.
+	Class func(r *workload.Request) admission.Class
+}
+
+// AdmittedResult is a RunAdmitted run. Refused requests (expired, shed,
+// overflow) are in Records with Rejected set and Refused true.
+type AdmittedResult struct {
+	*Result
+	Classes []admission.Class
+	Refused []bool
+	// Wait is each request's time held in the proxy (0 when admitted at once).
+	Wait  []time.Duration
+	Stats admission.Stats
+}
+
+// RunAdmitted replays w through admission in front of rr, the same
+// admission.Controller the Envoy filter runs: each arrival is admitted,
+// held or refused; held requests are examined on a virtual tick of
+// Config.TickMs. The saturation test reads what the filter reads: the
+// pushed engine state (waiting queue, KV use, at Config.PushInterval) and
+// the router's pending prefill tokens. A record's TTFT and E2E count from
+// the arrival at the gateway, time held included.
+func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt AdmissionOptions) (*AdmittedResult, error) {
+	if cfg.Replicas < 1 || cfg.Replicas != len(rr.hosts) {
+		return nil, fmt.Errorf("fleet of %d replicas, router over %d hosts", cfg.Replicas, len(rr.hosts))
+	}
+	if len(w.Requests) == 0 {
+		return nil, errors.New("workload has no requests")
+	}
+	if err := opt.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if opt.Class == nil {
+		return nil, errors.New("AdmissionOptions.Class is required")
+	}
+	if cfg.PushInterval <= 0 {
+		cfg.PushInterval = time.Second
+	}
+	var engOpts []sim.Option
+	if cfg.InfiniteKV {
+		engOpts = append(engOpts, sim.WithInfiniteKV())
+	}
+	reps := make([]*replica, cfg.Replicas)
+	for i := range reps {
+		reps[i] = &replica{eng: sim.NewEngine(cfg.Profile, engOpts...), reqs: map[*sim.Request]int{}}
+	}
+	ctl := admission.NewController(opt.Config)
+	th := opt.Config.Thresholds
+	tick := time.Duration(opt.Config.TickMs) * time.Millisecond
+
+	start := time.Now()
+	n := len(w.Requests)
+	out := &AdmittedResult{
+		Result:  &Result{Records: make([]Record, n), Busy: make([]time.Duration, cfg.Replicas)},
+		Classes: make([]admission.Class, n), Refused: make([]bool, n), Wait: make([]time.Duration, n),
+	}
+	res := out.Result
+	engReqs := make([]sim.Request, n)
+	states := make([]sim.Stats, cfg.Replicas)
+	var loads []index.Load
+	var saturation []admission.Load
+	bs := cfg.Profile.BlockSize
+	first := w.Requests[0].Arrival
+	var last time.Duration
+	next, done := 0, 0
+	nextPush := time.Duration(0)
+	nextTick := time.Duration(math.MaxInt64)
+
+	saturated := func() bool {
+		loads = rr.ix.Loads(loads[:0])
+		saturation = saturation[:0]
+		for i := range rr.hosts {
+			h := &rr.hosts[i]
+			l := admission.Load{Waiting: h.Waiting, KVUsage: h.KVUsage}
+			if h.Slot >= 0 && h.Slot < len(loads) {
+				l.PendingPrefillTokens = int64(loads[h.Slot].PrefillTokens)
+			}
+			saturation = append(saturation, l)
+		}
+		return th.AllSaturated(saturation)
+	}
+	startStep := func(rp *replica, now time.Duration) {
+		st := rp.eng.Step(now)
+		if st.Duration == 0 {
+			rp.stepping = false
+			return
+		}
+		rp.stepping, rp.stepEnd, rp.pending = true, now+st.Duration, st
+	}
+	refuse := func(idx int, now time.Duration) {
+		rec := &res.Records[idx]
+		rec.Rejected, rec.Replica = true, -1
+		out.Refused[idx] = true
+		out.Wait[idx] = now - w.Requests[idx].Arrival
+		done++
+	}
+	dispatch := func(idx int, now time.Duration) error {
+		wr := &w.Requests[idx]
+		prompt := wr.Text()
+		t0 := time.Now()
+		k := rr.Route(wr, prompt, now)
+		rt := time.Since(t0)
+		if k < 0 || k >= cfg.Replicas {
+			return fmt.Errorf("router sent request %d to replica %d of %d", idx, k, cfg.Replicas)
+		}
+		er := &engReqs[idx]
+		*er = sim.Request{ID: uint64(idx), PromptTokens: wr.PromptTokens, BlockHashes: sim.BlockChain(prompt, bs), MaxTokens: wr.OutputTokens, Arrival: now}
+		rec := &res.Records[idx]
+		rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, wr.Arrival, rt
+		out.Wait[idx] = now - wr.Arrival
+		rp := reps[k]
+		if err := rp.eng.Add(er); err != nil {
+			rec.Rejected = true
+			done++
+			rr.Done(wr, k, 0, now)
+			return nil
+		}
+		rp.reqs[er] = idx
+		if !rp.stepping {
+			startStep(rp, now)
+		}
+		return nil
+	}
+
+	for done < n {
+		ri := -1
+		for i, rp := range reps {
+			if rp.stepping && (ri < 0 || rp.stepEnd < reps[ri].stepEnd) {
+				ri = i
+			}
+		}
+		ta, te, tt := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
+		if next < n {
+			ta = w.Requests[next].Arrival
+		}
+		if ri >= 0 {
+			te = reps[ri].stepEnd
+		}
+		if ctl.Queue().Len() > 0 {
+			tt = nextTick
+		}
+		if ri < 0 && next >= n && ctl.Queue().Len() == 0 {
+			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-done, n)
+		}
+		if nextPush <= ta && nextPush <= te && nextPush <= tt {
+			for i, rp := range reps {
+				states[i] = rp.eng.Stats()
+			}
+			rr.ObserveState(states, nextPush)
+			nextPush += cfg.PushInterval
+			continue
+		}
+		switch {
+		case tt <= ta && tt <= te:
+			now := tt
+			nextTick = now + tick
+			var err error
+			expired := ctl.Tick(now.Milliseconds(), saturated, func(it admission.Item) {
+				if err == nil {
+					err = dispatch(int(it.ID), now)
+				}
+			})
+			if err != nil {
+				return nil, err
+			}
+			for _, it := range expired {
+				refuse(int(it.ID), now)
+			}
+		case ta <= te:
+			idx := next
+			wr := &w.Requests[idx]
+			now := wr.Arrival
+			next++
+			class := opt.Class(wr)
+			out.Classes[idx] = class
+			res.Records[idx].PromptTokens, res.Records[idx].OutputTokens, res.Records[idx].Arrival = wr.PromptTokens, wr.OutputTokens, now
+			deadline, _ := opt.Config.Deadline(class, "", now.Milliseconds())
+			v, shed, evicted := ctl.Arrive(uint64(idx), class, deadline, now.Milliseconds(), saturated())
+			if evicted {
+				refuse(int(shed.ID), now)
+			}
+			switch v {
+			case admission.Admit:
+				if err := dispatch(idx, now); err != nil {
+					return nil, err
+				}
+			case admission.Hold:
+				if nextTick == math.MaxInt64 || nextTick <= now {
+					nextTick = (now/tick + 1) * tick
+				}
+			case admission.Refuse:
+				refuse(idx, now)
+			}
+		default:
+			rp := reps[ri]
+			now := rp.stepEnd
+			st := rp.pending
+			for _, er := range st.Tokens {
+				if er.Generated == 1 {
+					rr.FirstToken(&w.Requests[rp.reqs[er]], ri, now)
+				}
+			}
+			for _, er := range st.Finished {
+				idx := rp.reqs[er]
+				delete(rp.reqs, er)
+				wr := &w.Requests[idx]
+				rec := &res.Records[idx]
+				rec.CachedTokens = er.CachedTokens
+				rec.TTFT = er.FirstToken - wr.Arrival
+				rec.E2E = er.Finished - wr.Arrival
+				if er.Generated > 1 {
+					rec.TPOT = (er.Finished - er.FirstToken) / time.Duration(er.Generated-1)
+				}
+				rec.Preemptions = er.Preemptions
+				done++
+				last = max(last, now)
+				rr.Done(wr, ri, er.CachedTokens, now)
+			}
+			startStep(rp, now)
+		}
+	}
+	for i, rp := range reps {
+		s := rp.eng.Stats()
+		res.Busy[i] = s.Busy
+		res.Preemptions += s.Preemptions
+	}
+	res.Makespan = last - first
+	res.Wall = time.Since(start)
+	out.Stats = ctl.Stats()
+	return out, nil
+}
+
+// ClassTTFT is the TTFT percentiles of the served requests whose class
+// satisfies keep.
+func ClassTTFT(res *Result, classes []admission.Class, keep func(admission.Class) bool) Percentiles {
+	var d []time.Duration
+	for i, rec := range res.Records {
+		if !rec.Rejected && keep(classes[i]) {
+			d = append(d, rec.TTFT)
+		}
+	}
+	return percentiles(d)
+}
