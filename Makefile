@@ -34,7 +34,7 @@ bench: wasm
 # Aggregated vs disaggregated fleets of 8 on the shared trace (kvroute.pd, README "Prefill/decode disaggregation").
 .PHONY: bench-pd
 bench-pd:
-	KVROUTE_PD_BENCH=1 KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
+	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
 
 fuzz:
 	for f in FuzzParseRequest FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s ./filter || exit 1; done

@@ -3,10 +3,12 @@ package fleet
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/benchreport"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 	"github.com/kvroute/kvroute/scorer"
@@ -179,7 +181,13 @@ func TestPDBenchMooncake(t *testing.T) {
 			t.Fatalf("KVROUTE_PD_RATE=%q: want a positive number", v)
 		}
 	}
-	w, err := workload.LoadMooncake(trace, workload.TraceOptions{RateScale: rate})
+	limit := 0
+	if v := os.Getenv("KVROUTE_PD_LIMIT"); v != "" {
+		if _, err := fmt.Sscan(v, &limit); err != nil || limit < 0 {
+			t.Fatalf("KVROUTE_PD_LIMIT=%q: want a request count", v)
+		}
+	}
+	w, err := workload.LoadMooncake(trace, workload.TraceOptions{RateScale: rate, Limit: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,6 +197,7 @@ func TestPDBenchMooncake(t *testing.T) {
 		name string
 		s    Summary
 		pd   *PDResult
+		ttft []time.Duration
 	}
 	var rows []row
 	agg, err := NewStrategy("kv_cache_aware", replicas, StrategyOptions{Seed: 1, Profile: prof})
@@ -199,7 +208,7 @@ func TestPDBenchMooncake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows = append(rows, row{name: "aggregated 8 x both", s: ar.Summarize()})
+	rows = append(rows, row{name: "aggregated 8 x both", s: ar.Summarize(), ttft: ttftSamples(ar)})
 	for _, split := range []struct{ p, threshold int }{{2, 512}, {4, 512}, {5, 512}, {6, 512}, {4, 4096}} {
 		roles := make([]scorer.Role, replicas)
 		for i := range roles {
@@ -217,7 +226,7 @@ func TestPDBenchMooncake(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows = append(rows, row{name: fmt.Sprintf("disaggregated %dP + %dD, threshold %d", split.p, replicas-split.p, split.threshold), s: res.Summarize(), pd: res})
+		rows = append(rows, row{name: fmt.Sprintf("disaggregated %dP + %dD, threshold %d", split.p, replicas-split.p, split.threshold), s: res.Summarize(), pd: res, ttft: ttftSamples(res.Result)})
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d requests, rate scale %g, %s, seed 1, kv_cache_aware on both sides; ceiling hit ratio of the 8-replica fleet %.3f\n\n",
@@ -239,7 +248,43 @@ func TestPDBenchMooncake(t *testing.T) {
 		if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		// The same figures in the bench contract's JSON (strategy names say
+		// the fleet), and the TTFT CDF next to them.
+		rep := &benchreport.Report{Trace: trace, Replicas: replicas, CeilingHitRatio: Ceiling(w, prof, replicas),
+			Profile: prof.Name, RateScale: rate, Seed: 1, Mode: "simulated"}
+		for _, r := range rows {
+			name := "kv_cache_aware"
+			if r.pd != nil {
+				name = "kv_cache_aware/" + strings.NewReplacer("disaggregated ", "pd-", " + ", "", ", threshold ", "-t").Replace(r.name)
+			}
+			res := benchreport.Result{Strategy: name, Requests: r.s.Requests,
+				TTFTms:        benchreport.P50P90P99{P50: benchreport.Ms(r.s.TTFT.P50), P90: benchreport.Ms(r.s.TTFT.P90), P99: benchreport.Ms(r.s.TTFT.P99)},
+				TPOTms:        benchreport.P50P90{P50: benchreport.Ms(r.s.TPOT.P50), P90: benchreport.Ms(r.s.TPOT.P90)},
+				E2Ems:         benchreport.P50P99{P50: benchreport.Ms(r.s.E2E.P50), P99: benchreport.Ms(r.s.E2E.P99)},
+				OutputTokPerS: r.s.OutputTokPerS, CacheHitRatio: r.s.HitRatio, LoadImbalance: r.s.LoadImbalance,
+				RouterUS:    benchreport.P50P99{P50: benchreport.Us(r.s.RouterTime.P50), P99: benchreport.Us(r.s.RouterTime.P99)},
+				TTFTSamples: r.ttft,
+			}
+			rep.Results = append(rep.Results, res)
+		}
+		base := strings.TrimSuffix(out, filepath.Ext(out))
+		if err := rep.WriteJSON(base + ".json"); err != nil {
+			t.Fatal(err)
+		}
+		if err := rep.WritePNG(base + ".png"); err != nil {
+			t.Fatal(err)
+		}
 	}
+}
+
+func ttftSamples(res *Result) []time.Duration {
+	var d []time.Duration
+	for _, rec := range res.Records {
+		if !rec.Rejected {
+			d = append(d, rec.TTFT)
+		}
+	}
+	return d
 }
 
 // A prompt the decode replica already holds is not transferred again: the
