@@ -48,6 +48,7 @@ type routerPlugin struct {
 	lastIndex  index.Metrics
 	dest       []byte
 	now        func() time.Time
+	adm        *admitter // nil when admission is off (filter/admission.go)
 }
 
 type routerStats struct {
@@ -121,6 +122,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
 	}
 	p.setHosts(static)
+	p.adm = newAdmitter(p)
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
@@ -262,9 +264,11 @@ func (p *routerPlugin) byProfile(name string) (proxywasm.MetricCounter, bool) {
 	return c, ok
 }
 
-func (p *routerPlugin) newStream(uint32) types.HttpContext { return &routerStream{plugin: p} }
+func (p *routerPlugin) newStream(id uint32) types.HttpContext {
+	return &routerStream{plugin: p, id: id}
+}
 
-func (p *routerPlugin) onTick() {}
+func (p *routerPlugin) onTick() { p.adm.tick() }
 
 func (p *routerPlugin) isInference(path string) bool {
 	for _, ip := range p.cfg.InferencePaths {
@@ -298,6 +302,8 @@ func (p *routerPlugin) leastLoaded() string {
 type routerStream struct {
 	types.DefaultHttpContext
 	plugin *routerPlugin
+	id     uint32       // context id, for releasing a held request
+	held   *heldRequest // set while admission holds it
 
 	kind         apiKind
 	awaitingBody bool // inference request paused for its body
@@ -423,6 +429,9 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
+	}
+	if action, held := p.adm.admit(s, &in); held {
+		return action
 	}
 	s.decide(&in)
 	return types.ActionContinue
@@ -617,6 +626,7 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 func (s *routerStream) OnHttpStreamDone() {
 	p := s.plugin
 	defer guard(p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
+	p.adm.streamDone(s)
 	if !s.decided {
 		return
 	}

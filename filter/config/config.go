@@ -25,6 +25,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/scorer"
 )
 
@@ -112,6 +113,10 @@ type Config struct {
 
 	// PD configures the kvroute.pd filter (filter/config/pd.go).
 	PD PD
+
+	// Admission holds requests while every engine is saturated
+	// (filter/config/admission.go, internal/admission).
+	Admission admission.Config
 }
 
 // Endpoint is one static upstream.
@@ -211,6 +216,7 @@ func Parse(data []byte) (*Config, error) {
 		"debugHeader":       func(v gjson.Result, path string) { c.DebugHeader = p.optionalHeaderName(v, path) },
 		"testHooks":         func(v gjson.Result, path string) { c.TestHooks = p.boolean(v, path) },
 		"pd":                func(v gjson.Result, path string) { c.PD = p.pd(v, path) },
+		"admission":         func(v gjson.Result, path string) { c.Admission = p.admissionCfg(v, path) },
 	})
 	p.crossChecks(c)
 	p.routing(data, c)
@@ -232,6 +238,7 @@ func defaults() *Config {
 		State:             State{Path: DefaultStatePath, StaleAfterMs: DefaultStaleAfterMs},
 		CircuitBreaker:    CircuitBreaker{ConsecutiveFailures: DefaultBreakerFailures, CooldownMs: DefaultBreakerCooldownMs},
 		PD:                defaultPD(),
+		Admission:         admission.Defaults(),
 	}
 }
 
