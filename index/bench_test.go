@@ -142,6 +142,27 @@ func BenchmarkQuery(b *testing.B) {
 				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
 				b.ReportMetric(float64(len(f.chain)), "blocks")
 			})
+			// Cold: no hints from an earlier query of this chain (a VM
+			// that never saw its first block), only the probe of the
+			// chain's end.
+			b.Run(benchName(hosts, tokens)+"/index-cold", func(b *testing.B) {
+				var m Matches
+				r0, by0 := f.ix.metrics.Reads, f.ix.metrics.BytesRead
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu0 := cpuNow()
+				for i := 0; i < b.N; i++ {
+					f.ix.hints = [hintLines]hintLine{}
+					f.ix.Query(f.chain, &m)
+				}
+				b.StopTimer()
+				reportCPU(b, cpu0)
+				if m.Blocks[0] != len(f.chain) || m.Blocks[3] != len(f.chain)/10 {
+					b.Fatalf("wrong answer: host0 %d host3 %d of %d", m.Blocks[0], m.Blocks[3], len(f.chain))
+				}
+				b.ReportMetric(float64(f.ix.metrics.Reads-r0)/float64(b.N), "gets/op")
+				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
+			})
 			b.Run(benchName(hosts, tokens)+"/naive", func(b *testing.B) {
 				out := make([]int, hosts)
 				b.ReportAllocs()

@@ -184,7 +184,8 @@ type Index struct {
 	metrics    Metrics
 
 	// query state
-	q queryState
+	q     queryState
+	hints [hintLines]hintLine
 	// record scratch
 	work    []byte
 	enc     []byte

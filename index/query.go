@@ -30,6 +30,7 @@ func (m *Matches) Best() (slot, blocks int) {
 
 type queryState struct {
 	blocks     []uint64
+	hint       *hintLine // the answers of the last query with this first block
 	m          *Matches
 	budget     int
 	truncated  bool
@@ -79,14 +80,22 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 	q.cacheShard = q.cacheShard[:0]
 	q.cacheVal = q.cacheVal[:0]
 	q.cacheOK = q.cacheOK[:0]
+	q.hint = nil
 	if len(blocks) > 0 && !isZero(t.active) {
 		// Most hosts hold not even the first block: settle them with one
 		// probe, then search the rest over [1, N].
 		p, age, ok := ix.presence(0)
 		if ok {
 			held := and(t.active, p)
-			ix.setAge(held, age)
-			ix.search(1, len(blocks), held)
+			if !isZero(held) {
+				ix.setAge(held, age)
+				q.hint = &ix.hints[blocks[0]%hintLines]
+				if q.hint.first != blocks[0] {
+					q.hint.first, q.hint.n = blocks[0], 0
+				}
+				ix.search(1, len(blocks), held)
+				q.hint.remember(m.Blocks, len(blocks))
+			}
 		}
 	}
 	if q.truncated {
@@ -106,7 +115,7 @@ func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 			ix.assign(set, lo)
 			return
 		}
-		mid := int(uint(lo+hi) >> 1)
+		mid := ix.probeAt(lo, hi)
 		p, age, ok := ix.presence(mid)
 		if !ok { // out of read budget: keep what is proven
 			ix.assign(set, lo)
@@ -118,6 +127,95 @@ func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 		set = andNot(set, p)
 		hi = mid
 	}
+}
+
+// Hints.
+//
+// A binary search finds the same answers whatever block it probes in
+// [lo, hi): probing block q splits the hosts into those holding it
+// (answer above q) and those not (answer at most q). Midpoints bound the
+// probes to K*log2(N); good guesses need about one shard read per
+// distinct answer, since a boundary L (block L-1 held, block L not)
+// usually lies inside one segment. Two sources of guesses, both only
+// deciding the order of probes, never an answer:
+//
+//   - the chain's end (N-1): a repeated prompt, held whole by the host
+//     that served it, is settled by one probe of its last segment;
+//   - the distinct answers of the last query this VM ran for a chain with
+//     the same first block (a system prompt's length, the previous turn
+//     of a conversation): a per-VM table of hintLines lines.
+//
+// Probes at guesses are chosen nearest to the midpoint, and each block
+// is still probed at most once, so wrong guesses cost at most
+// 2*hintsPerLine extra probes.
+
+const (
+	hintLines    = 64
+	hintsPerLine = 8
+)
+
+// hintLine holds the distinct answers (above 0) of the last query of a
+// chain starting with block first.
+type hintLine struct {
+	first uint64
+	n     int
+	at    [hintsPerLine]int32
+}
+
+// remember replaces the line's answers with the distinct nonzero answers
+// of blocks (a Matches.Blocks), up to hintsPerLine of them.
+func (h *hintLine) remember(blocks []int, n int) {
+	h.n = 0
+	for _, b := range blocks {
+		if b <= 0 || b >= n { // N is always guessed
+			continue
+		}
+		dup := false
+		for k := 0; k < h.n; k++ {
+			if h.at[k] == int32(b) {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			h.at[h.n] = int32(b)
+			h.n++
+			if h.n == hintsPerLine {
+				return
+			}
+		}
+	}
+}
+
+// probeAt picks the block to probe for hosts whose answer lies in
+// [lo, hi] (lo < hi): the guessed boundary nearest to the midpoint
+// (block L-1, then block L, of a guess L), else the midpoint.
+func (ix *Index) probeAt(lo, hi int) int {
+	mid := int(uint(lo+hi) >> 1)
+	best, bestDist := mid, -1
+	try := func(L int) {
+		q := L - 1
+		if q < lo {
+			q = L
+		}
+		if q < lo || q >= hi {
+			return
+		}
+		d := q - mid
+		if d < 0 {
+			d = -d
+		}
+		if bestDist < 0 || d < bestDist {
+			best, bestDist = q, d
+		}
+	}
+	try(len(ix.q.blocks))
+	if h := ix.q.hint; h != nil {
+		for k := 0; k < h.n; k++ {
+			try(int(h.at[k]))
+		}
+	}
+	return best
 }
 
 func (ix *Index) assign(set [maxWords]uint64, n int) {
