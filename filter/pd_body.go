@@ -49,48 +49,15 @@ func members(body []byte, dst []member) []member {
 			name = string(key)
 		}
 		i = skipSpace(body, i) + 1 // past ':'
-		i = skipValue(body, skipSpace(body, i))
+		if i = skipJSONValue(body, skipSpace(body, i)); i < 0 {
+			return dst // not reached: body was validated
+		}
 		dst = append(dst, member{key: name, raw: body[start:i]})
 		i = skipSpace(body, i)
 		if i < len(body) && body[i] == ',' {
 			i++
 		}
 	}
-}
-
-// skipValue returns the index after the value starting at b[i]; b is valid
-// JSON.
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	}
-	for i < len(b) {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i
-		}
-		i++
-	}
-	return i
 }
 
 // buildObject writes the members, leaving out those drop names, then set
