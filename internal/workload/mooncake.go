@@ -17,6 +17,10 @@ type mooncakeLine struct {
 	HashIDs      []int64  `json:"hash_ids"`
 }
 
+// maxTimestampMs bounds trace timestamps so arrival times fit a Duration
+// at any rate scale >= 0.01.
+const maxTimestampMs = 365 * 24 * 3600 * 1000
+
 // TraceOptions controls trace replay.
 type TraceOptions struct {
 	// RateScale multiplies the request rate: arrival times are divided by
@@ -52,8 +56,8 @@ func ReadMooncake(r io.Reader, opt TraceOptions) (*Workload, error) {
 	if scale == 0 {
 		scale = 1
 	}
-	if scale < 0 {
-		return nil, fmt.Errorf("rate scale must be positive, got %g", scale)
+	if scale < 0.01 || scale > 1e6 {
+		return nil, fmt.Errorf("rate scale must be between 0.01 and 1e6, got %g", scale)
 	}
 	model := opt.Model
 	if model == "" {
@@ -77,6 +81,8 @@ func ReadMooncake(r io.Reader, opt TraceOptions) (*Workload, error) {
 		switch {
 		case l.Timestamp == nil:
 			return nil, fmt.Errorf("line %d: missing timestamp", lineNo)
+		case *l.Timestamp < 0 || *l.Timestamp > maxTimestampMs:
+			return nil, fmt.Errorf("line %d: timestamp %g ms is outside 0..%g (a trace of at most a year)", lineNo, *l.Timestamp, float64(maxTimestampMs))
 		case *l.Timestamp < prev:
 			return nil, fmt.Errorf("line %d: timestamp %g goes back in time (previous %g); sort the trace by timestamp", lineNo, *l.Timestamp, prev)
 		case l.InputLength <= 0:
