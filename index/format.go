@@ -19,10 +19,16 @@ const (
 	MaxSlots = 256
 	maxWords = MaxSlots / 64
 
-	// Slot table: header, then one record per slot.
+	// Slot table: header, then one record per slot. Version 2 added seq.
 	slotsMagic0, slotsMagic1 = 'K', 'S'
-	slotsHeader              = 12 // magic(2) version(1) pad(1) epoch(4) n(2) pad(2)
+	slotsVersion             = 2
+	slotsHeader              = 16 // magic(2) version(1) pad(1) epoch(4) n(2) pad(2) seq(4)
 	slotRecord               = 24 // addrHash(8) gen(4) clearEpoch(4) capacity(4) horizon(4)
+
+	// Slot table stamp: the seq of the latest slot table, so that a reader
+	// holding that table decoded copies 8 bytes instead of the table.
+	stampMagic0, stampMagic1 = 'K', 'V'
+	stampLen                 = 8 // magic(2) version(1) pad(1) seq(4)
 
 	// Block shard: header, then n entries of (tag, age, W bitmap words),
 	// sorted by tag.
@@ -53,6 +59,7 @@ type slotRec struct {
 // slotTable is the decoded host slot table.
 type slotTable struct {
 	epoch   uint32
+	seq     uint32 // bumped on every write of the table (see the stamp)
 	n       int
 	recs    [MaxSlots]slotRec
 	active  [maxWords]uint64
@@ -62,7 +69,7 @@ type slotTable struct {
 }
 
 func (t *slotTable) reset() {
-	t.epoch, t.n, t.maxGone, t.anyHorz, t.maxHorz = 0, 0, 0, false, 0
+	t.epoch, t.seq, t.n, t.maxGone, t.anyHorz, t.maxHorz = 0, 0, 0, 0, false, 0
 	t.active = [maxWords]uint64{}
 }
 
@@ -70,7 +77,7 @@ func (t *slotTable) reset() {
 // v is not a valid slot table.
 func decodeSlots(v []byte, t *slotTable) bool {
 	t.reset()
-	if len(v) < slotsHeader || v[0] != slotsMagic0 || v[1] != slotsMagic1 || v[2] != formatVersion {
+	if len(v) < slotsHeader || v[0] != slotsMagic0 || v[1] != slotsMagic1 || v[2] != slotsVersion {
 		return false
 	}
 	n := int(le.Uint16(v[8:]))
@@ -78,6 +85,7 @@ func decodeSlots(v []byte, t *slotTable) bool {
 		return false
 	}
 	t.epoch = le.Uint32(v[4:])
+	t.seq = le.Uint32(v[12:])
 	t.n = n
 	for i := 0; i < n; i++ {
 		r := v[slotsHeader+i*slotRecord:]
@@ -110,10 +118,11 @@ func decodeSlots(v []byte, t *slotTable) bool {
 }
 
 func encodeSlots(dst []byte, t *slotTable) []byte {
-	dst = append(dst[:0], slotsMagic0, slotsMagic1, formatVersion, 0)
+	dst = append(dst[:0], slotsMagic0, slotsMagic1, slotsVersion, 0)
 	dst = le.AppendUint32(dst, t.epoch)
 	dst = le.AppendUint16(dst, uint16(t.n))
 	dst = append(dst, 0, 0)
+	dst = le.AppendUint32(dst, t.seq)
 	for i := 0; i < t.n; i++ {
 		r := &t.recs[i]
 		dst = le.AppendUint64(dst, r.addrHash)
@@ -123,6 +132,19 @@ func encodeSlots(dst []byte, t *slotTable) []byte {
 		dst = le.AppendUint32(dst, r.horizon)
 	}
 	return dst
+}
+
+// parseStamp returns the seq a slot table stamp holds.
+func parseStamp(v []byte) (seq uint32, ok bool) {
+	if len(v) != stampLen || v[0] != stampMagic0 || v[1] != stampMagic1 || v[2] != formatVersion {
+		return 0, false
+	}
+	return le.Uint32(v[4:]), true
+}
+
+func encodeStamp(dst []byte, seq uint32) []byte {
+	dst = append(dst[:0], stampMagic0, stampMagic1, formatVersion, 0)
+	return le.AppendUint32(dst, seq)
 }
 
 // words returns the bitmap words needed for the slots in use.

@@ -175,12 +175,15 @@ type Index struct {
 	shardBits uint
 	shardKeys []string
 	slotsKey  string
+	stampKey  string
 	loadKey   string
 	usageKeys [MaxSlots]string
 
 	table      slotTable
 	tableFresh bool   // ix.table was read by the Query whose Matches Record got
 	tableCAS   uint32 // CAS of the stored value ix.table was decoded from
+	tableOK    bool   // ix.table is a table stored at tableAt (its seq is meaningful)
+	tableAt    int64  // ms clock of the last full read of the table
 	metrics    Metrics
 
 	// query state
@@ -216,6 +219,7 @@ func New(store Store, cfg Config) (*Index, error) {
 		store:     store,
 		shardBits: uint(bits.TrailingZeros(uint(cfg.Shards))),
 		slotsKey:  cfg.Namespace + "/slots",
+		stampKey:  cfg.Namespace + "/slots/v",
 		loadKey:   cfg.Namespace + "/load",
 	}
 	ix.shardKeys = make([]string, cfg.Shards)
@@ -304,30 +308,98 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 	return false, err
 }
 
-// readSlots refreshes ix.table from the store.
+// slotsRecheckMs bounds how long a VM trusts the stamp alone: after it,
+// the next cheap read copies the whole table again (and repairs a stamp
+// left behind by a writer that died between the table and the stamp).
+const slotsRecheckMs = 1000
+
+// refreshSlots brings ix.table up to date for readers (Query, Record,
+// Lookup), copying only the 8-byte stamp when the table is unchanged: at
+// 256 hosts the table is 6 KB, a query's shards a few KB.
+//
+// A reader may act on a table a few microseconds old (a writer sets the
+// table, then the stamp): that is the same as having read the table a
+// little earlier, which is safe, since shards carry the table epoch they
+// were written under (see staleMask). Writers that need the authority
+// (updateSlots, a shard written under a newer epoch) read the table.
+func (ix *Index) refreshSlots() {
+	now := ix.cfg.Now()
+	if ix.tableOK && now >= ix.tableAt && now-ix.tableAt < slotsRecheckMs {
+		v, _, found := ix.get(ix.stampKey)
+		if found {
+			if seq, ok := parseStamp(v); ok && seq == ix.table.seq {
+				return
+			}
+		}
+	}
+	ix.readSlots()
+	if !ix.tableOK {
+		return
+	}
+	// Repair a stamp that fell behind the table (its writer died between
+	// the two sets), so that other VMs see the table before their recheck.
+	v, _, found := ix.get(ix.stampKey)
+	if seq, ok := parseStamp(v); !found || !ok || int32(seq-ix.table.seq) < 0 {
+		ix.writeStamp(ix.table.seq)
+	}
+}
+
+// readSlots refreshes ix.table from the store, copying the whole table.
 // The decoded table is kept while the stored CAS is unchanged: CAS values
 // come from one global counter, so an unchanged CAS is an unchanged value,
 // and most reads skip decoding (a few microseconds in Wasm at 64 hosts).
 func (ix *Index) readSlots() (cas uint32) {
+	ix.tableAt = ix.cfg.Now()
 	v, cas, found := ix.get(ix.slotsKey)
 	if !found {
 		ix.table.reset()
-		ix.tableCAS = 0
+		ix.tableCAS, ix.tableOK = 0, false
 		return 0
 	}
 	if cas != 0 && cas == ix.tableCAS {
 		return cas
 	}
-	ix.tableCAS = 0
+	ix.tableCAS, ix.tableOK = 0, false
 	if !decodeSlots(v, &ix.table) {
 		ix.metrics.Corrupt++
 		return cas
 	}
-	ix.tableCAS = cas
+	ix.tableCAS, ix.tableOK = cas, true
 	return cas
 }
 
-// updateSlots applies fn to a fresh slot table under CAS.
+// stampSeq returns the seq in the stamp (0 when missing or bad).
+func (ix *Index) stampSeq() uint32 {
+	v, _, found := ix.get(ix.stampKey)
+	if !found {
+		return 0
+	}
+	seq, _ := parseStamp(v)
+	return seq
+}
+
+// writeStamp publishes seq unless the stamp already holds it or a later
+// one (two writers may finish their stamps out of order).
+func (ix *Index) writeStamp(seq uint32) {
+	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
+		v, cas, found := ix.get(ix.stampKey)
+		if found {
+			if cur, ok := parseStamp(v); ok && int32(cur-seq) >= 0 {
+				return
+			}
+		}
+		var buf [stampLen]byte
+		retry, err := ix.set(ix.stampKey, encodeStamp(buf[:0], seq), cas)
+		if !retry {
+			_ = err // counted; readers fall back to the table within slotsRecheckMs
+			return
+		}
+	}
+	ix.metrics.CASFailures++
+}
+
+// updateSlots applies fn to a fresh slot table under CAS, then publishes
+// its seq in the stamp.
 func (ix *Index) updateSlots(fn func(t *slotTable) (write bool, err error)) error {
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
 		cas := ix.readSlots()
@@ -336,19 +408,30 @@ func (ix *Index) updateSlots(fn func(t *slotTable) (write bool, err error)) erro
 		if err != nil || !write {
 			return err
 		}
+		// The new seq must differ from every seq a reader may hold: above
+		// the stamp too, in case the table was replaced (corrupt, reset).
+		seq := ix.table.seq
+		if s := ix.stampSeq(); int32(s-seq) > 0 {
+			seq = s
+		}
+		ix.table.seq = seq + 1
 		ix.enc = encodeSlots(ix.enc, &ix.table)
 		retry, err := ix.set(ix.slotsKey, ix.enc, cas)
 		if retry {
 			continue
 		}
 		if err != nil {
+			ix.tableOK = false
 			return fmt.Errorf("index: writing the host slot table: %w", err)
 		}
 		// Re-read so ix.table matches what is stored (decodeSlots derives
 		// the active mask and other summaries).
 		decodeSlots(ix.enc, &ix.table)
+		ix.tableOK = true
+		ix.writeStamp(ix.table.seq)
 		return nil
 	}
+	ix.tableOK = false
 	ix.metrics.CASFailures++
 	return ErrContended
 }
@@ -404,8 +487,15 @@ func (ix *Index) Register(addr string) (HostRef, error) {
 
 // Lookup returns addr's slot as of the slot table in the store.
 func (ix *Index) Lookup(addr string) (HostRef, bool) {
+	ix.refreshSlots()
+	ah := addrHash(addr)
+	if ref, ok := ix.lookupCached(ah); ok {
+		return ref, true
+	}
+	// Not in the table the stamp vouches for: read the table itself, in
+	// case the stamp is behind (a writer between its two sets).
 	ix.readSlots()
-	return ix.lookupCached(addrHash(addr))
+	return ix.lookupCached(ah)
 }
 
 func (ix *Index) lookupCached(ah uint64) (HostRef, bool) {

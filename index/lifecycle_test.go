@@ -2,6 +2,7 @@ package index
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -290,4 +291,80 @@ func TestCorrectNeverEvictsNewerThanTheStamp(t *testing.T) {
 	if m.Blocks[a.Slot] != 30 {
 		t.Fatalf("newer chain evicted: %d", m.Blocks[a.Slot])
 	}
+}
+
+// A reader that holds the current slot table copies only its stamp; a
+// table written without its stamp (the writer died between the two sets)
+// is picked up within slotsRecheckMs, and the stamp is repaired.
+func TestSlotStampSavesTheTableAndRecovers(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{})
+	var refs []HostRef
+	for p := 0; p < MaxSlots; p++ {
+		ref, err := ix.Register(fmt.Sprintf("10.9.%d.%d:80", p/200, p%200))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, ref)
+	}
+	c := chain(11, 40)
+	ix.Record(refs[0], c, nil)
+	ix.Record(refs[1], c[:10], nil)
+	reader := newTestIndex(t, st, clk, Config{})
+	var m Matches
+	reader.Query(c, &m)
+	tableBytes := slotsHeader + MaxSlots*slotRecord
+	if m.BytesRead < tableBytes {
+		t.Fatalf("cold query copied %d B, less than the %d B table", m.BytesRead, tableBytes)
+	}
+	reader.Query(c, &m)
+	if m.BytesRead >= tableBytes || m.Blocks[0] != 40 || m.Blocks[1] != 10 {
+		t.Fatalf("warm query copied %d B (table %d B), answer %d/%d", m.BytesRead, tableBytes, m.Blocks[0], m.Blocks[1])
+	}
+	// Another VM removes host 1 but dies before writing the stamp.
+	v, _, _ := st.Get(ix.slotsKey)
+	var tb slotTable
+	if !decodeSlots(v, &tb) {
+		t.Fatal("stored table does not decode")
+	}
+	tb.epoch++
+	tb.recs[1].addrHash, tb.recs[1].clearEpoch = 0, tb.epoch
+	tb.seq++
+	st.Set(ix.slotsKey, encodeSlots(nil, &tb), 0)
+	reader.Query(c, &m)
+	if m.Blocks[1] != 10 {
+		t.Fatalf("within the recheck interval the reader trusts its stamp: host 1 at %d, want 10", m.Blocks[1])
+	}
+	clk.ms += slotsRecheckMs
+	reader.Query(c, &m)
+	if m.Blocks[1] != 0 || m.Blocks[0] != 40 {
+		t.Fatalf("after the recheck interval: host 1 at %d (want 0), host 0 at %d", m.Blocks[1], m.Blocks[0])
+	}
+	sv, _, err := st.Get(ix.stampKey)
+	if seq, ok := parseStamp(sv); err != nil || !ok || seq != tb.seq {
+		t.Fatalf("stamp not repaired: %v %v seq %d, want %d", err, ok, seq, tb.seq)
+	}
+	// ix still holds the old table; the repaired stamp tells it at once.
+	ix.Query(c, &m)
+	if m.Blocks[1] != 0 {
+		t.Fatalf("a warm VM missed the repaired stamp: host 1 at %d", m.Blocks[1])
+	}
+	// Writers never reuse a seq, even when the table was replaced.
+	st.Set(ix.slotsKey, []byte("garbage"), 0)
+	if _, err := ix.Register("10.8.0.1:80"); err != nil {
+		t.Fatal(err)
+	}
+	if seq, _ := parseStamp(mustGet(t, st, ix.stampKey)); int32(seq-tb.seq) <= 0 {
+		t.Fatalf("seq %d after a reset table, not above %d", seq, tb.seq)
+	}
+}
+
+func mustGet(t *testing.T, st Store, key string) []byte {
+	t.Helper()
+	v, _, err := st.Get(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

@@ -58,7 +58,7 @@ type queryState struct {
 func (ix *Index) Query(blocks []uint64, m *Matches) error {
 	ix.metrics.Queries++
 	reads0, bytes0 := ix.metrics.Reads, ix.metrics.BytesRead
-	ix.readSlots()
+	ix.refreshSlots()
 	t := &ix.table
 	if cap(m.Blocks) < t.n {
 		m.Blocks = make([]int, t.n, MaxSlots)

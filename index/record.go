@@ -53,12 +53,17 @@ func (ix *Index) mark(ref HostRef, chain []uint64, from int, add bool) error {
 	// is reused: a table a few microseconds stale is safe, since a shard
 	// written with an older table epoch masks the bits of any host removed
 	// since (see updateShard and staleMask).
-	if !ix.tableFresh || ix.table.check(ref) != nil {
-		ix.readSlots()
+	if !ix.tableFresh {
+		ix.refreshSlots()
 	}
 	ix.tableFresh = false
-	if err := ix.table.check(ref); err != nil {
-		return err
+	if ix.table.check(ref) != nil {
+		// The stamp may be behind a Register another VM just made: ask
+		// the table itself before calling the reference stale.
+		ix.readSlots()
+		if err := ix.table.check(ref); err != nil {
+			return err
+		}
 	}
 	// One shard update per segment: a segment's blocks share a shard.
 	// (Two segments of one chain rarely share a shard; they then cost two
