@@ -1,7 +1,9 @@
 package filter
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -50,35 +52,47 @@ func FuzzWalkerMatchesGJSON(f *testing.F) {
 		f.Add([]byte(c))
 	}
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"a\"b\\u00e9"}],"x":[1,{"y":[]}]}`))
+	f.Add([]byte(`{"messages":[{"role":"system","content":"` + strings.Repeat("long \\\"text\\\" ", 20) + `"},{"content":[` +
+		`{"type":"text","text":"` + strings.Repeat("x", 100) + `"}]}],"prompt":[` + strings.Repeat("1,", 60) + `2]}`))
+	var spans jsonSpans
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if !validJSON(b) {
+		valid := validJSON(b)
+		if got := scanJSON(b, &spans); got != valid {
+			t.Fatalf("scanJSON(%q) = %v, validJSON %v", b, got, valid)
+		}
+		if !valid {
 			return
 		}
 		i := skipSpace(b, 0)
 		v := b[i:skipJSONValue(b, i)]
-		compare(t, v, gjson.ParseBytes(v))
+		compare(t, nil, v, gjson.ParseBytes(v))
+		// The same walk through the span table of the validating pass.
+		doc := &jsonDoc{body: b, spans: spans.spans}
+		compare(t, doc, b[i:doc.skip(b, i)], gjson.ParseBytes(v))
 	})
 }
 
-func compare(t *testing.T, raw []byte, g gjson.Result) {
+// compare walks raw with d (nil: by scanning alone) and checks every span
+// and string text against gjson's.
+func compare(t *testing.T, d *jsonDoc, raw []byte, g gjson.Result) {
 	t.Helper()
 	if string(raw) != g.Raw {
 		t.Fatalf("span %q, gjson raw %q", raw, g.Raw)
 	}
 	switch {
 	case g.Type == gjson.String:
-		if got := stringOf(raw); got != g.Str {
+		if got := d.text(raw); got != g.Str {
 			t.Fatalf("stringOf(%q) = %q, gjson %q", raw, got, g.Str)
 		}
 	case g.IsObject():
 		var keys, vals [][]byte
-		forEachMember(raw, func(k, v []byte) bool { keys, vals = append(keys, k), append(vals, v); return true })
+		d.members(raw, func(k, v []byte) bool { keys, vals = append(keys, k), append(vals, v); return true })
 		n := 0
 		g.ForEach(func(k, v gjson.Result) bool {
 			if n >= len(keys) || string(keys[n]) != k.Raw {
 				t.Fatalf("member %d: walker %q, gjson %q", n, keys, k.Raw)
 			}
-			compare(t, vals[n], v)
+			compare(t, d, vals[n], v)
 			n++
 			return true
 		})
@@ -87,18 +101,62 @@ func compare(t *testing.T, raw []byte, g gjson.Result) {
 		}
 	case g.IsArray():
 		var vals [][]byte
-		forEachElement(raw, func(v []byte) bool { vals = append(vals, v); return true })
+		d.elements(raw, func(v []byte) bool { vals = append(vals, v); return true })
 		n := 0
 		g.ForEach(func(_, v gjson.Result) bool {
 			if n >= len(vals) {
 				t.Fatalf("walker found %d elements, gjson more", len(vals))
 			}
-			compare(t, vals[n], v)
+			compare(t, d, vals[n], v)
 			n++
 			return true
 		})
 		if n != len(vals) {
 			t.Fatalf("walker found %d elements, gjson %d", len(vals), n)
 		}
+	}
+}
+
+// needsLook must flag every word holding a quote, a backslash or a control
+// character, wherever it sits, and no other word: a miss would let the
+// validator accept a control character or run past a string's end.
+func TestNeedsLookFlagsExactlyTheSpecialBytes(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		for _, fill := range []byte{'a', ' ', '!', '#', 0x7f, 0x80, 0xc3, 0xff} {
+			for pos := 0; pos < 8; pos++ {
+				var w [8]byte
+				for k := range w {
+					w[k] = fill
+				}
+				w[pos] = byte(c)
+				got := needsLook(binary.LittleEndian.Uint64(w[:])) != 0
+				if want := !plainStringByte[c]; got != want {
+					t.Fatalf("needsLook(byte %#x at %d among %#x) = %v, want %v", c, pos, fill, got, want)
+				}
+			}
+		}
+	}
+}
+
+// The span table records long strings (with their escapes) and containers,
+// by start, so the walker can step over them.
+func TestScanJSONRecordsSpans(t *testing.T) {
+	long := strings.Repeat("y", minSpanString)
+	b := []byte(`{"a":"` + long + `","b":["s\\n` + long + `",{}],"c":"short"}`)
+	var spans jsonSpans
+	if !scanJSON(b, &spans) {
+		t.Fatal("valid document rejected")
+	}
+	var got []string
+	for _, s := range spans.spans {
+		got = append(got, fmt.Sprintf("%s/%v", b[s.start:s.end], s.escaped))
+	}
+	want := []string{string(b) + "/false", `"` + long + `"/false`, `["s\\n` + long + `",{}]/false`, `"s\\n` + long + `"/true`}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("spans\n%q\nwant\n%q", got, want)
+	}
+	// A failed pass leaves nothing a walker could trust beyond the body.
+	if scanJSON([]byte(`{"a":[`), &spans) {
+		t.Fatal("truncated document accepted")
 	}
 }

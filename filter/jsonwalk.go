@@ -13,16 +13,60 @@ import (
 // byte by byte, which on long prompts is most of the filter's time in Wasm
 // (about 200 MB/s per pass on wazero, two passes per request).
 
+// jsonDoc is a validated body with the span table its validating pass
+// built (see jsonSpans). A nil *jsonDoc walks by scanning alone; so does a
+// value outside the table (short strings, numbers, literals).
+type jsonDoc struct {
+	body  []byte
+	spans []jsonSpan
+	next  int // index in spans of the value after the last one found: walks go mostly forward
+}
+
+// find returns the span table entry of the value starting at v[0]. v must
+// be a view of d.body (so cap tells its offset).
+func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
+	if d == nil || len(d.spans) == 0 {
+		return jsonSpan{}, false
+	}
+	pos := int32(cap(d.body) - cap(v))
+	if n := d.next; n < len(d.spans) && d.spans[n].start == pos {
+		d.next = n + 1
+		return d.spans[n], true
+	}
+	lo, hi := 0, len(d.spans)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if d.spans[m].start < pos {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(d.spans) && d.spans[lo].start == pos {
+		d.next = lo + 1
+		return d.spans[lo], true
+	}
+	return jsonSpan{}, false
+}
+
 // skipJSONValue returns the index after the value starting at b[i], or -1.
 // b must hold valid JSON from i on.
-func skipJSONValue(b []byte, i int) int {
+func skipJSONValue(b []byte, i int) int { return (*jsonDoc)(nil).skip(b, i) }
+
+func (d *jsonDoc) skip(b []byte, i int) int {
 	if i >= len(b) {
 		return -1
 	}
 	switch c := b[i]; {
 	case c == '"':
+		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
 		return skipString(b, i)
 	case c == '{' || c == '[':
+		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
 		depth := 0
 		for i < len(b) {
 			switch b[i] {
@@ -55,6 +99,10 @@ func skipJSONValue(b []byte, i int) int {
 // forEachMember calls fn with the raw key (quotes included) and raw value
 // of each member of the object obj, in order, until fn returns false.
 func forEachMember(obj []byte, fn func(key, val []byte) bool) {
+	(*jsonDoc)(nil).members(obj, fn)
+}
+
+func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 	i := skipSpace(obj, 1)
 	for i < len(obj) && obj[i] == '"' {
 		k := skipString(obj, i)
@@ -63,7 +111,7 @@ func forEachMember(obj []byte, fn func(key, val []byte) bool) {
 		}
 		key := obj[i:k]
 		v := skipSpace(obj, skipSpace(obj, k)+1) // past ':'
-		e := skipJSONValue(obj, v)
+		e := d.skip(obj, v)
 		if e < 0 {
 			return
 		}
@@ -80,9 +128,13 @@ func forEachMember(obj []byte, fn func(key, val []byte) bool) {
 // forEachElement calls fn with each raw element of the array arr until fn
 // returns false.
 func forEachElement(arr []byte, fn func(val []byte) bool) {
+	(*jsonDoc)(nil).elements(arr, fn)
+}
+
+func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
 	i := skipSpace(arr, 1)
 	for i < len(arr) && arr[i] != ']' {
-		e := skipJSONValue(arr, i)
+		e := d.skip(arr, i)
 		if e < 0 {
 			return
 		}
@@ -119,9 +171,19 @@ func jsonType(v []byte) gjson.Type {
 // stringOf returns the text of a raw JSON string. Without escapes it is a
 // view of the body (no copy: the hasher consumes it before the body goes);
 // with escapes gjson unescapes it.
-func stringOf(raw []byte) string {
+func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
+
+// text is stringOf that takes whether a long string holds escapes from the
+// span table instead of searching it again.
+func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
-	if bytes.IndexByte(inner, '\\') >= 0 {
+	escaped := false
+	if s, ok := d.find(raw); ok {
+		escaped = s.escaped
+	} else {
+		escaped = bytes.IndexByte(inner, '\\') >= 0
+	}
+	if escaped {
 		return gjson.ParseBytes(raw).Str
 	}
 	return unsafeString(inner)

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -94,6 +95,12 @@ type requestParser struct {
 	hasher *index.Hasher
 	ids    []uint32
 
+	// The span table of the body being parsed (see jsonSpans), so that
+	// walking the messages, a message and its content does not rescan the
+	// prompt at each level.
+	spans jsonSpans
+	doc   jsonDoc
+
 	// Top-level members of the last body, and how many must not reach an
 	// engine (see clientOnly).
 	members []memberSpan
@@ -111,11 +118,12 @@ type memberSpan struct {
 // kv_transfer_params, SGLang's bootstrap pairing). Only kvroute.pd may set
 // them: from a client they would make an engine connect to a host the
 // client names. The router removes them from every request it routes.
-var clientOnly = map[string]bool{
-	`"kv_transfer_params"`: true,
-	`"bootstrap_host"`:     true,
-	`"bootstrap_port"`:     true,
-	`"bootstrap_room"`:     true,
+func clientOnly(key string) bool {
+	switch key {
+	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
+		return true
+	}
+	return false
 }
 
 // withoutClientOnly returns body without the members parse marked, or nil
@@ -149,9 +157,11 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if !utf8.Valid(body) {
 		return r, badRequest("", "the request body is not valid UTF-8")
 	}
-	if !validJSON(body) {
+	if !scanJSON(body, &p.spans) {
 		return r, badRequest("", "the request body is not valid JSON")
 	}
+	p.doc = jsonDoc{body: body, spans: p.spans.spans}
+	defer func() { p.doc = jsonDoc{} }() // the body goes after this request
 	if body[skipSpace(body, 0)] != '{' {
 		return r, badRequest("", "the request body must be a JSON object")
 	}
@@ -160,34 +170,40 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	// last value, as Python's json module (vLLM, SGLang) does.
 	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input []byte
 	p.members, p.dropped = p.members[:0], 0
-	forEachMember(body[skipSpace(body, 0):], func(k, v []byte) bool {
+	p.doc.members(body[skipSpace(body, 0):], func(k, v []byte) bool {
 		// Offsets in body of this member (k and v are views of body).
 		m := memberSpan{start: cap(body) - cap(k), end: cap(body) - cap(v) + len(v)}
-		if clientOnly[string(k)] {
+		// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
+		// "model", and an escaped kv_transfer_params must go too.
+		key := unsafeString(k[1 : len(k)-1])
+		if bytes.IndexByte(k, '\\') >= 0 {
+			key = gjson.ParseBytes(k).Str
+		}
+		if clientOnly(key) {
 			m.drop = true
 			p.dropped++
 		}
 		p.members = append(p.members, m)
-		switch string(k) {
-		case `"model"`:
+		switch key {
+		case "model":
 			model = v
-		case `"stream"`:
+		case "stream":
 			stream = v
-		case `"max_tokens"`:
+		case "max_tokens":
 			maxTokens = v
-		case `"max_completion_tokens"`:
+		case "max_completion_tokens":
 			maxCompletion = v
-		case `"user"`:
+		case "user":
 			user = v
-		case `"cache_salt"`:
+		case "cache_salt":
 			salt = v
-		case `"messages"`:
+		case "messages":
 			messages = v
-		case `"tools"`:
+		case "tools":
 			tools = v
-		case `"prompt"`:
+		case "prompt":
 			prompt = v
-		case `"input"`:
+		case "input":
 			input = v
 		}
 		return true
@@ -198,7 +214,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if jsonType(model) != gjson.String || len(model) == 2 {
 		return r, badRequest("model", "'model' must be a non-empty string")
 	}
-	r.Model = stringOf(model)
+	r.Model = p.doc.text(model)
 	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
 		r.Model, r.Adapter = base, r.Model
 	}
@@ -228,14 +244,14 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		if jsonType(user) != gjson.String {
 			return r, badRequest("user", "'user' must be a string")
 		}
-		r.SessionKey = stringOf(user)
+		r.SessionKey = p.doc.text(user)
 	}
 	saltText := ""
 	if salt != nil {
 		if jsonType(salt) != gjson.String {
 			return r, badRequest("cache_salt", "'cache_salt' must be a string")
 		}
-		saltText = stringOf(salt)
+		saltText = p.doc.text(salt)
 	}
 
 	p.hasher.Reset(r.Model, r.Adapter, saltText)
@@ -292,14 +308,14 @@ func (p *requestParser) prompt(v []byte, name string) *requestError {
 		if len(v) == 2 {
 			return badRequest(name, "'%s' must not be empty", name)
 		}
-		p.hasher.Text(stringOf(v))
+		p.hasher.Text(p.doc.text(v))
 		return nil
 	}
 	if v[0] != '[' {
 		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
 	var first []byte
-	forEachElement(v, func(e []byte) bool { first = e; return false })
+	p.doc.elements(v, func(e []byte) bool { first = e; return false })
 	if first == nil {
 		return badRequest(name, "'%s' must not be empty", name)
 	}
@@ -309,18 +325,18 @@ func (p *requestParser) prompt(v []byte, name string) *requestError {
 	case t == gjson.Number:
 		return p.tokenIDs(v, name)
 	case t == gjson.String:
-		forEachElement(v, func(e []byte) bool {
+		p.doc.elements(v, func(e []byte) bool {
 			if jsonType(e) != gjson.String {
 				err = badRequest(name, "'%s[%d]' must be a string like the first element", name, i)
 				return false
 			}
-			p.hasher.Text(stringOf(e))
+			p.hasher.Text(p.doc.text(e))
 			i++
 			return true
 		})
 		return err
 	case first[0] == '[':
-		forEachElement(v, func(e []byte) bool {
+		p.doc.elements(v, func(e []byte) bool {
 			if e[0] != '[' || e[skipSpace(e, 1)] == ']' {
 				err = badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, i)
 				return false
@@ -338,7 +354,7 @@ func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 	p.ids = p.ids[:0]
 	var err *requestError
 	i := 0
-	forEachElement(arr, func(e []byte) bool {
+	p.doc.elements(arr, func(e []byte) bool {
 		n, ok := wholeNumber(gjson.ParseBytes(e))
 		if !ok || n < 0 || n > maxTokenID {
 			err = badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
@@ -372,7 +388,7 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 	}
 	var err *requestError
 	n := 0
-	forEachElement(msgs, func(m []byte) bool {
+	p.doc.elements(msgs, func(m []byte) bool {
 		err = p.message(m, n)
 		n++
 		return err == nil
@@ -394,7 +410,7 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	// One pass over the message's members (the content may be most of the
 	// body).
 	var role, name, content, calls, callID []byte
-	forEachMember(m, func(k, v []byte) bool {
+	p.doc.members(m, func(k, v []byte) bool {
 		switch string(k) {
 		case `"role"`:
 			role = v
@@ -412,17 +428,17 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	if jsonType(role) != gjson.String || len(role) == 2 {
 		return badRequest(at+".role", "'%s.role' must be a non-empty string", at)
 	}
-	p.hasher.BeginMessage(stringOf(role))
+	p.hasher.BeginMessage(p.doc.text(role))
 	if jsonType(name) == gjson.String {
-		p.hasher.Field("name", stringOf(name))
+		p.hasher.Field("name", p.doc.text(name))
 	}
 	switch {
 	case jsonType(content) == gjson.String:
-		p.hasher.Text(stringOf(content))
+		p.hasher.Text(p.doc.text(content))
 	case content != nil && content[0] == '[':
 		var err *requestError
 		j := 0
-		forEachElement(content, func(part []byte) bool {
+		p.doc.elements(content, func(part []byte) bool {
 			err = p.part(part, at+".content["+strconv.Itoa(j)+"]")
 			j++
 			return err == nil
@@ -445,7 +461,7 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 		}
 	}
 	if jsonType(callID) == gjson.String {
-		p.hasher.Field("tool_call_id", stringOf(callID))
+		p.hasher.Field("tool_call_id", p.doc.text(callID))
 	}
 	return nil
 }
@@ -455,7 +471,7 @@ func (p *requestParser) part(part []byte, at string) *requestError {
 		return badRequest(at, "'%s' must be a content part object", at)
 	}
 	var typ, text []byte
-	forEachMember(part, func(k, v []byte) bool {
+	p.doc.members(part, func(k, v []byte) bool {
 		switch string(k) {
 		case `"type"`:
 			typ = v
@@ -467,12 +483,12 @@ func (p *requestParser) part(part []byte, at string) *requestError {
 	if jsonType(typ) != gjson.String || typ == nil {
 		return badRequest(at+".type", "'%s.type' must be a string", at)
 	}
-	switch t := stringOf(typ); t {
+	switch t := p.doc.text(typ); t {
 	case "text":
 		if jsonType(text) != gjson.String || text == nil {
 			return badRequest(at+".text", "'%s.text' must be a string", at)
 		}
-		p.hasher.Text(stringOf(text))
+		p.hasher.Text(p.doc.text(text))
 	case "image_url":
 		p.hasher.Part("image_url", gjson.GetBytes(part, "image_url.url").String())
 	case "input_audio":

@@ -212,3 +212,21 @@ func TestBreakerUnit(t *testing.T) {
 		t.Fatal("a successful probe must close the breaker")
 	}
 }
+
+// Keys count as the engine's JSON decoder reads them: an escaped
+// kv_transfer_params is still removed, an escaped "model" is still the model.
+func TestEscapedKeysCountAsDecoded(t *testing.T) {
+	p := newParser(t, `{}`)
+	body := []byte(`{"mod\u0065l":"m","kv_transfer_p\u0061rams":{"remote_host":"169.254.169.254"},"prompt":"hi"}`)
+	r, err := p.parse(body, apiCompletions)
+	if err != nil {
+		t.Fatal(err.Message)
+	}
+	if r.Model != "m" {
+		t.Errorf("model %q, want m", r.Model)
+	}
+	clean := p.withoutClientOnly(body)
+	if p.dropped != 1 || strings.Contains(string(clean), "169.254") || gjson.GetBytes(clean, "prompt").Str != "hi" {
+		t.Errorf("dropped %d, forwarded %s", p.dropped, clean)
+	}
+}
