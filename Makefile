@@ -44,6 +44,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s ./internal/metricsvc/kvevents
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./internal/metricsvc/scrape
 	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s ./filter
+	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s ./internal/workload
+	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s -parallel 1 ./internal/simserver
 
 oci: wasm
 	$(GO) run ./cmd/kvroute oci build --wasm dist/kvroute.wasm --out dist/kvroute-oci.tar
