@@ -51,7 +51,9 @@ var presetConfigs = map[string]string{
 	// GIE / llm-d default scheduling profile: prefix-cache-scorer 3,
 	// queue-scorer 2, kv-cache-utilization-scorer 2, max-score-picker; its
 	// approximate prefix index uses 64-character blocks and an LRU of 31,250
-	// blocks per pod.
+	// blocks per pod (kubernetes-sigs/gateway-api-inference-extension,
+	// site-src/guides/epp-configuration/prefix-aware.md; the prefix score is
+	// matched over total blocks, the queue score min-max normalised).
 	"gie_default": `{
 		"plugins": [{"name": "prefix_blocks", "type": "prefix_cache", "params": {"unit": "blocks"}}],
 		"profiles": {"gie_default": {
