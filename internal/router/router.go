@@ -423,3 +423,18 @@ func (r *Router) Release(t *Ticket) {
 	r.release(&t.prefill)
 	r.release(&t.decode)
 }
+
+// AppendExplain appends the one-line explanation of the last decision's
+// result (res, as Decide returned it) to dst, with the request state the
+// router assembled for it: matched blocks, uncached tokens, per-scorer
+// scores. Call it before the next Decide. It never contains prompt text.
+func (r *Router) AppendExplain(dst []byte, res *scorer.Result, hosts []scorer.Host) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	dst = scorer.AppendExplain(dst, &r.req, hosts, &res.Decode)
+	if res.Disaggregated {
+		dst = append(dst, " | prefill: "...)
+		dst = scorer.AppendExplain(dst, &r.req, hosts, &res.Prefill)
+	}
+	return dst
+}

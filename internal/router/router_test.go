@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/index"
@@ -58,6 +59,10 @@ func TestDecideRecordsAndFollowsPrefix(t *testing.T) {
 	t2, res := r.Decide(in, hs)
 	if t2.Host != t1.Host {
 		t.Fatalf("repeat went to %d, first to %d: %s", t2.Host, t1.Host, res.Decode.Explain(&r.req, hs))
+	}
+	ex := string(r.AppendExplain(nil, &res, hs))
+	if !strings.Contains(ex, "matched=10/10blk uncached=0tok") || !strings.Contains(ex, "host="+t1.Address) {
+		t.Fatalf("explanation %q", ex)
 	}
 	if t2.PredictedCachedTokens != 1000 {
 		t.Fatalf("predicted cached = %d, want 1000", t2.PredictedCachedTokens)
