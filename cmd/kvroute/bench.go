@@ -33,6 +33,7 @@ type benchOptions struct {
 	limit      int
 	parallel   int
 	config     string
+	sessions   bool
 }
 
 func init() {
@@ -67,6 +68,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.StringVar(&o.profile, "profile", sim.DefaultProfile, "engine cost profile")
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
+	f.BoolVar(&o.sessions, "trace-sessions", false, "give trace requests a session id derived from their first hash id (the trace has none)")
 	f.StringVar(&o.config, "config", "", "plugin configuration JSON (as given to the filter) defining extra profiles to bench by name")
 	addCommand(cmd)
 }
@@ -117,7 +119,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 			w.Requests = w.Requests[:o.limit]
 		}
 		source = "workload:" + o.workload
-	} else if w, err = workload.LoadMooncake(o.trace, workload.TraceOptions{RateScale: o.rateScale, Limit: o.limit}); err != nil {
+	} else if w, err = workload.LoadMooncake(o.trace, workload.TraceOptions{RateScale: o.rateScale, Limit: o.limit, SessionsFromPrefix: o.sessions}); err != nil {
 		return err
 	}
 

@@ -30,6 +30,12 @@ type TraceOptions struct {
 	Model string
 	// Limit keeps only the first Limit requests (0: all).
 	Limit int
+	// SessionsFromPrefix gives each request a session id derived from its
+	// first hash id. Mooncake traces carry no session ids, so by default
+	// requests have none; this models clients that send one conversation
+	// id per shared first block (generous: users sharing a system prompt
+	// then share a session).
+	SessionsFromPrefix bool
 }
 
 // LoadMooncake reads a Mooncake JSONL trace file.
@@ -95,11 +101,15 @@ func ReadMooncake(r io.Reader, opt TraceOptions) (*Workload, error) {
 		}
 		prev = *l.Timestamp
 		id := len(w.Requests)
+		session := ""
+		if opt.SessionsFromPrefix {
+			session = fmt.Sprintf("trace-%d", l.HashIDs[0])
+		}
 		w.Requests = append(w.Requests, Request{
 			ID:           id,
 			Arrival:      time.Duration(*l.Timestamp / scale * float64(time.Millisecond)),
 			Model:        model,
-			Session:      fmt.Sprintf("trace-%d", l.HashIDs[0]),
+			Session:      session,
 			HashIDs:      l.HashIDs,
 			PromptTokens: l.InputLength,
 			OutputTokens: max(1, l.OutputLength),

@@ -55,6 +55,13 @@ func TestReadMooncakeErrorsNameTheLine(t *testing.T) {
 	if got := sim.CountTokens(w.Requests[0].Text()); got != 600 {
 		t.Fatalf("expanded prompt is %d tokens, want 600", got)
 	}
+	if w.Requests[0].Session != "" {
+		t.Fatalf("the trace has no session ids, got %q", w.Requests[0].Session)
+	}
+	w, _ = ReadMooncake(strings.NewReader(good), TraceOptions{SessionsFromPrefix: true})
+	if w.Requests[0].Session != "trace-1" {
+		t.Fatalf("session from the first hash id: got %q", w.Requests[0].Session)
+	}
 }
 
 func TestMultiTurnHistoryGrowsAsPrefix(t *testing.T) {
