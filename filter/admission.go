@@ -34,11 +34,17 @@ const (
 
 // admitter is one worker's admission state.
 type admitter struct {
-	p     *routerPlugin
-	ctl   *admission.Controller
-	held  map[uint64]*routerStream
-	loads []index.Load
-	sat   []admission.Load
+	p    *routerPlugin
+	ctl  *admission.Controller
+	held map[uint64]*routerStream
+	// shed are held streams displaced by a higher-ranked arrival, answered
+	// with 429 on the next tick: a local reply for another stream sent from
+	// inside a stream callback must not touch the current stream (wasmhost
+	// applies its stop to the current callback), and the root's tick has no
+	// stream of its own.
+	toShed []*routerStream
+	loads  []index.Load
+	sat    []admission.Load
 
 	heldGauge   [3]proxywasm.MetricGauge
 	heldTotal   [3]proxywasm.MetricCounter
@@ -71,6 +77,23 @@ func (b blockTokens) TokensIn(n int) int {
 		return 0
 	}
 	return b[min(n, len(b))-1]
+}
+
+// admissionHeaders are the client's admission headers, read in
+// on_request_headers before every x-kvroute-* header is stripped (they never
+// reach an engine), and the arrival time deadlines count from.
+type admissionHeaders struct {
+	priority, deadline string
+	arrivedMs          int64
+}
+
+func (a *admitter) readHeaders(s *routerStream) {
+	if a == nil {
+		return
+	}
+	s.admHdr.priority, _ = proxywasm.GetHttpRequestHeader(PriorityHeader)
+	s.admHdr.deadline, _ = proxywasm.GetHttpRequestHeader(DeadlineHeader)
+	s.admHdr.arrivedMs = a.p.now().UnixMilli()
 }
 
 // newAdmitter returns nil when admission is off.
@@ -106,8 +129,7 @@ func (a *admitter) admit(s *routerStream, in *router.Input) (action types.Action
 	}
 	p := a.p
 	cfg := a.ctl.Config()
-	prio, _ := proxywasm.GetHttpRequestHeader(PriorityHeader)
-	dl, _ := proxywasm.GetHttpRequestHeader(DeadlineHeader)
+	prio, dl := s.admHdr.priority, s.admHdr.deadline
 	path, _ := proxywasm.GetHttpRequestHeader(":path")
 	if i := indexAnyPathEnd(path); i >= 0 {
 		path = path[:i]
@@ -118,7 +140,7 @@ func (a *admitter) admit(s *routerStream, in *router.Input) (action types.Action
 		return s.reject(badRequest(PriorityHeader, "%s: %v", PriorityHeader, err)), true
 	}
 	nowMs := p.now().UnixMilli()
-	deadline, err := cfg.Deadline(class, dl, nowMs)
+	deadline, err := cfg.Deadline(class, dl, min(s.admHdr.arrivedMs, nowMs))
 	if err != nil {
 		a.badHeader.Increment(1)
 		return s.reject(badRequest(DeadlineHeader, "%s: %v", DeadlineHeader, err)), true
@@ -129,7 +151,8 @@ func (a *admitter) admit(s *routerStream, in *router.Input) (action types.Action
 		a.shed.Increment(1)
 		if victim := a.held[shed.ID]; victim != nil {
 			delete(a.held, shed.ID)
-			a.answer429(victim, "the gateway shed this request for higher-priority work while every engine was saturated")
+			victim.held = nil
+			a.toShed = append(a.toShed, victim)
 		}
 	}
 	switch v {
@@ -189,7 +212,15 @@ func hasAdapter(adapters []string, model string) bool {
 // tick runs on the root context: expire, then release while an engine has
 // room for the next request in line.
 func (a *admitter) tick() {
-	if a == nil || a.ctl.Queue().Len() == 0 {
+	if a == nil {
+		return
+	}
+	for i, s := range a.toShed {
+		a.answer429(s, "the gateway shed this request for higher-priority work while every engine was saturated")
+		a.toShed[i] = nil
+	}
+	a.toShed = a.toShed[:0]
+	if a.ctl.Queue().Len() == 0 {
 		return
 	}
 	p := a.p
@@ -258,7 +289,16 @@ func (a *admitter) answer429(s *routerStream, why string) {
 
 // streamDone frees the place of a stream that ends while held.
 func (a *admitter) streamDone(s *routerStream) {
-	if a == nil || s.held == nil {
+	if a == nil {
+		return
+	}
+	for i, x := range a.toShed {
+		if x == s { // gone before its 429 went out
+			a.toShed = append(a.toShed[:i], a.toShed[i+1:]...)
+			break
+		}
+	}
+	if s.held == nil {
 		return
 	}
 	s.held = nil

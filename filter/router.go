@@ -304,6 +304,7 @@ type routerStream struct {
 	plugin *routerPlugin
 	id     uint32       // context id, for releasing a held request
 	held   *heldRequest // set while admission holds it
+	admHdr admissionHeaders
 
 	kind         apiKind
 	awaitingBody bool // inference request paused for its body
@@ -324,6 +325,7 @@ type routerStream struct {
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
 	p := s.plugin
 	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
+	p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
 	hook, err := stripRoutingHeaders(p.cfg.DestinationHeader)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)

@@ -1,0 +1,234 @@
+package filter
+
+// Wasm tests of admission in kvroute.router: the built module in
+// internal/wasmhost in front of live simulated engines. One engine and a
+// pending-prefill threshold of one token make "saturated" mean "a request
+// is in flight", so holding is deterministic.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/simserver"
+	"github.com/kvroute/kvroute/internal/wasmhost"
+)
+
+// admissionModule is dist/kvroute.wasm, or KVROUTE_TEST_WASM when set (a
+// private build, so testing does not race others rebuilding dist/).
+func admissionModule(t testing.TB) []byte {
+	if p := os.Getenv("KVROUTE_TEST_WASM"); p != "" {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	return wasmModule(t)
+}
+
+func startAdmission(t *testing.T, workers int, admission string) (*wasmhost.Host, string) {
+	t.Helper()
+	// TimeScale 1: a request with max_tokens 40 takes a few hundred ms.
+	f := startFleet(t, simserver.Options{Replicas: 1, TimeScale: 1})
+	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+		Module: admissionModule(t), VMID: "kvroute", Workers: workers,
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
+			Configuration: "{" + endpointsJSON(f.Addrs()) + `,"fallbacks":0,"admission":{"maxWaiting":0,"maxKvUsage":0,"maxPendingPrefillTokens":1` + admission + "}}"}},
+		Clusters: map[string][]string{"engines": f.Addrs()}, RouteCluster: "engines",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	t.Cleanup(func() {
+		front.Close()
+		h.Close()
+	})
+	return h, front.URL
+}
+
+func admCompletion(i, maxTokens int) string {
+	return fmt.Sprintf(`{"model":"llama-3-8b","prompt":%q,"max_tokens":%d}`, systemPrompt(i)+"question", maxTokens)
+}
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func noLeakedLoad(t *testing.T, h *wasmhost.Host) {
+	t.Helper()
+	ix, err := index.New(hostStore{h}, index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "load counters back to zero", func() bool {
+		for _, l := range ix.Loads(nil) {
+			if l != (index.Load{}) {
+				return false
+			}
+		}
+		return true
+	})
+	for _, band := range []string{"batch", "standard", "interactive"} {
+		if v := h.CounterValue("kvroute.admission.held." + band); v != 0 {
+			t.Errorf("held.%s gauge = %d after every request ended", band, v)
+		}
+	}
+	if h.VMFailures() != 0 || h.CounterValue("kvroute.router.recovered_panics") != 0 {
+		t.Errorf("VM failures %d, recovered panics %d", h.VMFailures(), h.CounterValue("kvroute.router.recovered_panics"))
+	}
+}
+
+// With one worker the queue is global: every request held behind the first
+// completes, interactive ones first. With two workers each holds its own
+// queue: every request still completes, order holds only per worker.
+func TestWasmAdmissionHeldRequestsResumeInPriorityOrder(t *testing.T) {
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprint(workers, "workers"), func(t *testing.T) { heldRequestsResume(t, workers) })
+	}
+}
+
+func heldRequestsResume(t *testing.T, workers int) {
+	h, url := startAdmission(t, workers, `,"maxHeld":16`)
+	const n = 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var order []string
+	codes := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			prio := "batch"
+			if i%2 == 1 {
+				prio = "interactive"
+			}
+			if i > 0 { // the first one goes straight through and holds the engine
+				waitFor(t, "the first request in flight", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
+			}
+			maxTokens := 8
+			if i == 0 {
+				maxTokens = 80 // long enough for every other request to arrive and be held
+			}
+			code, body, _ := call(t, "POST", url+"/v1/completions", admCompletion(i, maxTokens), map[string]string{PriorityHeader: prio})
+			codes[i] = code
+			if code != 200 || gjson.Get(body, "choices.0.text").String() == "" {
+				t.Errorf("request %d (%s): %d %s", i, prio, code, body)
+			}
+			mu.Lock()
+			order = append(order, prio)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	held := h.CounterValue("kvroute.admission.held_total.batch") + h.CounterValue("kvroute.admission.held_total.interactive")
+	released := h.CounterValue("kvroute.admission.released")
+	t.Logf("completion order %v; held %d, released %d", order, held, released)
+	if held < n/2 || released != held {
+		t.Fatalf("held %d, released %d: want at least %d held and every one released", held, released, n/2)
+	}
+	if m, ok := h.Metric("kvroute.admission.wait_ms"); !ok || int64(len(m.Samples)) != held {
+		t.Errorf("wait_ms histogram has %d samples, want one per held request (%d)", len(m.Samples), held)
+	}
+	if want := "[batch interactive interactive interactive interactive batch batch batch]"; workers == 1 && fmt.Sprint(order) != want {
+		t.Errorf("completion order %v, want %s (held interactive before held batch)", order, want)
+	}
+	noLeakedLoad(t, h)
+}
+
+func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
+	h, url := startAdmission(t, 1, `,"maxHeld":1,"retryAfterS":3`)
+	// Occupy the engine.
+	busy := make(chan int, 1)
+	go func() {
+		code, _, _ := call(t, "POST", url+"/v1/completions", admCompletion(0, 60), nil)
+		busy <- code
+	}()
+	waitFor(t, "the engine busy", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
+
+	// Deadline expiry: 429, Retry-After, an OpenAI error body.
+	start := time.Now()
+	code, body, hdr := call(t, "POST", url+"/v1/completions", admCompletion(1, 4), map[string]string{DeadlineHeader: "50"})
+	if code != 429 || hdr.Get("retry-after") != "3" || gjson.Get(body, "error.type").String() != "rate_limit_exceeded" || gjson.Get(body, "error.code").Int() != 429 {
+		t.Fatalf("expired request: %d retry-after %q %s", code, hdr.Get("retry-after"), body)
+	}
+	if d := time.Since(start); d < 40*time.Millisecond || d > 2*time.Second {
+		t.Errorf("expiry answered after %v, deadline 50 ms", d)
+	}
+	if h.CounterValue("kvroute.admission.expired") != 1 {
+		t.Errorf("expired = %d", h.CounterValue("kvroute.admission.expired"))
+	}
+
+	// Disconnect while held frees the place.
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(admCompletion(2, 4)))
+	gone := make(chan error, 1)
+	go func() {
+		resp, err := httpClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		gone <- err
+	}()
+	waitFor(t, "the request held", func() bool { return h.CounterValue("kvroute.admission.held.standard") == 1 })
+	cancel()
+	<-gone
+	waitFor(t, "the held request cancelled", func() bool { return h.CounterValue("kvroute.admission.cancelled") == 1 })
+	if v := h.CounterValue("kvroute.admission.held.standard"); v != 0 {
+		t.Fatalf("held gauge %d after the client went away", v)
+	}
+
+	// The freed place holds a batch request; an interactive one sheds it;
+	// a second batch request overflows at once.
+	shed := make(chan int, 1)
+	go func() {
+		code, body, hdr := call(t, "POST", url+"/v1/completions", admCompletion(3, 4), map[string]string{PriorityHeader: "batch"})
+		if code == 429 && hdr.Get("retry-after") == "" {
+			t.Errorf("shed reply without Retry-After: %s", body)
+		}
+		shed <- code
+	}()
+	waitFor(t, "the batch request held", func() bool { return h.CounterValue("kvroute.admission.held.batch") == 1 })
+	inter := make(chan int, 1)
+	go func() {
+		code, _, _ := call(t, "POST", url+"/v1/completions", admCompletion(4, 4), map[string]string{PriorityHeader: "interactive"})
+		inter <- code
+	}()
+	if c := <-shed; c != 429 {
+		t.Fatalf("held batch request displaced by an interactive one: got %d, want 429", c)
+	}
+	code, body, hdr = call(t, "POST", url+"/v1/completions", admCompletion(5, 4), map[string]string{PriorityHeader: "batch"})
+	if code != 429 || hdr.Get("retry-after") != "3" {
+		t.Fatalf("overflow: %d %s", code, body)
+	}
+	if c := <-busy; c != 200 {
+		t.Fatalf("the request that held the engine: %d", c)
+	}
+	if c := <-inter; c != 200 {
+		t.Fatalf("the held interactive request: %d", c)
+	}
+	if got := [3]int64{h.CounterValue("kvroute.admission.shed"), h.CounterValue("kvroute.admission.overflow"), h.CounterValue("kvroute.admission.released")}; got != [3]int64{1, 1, 1} {
+		t.Errorf("shed, overflow, released = %v, want [1 1 1]", got)
+	}
+	// A malformed priority is the client's error.
+	if code, body, _ := call(t, "POST", url+"/v1/completions", admCompletion(6, 4), map[string]string{PriorityHeader: "urgent"}); code != 400 || !strings.Contains(body, PriorityHeader) {
+		t.Errorf("bad priority header: %d %s", code, body)
+	}
+	noLeakedLoad(t, h)
+}
