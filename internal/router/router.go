@@ -127,6 +127,7 @@ type Router struct {
 	matches  index.Matches
 	loads    []index.Load
 	local    []localLoad // by slot: KV footprint, and all counters without an index
+	addrs    []string    // slot addresses without an index
 	stats    Stats
 }
 
@@ -165,8 +166,18 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ix == nil {
-		h.Address, h.Slot, h.Gen = addr, len(r.local), 1
-		r.local = append(r.local, localLoad{})
+		slot := -1
+		for i, a := range r.addrs {
+			if a == addr {
+				slot = i
+			}
+		}
+		if slot < 0 {
+			slot = len(r.addrs)
+			r.addrs = append(r.addrs, addr)
+			r.localAt(slot)
+		}
+		h.Address, h.Slot, h.Gen = addr, slot, 1
 		return nil
 	}
 	ref, err := r.ix.Register(addr)

@@ -199,3 +199,20 @@ func TestDisaggregatedDecisionAccountsBothHosts(t *testing.T) {
 func idle(h scorer.Host) bool {
 	return h.InFlight == 0 && h.PendingPrefillTokens == 0 && h.PendingDecodeTokens == 0 && h.InFlightTokens == 0
 }
+
+// Registering an address twice gives the same slot, with or without an
+// index, so a re-pushed endpoint list does not split a host's counters.
+func TestRegisterIsIdempotent(t *testing.T) {
+	for _, ix := range []*index.Index{nil, newIndex(t)} {
+		r := New(Config{Handler: mustHandler(t, "round_robin"), Index: ix})
+		var a, b, c scorer.Host
+		if err := r.Register("10.0.0.1:80", &a); err != nil {
+			t.Fatal(err)
+		}
+		r.Register("10.0.0.2:80", &b)
+		r.Register("10.0.0.1:80", &c)
+		if a.Slot != c.Slot || a.Slot == b.Slot || c.Address != "10.0.0.1:80" {
+			t.Fatalf("index=%v: slots %d %d %d", ix != nil, a.Slot, b.Slot, c.Slot)
+		}
+	}
+}
