@@ -102,7 +102,7 @@ const (
 	DefaultRetryAfterS  = 1
 	DefaultMaxWaiting   = 4
 	DefaultMaxKVUsage   = 0.95
-	DefaultMaxPending   = 16384
+	DefaultMaxPending   = 8192
 	MaxDeadlineMs       = 3_600_000
 	DefaultInteractiveD = 10_000
 	DefaultStandardD    = 30_000

@@ -104,9 +104,15 @@ func TestAdmissionProtectsInteractiveUnderBatchOverload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The same holding with one class for everything: FIFO in the proxy.
+	one, err := RunAdmitted(fleetCfg, w, newRouter(), AdmissionOptions{Config: cfg, Class: func(*workload.Request) admission.Class { return admission.Standard }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rows := []mixRow{
 		{name: "FIFO (no admission)", chat: ClassTTFT(fifo, classes, isChat), batch: ClassTTFT(fifo, classes, isBatch), tokPerS: fifo.Summarize().OutputTokPerS, served: len(w.Requests) - fifo.Summarize().Rejected},
 		{name: "admission", chat: ClassTTFT(adm.Result, classes, isChat), batch: ClassTTFT(adm.Result, classes, isBatch), tokPerS: adm.Summarize().OutputTokPerS, served: len(w.Requests) - adm.Summarize().Rejected, held: adm.Stats.Held},
+		{name: "holding, one class", chat: ClassTTFT(one.Result, classes, isChat), batch: ClassTTFT(one.Result, classes, isBatch), tokPerS: one.Summarize().OutputTokPerS, served: len(w.Requests) - one.Summarize().Rejected, held: one.Stats.Held},
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d requests (%d interactive), %d replicas %s\n", len(w.Requests), countClass(classes, admission.Interactive), replicas, p.Name)
@@ -129,6 +135,10 @@ func TestAdmissionProtectsInteractiveUnderBatchOverload(t *testing.T) {
 	if d := rows[1].tokPerS/rows[0].tokPerS - 1; d < -0.10 || d > 0.10 {
 		t.Fatalf("throughput %.0f tok/s with admission vs %.0f FIFO: more than 10%% apart", rows[1].tokPerS, rows[0].tokPerS)
 	}
+	// Holding alone does not do it: the classes do.
+	if 2*rows[1].chat.P99 > rows[2].chat.P99 {
+		t.Errorf("interactive TTFT p99 %v with classes, %v holding with one class: classes should at least halve it", rows[1].chat.P99, rows[2].chat.P99)
+	}
 }
 
 func countClass(cs []admission.Class, c admission.Class) (n int) {
@@ -138,4 +148,46 @@ func countClass(cs []admission.Class, c admission.Class) (n int) {
 		}
 	}
 	return n
+}
+
+// Refusals in the simulation are the controller's: every expired, shed and
+// overflowed request is a refused record, every other request is served,
+// and nothing is held at the end.
+func TestRunAdmittedRefusalsMatchTheController(t *testing.T) {
+	p, _ := sim.LookupProfile("")
+	w := overloadMix(10*time.Second, 10, 14, 2)
+	cfg := mixAdmission()
+	cfg.MaxHeld = 20
+	cfg.DeadlineMs = [3]int{1_000, 5_000, 2_000}
+	r, err := NewStrategy("kv_cache_aware", 2, StrategyOptions{Seed: 1, Profile: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := RunAdmitted(Config{Replicas: 2, Profile: p}, w, r.(*RealRouter), AdmissionOptions{Config: cfg, Class: classOf(cfg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := res.Stats
+	refused := 0
+	for i, rec := range res.Records {
+		if res.Refused[i] {
+			refused++
+			if rec.Replica != -1 {
+				t.Fatalf("refused request %d ran on replica %d", i, rec.Replica)
+			}
+		}
+	}
+	t.Logf("%d requests: %+v", len(w.Requests), st)
+	if st.Expired == 0 || st.Overflow+st.Shed == 0 {
+		t.Fatalf("the test needs expiries and overflow: %+v", st)
+	}
+	if uint64(refused) != st.Expired+st.Shed+st.Overflow {
+		t.Fatalf("%d refused records, controller counts %+v", refused, st)
+	}
+	if st.Held != st.Released+st.Expired+st.Shed {
+		t.Fatalf("held %d != released %d + expired %d + shed %d: something is still held", st.Held, st.Released, st.Expired, st.Shed)
+	}
+	if st.Admitted+st.Released+uint64(refused)-st.Expired-st.Shed != uint64(len(w.Requests)) {
+		t.Fatalf("counts do not add up to %d requests: %+v", len(w.Requests), st)
+	}
 }
