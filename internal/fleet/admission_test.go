@@ -187,7 +187,7 @@ func TestRunAdmittedRefusalsMatchTheController(t *testing.T) {
 	if st.Held != st.Released+st.Expired+st.Shed {
 		t.Fatalf("held %d != released %d + expired %d + shed %d: something is still held", st.Held, st.Released, st.Expired, st.Shed)
 	}
-	if st.Admitted+st.Released+uint64(refused)-st.Expired-st.Shed != uint64(len(w.Requests)) {
+	if st.Admitted+st.Held+st.Overflow != uint64(len(w.Requests)) {
 		t.Fatalf("counts do not add up to %d requests: %+v", len(w.Requests), st)
 	}
 }
