@@ -20,6 +20,12 @@ type AdmissionOptions struct {
 	// Class gives each request its class, as the x-kvroute-priority header
 	// or a per-path/per-model default would.
 	Class func(r *workload.Request) admission.Class
+	// Workers is how many Envoy workers hold requests, each with its own
+	// queue (default 1: one global queue). Arrivals are spread over them
+	// round robin, as Envoy spreads connections; on each tick every worker
+	// releases in turn, starting from a different one each tick, against
+	// the same shared load counters.
+	Workers int
 }
 
 // AdmittedResult is a RunAdmitted run. Refused requests (expired, shed,
@@ -64,7 +70,20 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 	for i := range reps {
 		reps[i] = &replica{eng: sim.NewEngine(cfg.Profile, engOpts...), reqs: map[*sim.Request]int{}}
 	}
-	ctl := admission.NewController(opt.Config)
+	workers := max(opt.Workers, 1)
+	ctls := make([]*admission.Controller, workers)
+	for i := range ctls {
+		ctls[i] = admission.NewController(opt.Config)
+	}
+	heldAnywhere := func() bool {
+		for _, c := range ctls {
+			if c.Queue().Len() > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	tickNo := 0
 	th := opt.Config.Thresholds
 	tick := time.Duration(opt.Config.TickMs) * time.Millisecond
 
@@ -156,10 +175,11 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 		if ri >= 0 {
 			te = reps[ri].stepEnd
 		}
-		if ctl.Queue().Len() > 0 {
+		held := heldAnywhere()
+		if held {
 			tt = nextTick
 		}
-		if ri < 0 && next >= n && ctl.Queue().Len() == 0 {
+		if ri < 0 && next >= n && !held {
 			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-done, n)
 		}
 		if nextPush <= ta && nextPush <= te && nextPush <= tt {
@@ -175,17 +195,21 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 			now := tt
 			nextTick = now + tick
 			var err error
-			expired := ctl.Tick(now.Milliseconds(), saturated, func(it admission.Item) {
-				if err == nil {
-					err = dispatch(int(it.ID), now)
+			for k := range workers {
+				ctl := ctls[(tickNo+k)%workers]
+				expired := ctl.Tick(now.Milliseconds(), saturated, func(it admission.Item) {
+					if err == nil {
+						err = dispatch(int(it.ID), now)
+					}
+				})
+				if err != nil {
+					return nil, err
 				}
-			})
-			if err != nil {
-				return nil, err
+				for _, it := range expired {
+					refuse(int(it.ID), now)
+				}
 			}
-			for _, it := range expired {
-				refuse(int(it.ID), now)
-			}
+			tickNo++
 		case ta <= te:
 			idx := next
 			wr := &w.Requests[idx]
@@ -195,7 +219,7 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 			out.Classes[idx] = class
 			res.Records[idx].PromptTokens, res.Records[idx].OutputTokens, res.Records[idx].Arrival = wr.PromptTokens, wr.OutputTokens, now
 			deadline, _ := opt.Config.Deadline(class, "", now.Milliseconds())
-			v, shed, evicted := ctl.Arrive(uint64(idx), class, deadline, now.Milliseconds(), saturated())
+			v, shed, evicted := ctls[idx%workers].Arrive(uint64(idx), class, deadline, now.Milliseconds(), saturated())
 			if evicted {
 				refuse(int(shed.ID), now)
 			}
@@ -246,7 +270,16 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 	}
 	res.Makespan = last - first
 	res.Wall = time.Since(start)
-	out.Stats = ctl.Stats()
+	for _, c := range ctls {
+		st := c.Stats()
+		out.Stats.Admitted += st.Admitted
+		out.Stats.Held += st.Held
+		out.Stats.Released += st.Released
+		out.Stats.Expired += st.Expired
+		out.Stats.Shed += st.Shed
+		out.Stats.Overflow += st.Overflow
+		out.Stats.Cancelled += st.Cancelled
+	}
 	return out, nil
 }
 
