@@ -61,7 +61,9 @@ type ProfileSpec struct {
 	Picker       string
 	AllowHotspot bool
 	Index        *IndexHint
-	path         string
+	// TrustFeedback: see Profile.TrustFeedback.
+	TrustFeedback bool
+	path          string
 }
 
 // IndexHint tells the index owner (filter or simulator) how the strategy
@@ -364,6 +366,7 @@ func parseProfile(name, path string, raw json.RawMessage, errs *errList) (Profil
 	}
 	p.Picker, _ = o.str("picker")
 	p.AllowHotspot, _ = o.boolean("allowHotspot")
+	p.TrustFeedback, _ = o.boolean("trustFeedback")
 	if raw, ok := o.take("index"); ok {
 		if io, ok := decodeObject(path+".index", raw, errs); ok {
 			hint := &IndexHint{}
@@ -374,7 +377,7 @@ func parseProfile(name, path string, raw json.RawMessage, errs *errList) (Profil
 			p.Index = hint
 		}
 	}
-	o.finish("allowHotspot", "filters", "index", "picker", "scorers")
+	o.finish("allowHotspot", "filters", "index", "picker", "scorers", "trustFeedback")
 	return p, true
 }
 
@@ -680,7 +683,7 @@ func (b *builder) profile(spec *ProfileSpec) *Profile {
 		return p
 	}
 	path := spec.path
-	prof := &Profile{Name: spec.Name, AllowHotspot: spec.AllowHotspot, Index: spec.Index}
+	prof := &Profile{Name: spec.Name, AllowHotspot: spec.AllowHotspot, Index: spec.Index, TrustFeedback: spec.TrustFeedback}
 	if len(spec.Filters) == 0 && len(spec.Scorers) == 0 && spec.Picker == "" {
 		b.errs.add(path, "empty profile: list filters, scorers and a picker (or use a preset strategy)")
 		b.profiles[spec.Name] = prof

@@ -44,6 +44,7 @@ var presetConfigs = map[string]string{
 		"scorers": [{"plugin": "prefix", "weight": 3},
 		            {"plugin": "cost", "weight": 3},
 		            {"plugin": "kv_utilization", "weight": 1.5},
+		            {"plugin": "prefix_memory", "weight": 1.5},
 		            {"plugin": "session_affinity", "weight": 1.5}],
 		"picker": "max_score"}}}`,
 	"sglang_cache_aware": `{"profiles": {"sglang_cache_aware": {

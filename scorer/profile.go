@@ -25,6 +25,11 @@ type Profile struct {
 	AllowHotspot bool
 	// Index, when set, is how this profile expects prompts to be indexed.
 	Index *IndexHint
+	// TrustFeedback asks the router to discount each host's predicted
+	// matches by how much of its past predictions the engine confirmed
+	// (cached_tokens): an index that over-believes a host stops pulling
+	// traffic there. Peer emulations leave it off; they have no such loop.
+	TrustFeedback bool
 }
 
 // Decision is the outcome of one profile run. Its slices belong to the

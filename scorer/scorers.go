@@ -48,6 +48,9 @@ func init() {
 	Register("session_affinity", KindScorer,
 		"affinity: 1 for the host the request's session is pinned to, 0 for the others",
 		func(p *Params) Plugin { return sessionScorer{} })
+	Register("prefix_memory", KindScorer,
+		"affinity: 1 for the host that last served a request with the same leading prompt prefix (the router's memory, which outlives the index's), 0 for the others",
+		func(p *Params) Plugin { return prefixMemoryScorer{} })
 	Register("prefix_home", KindScorer,
 		"affinity: 1 for the request's home host, the candidate that rendezvous hashing of the prompt-prefix hash ranks first, 0 for the others; keeps a prefix group together when the index has forgotten it",
 		func(p *Params) Plugin { return prefixHomeScorer{} })
@@ -221,6 +224,27 @@ func (prefixHomeScorer) Score(c *Cycle, cand []int, out []float64) {
 	}
 	if home >= 0 {
 		out[home] = 1
+	}
+}
+
+// prefixMemoryScorer is session affinity without a session: the router
+// remembers, per leading-prefix hash (about the first kilobyte of the
+// prompt), which host served it last. The index forgets a prefix when the
+// host's capacity estimate says it was evicted; this memory keeps sending
+// the group where its other requests went, so a conversation whose history
+// was evicted is recomputed in one place instead of wherever load is lowest.
+type prefixMemoryScorer struct{}
+
+func (prefixMemoryScorer) Type() string       { return "prefix_memory" }
+func (prefixMemoryScorer) Category() Category { return Affinity }
+func (prefixMemoryScorer) Score(c *Cycle, cand []int, out []float64) {
+	addr := c.Req.PrefixAddress
+	for _, h := range cand {
+		if addr != "" && c.Hosts[h].Address == addr {
+			out[h] = 1
+		} else {
+			out[h] = 0
+		}
 	}
 }
 

@@ -117,6 +117,10 @@ type Request struct {
 	// PinnedAddress is the host the session table holds for SessionKey
 	// ("" when none). The session-affinity scorer prefers it.
 	PinnedAddress string
+	// PrefixAddress is the host that last served a request with the same
+	// PrefixHash, as the router remembers it ("" when none). The
+	// prefix-memory scorer prefers it.
+	PrefixAddress string
 
 	PromptTokens int // estimated prompt tokens
 	MaxTokens    int // requested output tokens (0: unknown)

@@ -78,6 +78,9 @@ type Ticket struct {
 
 	decode, prefill  hold
 	firstToken, done bool
+	// predictedRaw is the index's prediction before any trust discount,
+	// which is what feedback must be compared with.
+	predictedRaw int
 }
 
 // hold is what one request added to one host's counters, so that exactly
@@ -122,12 +125,14 @@ type Router struct {
 	handler  *scorer.Handler
 	ix       *index.Index
 	sessions SessionTable
+	prefixes *MemSessions // leading-prefix hash -> last host (prefix_memory)
 	scratch  *scorer.Scratch
 	req      scorer.Request
 	matches  index.Matches
 	loads    []index.Load
 	local    []localLoad // by slot: KV footprint, and all counters without an index
 	addrs    []string    // slot addresses without an index
+	trust    []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
 	stats    Stats
 }
 
@@ -137,7 +142,7 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, prefixes: NewMemSessions(65536)}
 	if r.sessions == nil {
 		r.sessions = NewMemSessions(65536)
 	}
@@ -254,11 +259,18 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 		if queried && h.Slot < len(r.matches.Blocks) {
 			b := r.matches.Blocks[h.Slot]
 			req.MatchedBlocks[i] = int32(b)
-			req.MatchedTokens[i] = int32(tokensIn(in, b))
+			tok := tokensIn(in, b)
+			if r.handler.Decode.TrustFeedback && h.Slot < len(r.trust) && r.trust[h.Slot] > 0 {
+				tok = int(float64(tok) * r.trust[h.Slot])
+			}
+			req.MatchedTokens[i] = int32(tok)
 		}
 	}
 	if in.SessionKey != "" {
 		req.PinnedAddress, _ = r.sessions.Get(in.SessionKey)
+	}
+	if req.PrefixHash != 0 {
+		req.PrefixAddress, _ = r.prefixes.Get64(req.PrefixHash)
 	}
 
 	res := r.handler.Run(req, hosts, r.scratch)
@@ -274,14 +286,18 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	if in.SessionKey != "" && req.PinnedAddress != h.Address {
 		r.sessions.Put(in.SessionKey, h.Address)
 	}
+	if req.PrefixHash != 0 && req.PrefixAddress != h.Address {
+		r.prefixes.Put64(req.PrefixHash, h.Address)
+	}
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 	if res.Disaggregated {
 		r.stats.Disaggregated++
 		t.Prefill = res.Prefill.Primary()
 		p := &hosts[t.Prefill]
 		t.PrefillAddress = p.Address
-		_, pcached := req.Matched(t.Prefill)
+		pb, pcached := req.Matched(t.Prefill)
 		t.PredictedCachedTokens = pcached
+		t.predictedRaw = tokensIn(in, pb)
 		// The prefill host computes the uncached prompt and holds its KV
 		// until the transfer; the decode host receives the whole prompt.
 		r.record(p, in.Chain, queried)
@@ -290,6 +306,8 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 		t.decode = r.add(h, 0, out, prompt+out)
 	} else {
 		t.PredictedCachedTokens = cached
+		hb, _ := req.Matched(t.Host)
+		t.predictedRaw = tokensIn(in, hb)
 		r.record(h, in.Chain, queried)
 		t.decode = r.add(h, max(prompt-cached, 0), out, prompt+out)
 	}
@@ -409,6 +427,7 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 		return
 	}
 	r.stats.FeedbackRequests++
+	r.learnTrust(t, cachedTokens)
 	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 	r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
 	// Engines count hits in their own blocks (16 tokens in vLLM): allow
@@ -420,6 +439,29 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 	case t.PredictedCachedTokens+slack < cachedTokens:
 		r.stats.UnderPredicted++
 	}
+}
+
+// learnTrust updates the host's confirmed-over-predicted ratio, an EWMA
+// over requests with a prediction of at least one engine block, capped at 1
+// (under-prediction is not a reason to trust the index more than fully).
+func (r *Router) learnTrust(t *Ticket, cached int) {
+	slot := t.decode.slot
+	if t.prefill.slot >= 0 { // disaggregated: the prefill host's cache was used
+		slot = t.prefill.slot
+	}
+	if slot < 0 || t.predictedRaw < 16 {
+		return
+	}
+	for slot >= len(r.trust) {
+		r.trust = append(r.trust, 0)
+	}
+	ratio := min(float64(cached)/float64(t.predictedRaw), 1)
+	if r.trust[slot] == 0 {
+		r.trust[slot] = ratio
+	} else {
+		r.trust[slot] += 0.1 * (ratio - r.trust[slot])
+	}
+	r.trust[slot] = max(r.trust[slot], 0.05) // never forget a host entirely
 }
 
 // Release returns every counter the request still holds. Call it when the

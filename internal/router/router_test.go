@@ -216,3 +216,58 @@ func TestRegisterIsIdempotent(t *testing.T) {
 		}
 	}
 }
+
+// Without sessions and with the index forgetting everything (no index at
+// all here), kv_cache_aware still sends a prefix group back to the host
+// that served it: the router's prefix memory.
+func TestPrefixMemory(t *testing.T) {
+	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Seed: 9})
+	hs := registered(t, r, 8)
+	first, _ := r.Decide(&Input{PromptTokens: 2000, Chain: chain(42, 12)}, hs)
+	r.Release(&first)
+	for i := 0; i < 20; i++ {
+		// Unrelated traffic in between.
+		o, _ := r.Decide(&Input{PromptTokens: 2000, Chain: chain(uint64(100+i), 12)}, hs)
+		r.Release(&o)
+		// Same first blocks, different tail: the same group.
+		c := chain(42, 12)
+		c[11] = uint64(9000 + i)
+		tk, res := r.Decide(&Input{PromptTokens: 2000, Chain: c}, hs)
+		if tk.Host != first.Host {
+			t.Fatalf("group moved from %d to %d: %s", first.Host, tk.Host, r.AppendExplain(nil, &res, hs))
+		}
+		r.Release(&tk)
+	}
+}
+
+// With trustFeedback, a host whose predictions the engine keeps denying
+// has its predicted matches discounted.
+func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
+	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
+		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New(Config{Handler: h, Index: newIndex(t), Seed: 1})
+	hs := registered(t, r, 2)
+	in := &Input{PromptTokens: 1000, Chain: chain(5, 10)}
+	t0, _ := r.Decide(in, hs)
+	r.Release(&t0)
+	for i := 0; i < 30; i++ {
+		tk, _ := r.Decide(in, hs)
+		if i == 0 && tk.PredictedCachedTokens != 1000 {
+			t.Fatalf("first repeat predicted %d, want 1000", tk.PredictedCachedTokens)
+		}
+		r.Feedback(&tk, 100) // the engine only ever had a tenth
+		r.Release(&tk)
+	}
+	tk, _ := r.Decide(in, hs)
+	if tk.Host == t0.Host && tk.PredictedCachedTokens > 300 {
+		t.Fatalf("predicted %d cached tokens after 30 denials", tk.PredictedCachedTokens)
+	}
+	r.Release(&tk)
+}
