@@ -40,7 +40,8 @@ func kindOf(path string) apiKind {
 	return apiUnknown
 }
 
-// parsedRequest is what routing needs from one body. No prompt text.
+// parsedRequest is what routing needs from one body. No prompt text, and no
+// string that aliases the body (which is reused).
 type parsedRequest struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
@@ -101,6 +102,12 @@ type requestParser struct {
 	spans jsonSpans
 	doc   jsonDoc
 
+	// models holds the model names seen, so that a parsed request owns its
+	// Model without a copy per request: the body it came from is reused
+	// (see routerPlugin.readBody), and admission may hold a request past
+	// the next body.
+	models map[string]string
+
 	// Top-level members of the last body, and how many must not reach an
 	// engine (see clientOnly).
 	members []memberSpan
@@ -124,6 +131,24 @@ func clientOnly(key string) bool {
 		return true
 	}
 	return false
+}
+
+// maxModelNames bounds models: names beyond it are copied per request.
+const maxModelNames = 256
+
+// owned returns s as a string that does not alias the body.
+func (p *requestParser) owned(s string) string {
+	if m, ok := p.models[s]; ok {
+		return m
+	}
+	m := strings.Clone(s)
+	if p.models == nil {
+		p.models = map[string]string{}
+	}
+	if len(p.models) < maxModelNames {
+		p.models[m] = m
+	}
+	return m
 }
 
 // withoutClientOnly returns body without the members parse marked, or nil
@@ -214,7 +239,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if jsonType(model) != gjson.String || len(model) == 2 {
 		return r, badRequest("model", "'model' must be a non-empty string")
 	}
-	r.Model = p.doc.text(model)
+	r.Model = p.owned(p.doc.text(model))
 	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
 		r.Model, r.Adapter = base, r.Model
 	}
@@ -244,7 +269,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		if jsonType(user) != gjson.String {
 			return r, badRequest("user", "'user' must be a string")
 		}
-		r.SessionKey = p.doc.text(user)
+		r.SessionKey = strings.Clone(p.doc.text(user)) // kept by session affinity
 	}
 	saltText := ""
 	if salt != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/filter/hostbuf"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/scorer"
@@ -47,6 +48,9 @@ type routerPlugin struct {
 	lastRouter router.Stats
 	lastIndex  index.Metrics
 	dest       []byte
+	// bodyBuf receives every request body (see readBody); it grows to the
+	// largest body seen, at most maxBodyBytes.
+	bodyBuf []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
 }
@@ -378,6 +382,28 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	return types.ActionPause
 }
 
+// readBody reads the request body into p.bodyBuf (lent to the ABI bridge,
+// see filter/hostbuf) instead of a fresh allocation per request: in Wasm the
+// allocation, not the copy, was most of the read (about 70 of 75 µs for a
+// 32 KB body on wazero). The result is valid until the next readBody: the
+// parser copies what outlives the callback (model, user), the hasher
+// consumes the prompt, and the forwarded body is rewritten into its own
+// buffer.
+func (p *routerPlugin) readBody(n int) ([]byte, error) {
+	return p.readBuffer(n, proxywasm.GetHttpRequestBody)
+}
+
+// readBuffer reads n bytes of a body buffer with get into p.bodyBuf. A
+// response chunk is only scanned for cached_tokens, so it shares the buffer.
+func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, error)) ([]byte, error) {
+	if cap(p.bodyBuf) < n {
+		p.bodyBuf = make([]byte, n)
+	}
+	hostbuf.Lend(p.bodyBuf)
+	defer hostbuf.Lend(nil)
+	return get(0, n)
+}
+
 func tooLarge(limit int) *requestError {
 	return &requestError{Status: 413, Message: "the request body is larger than " + strconv.Itoa(limit) + " bytes (maxBodyBytes)"}
 }
@@ -402,7 +428,7 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 	s.awaitingBody = false
 	start := p.now()
 	defer func() { p.stats.bodyMicros.Record(uint64(p.now().Sub(start).Microseconds())) }()
-	body, err := proxywasm.GetHttpRequestBody(0, bodySize)
+	body, err := p.readBody(bodySize)
 	if err != nil && bodySize > 0 {
 		proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
 		s.failOpen()
@@ -614,7 +640,7 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	if bodySize == 0 {
 		return types.ActionContinue
 	}
-	chunk, err := proxywasm.GetHttpResponseBody(0, bodySize)
+	chunk, err := p.readBuffer(bodySize, proxywasm.GetHttpResponseBody)
 	if err != nil {
 		return types.ActionContinue
 	}

@@ -26,9 +26,15 @@ import (
 	"github.com/kvroute/kvroute/internal/wasmhost"
 )
 
+// wasmModule reads dist/kvroute.wasm, or the module KVROUTE_WASM names (to
+// measure a build of one's own while others rebuild dist/).
 func wasmModule(t testing.TB) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "dist", "kvroute.wasm"))
+	path := filepath.Join("..", "dist", "kvroute.wasm")
+	if p := os.Getenv("KVROUTE_WASM"); p != "" {
+		path = p
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("dist/kvroute.wasm is missing (%v): run `make wasm` (make test builds it first)", err)
 	}

@@ -12,7 +12,8 @@
 //   - hostcalls.go.in replaces the SDK's proxytest-only abi_hostcalls_mock.go
 //     with //go:wasmimport declarations of the env.proxy_* host functions, and
 //     owns proxy_on_memory_allocate with a pinned arena (buffers the host asks
-//     for stay reachable until the host call returns).
+//     for stay reachable until the host call returns); a buffer the filter
+//     lent through filter/hostbuf is used instead of a fresh allocation.
 //   - callbacks.go.in adds //go:wasmexport wrappers for every proxy_on_*
 //     callback and proxy_abi_version_0_2_1.
 //
