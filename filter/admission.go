@@ -182,8 +182,14 @@ func (a *admitter) admit(s *routerStream, in *router.Input) (action types.Action
 
 // saturated is the test over the engines that could serve model: healthy,
 // breaker closed, serving that model (or any).
+//
+// Pushed state older than state.staleAfterMs is ignored (only the load
+// counters count then): a metrics service that stopped pushing must not
+// leave a full queue frozen in place and every request held until it
+// expires.
 func (a *admitter) saturated(model string) bool {
 	p := a.p
+	stale := p.stateGen != 0 && p.now().UnixMilli()-p.stateTs > int64(p.cfg.State.StaleAfterMs)
 	a.loads = p.ix.Loads(a.loads[:0])
 	a.sat = a.sat[:0]
 	for i := range p.hosts {
@@ -191,7 +197,10 @@ func (a *admitter) saturated(model string) bool {
 		if h.Unhealthy || h.BreakerOpen || (h.Model != "" && model != "" && h.Model != model && !hasAdapter(h.Adapters, model)) {
 			continue
 		}
-		l := admission.Load{Waiting: h.Waiting, KVUsage: h.KVUsage}
+		var l admission.Load
+		if !stale {
+			l.Waiting, l.KVUsage = h.Waiting, h.KVUsage
+		}
 		if h.Slot >= 0 && h.Slot < len(a.loads) {
 			l.PendingPrefillTokens = int64(a.loads[h.Slot].PrefillTokens)
 		}
@@ -264,6 +273,9 @@ func (a *admitter) tick() {
 func (a *admitter) release(s *routerStream) {
 	h := s.held
 	s.held = nil
+	if h == nil || s.decided {
+		return // failed open after a panic: already sent
+	}
 	if err := proxywasm.SetEffectiveContext(s.id); err != nil {
 		// The stream is gone (its on_done will not come again): nothing to resume.
 		proxywasm.LogWarnf("kvroute.router: releasing a held request: %v", err)

@@ -15,7 +15,7 @@ import (
 //	  "defaultClass": "standard",
 //	  "pathClasses":  {"/v1/embeddings": "batch"},
 //	  "modelClasses": {"llama-batch": "batch"},
-//	  "deadlineMs":   {"interactive": 10000, "standard": 30000, "batch": 600000},
+//	  "deadlineMs":   {"interactive": 10000, "standard": 30000, "batch": 240000},
 //	  "maxWaiting": 4, "maxKvUsage": 0.95, "maxPendingPrefillTokens": 16384
 //	}
 

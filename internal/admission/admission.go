@@ -106,7 +106,9 @@ const (
 	MaxDeadlineMs       = 3_600_000
 	DefaultInteractiveD = 10_000
 	DefaultStandardD    = 30_000
-	DefaultBatchD       = 600_000
+	// DefaultBatchD stays under Envoy's default stream_idle_timeout (5
+	// min), which would otherwise answer a held request 408 first.
+	DefaultBatchD = 240_000
 )
 
 // Thresholds say when one engine is saturated: any one reached is enough.
