@@ -48,11 +48,12 @@ type routerPlugin struct {
 	lastRouter router.Stats
 	lastIndex  index.Metrics
 	dest       []byte
-	// bodyBuf receives every request body (see readBody); it grows to the
-	// largest body seen, at most maxBodyBytes.
-	bodyBuf []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
+
+	// bodyBuf receives every request body and response chunk (see
+	// readBuffer); it grows to the largest seen, at most maxBodyBytes.
+	bodyBuf []byte
 }
 
 type routerStats struct {
