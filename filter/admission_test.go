@@ -232,3 +232,79 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 	}
 	noLeakedLoad(t, h)
 }
+
+// BenchmarkAdmissionInWasm measures what admission adds to a request that
+// is admitted at once (the common case: an engine has room): the same
+// filter with and without the "admission" key, 16 hosts, in the same run,
+// alternately. vm-body-us is the median of the body callback (parse, hash,
+// the admission check, decision), as the VM records it.
+func BenchmarkAdmissionInWasm(b *testing.B) {
+	module := admissionModule(b)
+	var addrs []string
+	for i := 0; i < 16; i++ {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`))
+		}))
+		b.Cleanup(up.Close)
+		addrs = append(addrs, up.Listener.Addr().String())
+	}
+	start := func(extra string) (string, *wasmhost.Host) {
+		h, err := wasmhost.New(context.Background(), wasmhost.Config{Module: module, VMID: "kvroute", Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
+			Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + extra + "}"}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		front := httptest.NewServer(h)
+		b.Cleanup(func() { front.Close(); h.Close() })
+		return front.URL, h
+	}
+	offURL, offHost := start("")
+	onURL, onHost := start(`,"admission":{}`)
+	median := func(h *wasmhost.Host, skip int) float64 {
+		m, _ := h.Metric("kvroute.router.request_body_us")
+		s := append([]uint64(nil), m.Samples[skip:]...)
+		if len(s) == 0 {
+			return 0
+		}
+		for i := 1; i < len(s); i++ {
+			for j := i; j > 0 && s[j] < s[j-1]; j-- {
+				s[j], s[j-1] = s[j-1], s[j]
+			}
+		}
+		return float64(s[len(s)/2])
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
+	system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", 4096/55)
+	send := func(url string, i int) {
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(system, fmt.Sprint("question ", i))))
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	for i := 0; i < 20; i++ {
+		send(offURL, i)
+		send(onURL, i)
+	}
+	skipOff, _ := offHost.Metric("kvroute.router.request_body_us")
+	skipOn, _ := onHost.Metric("kvroute.router.request_body_us")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		send(offURL, i)
+		send(onURL, i)
+	}
+	b.StopTimer()
+	off, on := median(offHost, len(skipOff.Samples)), median(onHost, len(skipOn.Samples))
+	b.ReportMetric(off, "vm-body-us-off")
+	b.ReportMetric(on, "vm-body-us-admission")
+	if off > 0 {
+		b.ReportMetric(on/off, "ratio")
+	}
+	if onHost.CounterValue("kvroute.admission.held_total.standard") != 0 {
+		b.Fatal("a request was held: the benchmark measures the admitted path")
+	}
+}
