@@ -13,26 +13,63 @@ const internalHeaderPrefix = "x-kvroute-"
 // stripRoutingHeaders removes every client-supplied routing header from the
 // request: the destination header (with ORIGINAL_DST or override_host it
 // would let a client pick any address: an SSRF vector) and kvroute's internal
-// headers. It returns the value of the test hook header, read before removal.
-func stripRoutingHeaders(destinationHeader string) (testHook string, err error) {
-	headers, err := proxywasm.GetHttpRequestHeaders()
+// headers. It returns the request's headers as they are after the removal,
+// read in the one host call it needs anyway, so that the caller reads
+// :path, :method and the rest without a host call (and a copy into the VM)
+// for each.
+func stripRoutingHeaders(destinationHeader string) (requestHeaders, error) {
+	pairs, err := proxywasm.GetHttpRequestHeaders()
 	if err != nil {
-		return "", err
+		return requestHeaders{}, err
 	}
+	h := requestHeaders{pairs: pairs, read: true, destination: destinationHeader}
 	var remove []string
-	for _, h := range headers {
-		name := strings.ToLower(h[0])
-		if name == testPanicHeader {
-			testHook = h[1]
+	for _, kv := range pairs {
+		name := kv[0]
+		if strings.EqualFold(name, testPanicHeader) {
+			h.testHook = kv[1]
 		}
-		if name == destinationHeader || strings.HasPrefix(name, internalHeaderPrefix) {
-			remove = append(remove, name)
+		if h.stripped(name) {
+			remove = append(remove, strings.ToLower(name))
 		}
 	}
 	for _, name := range remove {
 		if err := proxywasm.RemoveHttpRequestHeader(name); err != nil {
-			return testHook, err
+			return h, err
 		}
 	}
-	return testHook, nil
+	return h, nil
+}
+
+// requestHeaders is the request's header map as stripRoutingHeaders read it.
+type requestHeaders struct {
+	pairs       [][2]string
+	read        bool // pairs holds the map (false: reading it failed)
+	destination string
+	testHook    string // the test hook header's value, read before removal
+}
+
+// stripped reports whether stripRoutingHeaders removes the header name.
+func (h *requestHeaders) stripped(name string) bool {
+	return strings.EqualFold(name, h.destination) ||
+		len(name) >= len(internalHeaderPrefix) && strings.EqualFold(name[:len(internalHeaderPrefix)], internalHeaderPrefix)
+}
+
+// get returns the first value of the header name, as the host's
+// get_header_map_value would after the removal; when the map could not be
+// read it asks the host.
+func (h *requestHeaders) get(name string) (string, bool) {
+	if !h.read {
+		v, err := proxywasm.GetHttpRequestHeader(name)
+		return v, err == nil
+	}
+	if h.stripped(name) {
+		return "", false
+	}
+	for _, kv := range h.pairs {
+		if strings.EqualFold(kv[0], name) {
+			return kv[1], true
+		}
+	}
+	return "", false
 }

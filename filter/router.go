@@ -331,17 +331,17 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	p := s.plugin
 	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
 	p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
-	hook, err := stripRoutingHeaders(p.cfg.DestinationHeader)
+	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
 	}
-	testPanic(p.cfg.TestHooks, hook)
+	testPanic(p.cfg.TestHooks, headers.testHook)
 
-	path, _ := proxywasm.GetHttpRequestHeader(":path")
+	path, _ := headers.get(":path")
 	if i := strings.IndexAny(path, "?#"); i >= 0 {
 		path = path[:i]
 	}
-	method, _ := proxywasm.GetHttpRequestHeader(":method")
+	method, _ := headers.get(":method")
 
 	if path == p.cfg.State.Path {
 		return s.stateHeaders(method, endOfStream)
@@ -359,7 +359,7 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 		return s.reject(&requestError{Status: 405, Message: "use POST for " + path})
 	}
 	if p.cfg.SessionHeader != "" {
-		s.sessionKey, _ = proxywasm.GetHttpRequestHeader(p.cfg.SessionHeader)
+		s.sessionKey, _ = headers.get(p.cfg.SessionHeader)
 	}
 	if !p.cfg.BodyRouting {
 		s.decideFromHeaders()
@@ -369,7 +369,7 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 		p.stats.badRequest.Increment(1)
 		return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
 	}
-	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
+	if cl, ok := headers.get("content-length"); ok {
 		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n > int64(p.cfg.MaxBodyBytes) {
 			p.stats.tooLarge.Increment(1)
 			return s.reject(tooLarge(p.cfg.MaxBodyBytes))
