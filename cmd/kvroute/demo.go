@@ -187,7 +187,9 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 	defer ln.Close()
 
 	t0 := time.Now()
-	recs, err := replay.Run(ctx, w, replay.Options{BaseURL: "http://" + ln.Addr().String(), TimeScale: o.timeScale})
+	// Chat users send their conversation id in the filter's default session
+	// header, as chat front ends do.
+	recs, err := replay.Run(ctx, w, replay.Options{BaseURL: "http://" + ln.Addr().String(), TimeScale: o.timeScale, SessionHeader: "x-session-id"})
 	if err != nil {
 		return benchreport.Result{}, err
 	}
