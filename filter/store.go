@@ -33,7 +33,9 @@ func (st sharedStore) Get(key string) ([]byte, uint32, error) {
 		}
 		return v, cas, nil
 	case errors.Is(err, types.ErrorStatusNotFound):
-		return nil, 0, fmt.Errorf("%s: %w", key, index.ErrNotFound)
+		// The index asks for keys that are not there on every new
+		// prompt's blocks: no formatting (fmt is slow in Wasm) on this path.
+		return nil, 0, index.ErrNotFound
 	}
 	return nil, 0, fmt.Errorf("shared data %s: %w", key, err)
 }
@@ -47,7 +49,7 @@ func (st sharedStore) Set(key string, value []byte, cas uint32) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, types.ErrorStatusCasMismatch):
-		return fmt.Errorf("%s: %w", key, index.ErrCASMismatch)
+		return index.ErrCASMismatch // the index retries; nothing to format
 	}
 	return fmt.Errorf("shared data %s: %w", key, err)
 }
