@@ -201,10 +201,16 @@ func (s *shardView) find(tag uint32) int {
 
 // sorted reports whether the tags are strictly increasing.
 func (s *shardView) sorted() bool {
-	for i := 1; i < s.n; i++ {
-		if le.Uint32(s.buf[shardHeader+(i-1)*s.stride:]) >= le.Uint32(s.buf[shardHeader+i*s.stride:]) {
+	if s.n < 2 {
+		return true
+	}
+	prev := le.Uint32(s.buf[shardHeader:])
+	for off := shardHeader + s.stride; off+4 <= len(s.buf); off += s.stride {
+		tag := le.Uint32(s.buf[off:])
+		if tag <= prev {
 			return false
 		}
+		prev = tag
 	}
 	return true
 }

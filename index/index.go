@@ -194,7 +194,7 @@ type Index struct {
 	enc     []byte
 	deltas  []usageDelta
 	pending []usageDelta
-	usage   [usageBuckets]uint32
+	ins     []uint32 // tags a shard update adds
 }
 
 type entry struct {

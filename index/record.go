@@ -1,5 +1,7 @@
 package index
 
+import "slices"
+
 // Record marks ref's host as holding the whole chain blocks after routing
 // a request there (for prefill/decode, call it for both hosts).
 //
@@ -149,6 +151,7 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 		needCompact := false
 		word, bit := ref.Slot/64, uint64(1)<<(ref.Slot%64)
 		ix.deltas = ix.deltas[:0]
+		ix.ins = ix.ins[:0]
 		for pos := lo; pos < hi; pos++ {
 			level := ix.level(pos)
 			units := int32(1) << level
@@ -163,27 +166,18 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 				}
 				continue
 			}
-			if !found && e.n >= ix.cfg.ShardEntries && !cleaned && t.anyHorz {
-				// Full: first drop what has expired, then look again.
-				if ix.cleanShard(&e, view.epoch) {
-					e.compact()
-					dirty = true
-					k, found = e.find(tag)
-				}
-				cleaned = true
-			}
 			if !found {
-				if e.n >= ix.cfg.ShardEntries {
-					old := e.oldest(now)
-					e.remove(old)
-					if old < k {
-						k--
-					}
-					ix.metrics.Overflows++
+				// New entries are merged in after the loop, in one pass
+				// (inserting them one by one shifts the shard each time).
+				dup := false
+				for _, p := range ix.ins {
+					dup = dup || p == tag
 				}
-				e.insert(k, tag, now, word, bit)
-				ix.deltas = append(ix.deltas, usageDelta{now / bt, units})
-				dirty = true
+				if !dup {
+					ix.ins = append(ix.ins, tag)
+					ix.deltas = append(ix.deltas, usageDelta{now / bt, units})
+					dirty = true
+				}
 				continue
 			}
 			if t.anyHorz {
@@ -213,6 +207,19 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 		// larger ShardEntries.
 		if needCompact {
 			e.compact()
+		}
+		if len(ix.ins) > 0 {
+			if e.n+len(ix.ins) > ix.cfg.ShardEntries && !cleaned && t.anyHorz {
+				// Full: first drop what has expired.
+				if ix.cleanShard(&e, view.epoch) {
+					e.compact()
+				}
+			}
+			for e.n > 0 && e.n+len(ix.ins) > ix.cfg.ShardEntries {
+				e.remove(e.oldest(now))
+				ix.metrics.Overflows++
+			}
+			e.merge(ix.ins, now, word, bit)
 		}
 		for e.n > ix.cfg.ShardEntries {
 			e.remove(e.oldest(now))
@@ -335,26 +342,38 @@ func (e *shardEdit) remove(i int) {
 	e.buf = e.buf[:e.off(e.n)]
 }
 
-// insert puts a new entry at position i (from find), holding only bit in
-// word w.
-func (e *shardEdit) insert(i int, tag, age uint32, w int, bit uint64) {
-	end := e.off(e.n)
+// merge adds entries for tags (none present yet, no duplicates; sorted
+// here) holding only bit in word w, in one backward pass over the shard.
+func (e *shardEdit) merge(tags []uint32, age uint32, w int, bit uint64) {
+	slices.Sort(tags)
+	n, k := e.n, len(tags)
+	end := e.off(n + k)
+	if cap(e.buf) < end {
+		grown := make([]byte, e.off(n), end+end/2)
+		copy(grown, e.buf[:e.off(n)])
+		e.buf = grown
+	}
 	e.buf = e.buf[:end]
-	for k := 0; k < e.stride; k++ {
-		e.buf = append(e.buf, 0)
-	}
-	copy(e.buf[e.off(i+1):], e.buf[e.off(i):end])
-	off := e.off(i)
-	le.PutUint32(e.buf[off:], tag)
-	le.PutUint32(e.buf[off+4:], age)
-	for k := 0; k < e.words; k++ {
-		var x uint64
-		if k == w {
-			x = bit
+	i, j := n-1, k-1
+	for dst := n + k - 1; j >= 0; dst-- {
+		off := e.off(dst)
+		if i >= 0 && le.Uint32(e.buf[e.off(i):]) > tags[j] {
+			copy(e.buf[off:off+e.stride], e.buf[e.off(i):e.off(i)+e.stride])
+			i--
+			continue
 		}
-		le.PutUint64(e.buf[off+8+8*k:], x)
+		le.PutUint32(e.buf[off:], tags[j])
+		le.PutUint32(e.buf[off+4:], age)
+		for x := 0; x < e.words; x++ {
+			var v uint64
+			if x == w {
+				v = bit
+			}
+			le.PutUint64(e.buf[off+8+8*x:], v)
+		}
+		j--
 	}
-	e.n++
+	e.n = n + k
 }
 
 // finish writes the header and returns the value to store.

@@ -35,23 +35,31 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 	rec := ix.table.recs[ref.Slot]
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
 		v, cas, found := ix.get(key)
+		// The histogram is edited in place in the value Get returned: a
+		// request touches a few buckets of 256, and decoding and encoding
+		// all of them cost more than the shared-data round trip in Wasm.
 		var head, total uint32
-		u := &ix.usage
 		if found && len(v) == usageHeader+4*usageBuckets && v[0] == usageMagic0 && v[1] == usageMagic1 && v[2] == formatVersion &&
 			le.Uint32(v[4:]) == rec.gen && le.Uint32(v[8:]) == rec.clearEpoch {
 			head = le.Uint32(v[12:])
-			for i := range u {
-				u[i] = le.Uint32(v[usageHeader+4*i:])
-				total += u[i]
+			// Sum rather than trust the stored total: a value that passed
+			// the header checks may still be inconsistent.
+			for i := usageHeader; i < len(v); i += 4 {
+				total += le.Uint32(v[i:])
 			}
 		} else {
 			if found && (len(v) < 12 || v[0] != usageMagic0 || v[1] != usageMagic1 || v[2] != formatVersion) {
 				ix.metrics.Corrupt++
 			}
-			*u = [usageBuckets]uint32{}
+			if cap(v) < usageHeader+4*usageBuckets {
+				v = make([]byte, usageHeader+4*usageBuckets)
+			}
+			v = v[:usageHeader+4*usageBuckets]
+			clear(v)
 			head = nowB
 		}
-		head = advance(u, head, nowB)
+		u := usageView(v[usageHeader:])
+		head = u.advance(head, nowB)
 		tail := head - usageBuckets + 1
 		for _, d := range ix.pending {
 			b := d.bucket
@@ -60,18 +68,16 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 			} else if int32(b-head) > 0 {
 				b = head
 			}
-			c := &u[b%usageBuckets]
+			c := u.get(b)
 			if d.units >= 0 {
-				*c += uint32(d.units)
+				c += uint32(d.units)
 				total += uint32(d.units)
 			} else {
-				sub := uint32(-d.units)
-				if sub > *c {
-					sub = *c
-				}
-				*c -= sub
+				sub := min(uint32(-d.units), c)
+				c -= sub
 				total -= sub
 			}
+			u.put(b, c)
 		}
 		var horizon uint32
 		var evicted uint64
@@ -80,14 +86,14 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 			if int32(b*bt-limit) > 0 { // the bucket starts after limit
 				break
 			}
-			c := &u[b%usageBuckets]
-			if *c == 0 {
+			c := u.get(b)
+			if c == 0 {
 				continue
 			}
-			left -= min(left, *c)
-			total -= *c
-			evicted += uint64(*c)
-			*c = 0
+			left -= min(left, c)
+			total -= c
+			evicted += uint64(c)
+			u.put(b, 0)
 			horizon = max(end, 1)
 		}
 		if rec.capacity > 0 && total > rec.capacity {
@@ -99,27 +105,25 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 			// out.
 			low := rec.capacity - rec.capacity/evictSlack
 			for b := tail; b != head && total > low; b++ {
-				c := &u[b%usageBuckets]
-				if *c == 0 {
+				c := u.get(b)
+				if c == 0 {
 					continue
 				}
-				total -= *c
-				evicted += uint64(*c)
-				*c = 0
+				total -= c
+				evicted += uint64(c)
+				u.put(b, 0)
 				horizon = (b + 1) * bt
 				if horizon == 0 {
 					horizon = 1
 				}
 			}
 		}
-		ix.enc = append(ix.enc[:0], usageMagic0, usageMagic1, formatVersion, 0)
-		ix.enc = le.AppendUint32(ix.enc, rec.gen)
-		ix.enc = le.AppendUint32(ix.enc, rec.clearEpoch)
-		ix.enc = le.AppendUint32(ix.enc, head)
-		ix.enc = le.AppendUint32(ix.enc, total)
-		for i := range u {
-			ix.enc = le.AppendUint32(ix.enc, u[i])
-		}
+		v[0], v[1], v[2], v[3] = usageMagic0, usageMagic1, formatVersion, 0
+		le.PutUint32(v[4:], rec.gen)
+		le.PutUint32(v[8:], rec.clearEpoch)
+		le.PutUint32(v[12:], head)
+		le.PutUint32(v[16:], total)
+		ix.enc = v
 		retry, err := ix.set(key, ix.enc, cas)
 		if retry {
 			continue
@@ -137,28 +141,35 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 	return false, ErrContended
 }
 
+// usageView is a histogram's counters in place: bucket b lives at
+// b % usageBuckets.
+type usageView []byte
+
+func (u usageView) get(b uint32) uint32    { return le.Uint32(u[4*(b%usageBuckets):]) }
+func (u usageView) put(b uint32, c uint32) { le.PutUint32(u[4*(b%usageBuckets):], c) }
+
 // advance moves the histogram's newest bucket to nowB, folding buckets
 // that leave the window into the oldest one kept, so no units are lost.
-func advance(u *[usageBuckets]uint32, head, nowB uint32) uint32 {
+func (u usageView) advance(head, nowB uint32) uint32 {
 	steps := int32(nowB - head)
 	if steps <= 0 {
 		return head
 	}
 	if steps >= usageBuckets {
 		var sum uint32
-		for i := range u {
-			sum += u[i]
-			u[i] = 0
+		for b := uint32(0); b < usageBuckets; b++ {
+			sum += u.get(b)
+			u.put(b, 0)
 		}
-		u[(nowB+1)%usageBuckets] = sum // the oldest bucket of the new window
+		u.put(nowB+1, sum) // the oldest bucket of the new window
 		return nowB
 	}
 	for b := head + 1; b != nowB+1; b++ {
 		// Slot b%N holds bucket b-N, which leaves the window: fold it into
 		// b-N+1, the new oldest.
-		old := u[b%usageBuckets]
-		u[b%usageBuckets] = 0
-		u[(b+1)%usageBuckets] += old
+		old := u.get(b)
+		u.put(b, 0)
+		u.put(b+1, u.get(b+1)+old)
 	}
 	return nowB
 }
