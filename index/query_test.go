@@ -154,3 +154,55 @@ func randomWorkload(t *testing.T, seed uint64) {
 		t.Fatalf("unexpected metrics %+v", mt)
 	}
 }
+
+// Hints change which blocks a query probes, never its answers: a second
+// query of the same chain (hints from the first) and a query of another
+// chain with the same first block (hints that do not fit) answer exactly
+// as a VM without hints, and the warm query reads about one shard per
+// distinct answer instead of searching for each.
+func TestQueryHintsCutReadsNotAnswers(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{Shards: 4096})
+	c := chain(21, 192)
+	other := append(append([]uint64(nil), c[:40]...), chain(22, 150)...)
+	lengths := []int{192, 115, 57, 19, 19, 19, 19, 19}
+	for p, n := range lengths {
+		ref, err := ix.Register(fmt.Sprintf("10.7.0.%d:80", p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ix.Record(ref, c[:n], nil)
+		ix.Record(ref, other[:min(n+30, len(other))], nil)
+	}
+	answers := func(q *Index, chain []uint64) ([]int, int) {
+		var m Matches
+		if err := q.Query(chain, &m); err != nil {
+			t.Fatal(err)
+		}
+		return append([]int(nil), m.Blocks...), m.Reads
+	}
+	for _, ch := range [][]uint64{c, other, c} {
+		cold := newTestIndex(t, st, clk, Config{Shards: 4096})
+		want, coldReads := answers(cold, ch)
+		got, _ := answers(ix, ch) // hints from the previous chain
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("with hints %v, without %v", got, want)
+		}
+		again, warmReads := answers(ix, ch)
+		if fmt.Sprint(again) != fmt.Sprint(want) {
+			t.Fatalf("warm %v, want %v", again, want)
+		}
+		// Table (or stamp) + block 0's shard + at most two shards per
+		// other answer (a boundary on a segment edge spans two).
+		distinct := map[int]bool{}
+		for _, b := range want {
+			if b > 1 {
+				distinct[b] = true
+			}
+		}
+		if warmReads > 2+2*len(distinct) || warmReads >= coldReads {
+			t.Fatalf("warm query made %d reads, cold %d: hints did not cut the search", warmReads, coldReads)
+		}
+	}
+}
