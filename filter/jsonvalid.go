@@ -3,6 +3,7 @@ package filter
 import (
 	"encoding/binary"
 	"math"
+	"unicode/utf8"
 )
 
 // validJSON reports whether b is one JSON value (RFC 8259) with nothing but
@@ -25,6 +26,12 @@ func validJSON(b []byte) bool { return scanJSON(b, nil) }
 type jsonSpans struct {
 	spans []jsonSpan // by start, ascending: the order the pass meets them
 	stack []int32    // the pass's open containers (indexes into spans)
+
+	// checkUTF8 makes the pass also check that strings are UTF-8 (bytes
+	// outside strings must be ASCII anyway), saving the caller a separate
+	// utf8.Valid pass over the body; badUTF8 then reports a failure due to
+	// a string that is not.
+	checkUTF8, badUTF8 bool
 }
 
 // jsonSpan is one value of the validated body: body[start:end].
@@ -39,8 +46,13 @@ const minSpanString = 64
 
 // scanJSON is validJSON that also fills rec (when not nil) for b.
 func scanJSON(b []byte, rec *jsonSpans) bool {
-	var stack []int32 // positions of open containers' brackets, or their rec.spans indexes
+	var stack []int32   // positions of open containers' brackets, or their rec.spans indexes
+	var nonASCII uint64 // plainRun's extra stop mask: the high bits when checking UTF-8
 	if rec != nil {
+		rec.badUTF8 = false
+		if rec.checkUTF8 {
+			nonASCII = 0x8080808080808080
+		}
 		rec.spans = rec.spans[:0]
 		if len(b) >= math.MaxInt32 {
 			rec = nil // offsets would not fit: validate without the table
@@ -83,7 +95,10 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 			if i >= len(b) || b[i] != '"' {
 				return false
 			}
-			if i, _ = scanString(b, i); i < 0 {
+			if i, _ = scanString(b, i, nonASCII); i < 0 {
+				if i == badUTF8 {
+					rec.badUTF8 = true
+				}
 				return false
 			}
 			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
@@ -94,7 +109,10 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 		case c == '"':
 			start := i
 			var escaped bool
-			if i, escaped = scanString(b, i); i < 0 {
+			if i, escaped = scanString(b, i, nonASCII); i < 0 {
+				if i == badUTF8 {
+					rec.badUTF8 = true
+				}
 				return false
 			}
 			if rec != nil && i-start >= minSpanString {
@@ -140,7 +158,10 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 				if i >= len(b) || b[i] != '"' {
 					return false
 				}
-				if i, _ = scanString(b, i); i < 0 {
+				if i, _ = scanString(b, i, nonASCII); i < 0 {
+					if i == badUTF8 {
+						rec.badUTF8 = true
+					}
 					return false
 				}
 				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
@@ -190,26 +211,27 @@ var plainStringByte = func() (t [256]bool) {
 // skipString returns the index after the string starting at b[i] (a
 // quote), or -1 if it is not a valid JSON string.
 func skipString(b []byte, i int) int {
-	i, _ = scanString(b, i)
+	i, _ = scanString(b, i, 0)
 	return i
 }
 
 // scanString is skipString that also reports whether the string holds an
-// escape.
-func scanString(b []byte, i int) (end int, escaped bool) {
+// escape. With nonASCII set to the high bits of every byte it also checks
+// that the string is UTF-8, and returns badUTF8 when it is not.
+func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 	i++
 	for {
-		i = plainRun(b, i)
-		for i < len(b) && plainStringByte[b[i]] {
+		i = plainRun(b, i, nonASCII)
+		for i < len(b) && plainStringByte[b[i]] && (nonASCII == 0 || b[i] < utf8.RuneSelf) {
 			i++
 		}
 		if i >= len(b) {
 			return -1, escaped
 		}
-		switch b[i] {
-		case '"':
+		switch c := b[i]; {
+		case c == '"':
 			return i + 1, escaped
-		case '\\':
+		case c == '\\':
 			escaped = true
 			if i+1 >= len(b) {
 				return -1, escaped
@@ -225,28 +247,47 @@ func scanString(b []byte, i int) (end int, escaped bool) {
 			default:
 				return -1, escaped
 			}
+		case c >= utf8.RuneSelf: // only when checking UTF-8
+			// A run of multi-byte characters (text in most scripts other
+			// than Latin is nothing else), decoded here rather than
+			// retried word by word.
+			for i < len(b) && b[i] >= utf8.RuneSelf {
+				r, size := utf8.DecodeRune(b[i:])
+				if r == utf8.RuneError && size == 1 {
+					return badUTF8, escaped
+				}
+				i += size
+			}
 		default: // a control character
 			return -1, escaped
 		}
 	}
 }
 
+// badUTF8 is scanString's end for a string that is not UTF-8.
+const badUTF8 = -2
+
 // plainRun returns the index of the first byte from i that may need a look
-// in a string (a quote, a backslash or a control character), or a nearby
-// earlier index: it steps 32 bytes at a time while none of them does (a
+// in a string (a quote, a backslash or a control character, and any byte
+// above 0x7f when nonASCII is set), or a nearby earlier index: it steps 32 bytes at a time while none of them does (a
 // prompt is mostly such runs), then 8, and leaves the rest to the caller's
 // byte loop. Four words per test and one branch are about 2.5x faster in
 // Wasm on wazero than a word per test.
-func plainRun(b []byte, i int) int {
+func plainRun(b []byte, i int, nonASCII uint64) int {
 	for i+32 <= len(b) {
 		w := b[i : i+32 : i+32]
-		if needsLook(binary.LittleEndian.Uint64(w))|needsLook(binary.LittleEndian.Uint64(w[8:]))|
-			needsLook(binary.LittleEndian.Uint64(w[16:]))|needsLook(binary.LittleEndian.Uint64(w[24:])) != 0 {
+		x0, x1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+		x2, x3 := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
+		if needsLook(x0)|needsLook(x1)|needsLook(x2)|needsLook(x3)|(x0|x1|x2|x3)&nonASCII != 0 {
 			break
 		}
 		i += 32
 	}
-	for i+8 <= len(b) && needsLook(binary.LittleEndian.Uint64(b[i:])) == 0 {
+	for i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		if needsLook(x)|x&nonASCII != 0 {
+			break
+		}
 		i += 8
 	}
 	return i

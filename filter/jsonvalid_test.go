@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -18,6 +19,8 @@ var jsonCases = []string{
 	`01`, `1.`, `.1`, `1e`, `1e+`, `-`, `+1`, `tru`, `nul`, `falsee`, `"abc`, `"\x"`, `"\u12"`, `"\u12g4"`, "\"a\tb\"",
 	`{"a":1}{}`, `[1] 2`, `{"a":[1}`, `[{"a":1]}`, `{"a":1,"b"}`, `"\`, `[1 2]`, `{"a":1 "b":2}`, `NaN`, `Infinity`,
 	`{"model":"m","prompt":"hel`,
+	"\"caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80\"", "{\"\xff\":1}", "\"\xc3\"", "\"\xed\xa0\x80\"", "[\"ok\", \xc3\xa9]",
+	"\"" + strings.Repeat("\xe4\xb8\xad", 40) + "\xe4\xb8\"", "\"" + strings.Repeat("abcdefgh", 9) + "\xff" + strings.Repeat("x", 40) + "\"",
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {
@@ -37,9 +40,18 @@ func FuzzValidJSON(f *testing.F) {
 	for _, c := range jsonCases {
 		f.Add([]byte(c))
 	}
+	spans := jsonSpans{checkUTF8: true}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if got, want := validJSON(b), json.Valid(b); got != want {
-			t.Fatalf("validJSON(%q) = %v, encoding/json says %v", b, got, want)
+		valid := json.Valid(b)
+		if got := validJSON(b); got != valid {
+			t.Fatalf("validJSON(%q) = %v, encoding/json says %v", b, got, valid)
+		}
+		// The parser's pass also checks UTF-8: it accepts exactly the
+		// documents both encoding/json and utf8.Valid accept, and blames
+		// UTF-8 only for a body that is not UTF-8.
+		isUTF8 := utf8.Valid(b)
+		if got := scanJSON(b, &spans); got != (valid && isUTF8) || spans.badUTF8 && isUTF8 {
+			t.Fatalf("scanJSON(%q) with UTF-8 = %v (badUTF8 %v), encoding/json %v, utf8.Valid %v", b, got, spans.badUTF8, valid, isUTF8)
 		}
 	})
 }

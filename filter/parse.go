@@ -179,10 +179,14 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	if len(body) == 0 {
 		return r, badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
 	}
-	if !utf8.Valid(body) {
-		return r, badRequest("", "the request body is not valid UTF-8")
-	}
+	// One pass checks JSON and UTF-8 (in strings; everything else must be
+	// ASCII); a failed pass looks at UTF-8 again only to name the error as
+	// a separate utf8.Valid pass would have.
+	p.spans.checkUTF8 = true
 	if !scanJSON(body, &p.spans) {
+		if p.spans.badUTF8 || !utf8.Valid(body) {
+			return r, badRequest("", "the request body is not valid UTF-8")
+		}
 		return r, badRequest("", "the request body is not valid JSON")
 	}
 	p.doc = jsonDoc{body: body, spans: p.spans.spans}
