@@ -194,7 +194,8 @@ type Index struct {
 	enc     []byte
 	deltas  []usageDelta
 	pending []usageDelta
-	ins     []uint32 // tags a shard update adds
+	ins     []uint32   // tags a shard update adds
+	seg     []segBlock // the blocks of a shard update
 }
 
 type entry struct {
@@ -411,8 +412,10 @@ func (ix *Index) updateSlots(fn func(t *slotTable) (write bool, err error)) erro
 		// The new seq must differ from every seq a reader may hold: above
 		// the stamp too, in case the table was replaced (corrupt, reset).
 		seq := ix.table.seq
-		if s := ix.stampSeq(); int32(s-seq) > 0 {
-			seq = s
+		if !ix.tableOK { // missing or replaced: continue from the stamp
+			if s := ix.stampSeq(); int32(s-seq) > 0 {
+				seq = s
+			}
 		}
 		ix.table.seq = seq + 1
 		ix.enc = encodeSlots(ix.enc, &ix.table)

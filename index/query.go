@@ -14,6 +14,7 @@ type Matches struct {
 	chain  uint64           // first block hash of the chain queried
 	length int
 	table  uint32 // slot table epoch at query time
+	query  uint64 // Metrics.Queries of the Query that filled it
 }
 
 // Best returns the slot with the longest match and its length (-1, 0 when
@@ -38,6 +39,9 @@ type queryState struct {
 	cacheShard []int
 	cacheVal   []shardView
 	cacheOK    []bool
+	cacheCAS   []uint32 // CAS of each shard read; 0 with !cacheGot: missing
+	cacheGot   []bool
+	reusable   bool // the shards read may seed the Record of the same Matches
 }
 
 // Query fills m with each host's longest matched prefix of the chain
@@ -80,6 +84,10 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 	q.cacheShard = q.cacheShard[:0]
 	q.cacheVal = q.cacheVal[:0]
 	q.cacheOK = q.cacheOK[:0]
+	q.cacheCAS = q.cacheCAS[:0]
+	q.cacheGot = q.cacheGot[:0]
+	q.reusable = true
+	m.query = ix.metrics.Queries
 	q.hint = nil
 	if len(blocks) > 0 && !isZero(t.active) {
 		// Most hosts hold not even the first block: settle them with one
@@ -262,7 +270,7 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 			return p, 0, false
 		}
 		q.budget--
-		v, _, got := ix.get(ix.shardKeys[sh])
+		v, cas, got := ix.get(ix.shardKeys[sh])
 		if got {
 			view, valid = parseShard(v)
 			if !valid {
@@ -272,6 +280,8 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		q.cacheShard = append(q.cacheShard, sh)
 		q.cacheVal = append(q.cacheVal, view)
 		q.cacheOK = append(q.cacheOK, valid)
+		q.cacheCAS = append(q.cacheCAS, cas)
+		q.cacheGot = append(q.cacheGot, got)
 	}
 	if !valid {
 		return p, 0, true
@@ -287,6 +297,27 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		p = ix.table.dropExpired(p, age)
 	}
 	return p, age, true
+}
+
+// queriedShard returns the value and CAS of shard sh as the last Query
+// read it, if that Query filled m and m is what Record got: a Record right
+// after its Query then skips the get of the shards the search already
+// copied (the CAS rejects the write if the shard changed since).
+func (ix *Index) queriedShard(sh int) (v []byte, cas uint32, found, ok bool) {
+	q := &ix.q
+	if !q.reusable {
+		return nil, 0, false, false
+	}
+	for k, s := range q.cacheShard {
+		if s != sh {
+			continue
+		}
+		if q.cacheGot[k] && !q.cacheOK[k] {
+			return nil, 0, false, false // corrupt: read it again
+		}
+		return q.cacheVal[k].buf, q.cacheCAS[k], q.cacheGot[k], true
+	}
+	return nil, 0, false, false
 }
 
 // dropExpired clears the hosts whose eviction horizon passed age.

@@ -206,3 +206,46 @@ func TestQueryHintsCutReadsNotAnswers(t *testing.T) {
 		}
 	}
 }
+
+// A Record right after its Query writes the shards the search already
+// copied without reading them again; the CAS still guards them.
+func TestRecordReusesQueriedShards(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{Shards: 4096})
+	a, _ := ix.Register("10.6.0.1:80")
+	b, _ := ix.Register("10.6.0.2:80")
+	c := chain(31, 16) // two segments
+	if ix.shardAt(c, 0) == ix.shardAt(c, 8) {
+		t.Skip("both segments in one shard")
+	}
+	ix.Record(b, c[:3], nil)
+	var m Matches
+	ix.Query(c, &m)
+	if m.Blocks[b.Slot] != 3 || m.Reads != 3 { // stamp, segment 0, the chain's end
+		t.Fatalf("query: b at %d, %d reads", m.Blocks[b.Slot], m.Reads)
+	}
+	r0 := ix.Metrics().Reads
+	if err := ix.Record(a, c, &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := ix.Metrics().Reads - r0; got != 1 { // usage
+		t.Fatalf("Record after Query read %d values, want 1 (both segments came from the Query)", got)
+	}
+	// Another writer changes segment 0 between a Query and its Record:
+	// the CAS rejects the stale copy, and nothing is lost.
+	other := newTestIndex(t, st, clk, Config{Shards: 4096})
+	c2 := append(append([]uint64(nil), c[:4]...), chain(32, 12)...)
+	ix.Query(c2, &m)
+	other.Record(b, c2[:6], nil)
+	if err := ix.Record(a, c2, &m); err != nil {
+		t.Fatal(err)
+	}
+	ix.Query(c2, &m)
+	if m.Blocks[a.Slot] != 16 || m.Blocks[b.Slot] != 6 {
+		t.Fatalf("after a concurrent write: a at %d (want 16), b at %d (want 6)", m.Blocks[a.Slot], m.Blocks[b.Slot])
+	}
+	if ix.Metrics().CASRetries == 0 {
+		t.Fatal("the stale copy of segment 0 was not rejected")
+	}
+}

@@ -25,7 +25,10 @@ func (ix *Index) Record(ref HostRef, blocks []uint64, m *Matches) error {
 		return nil
 	}
 	ix.tableFresh = m != nil && m.table == ix.table.epoch && m.length == len(blocks)
-	return ix.mark(ref, blocks, start, true)
+	ix.q.reusable = ix.tableFresh && m.query == ix.metrics.Queries && m.chain == blocks[0]
+	err := ix.mark(ref, blocks, start, true)
+	ix.q.reusable = false
+	return err
 }
 
 // Stored records precise engine state: ref's host holds chain[from:].
@@ -99,7 +102,15 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 	bt := ix.bucketTicks()
 	refreshed := false
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
-		v, cas, found := ix.get(key)
+		var v []byte
+		var cas uint32
+		var found, reused bool
+		if attempt == 0 {
+			v, cas, found, reused = ix.queriedShard(sh)
+		}
+		if !reused {
+			v, cas, found = ix.get(key)
+		}
 		var view shardView
 		ok := false
 		if found {
@@ -152,11 +163,23 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 		word, bit := ref.Slot/64, uint64(1)<<(ref.Slot%64)
 		ix.deltas = ix.deltas[:0]
 		ix.ins = ix.ins[:0]
+		// Visit the segment's blocks in tag order with one forward walk
+		// over the sorted entries: cheaper than a binary search per block,
+		// whose branches a CPU cannot predict. Entries do not move during
+		// the walk (new ones are merged in after it).
+		ix.seg = ix.seg[:0]
 		for pos := lo; pos < hi; pos++ {
 			level := ix.level(pos)
-			units := int32(1) << level
-			tag := blockTag(chain[pos], level)
-			k, found := e.find(tag)
+			ix.seg = append(ix.seg, segBlock{tag: blockTag(chain[pos], level), units: int32(1) << level})
+		}
+		sortSeg(ix.seg)
+		k := 0
+		for _, sb := range ix.seg {
+			tag, units := sb.tag, sb.units
+			for k < e.n && le.Uint32(e.buf[e.off(k):]) < tag {
+				k++
+			}
+			found := k < e.n && le.Uint32(e.buf[e.off(k):]) == tag
 			if !add {
 				if found && e.word(k, word)&bit != 0 {
 					e.setWord(k, word, e.word(k, word)&^bit)
@@ -238,6 +261,22 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 	}
 	ix.metrics.CASFailures++
 	return ErrContended
+}
+
+// segBlock is one block of a shard update: its entry tag and weight.
+type segBlock struct {
+	tag   uint32
+	units int32
+}
+
+// sortSeg sorts a segment's blocks by tag (insertion sort: a segment is
+// a few blocks).
+func sortSeg(s []segBlock) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j].tag < s[j-1].tag; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
 }
 
 // cleanShard drops the bits that no longer count: slots removed or
