@@ -102,7 +102,7 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 					q.hint.first, q.hint.n = blocks[0], 0
 				}
 				ix.search(1, len(blocks), held)
-				q.hint.remember(m.Blocks, len(blocks))
+				q.hint.remember(m.Blocks, blocks)
 			}
 		}
 	}
@@ -151,7 +151,11 @@ func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 //     that served it, is settled by one probe of its last segment;
 //   - the distinct answers of the last query this VM ran for a chain with
 //     the same first block (a system prompt's length, the previous turn
-//     of a conversation): a per-VM table of hintLines lines.
+//     of a conversation), each used only if this chain has the same
+//     block L-1 (the same prefix up to the guess): a per-VM table of
+//     hintLines lines. Guesses from unrelated chains would stop the
+//     search at holes (blocks evicted from the middle of a chain) near
+//     their answers: the drift replay under-reported more.
 //
 // Probes at guesses are chosen nearest to the midpoint, and each block
 // is still probed at most once, so wrong guesses cost at most
@@ -168,11 +172,13 @@ type hintLine struct {
 	first uint64
 	n     int
 	at    [hintsPerLine]int32
+	last  [hintsPerLine]uint64 // hash of block at[k]-1 of that chain
 }
 
 // remember replaces the line's answers with the distinct nonzero answers
 // of blocks (a Matches.Blocks), up to hintsPerLine of them.
-func (h *hintLine) remember(blocks []int, n int) {
+func (h *hintLine) remember(blocks []int, chain []uint64) {
+	n := len(chain)
 	h.n = 0
 	for _, b := range blocks {
 		if b <= 0 || b >= n { // N is always guessed
@@ -187,6 +193,7 @@ func (h *hintLine) remember(blocks []int, n int) {
 		}
 		if !dup {
 			h.at[h.n] = int32(b)
+			h.last[h.n] = chain[b-1]
 			h.n++
 			if h.n == hintsPerLine {
 				return
@@ -217,10 +224,15 @@ func (ix *Index) probeAt(lo, hi int) int {
 			best, bestDist = q, d
 		}
 	}
-	try(len(ix.q.blocks))
+	blocks := ix.q.blocks
+	try(len(blocks))
 	if h := ix.q.hint; h != nil {
 		for k := 0; k < h.n; k++ {
-			try(int(h.at[k]))
+			// Only where the earlier chain had this prefix: elsewhere its
+			// answers say nothing about this chain.
+			if L := int(h.at[k]); L <= len(blocks) && blocks[L-1] == h.last[k] {
+				try(L)
+			}
 		}
 	}
 	return best
