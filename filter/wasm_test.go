@@ -439,3 +439,41 @@ func TestWasmClientPDFieldsNeverReachTheEngine(t *testing.T) {
 		t.Errorf("engine received %q", seen)
 	}
 }
+
+// Session affinity by the body's "user" holds in the module across bodies of
+// other sizes read into the router's one reused buffer (see readBuffer), with
+// the user at a different place in each body: each user still reaches the
+// engine it was pinned to.
+func TestWasmBodyUserPinsAcrossReusedBodies(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	h, url := startRouter(t, f.Addrs(), 1, `,"strategy":"sticky_session","fallbacks":0`)
+	served := func(user string, size int) string {
+		// "user" after the prompt: where it sits in the buffer varies.
+		body := fmt.Sprintf(`{"model":"llama-3-8b","messages":[{"role":"user","content":%q}],"max_tokens":4,"user":%q}`,
+			strings.Repeat("padding text ", size), user)
+		before := h.UpstreamRequests()
+		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, nil); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+		for a, n := range h.UpstreamRequests() {
+			if n != before[a] {
+				return a
+			}
+		}
+		t.Fatal("no upstream served the request")
+		return ""
+	}
+	pinned := map[string]string{}
+	for i := 0; i < 8; i++ {
+		user := fmt.Sprintf("user-%02d", i)
+		pinned[user] = served(user, 10+i)
+	}
+	for i := 0; i < 16; i++ { // other users, larger bodies: the buffer is rewritten
+		served(fmt.Sprintf("zz-other-%02d", i), 200+50*i)
+	}
+	for user, want := range pinned {
+		if got := served(user, 5); got != want {
+			t.Errorf("%s went to %s, pinned to %s", user, got, want)
+		}
+	}
+}
