@@ -38,6 +38,13 @@ type Config struct {
 	// MaxQueryReads bounds the shard reads of one Query. Hosts whose search
 	// is cut short get the longest prefix proven so far. Default 64.
 	MaxQueryReads int
+	// NoQueryHints stops Query from probing first where the VM's last
+	// query of a chain with the same first block found its answers (see
+	// Query). Hints cut a warm 128K-token query from 14 shard reads to
+	// 5, but where presence has holes they stop the search at holes more
+	// often: the drift replay's error at 60% capacity rose from 4.7% to
+	// 7.3% of matched blocks (README, Index section).
+	NoQueryHints bool
 	// TouchAfterMs: Record refreshes the recency of blocks a host already
 	// holds only when their last refresh is older than this, so a hot
 	// prefix costs shared-data writes at most once per interval.

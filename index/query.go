@@ -97,12 +97,16 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 			held := and(t.active, p)
 			if !isZero(held) {
 				ix.setAge(held, age)
-				q.hint = &ix.hints[blocks[0]%hintLines]
-				if q.hint.first != blocks[0] {
-					q.hint.first, q.hint.n = blocks[0], 0
+				if !ix.cfg.NoQueryHints {
+					q.hint = &ix.hints[blocks[0]%hintLines]
+					if q.hint.first != blocks[0] {
+						q.hint.first, q.hint.n = blocks[0], 0
+					}
 				}
 				ix.search(1, len(blocks), held)
-				q.hint.remember(m.Blocks, blocks)
+				if q.hint != nil {
+					q.hint.remember(m.Blocks, blocks)
+				}
 			}
 		}
 	}
@@ -120,7 +124,7 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 	for !isZero(set) {
 		if lo >= hi {
-			ix.assign(set, lo)
+			ix.settle(set, lo)
 			return
 		}
 		mid := ix.probeAt(lo, hi)
@@ -135,6 +139,29 @@ func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 		set = andNot(set, p)
 		hi = mid
 	}
+}
+
+// settle gives the hosts in set, which hold block L-1 and not block L,
+// the answer L, unless they hold a later block of L's segment (its shard
+// is already copied, so looking costs no read): then L is a hole, most
+// often an entry a full shard dropped while the engine still holds the
+// block, and their search goes on above it. Every answer stays a
+// boundary of presence.
+func (ix *Index) settle(set [maxWords]uint64, L int) {
+	n := len(ix.q.blocks)
+	end := min(L|(ix.cfg.SegmentBlocks-1)+1, n)
+	for j := L + 1; j < end && !isZero(set); j++ {
+		p, age, ok := ix.presence(j)
+		if !ok {
+			break
+		}
+		if above := and(set, p); !isZero(above) {
+			ix.setAge(above, age)
+			set = andNot(set, above)
+			ix.search(j+1, n, above)
+		}
+	}
+	ix.assign(set, L)
 }
 
 // Hints.
