@@ -125,7 +125,7 @@ type Router struct {
 	handler  *scorer.Handler
 	ix       *index.Index
 	sessions SessionTable
-	prefixes *MemSessions // leading-prefix hash -> last host (prefix_memory)
+	memory   prefixMemory // deep prefix hash -> last host (prefix_memory)
 	scratch  *scorer.Scratch
 	req      scorer.Request
 	matches  index.Matches
@@ -142,7 +142,7 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, prefixes: NewMemSessions(65536)}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions}
 	if r.sessions == nil {
 		r.sessions = NewMemSessions(65536)
 	}
@@ -269,9 +269,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	if in.SessionKey != "" {
 		req.PinnedAddress, _ = r.sessions.Get(in.SessionKey)
 	}
-	if req.PrefixHash != 0 {
-		req.PrefixAddress, _ = r.prefixes.Get64(req.PrefixHash)
-	}
+	req.PrefixAddress = r.memory.lookup(in.Chain)
 
 	res := r.handler.Run(req, hosts, r.scratch)
 	r.stats.Decisions++
@@ -286,9 +284,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	if in.SessionKey != "" && req.PinnedAddress != h.Address {
 		r.sessions.Put(in.SessionKey, h.Address)
 	}
-	if req.PrefixHash != 0 && req.PrefixAddress != h.Address {
-		r.prefixes.Put64(req.PrefixHash, h.Address)
-	}
+	r.memory.store(in.Chain, h.Address)
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 	if res.Disaggregated {
 		r.stats.Disaggregated++

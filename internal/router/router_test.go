@@ -271,3 +271,26 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 	}
 	r.Release(&tk)
 }
+
+func TestPrefixMemoryTable(t *testing.T) {
+	var m prefixMemory
+	turn1 := chain(7, 20)
+	m.store(turn1, "a:1")
+	turn2 := append(chain(7, 20), chain(8, 30)...) // turn 1 then more
+	if got := m.lookup(turn2); got != "a:1" {
+		t.Fatalf("turn 2 found %q, want a:1", got)
+	}
+	if got := m.lookup(chain(7, 5)); got != "" {
+		t.Fatalf("a 5-block chain is below the minimum depth, found %q", got)
+	}
+	if got := m.lookup(chain(9, 40)); got != "" {
+		t.Fatalf("an unrelated chain found %q", got)
+	}
+	m.store(turn2, "b:2") // the group moved: the deepest key wins
+	if got := m.lookup(append(turn2, 1, 2, 3)); got != "b:2" {
+		t.Fatalf("found %q, want b:2", got)
+	}
+	if testing.AllocsPerRun(100, func() { m.store(turn2, "b:2"); m.lookup(turn2) }) != 0 {
+		t.Fatal("prefix memory allocates")
+	}
+}

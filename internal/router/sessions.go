@@ -34,21 +34,6 @@ func (s *MemSessions) Get(key string) (string, bool) {
 	return "", false
 }
 
-// Get64 and Put64 are Get and Put for keys that are already hashes.
-func (s *MemSessions) Get64(k uint64) (string, bool) {
-	if a, ok := s.cur[k]; ok {
-		return a, true
-	}
-	if a, ok := s.old[k]; ok {
-		s.put(k, a)
-		return a, true
-	}
-	return "", false
-}
-
-// Put64: see Get64.
-func (s *MemSessions) Put64(k uint64, address string) { s.put(k, address) }
-
 // Put implements SessionTable.
 func (s *MemSessions) Put(key, address string) { s.put(xxhash.Sum64String(key), address) }
 
