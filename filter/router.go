@@ -397,6 +397,11 @@ func (p *routerPlugin) readBody(n int) ([]byte, error) {
 // readBuffer reads n bytes of a body buffer with get into p.bodyBuf. A
 // response chunk is only scanned for cached_tokens, so it shares the buffer.
 func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, error)) ([]byte, error) {
+	if n > p.cfg.MaxBodyBytes {
+		// A response chunk larger than any request body the router takes:
+		// read it the ordinary way rather than keep a buffer that size.
+		return get(0, n)
+	}
 	if cap(p.bodyBuf) < n {
 		p.bodyBuf = make([]byte, n)
 	}
