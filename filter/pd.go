@@ -146,6 +146,7 @@ func (p *pdPlugin) newStream(id uint32) types.HttpContext { return &pdStream{plu
 // onTick sends on, decode-only, every request whose headers have waited
 // for a body longer than bodyWait (see pdBodyWait).
 func (p *pdPlugin) onTick() {
+	defer guard(p.stats.recoveredPanics, "kvroute.pd on_tick", nil, nil)
 	now := time.Now()
 	for id, s := range p.held {
 		if now.Sub(s.heldAt) < p.bodyWait {
@@ -567,6 +568,7 @@ func (s *pdStream) OnHttpResponseBody(_ int, endOfStream bool) (action types.Act
 }
 
 func (s *pdStream) OnHttpStreamDone() {
+	defer guard(s.stats().recoveredPanics, "kvroute.pd on_stream_done", nil, nil)
 	s.done = true
 	delete(s.plugin.held, s.id)
 }

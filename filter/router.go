@@ -273,7 +273,10 @@ func (p *routerPlugin) newStream(id uint32) types.HttpContext {
 	return &routerStream{plugin: p, id: id}
 }
 
-func (p *routerPlugin) onTick() { p.adm.tick() }
+func (p *routerPlugin) onTick() {
+	defer guard(p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
+	p.adm.tick()
+}
 
 func (p *routerPlugin) isInference(path string) bool {
 	for _, ip := range p.cfg.InferencePaths {

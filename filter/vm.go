@@ -15,7 +15,9 @@
 //	request body     validate and walk the JSON (jsonvalid.go, jsonwalk.go),
 //	                 hash the prompt into blocks (parse.go), decide with
 //	                 internal/router over the shared index, set the
-//	                 destination header, resume
+//	                 destination header, resume; or, when every host is
+//	                 saturated, hold the stream for admission (admission.go),
+//	                 released from on_tick by class and deadline
 //	response headers status, latency and ORCA feed the breaker and the
 //	                 host's load (breaker.go, orca.go)
 //	response body    first byte ends pending prefill; cached_tokens is noted
