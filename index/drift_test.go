@@ -96,6 +96,7 @@ type driftOpts struct {
 	evict       bool    // set host capacities (else the index never evicts)
 	feedback    bool    // call Correct with the engine's cached blocks
 	segment     int     // Config.SegmentBlocks (0: default)
+	noHints     bool    // Config.NoQueryHints
 }
 
 func runDrift(t testing.TB, seed uint64, o driftOpts) driftStats {
@@ -103,7 +104,7 @@ func runDrift(t testing.TB, seed uint64, o driftOpts) driftStats {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	clk := &fakeClock{ms: 1e9}
 	const hosts = 8
-	ix := newTestIndex(t, &MemStore{}, clk, Config{Shards: 1024, BucketMs: bucketMs, SegmentBlocks: o.segment})
+	ix := newTestIndex(t, &MemStore{}, clk, Config{Shards: 1024, BucketMs: bucketMs, SegmentBlocks: o.segment, NoQueryHints: o.noHints})
 	units := func(i int) int { return 1 << ix.level(i) }
 	// 300 conversations: a shared system prompt (one of 5) then their own
 	// turns; a request is a conversation's prefix up to a turn.

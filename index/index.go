@@ -40,10 +40,11 @@ type Config struct {
 	MaxQueryReads int
 	// NoQueryHints stops Query from probing first where the VM's last
 	// query of a chain with the same first block found its answers (see
-	// Query). Hints cut a warm 128K-token query from 14 shard reads to
-	// 5, but where presence has holes they stop the search at holes more
-	// often: the drift replay's error at 60% capacity rose from 4.7% to
-	// 7.3% of matched blocks (README, Index section).
+	// Query). Hints cut a warm 128K-token query from 14 gets to 6, but
+	// where presence has holes they stop the search at holes more often:
+	// over 6 seeds of the drift replay the error rose from 4.4% to 4.9%
+	// of matched blocks at 30% capacity and from 4.7% to 7.5% at 60%,
+	// mostly under-reports (README, Index section).
 	NoQueryHints bool
 	// TouchAfterMs: Record refreshes the recency of blocks a host already
 	// holds only when their last refresh is older than this, so a hot

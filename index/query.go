@@ -32,6 +32,8 @@ func (m *Matches) Best() (slot, blocks int) {
 type queryState struct {
 	blocks     []uint64
 	hint       *hintLine // the answers of the last query with this first block
+	found      [hintsPerLine]int32
+	nfound     int
 	m          *Matches
 	budget     int
 	truncated  bool
@@ -103,9 +105,10 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 						q.hint.first, q.hint.n = blocks[0], 0
 					}
 				}
+				q.nfound = 0
 				ix.search(1, len(blocks), held)
 				if q.hint != nil {
-					q.hint.remember(m.Blocks, blocks)
+					q.hint.remember(q.found[:q.nfound], blocks)
 				}
 			}
 		}
@@ -124,7 +127,7 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 	for !isZero(set) {
 		if lo >= hi {
-			ix.settle(set, lo)
+			ix.assign(set, lo)
 			return
 		}
 		mid := ix.probeAt(lo, hi)
@@ -139,29 +142,6 @@ func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 		set = andNot(set, p)
 		hi = mid
 	}
-}
-
-// settle gives the hosts in set, which hold block L-1 and not block L,
-// the answer L, unless they hold a later block of L's segment (its shard
-// is already copied, so looking costs no read): then L is a hole, most
-// often an entry a full shard dropped while the engine still holds the
-// block, and their search goes on above it. Every answer stays a
-// boundary of presence.
-func (ix *Index) settle(set [maxWords]uint64, L int) {
-	n := len(ix.q.blocks)
-	end := min(L|(ix.cfg.SegmentBlocks-1)+1, n)
-	for j := L + 1; j < end && !isZero(set); j++ {
-		p, age, ok := ix.presence(j)
-		if !ok {
-			break
-		}
-		if above := and(set, p); !isZero(above) {
-			ix.setAge(above, age)
-			set = andNot(set, above)
-			ix.search(j+1, n, above)
-		}
-	}
-	ix.assign(set, L)
 }
 
 // Hints.
@@ -202,30 +182,12 @@ type hintLine struct {
 	last  [hintsPerLine]uint64 // hash of block at[k]-1 of that chain
 }
 
-// remember replaces the line's answers with the distinct nonzero answers
-// of blocks (a Matches.Blocks), up to hintsPerLine of them.
-func (h *hintLine) remember(blocks []int, chain []uint64) {
-	n := len(chain)
-	h.n = 0
-	for _, b := range blocks {
-		if b <= 0 || b >= n { // N is always guessed
-			continue
-		}
-		dup := false
-		for k := 0; k < h.n; k++ {
-			if h.at[k] == int32(b) {
-				dup = true
-				break
-			}
-		}
-		if !dup {
-			h.at[h.n] = int32(b)
-			h.last[h.n] = chain[b-1]
-			h.n++
-			if h.n == hintsPerLine {
-				return
-			}
-		}
+// remember replaces the line's answers with found (distinct answers
+// between 1 and N-1 of the query of chain).
+func (h *hintLine) remember(found []int32, chain []uint64) {
+	h.n = copy(h.at[:], found)
+	for k := 0; k < h.n; k++ {
+		h.last[k] = chain[h.at[k]-1]
 	}
 }
 
@@ -266,6 +228,19 @@ func (ix *Index) probeAt(lo, hi int) int {
 }
 
 func (ix *Index) assign(set [maxWords]uint64, n int) {
+	q := &ix.q
+	if q.hint != nil && n > 0 && n < len(q.blocks) && q.nfound < hintsPerLine && !isZero(set) {
+		// Answers are assigned once per distinct (hosts, n): keep the
+		// distinct ones for the next query's guesses.
+		dup := false
+		for _, f := range q.found[:q.nfound] {
+			dup = dup || f == int32(n)
+		}
+		if !dup {
+			q.found[q.nfound] = int32(n)
+			q.nfound++
+		}
+	}
 	b := ix.q.m.Blocks
 	for w, word := range set {
 		for word != 0 {

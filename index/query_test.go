@@ -249,26 +249,3 @@ func TestRecordReusesQueriedShards(t *testing.T) {
 		t.Fatal("the stale copy of segment 0 was not rejected")
 	}
 }
-
-// A search that lands on a hole (a block missing between held ones of
-// the same segment, e.g. an entry a full shard dropped) looks at the rest
-// of the segment it already copied and goes on above the hole.
-func TestQuerySkipsHolesInsideASegment(t *testing.T) {
-	st := &MemStore{}
-	clk := &fakeClock{ms: 1e6}
-	ix := newTestIndex(t, st, clk, Config{Shards: 4096})
-	a, _ := ix.Register("10.5.0.1:80")
-	c := chain(41, 24)
-	ix.Record(a, c[:10], nil)
-	var m Matches
-	ix.Query(c, &m) // the VM now guesses 10 for chains starting like c
-	if m.Blocks[a.Slot] != 10 {
-		t.Fatalf("before: %d", m.Blocks[a.Slot])
-	}
-	ix.Record(a, c[:15], nil)
-	ix.Removed(a, c[:11], 10) // hole at block 10, blocks 11..14 held
-	ix.Query(c, &m)
-	if m.Blocks[a.Slot] != 15 {
-		t.Fatalf("with a hole at 10 and blocks 11-14 held: match %d, want 15", m.Blocks[a.Slot])
-	}
-}
