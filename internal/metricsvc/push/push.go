@@ -99,6 +99,10 @@ type Pusher struct {
 	MinBackoff, MaxBackoff time.Duration
 	Log                    *slog.Logger
 
+	// after waits out a backoff; nil means time.After. Tests replace it to
+	// see each wait without sleeping through it.
+	after func(time.Duration) <-chan time.Time
+
 	gws []*gateway
 }
 
@@ -181,6 +185,10 @@ func (p *Pusher) deliver(ctx context.Context, g *gateway) {
 	if maxB <= 0 {
 		maxB = 10 * time.Second
 	}
+	after := p.after
+	if after == nil {
+		after = time.After
+	}
 	backoff := minB
 	var sent uint64
 	for {
@@ -224,7 +232,7 @@ func (p *Pusher) deliver(ctx context.Context, g *gateway) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-after(backoff):
 		}
 		backoff = min(backoff*2, maxB)
 		// Retry with whatever is newest now, even if nothing new arrived.

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,5 +177,64 @@ func TestFileTokenRotation(t *testing.T) {
 	}
 	if _, err := StaticToken("").Token(); err == nil {
 		t.Error("empty static token accepted")
+	}
+}
+
+// TestBackoffGrowsCapsAndResets records every wait the pusher asks for
+// (without sleeping through them): after each failure the wait doubles
+// from MinBackoff up to MaxBackoff and stays there, and a success puts it
+// back to MinBackoff for the next failure.
+func TestBackoffGrowsCapsAndResets(t *testing.T) {
+	g := newGateway(t, "t")
+	g.status.Store(503)
+	p := New([]string{g.url()}, StaticToken("t"), nil, quiet())
+	// The defaults (100 ms doubling to 10 s) are what is checked.
+
+	const failuresBeforeRecovery = 9
+	var (
+		mu    sync.Mutex
+		waits []time.Duration
+	)
+	p.after = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		waits = append(waits, d)
+		if len(waits) == failuresBeforeRecovery {
+			g.status.Store(0) // the retry after this wait succeeds
+		}
+		if len(waits) > failuresBeforeRecovery {
+			return nil // the failure after recovery: wait until the test ends
+		}
+		ch := make(chan time.Time, 1)
+		ch <- time.Now()
+		return ch
+	}
+	recorded := func() []time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]time.Duration(nil), waits...)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Run(ctx)
+	p.Publish([]byte("first"))
+	waitFor(t, "delivery after the failures", 5*time.Second, func() bool { _, n := g.last(); return n == 1 })
+
+	ms := time.Millisecond
+	want := []time.Duration{100 * ms, 200 * ms, 400 * ms, 800 * ms, 1600 * ms, 3200 * ms, 6400 * ms, 10 * time.Second, 10 * time.Second}
+	if got := recorded(); !slices.Equal(got, want) {
+		t.Fatalf("waits before recovery = %v, want %v", got, want)
+	}
+	if st := p.Stats()[0]; st.Failed != failuresBeforeRecovery || st.OK != 1 || st.Consecutive != 0 {
+		t.Errorf("stats after recovery = %+v", st)
+	}
+
+	// Fail again: the wait starts over at 100 ms, not at the 10 s cap.
+	g.status.Store(503)
+	p.Publish([]byte("second"))
+	waitFor(t, "the next failure's wait", 5*time.Second, func() bool { return len(recorded()) > failuresBeforeRecovery })
+	if got := recorded()[failuresBeforeRecovery]; got != 100*ms {
+		t.Errorf("wait after a success then a failure = %v, want 100ms (reset)", got)
 	}
 }
