@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/kvroute/kvroute/internal/benchreport"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -221,16 +222,20 @@ func toResult(name string, res *fleet.Result) benchreport.Result {
 }
 
 // progressBar returns a progress callback drawing on w when w is a
-// terminal, and nil otherwise (logs and pipes get no control characters).
-// The callback takes the number of units done; -1 finishes the line.
+// terminal, and nil otherwise (logs, pipes and /dev/null get no control
+// characters). The callback takes the number of units done; -1 finishes
+// the line.
 func progressBar(w io.Writer, total int) func(int) {
 	f, ok := w.(*os.File)
-	if !ok || total <= 0 {
+	if !ok || total <= 0 || !term.IsTerminal(int(f.Fd())) {
 		return nil
 	}
-	if fi, err := f.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
-		return nil
-	}
+	return drawProgress(f, total)
+}
+
+// drawProgress draws a bar of total units on w, redrawing at most every
+// 100 ms (and always at 100%) so a fast run does not flood the terminal.
+func drawProgress(w io.Writer, total int) func(int) {
 	var mu sync.Mutex
 	var lastDraw time.Time
 	start := time.Now()
@@ -238,7 +243,7 @@ func progressBar(w io.Writer, total int) func(int) {
 		mu.Lock()
 		defer mu.Unlock()
 		if done < 0 {
-			fmt.Fprintf(f, "\r%-70s\r", "")
+			fmt.Fprintf(w, "\r%-70s\r", "")
 			return
 		}
 		if time.Since(lastDraw) < 100*time.Millisecond && done < total {
@@ -247,7 +252,7 @@ func progressBar(w io.Writer, total int) func(int) {
 		lastDraw = time.Now()
 		const width = 40
 		fill := width * done / total
-		fmt.Fprintf(f, "\r[%s%s] %3d%% %6.1fs", strings.Repeat("#", fill), strings.Repeat(".", width-fill), 100*done/total, time.Since(start).Seconds())
+		fmt.Fprintf(w, "\r[%s%s] %3d%% %6.1fs", strings.Repeat("#", fill), strings.Repeat(".", width-fill), 100*done/total, time.Since(start).Seconds())
 	}
 }
 
