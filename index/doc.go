@@ -9,7 +9,8 @@
 // mutex, values copied on every get, compare-and-set on write, no delete).
 // The index is laid out for that map:
 //
-//   - a host slot table (one key): address hash to slot, a generation per
+//   - a host slot table (one key, plus an 8-byte stamp of its latest
+//     version): address hash to slot, a generation per
 //     slot, a clear epoch per slot (removal and Clear make a host's bits
 //     stop counting at once, without touching the shards), capacity and
 //     eviction horizon;
@@ -23,8 +24,11 @@
 //     engine's LRU would;
 //   - load counters (one key for all hosts).
 //
-// A Query copies the slot table and the few shards its binary search
-// probes; Record rewrites one shard per segment of the blocks it adds.
+// A Query copies the slot table's 8-byte stamp (the table itself only
+// when it changed) and the few shards its binary search probes, guessing
+// first at the chain's end and at the answers of the VM's last query of a
+// chain with the same first block; Record rewrites one shard per segment
+// of the blocks it adds, reusing the shards its Query copied.
 // Values are self-describing (magic, version, exact length): anything
 // short, corrupt or from another version reads as empty and is counted.
 // Keys are never written with CAS 0 (Envoy would let two creators both
