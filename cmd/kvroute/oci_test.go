@@ -22,10 +22,19 @@ import (
 )
 
 // runCLI runs `kvroute args...` through the real cobra tree and returns
-// its stdout. The flags of the command it ran are put back to their
-// defaults afterwards, since cobra keeps parsed values between runs and
-// other tests share the tree.
+// its stdout.
 func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := execCLI(t, context.Background(), &out, args...)
+	return out.String(), err
+}
+
+// execCLI runs `kvroute args...` with ctx, writing stdout to out. The
+// flags of the command it ran are put back to their defaults afterwards,
+// since cobra keeps parsed values (and the first run's context) between
+// runs and other tests share the tree.
+func execCLI(t *testing.T, ctx context.Context, out io.Writer, args ...string) error {
 	t.Helper()
 	cmd, _, err := rootCmd.Find(args)
 	if err != nil {
@@ -40,16 +49,15 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 			}
 			f.Changed = false
 		})
+		cmd.SetContext(nil)
 		rootCmd.SetArgs(nil)
 		rootCmd.SetOut(nil)
 		rootCmd.SetErr(nil)
 	}()
-	var out bytes.Buffer
 	rootCmd.SetArgs(args)
-	rootCmd.SetOut(&out)
+	rootCmd.SetOut(out)
 	rootCmd.SetErr(io.Discard)
-	err = rootCmd.ExecuteContext(context.Background())
-	return out.String(), err
+	return rootCmd.ExecuteContext(ctx)
 }
 
 // syntheticWasm writes a file with a binary Wasm header and n bytes that

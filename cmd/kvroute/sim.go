@@ -32,6 +32,10 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.TimeScaleSet = true
+			// Listen for Ctrl-C before the engines announce themselves, so a
+			// signal sent once "serving" is printed always stops them.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
 			f, err := simserver.Start(o)
 			if err != nil {
 				return err
@@ -43,9 +47,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 				fmt.Fprintf(out, "engine %s role=%s profile=%s model=%s kv_blocks=%d\n", s.Addr, s.Role, p.Name, o.Model, p.NumGPUBlocks())
 			}
 			fmt.Fprintln(out, "serving; Ctrl-C to stop")
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-			<-sig
+			<-ctx.Done()
 			return nil
 		},
 	}
