@@ -52,7 +52,11 @@ type queryState struct {
 // It runs one binary search for all hosts at once: probing block mid
 // splits the hosts into those holding it (whose answer is above mid) and
 // those not (below), so it makes at most K*log2(N) probes for K distinct
-// answers, each probe one shard read, and reads each block at most once.
+// answers, each probe at most one shard read, and reads each block at
+// most once. It probes guessed boundaries first (the chain's end, the
+// VM's last answers for chains with this first block; see Hints), which
+// settles most answers with one shard read each; the guesses change
+// which blocks are read, not what an answer may be.
 //
 // Presence is only approximately prefix-closed: an eviction or a removal
 // event can drop a block in the middle of a held chain. Then the answer
