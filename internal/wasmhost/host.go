@@ -138,6 +138,7 @@ type Host struct {
 	vms      []*vm
 	clusters map[string]*cluster
 
+	calls   *callStats
 	shared  *sharedData
 	queues  *sharedQueues
 	metrics *metricStore
@@ -226,6 +227,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	h := &Host{
 		cfg:        cfg,
 		clusters:   map[string]*cluster{},
+		calls:      &callStats{},
 		shared:     newSharedData(),
 		queues:     newSharedQueues(),
 		metrics:    newMetricStore(),
@@ -261,7 +263,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	rc := wazero.NewRuntimeConfig().WithCompilationCache(compilationCache(cfg.CompilationCacheDir)).WithCloseOnContextDone(false)
 	h.runtime = wazero.NewRuntimeWithConfig(ctx, rc)
-	if err := instantiateHostModules(ctx, h.runtime); err != nil {
+	if err := instantiateHostModules(ctx, h.runtime, h.calls); err != nil {
 		h.runtime.Close(ctx)
 		return nil, fmt.Errorf("wasmhost: host modules: %w", err)
 	}
@@ -462,6 +464,22 @@ func (h *Host) UpstreamRequests() map[string]int {
 	}
 	return out
 }
+
+// CallStat counts the calls of one callback into the module (Kind
+// "callback", e.g. "proxy_on_request_body") or of one host function the
+// module called (Kind "host", e.g. "proxy_get_buffer_bytes"), over every VM.
+// Total is wall time; a callback's includes the host calls it made.
+type CallStat struct {
+	Name  string
+	Kind  string
+	Count int64
+	Total time.Duration
+}
+
+// CallStats returns the call counts and times so far, callbacks first, for
+// profiling a filter: which callbacks run how often, which host calls they
+// make and where the time goes.
+func (h *Host) CallStats() []CallStat { return h.calls.snapshot() }
 
 // Clusters returns the configured cluster names, sorted.
 func (h *Host) Clusters() []string {

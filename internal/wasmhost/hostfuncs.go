@@ -22,16 +22,19 @@ func u32(x uint64) uint32 { return uint32(x) }
 // instantiateHostModules defines the "env" module with the proxy-wasm ABI
 // 0.2.1 host functions and "wasi_snapshot_preview1" with wazero's WASI, with
 // poll_oneoff and proc_exit behaving as in Envoy.
-func instantiateHostModules(ctx context.Context, r wazero.Runtime) error {
+func instantiateHostModules(ctx context.Context, r wazero.Runtime, stats *callStats) error {
 	env := r.NewHostModuleBuilder("env")
 	def := func(name string, params []api.ValueType, fn hostFunc) {
 		restrictedOK := name == "proxy_log"
+		st := stats.get(name, "host")
 		env.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, stack []uint64) {
 			v := vmFrom(ctx)
 			if v.restricted && !restrictedOK {
 				panic(vmTrap{"restricted_callback: Attempted call to restricted proxy-wasm capability during _initialize: " + name})
 			}
+			t0 := time.Now()
 			stack[0] = uint64(fn(v, stack[:len(params)]))
+			st.add(time.Since(t0))
 		}), params, []api.ValueType{i32}).Export(name)
 	}
 	n := func(k int) []api.ValueType {

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -165,5 +166,46 @@ func (s *logStore) matching(substr string) []LogEntry {
 			out = append(out, e)
 		}
 	}
+	return out
+}
+
+// callStats counts calls per name; entries are created once and then
+// updated with atomics.
+type callStats struct{ m sync.Map } // name -> *callStat
+
+type callStat struct {
+	kind  string
+	count atomic.Int64
+	nanos atomic.Int64
+}
+
+func (s *callStats) get(name, kind string) *callStat {
+	if v, ok := s.m.Load(name); ok {
+		return v.(*callStat)
+	}
+	v, _ := s.m.LoadOrStore(name, &callStat{kind: kind})
+	return v.(*callStat)
+}
+
+func (c *callStat) add(d time.Duration) {
+	c.count.Add(1)
+	c.nanos.Add(int64(d))
+}
+
+func (s *callStats) snapshot() []CallStat {
+	var out []CallStat
+	s.m.Range(func(k, v any) bool {
+		c := v.(*callStat)
+		if n := c.count.Load(); n > 0 {
+			out = append(out, CallStat{Name: k.(string), Kind: c.kind, Count: n, Total: time.Duration(c.nanos.Load())})
+		}
+		return true
+	})
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Kind != out[j].Kind {
+			return out[i].Kind == "callback"
+		}
+		return out[i].Name < out[j].Name
+	})
 	return out
 }

@@ -132,6 +132,16 @@ func TestStreamEndCallbacksAndSharedDataAcrossWorkers(t *testing.T) {
 			t.Errorf("worker %d served %d streams, want %d (round robin)", w.Index, w.Requests, n/2)
 		}
 	}
+	calls := map[string]CallStat{}
+	for _, c := range h.CallStats() {
+		calls[c.Name] = c
+	}
+	if c := calls["proxy_on_request_headers"]; c.Kind != "callback" || c.Count != n || c.Total <= 0 {
+		t.Errorf("CallStats proxy_on_request_headers = %+v, want %d callback calls", c, n)
+	}
+	if c := calls["proxy_set_shared_data"]; c.Kind != "host" || c.Count < n {
+		t.Errorf("CallStats proxy_set_shared_data = %+v, want >= %d host calls", c, n)
+	}
 	// Both VMs incremented one shared key with CAS: one map per vm_id.
 	v, cas, ok := h.SharedData("probe.count")
 	if !ok || string(v) != strconv.Itoa(n) || cas == 0 {

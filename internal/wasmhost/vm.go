@@ -143,7 +143,9 @@ func (v *vm) call(c *wctx, name string, fn api.Function, args ...uint64) (res ui
 		return 0, false, false
 	}
 	v.current, v.effective, v.stopNext, v.after = c, 0, false, nil
+	t0 := time.Now()
 	out, err := fn.Call(v.ctx, args...)
+	v.h.calls.get(name, "callback").add(time.Since(t0))
 	stop = v.stopNext
 	after := v.after
 	v.current, v.effective, v.stopNext, v.after = nil, 0, false, nil
