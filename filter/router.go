@@ -541,11 +541,11 @@ func (s *routerStream) decide(in *router.Input) {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
 	}
 	if p.cfg.DebugHeader != "" {
-		// Addresses, scores and plugin names only: never prompt text.
-		var req scorer.Request
-		req.Reset(len(p.hosts))
-		req.Model, req.PromptTokens, req.MaxTokens = in.Model, in.PromptTokens, in.MaxTokens
-		s.explanation = res.Decode.Explain(&req, p.hosts) + " predicted_cached_tokens=" + strconv.Itoa(t.PredictedCachedTokens)
+		// Addresses, scores, matched blocks and plugin names only: never
+		// prompt text. The router's own request state carries the matches.
+		b := p.rt.AppendExplain(nil, &res, p.hosts)
+		b = append(b, " predicted_cached_tokens="...)
+		s.explanation = string(strconv.AppendInt(b, int64(t.PredictedCachedTokens), 10))
 	}
 }
 

@@ -674,3 +674,29 @@ func TestClientPDFieldsRemoved(t *testing.T) {
 		t.Errorf("clean body changed: %s", got)
 	}
 }
+
+// The debug header explains the decision with the router's own request state:
+// a repeated prompt shows the blocks the index matched on the chosen host.
+func TestDebugHeaderShowsIndexMatches(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"debugHeader":"x-kvroute-debug"}`, types.OnPluginStartStatusOK)
+	long := `{"model":"m","prompt":"` + strings.Repeat("A helpful system prompt for every turn. ", 100) + `","max_tokens":16}`
+	explain := func() string {
+		id, _ := post(host, long)
+		host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+		dbg, _ := header(host.GetCurrentResponseHeaders(id), "x-kvroute-debug")
+		host.CompleteHttpContext(id)
+		return dbg
+	}
+	first := explain()
+	if !strings.Contains(first, " matched=0/") {
+		t.Fatalf("first request: want nothing matched, got %q", first)
+	}
+	second := explain()
+	i := strings.Index(second, " matched=")
+	if i < 0 || strings.HasPrefix(second[i:], " matched=0/") {
+		t.Fatalf("repeated prompt: want matched blocks in the explanation, got %q", second)
+	}
+	if strings.Contains(second, "system prompt") {
+		t.Fatalf("debug header carries prompt text: %q", second)
+	}
+}
