@@ -349,8 +349,8 @@ func TestDispatchHTTPCallFollowsOverrideHost(t *testing.T) {
 // Host calls answer with the statuses Envoy gives (0 Ok, 1 NotFound,
 // 2 BadArgument, 4 ParseFailure, 7 Empty, 8 CasMismatch, 12 Unimplemented).
 func TestABIStatusesMatchEnvoy(t *testing.T) {
-	_, url, up := probeHost(t, Filter{}, nil)
-	if r := do(t, "GET", url+"/x", "", map[string]string{"x-probe-abi": "1"}); r.code != 200 {
+	_, url, up := probeHost(t, Filter{Name: "probe-plugin"}, nil)
+	if r := do(t, "GET", url+"/x?q", "", map[string]string{"x-probe-abi": "1"}); r.code != 200 {
 		t.Fatalf("%d %s", r.code, r.body)
 	}
 	got := map[string]string{}
@@ -371,6 +371,11 @@ func TestABIStatusesMatchEnvoy(t *testing.T) {
 		"foreign_function_unknown": "1", "done_outside_shutdown": "1", "grpc_call": "4",
 		"continue_stream_bad": "2", "continue_stream_upstream": "12",
 		"property_unknown": "1", "property_vm_id_probe": "0", "property_request_path": "0",
+		// Values, not only statuses: request.path is the :path header, query
+		// included, as in Envoy; plugin_name is the configured name, which
+		// differs from the root id.
+		"property_request_path_value_/x?q": "0", "property_plugin_name_probe-plugin": "0",
+		"property_plugin_root_id_probe": "0",
 		"http_call_no_authority": "2",
 	}
 	for k, v := range want {
