@@ -376,7 +376,7 @@ func TestABIStatusesMatchEnvoy(t *testing.T) {
 		// differs from the root id.
 		"property_request_path_value_/x?q": "0", "property_plugin_name_probe-plugin": "0",
 		"property_plugin_root_id_probe": "0",
-		"http_call_no_authority": "2",
+		"http_call_no_authority":        "2",
 	}
 	for k, v := range want {
 		if got[k] != v {
