@@ -50,25 +50,15 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 	if cfg.Replicas < 1 || cfg.Replicas != len(rr.hosts) {
 		return nil, fmt.Errorf("fleet of %d replicas, router over %d hosts", cfg.Replicas, len(rr.hosts))
 	}
-	if len(w.Requests) == 0 {
-		return nil, errors.New("workload has no requests")
-	}
 	if err := opt.Config.Validate(); err != nil {
 		return nil, err
 	}
 	if opt.Class == nil {
 		return nil, errors.New("AdmissionOptions.Class is required")
 	}
-	if cfg.PushInterval <= 0 {
-		cfg.PushInterval = time.Second
-	}
-	var engOpts []sim.Option
-	if cfg.InfiniteKV {
-		engOpts = append(engOpts, sim.WithInfiniteKV())
-	}
-	reps := make([]*replica, cfg.Replicas)
-	for i := range reps {
-		reps[i] = &replica{eng: sim.NewEngine(cfg.Profile, engOpts...), reqs: map[*sim.Request]int{}}
+	reps, err := newReplicas(&cfg, w)
+	if err != nil {
+		return nil, err
 	}
 	workers := max(opt.Workers, 1)
 	ctls := make([]*admission.Controller, workers)

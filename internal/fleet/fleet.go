@@ -94,8 +94,9 @@ type replica struct {
 	reqs     map[*sim.Request]int // engine request -> workload index
 }
 
-// Run replays w through the router on a fresh fleet.
-func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
+// newReplicas checks what every kind of run needs (a replica, a request),
+// applies cfg's defaults and builds a fresh fleet of engines.
+func newReplicas(cfg *Config, w *workload.Workload) ([]*replica, error) {
 	if cfg.Replicas < 1 {
 		return nil, errors.New("fleet needs at least one replica")
 	}
@@ -112,6 +113,15 @@ func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
 	reps := make([]*replica, cfg.Replicas)
 	for i := range reps {
 		reps[i] = &replica{eng: sim.NewEngine(cfg.Profile, opts...), reqs: map[*sim.Request]int{}}
+	}
+	return reps, nil
+}
+
+// Run replays w through the router on a fresh fleet.
+func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
+	reps, err := newReplicas(&cfg, w)
+	if err != nil {
+		return nil, err
 	}
 	firstObs, _ := router.(FirstTokenObserver)
 	doneObs, _ := router.(DoneObserver)

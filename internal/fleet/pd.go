@@ -24,7 +24,6 @@ package fleet
 
 import (
 	"container/heap"
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -90,28 +89,15 @@ func (h *transferHeap) Pop() any {
 
 // RunPD replays w through a disaggregating router on a fresh fleet.
 func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
-	if cfg.Replicas < 1 {
-		return nil, errors.New("fleet needs at least one replica")
-	}
 	if len(cfg.Roles) != cfg.Replicas {
 		return nil, fmt.Errorf("%d roles for %d replicas", len(cfg.Roles), cfg.Replicas)
 	}
-	if len(w.Requests) == 0 {
-		return nil, errors.New("workload has no requests")
-	}
-	if cfg.PushInterval <= 0 {
-		cfg.PushInterval = time.Second
+	reps, err := newReplicas(&cfg.Config, w)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.KVTransferBandwidth <= 0 {
 		cfg.KVTransferBandwidth = 50e9
-	}
-	var opts []sim.Option
-	if cfg.InfiniteKV {
-		opts = append(opts, sim.WithInfiniteKV())
-	}
-	reps := make([]*replica, cfg.Replicas)
-	for i := range reps {
-		reps[i] = &replica{eng: sim.NewEngine(cfg.Profile, opts...), reqs: map[*sim.Request]int{}}
 	}
 	firstObs, _ := rt.(FirstTokenObserver)
 	doneObs, _ := rt.(DoneObserver)
