@@ -152,12 +152,7 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 	}
 
 	for done < n {
-		ri := -1
-		for i, rp := range reps {
-			if rp.stepping && (ri < 0 || rp.stepEnd < reps[ri].stepEnd) {
-				ri = i
-			}
-		}
+		ri := earliestStep(reps)
 		ta, te, tt := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
 		if next < n {
 			ta = w.Requests[next].Arrival
@@ -240,11 +235,7 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 				wr := &w.Requests[idx]
 				rec := &res.Records[idx]
 				rec.CachedTokens = er.CachedTokens
-				rec.TTFT = er.FirstToken - wr.Arrival
-				rec.E2E = er.Finished - wr.Arrival
-				if er.Generated > 1 {
-					rec.TPOT = (er.Finished - er.FirstToken) / time.Duration(er.Generated-1)
-				}
+				rec.setTimes(er, wr.Arrival)
 				rec.Preemptions = er.Preemptions
 				done++
 				last = max(last, now)

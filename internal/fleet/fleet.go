@@ -117,6 +117,28 @@ func newReplicas(cfg *Config, w *workload.Workload) ([]*replica, error) {
 	return reps, nil
 }
 
+// earliestStep returns the replica whose running step ends first, or -1
+// when no replica is stepping: the next engine event of the simulation.
+func earliestStep(reps []*replica) int {
+	ri := -1
+	for i, rp := range reps {
+		if rp.stepping && (ri < 0 || rp.stepEnd < reps[ri].stepEnd) {
+			ri = i
+		}
+	}
+	return ri
+}
+
+// setTimes fills a finished request's latencies, counted from arrival (the
+// engine's arrival, or the gateway's when the request was held first).
+func (rec *Record) setTimes(er *sim.Request, arrival time.Duration) {
+	rec.TTFT = er.FirstToken - arrival
+	rec.E2E = er.Finished - arrival
+	if er.Generated > 1 {
+		rec.TPOT = (er.Finished - er.FirstToken) / time.Duration(er.Generated-1)
+	}
+}
+
 // Run replays w through the router on a fresh fleet.
 func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
 	reps, err := newReplicas(&cfg, w)
@@ -151,12 +173,7 @@ func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
 
 	for done < n {
 		// Earliest step completion.
-		ri := -1
-		for i, rp := range reps {
-			if rp.stepping && (ri < 0 || rp.stepEnd < reps[ri].stepEnd) {
-				ri = i
-			}
-		}
+		ri := earliestStep(reps)
 		ta := time.Duration(math.MaxInt64)
 		if next < n {
 			ta = w.Requests[next].Arrival
@@ -231,11 +248,7 @@ func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
 			delete(rp.reqs, er)
 			rec := &res.Records[idx]
 			rec.CachedTokens = er.CachedTokens
-			rec.TTFT = er.FirstToken - er.Arrival
-			rec.E2E = er.Finished - er.Arrival
-			if er.Generated > 1 {
-				rec.TPOT = (er.Finished - er.FirstToken) / time.Duration(er.Generated-1)
-			}
+			rec.setTimes(er, er.Arrival)
 			rec.Preemptions = er.Preemptions
 			done++
 			last = max(last, now)

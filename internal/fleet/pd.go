@@ -142,12 +142,7 @@ func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
 		if res.Prefill[idx] < 0 {
 			rec.CachedTokens = er.CachedTokens
 		} // split: the prefill replica's prefix hits, set at prefill end
-		arrival := w.Requests[idx].Arrival
-		rec.TTFT = er.FirstToken - arrival
-		rec.E2E = er.Finished - arrival
-		if er.Generated > 1 {
-			rec.TPOT = (er.Finished - er.FirstToken) / time.Duration(er.Generated-1)
-		}
+		rec.setTimes(er, w.Requests[idx].Arrival)
 		rec.Preemptions += er.Preemptions
 		if doneObs != nil {
 			doneObs.Done(&w.Requests[idx], k, rec.CachedTokens, now)
@@ -172,12 +167,7 @@ func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
 	}
 
 	for done < n {
-		ri := -1
-		for i, rp := range reps {
-			if rp.stepping && (ri < 0 || rp.stepEnd < reps[ri].stepEnd) {
-				ri = i
-			}
-		}
+		ri := earliestStep(reps)
 		ta, te, tt := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
 		if next < n {
 			ta = w.Requests[next].Arrival
