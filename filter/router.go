@@ -326,6 +326,7 @@ type routerStream struct {
 	explanation string
 	firstByte   bool
 	feedbackSet bool
+	finished    bool // feedback given and load released (finish)
 	cached      int
 	tail        []byte // end of the previous response chunk, for fields split across chunks
 }
@@ -644,7 +645,12 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	}
 	if !s.firstByte {
 		s.firstByte = true
-		p.rt.FirstToken(&s.ticket)
+		if !endOfStream {
+			p.rt.FirstToken(&s.ticket)
+		} // else the whole response is here: finish takes everything back at once
+	}
+	if endOfStream {
+		defer s.finish()
 	}
 	if bodySize == 0 {
 		return types.ActionContinue
@@ -660,6 +666,23 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	return types.ActionContinue
 }
 
+// finish gives the engine's feedback to the router and releases the
+// request's load, once: at the response's last body chunk, or at stream
+// done for a response that ended without one (headers only, a reset). A
+// one-chunk response so skips the separate first-token update: one
+// read-modify-write of the shared load counters instead of two.
+func (s *routerStream) finish() {
+	if s.finished {
+		return
+	}
+	s.finished = true
+	p := s.plugin
+	if s.feedbackSet {
+		p.rt.Feedback(&s.ticket, s.cached)
+	}
+	p.rt.Release(&s.ticket)
+}
+
 func (s *routerStream) OnHttpStreamDone() {
 	p := s.plugin
 	defer guard(p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
@@ -667,10 +690,7 @@ func (s *routerStream) OnHttpStreamDone() {
 	if !s.decided {
 		return
 	}
-	if s.feedbackSet {
-		p.rt.Feedback(&s.ticket, s.cached)
-	}
-	p.rt.Release(&s.ticket)
+	s.finish()
 	if !s.firstByte && s.primary != "" {
 		p.breakers.abandoned(s.primary)
 	}

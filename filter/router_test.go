@@ -487,6 +487,40 @@ func TestFeedbackFromResponses(t *testing.T) {
 	}
 }
 
+// TestOneChunkResponseReleasesOnce checks the response path of a
+// non-streamed reply: its load goes back at the last body chunk, in one
+// update of the shared load counters (not a first-token update and then a
+// release), and its feedback counts once even though stream done follows.
+func TestOneChunkResponseReleasesOnce(t *testing.T) {
+	host, p := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	id, _ := post(host, completion)
+	busy := false
+	for _, l := range p.ix.Loads(nil) {
+		busy = busy || l.InFlight != 0
+	}
+	if !busy {
+		t.Fatal("no host shows the routed request's load")
+	}
+	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	writes := p.ix.Metrics().Writes
+	host.CallOnResponseBody(id, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens":48}}}`), true)
+	if got := p.ix.Metrics().Writes - writes; got != 1 {
+		t.Errorf("shared-data writes for a one-chunk response = %d, want 1 (the release alone)", got)
+	}
+	for slot, l := range p.ix.Loads(nil) {
+		if l != (index.Load{}) {
+			t.Errorf("slot %d load after the last body chunk = %+v, want zero", slot, l)
+		}
+	}
+	host.CompleteHttpContext(id)
+	if got := p.rt.Stats().FeedbackRequests; got != 1 {
+		t.Errorf("feedback requests = %d, want 1", got)
+	}
+	if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != 48 {
+		t.Errorf("confirmed_cached_tokens = %d, want 48", got)
+	}
+}
+
 func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	clock = func() time.Time { return now }
