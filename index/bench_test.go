@@ -143,26 +143,37 @@ func BenchmarkQuery(b *testing.B) {
 				b.ReportMetric(float64(len(f.chain)), "blocks")
 			})
 			// Cold: no hints from an earlier query of this chain (a VM
-			// that never saw its first block), only the probe of the
-			// chain's end.
-			b.Run(benchName(hosts, tokens)+"/index-cold", func(b *testing.B) {
-				var m Matches
-				r0, by0 := f.ix.metrics.Reads, f.ix.metrics.BytesRead
-				b.ReportAllocs()
-				b.ResetTimer()
-				cpu0 := cpuNow()
-				for i := 0; i < b.N; i++ {
-					f.ix.hints = [hintLines]hintLine{}
-					f.ix.Query(f.chain, &m)
+			// that never saw its first block): the shared hint line the
+			// fleet's Records published, and the probe of the chain's
+			// end. "index-unshared": without the shared line either (a
+			// chain whose line another chain's Record replaced, or
+			// Config.NoSharedHints).
+			for _, unshared := range []bool{false, true} {
+				name := "/index-cold"
+				if unshared {
+					name = "/index-unshared"
 				}
-				b.StopTimer()
-				reportCPU(b, cpu0)
-				if m.Blocks[0] != len(f.chain) || m.Blocks[3] != len(f.chain)/10 {
-					b.Fatalf("wrong answer: host0 %d host3 %d of %d", m.Blocks[0], m.Blocks[3], len(f.chain))
-				}
-				b.ReportMetric(float64(f.ix.metrics.Reads-r0)/float64(b.N), "gets/op")
-				b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
-			})
+				b.Run(benchName(hosts, tokens)+name, func(b *testing.B) {
+					f.ix.cfg.NoSharedHints = unshared
+					defer func() { f.ix.cfg.NoSharedHints = false }()
+					var m Matches
+					r0, by0 := f.ix.metrics.Reads, f.ix.metrics.BytesRead
+					b.ReportAllocs()
+					b.ResetTimer()
+					cpu0 := cpuNow()
+					for i := 0; i < b.N; i++ {
+						f.ix.hints = [hintLines]hintLine{}
+						f.ix.Query(f.chain, &m)
+					}
+					b.StopTimer()
+					reportCPU(b, cpu0)
+					if m.Blocks[0] != len(f.chain) || m.Blocks[3] != len(f.chain)/10 {
+						b.Fatalf("wrong answer: host0 %d host3 %d of %d", m.Blocks[0], m.Blocks[3], len(f.chain))
+					}
+					b.ReportMetric(float64(f.ix.metrics.Reads-r0)/float64(b.N), "gets/op")
+					b.ReportMetric(float64(f.ix.metrics.BytesRead-by0)/float64(b.N), "copiedB/op")
+				})
+			}
 			b.Run(benchName(hosts, tokens)+"/naive", func(b *testing.B) {
 				out := make([]int, hosts)
 				b.ReportAllocs()
@@ -206,22 +217,33 @@ func BenchmarkQueryRecord(b *testing.B) {
 			// (generating it costs about 1 ns per block).
 			n := len(f.chain)
 			c := make([]uint64, n)
-			b.Run(benchName(hosts, tokens)+"/index-new", func(b *testing.B) {
-				var m Matches
-				w0, o0 := f.ix.metrics.Writes, f.ix.metrics.Overflows
-				b.ReportAllocs()
-				cpu0 := cpuNow()
-				for i := 0; i < b.N; i++ {
-					f.clk.ms += 5 // 200 new prompts per second
-					fillChain(c, uint64(i)<<32|uint64(tokens))
-					f.ix.Query(c, &m)
-					f.ix.Record(f.refs[i%hosts], c, &m)
+			// "index-new-unshared": the same without publishing the
+			// chain's length in the shared hint line (Config.NoSharedHints),
+			// on other fresh chains: what the publishing costs.
+			for _, unshared := range []bool{false, true} {
+				name, salt := "/index-new", uint64(0)
+				if unshared {
+					name, salt = "/index-new-unshared", 1<<31
 				}
-				b.StopTimer()
-				reportCPU(b, cpu0)
-				b.ReportMetric(float64(f.ix.metrics.Writes-w0)/float64(b.N), "sets/op")
-				b.ReportMetric(float64(f.ix.metrics.Overflows-o0)/float64(b.N), "overflows/op")
-			})
+				b.Run(benchName(hosts, tokens)+name, func(b *testing.B) {
+					f.ix.cfg.NoSharedHints = unshared
+					defer func() { f.ix.cfg.NoSharedHints = false }()
+					var m Matches
+					w0, o0 := f.ix.metrics.Writes, f.ix.metrics.Overflows
+					b.ReportAllocs()
+					cpu0 := cpuNow()
+					for i := 0; i < b.N; i++ {
+						f.clk.ms += 5 // 200 new prompts per second
+						fillChain(c, uint64(i)<<32|salt|uint64(tokens))
+						f.ix.Query(c, &m)
+						f.ix.Record(f.refs[i%hosts], c, &m)
+					}
+					b.StopTimer()
+					reportCPU(b, cpu0)
+					b.ReportMetric(float64(f.ix.metrics.Writes-w0)/float64(b.N), "sets/op")
+					b.ReportMetric(float64(f.ix.metrics.Overflows-o0)/float64(b.N), "overflows/op")
+				})
+			}
 			b.Run(benchName(hosts, tokens)+"/naive-new", func(b *testing.B) {
 				out := make([]int, hosts)
 				b.ReportAllocs()

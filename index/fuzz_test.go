@@ -19,7 +19,7 @@ func FuzzSharedValues(f *testing.F) {
 	seedIx.Record(a, chain(1, 20), nil)
 	tk, _ := seedIx.AddLoad(a, 10, 10)
 	_ = tk
-	for _, k := range []string{seedIx.slotsKey, seedIx.shardKeys[0], seedIx.shardKeys[1], seedIx.usageKeys[0], seedIx.loadKey, seedIx.stampKey} {
+	for _, k := range []string{seedIx.slotsKey, seedIx.shardKeys[0], seedIx.shardKeys[1], seedIx.usageKeys[0], seedIx.loadKey, seedIx.stampKey, seedIx.sharedHintKey(chain(1, 20)[0])} {
 		v, _, err := st.Get(k)
 		if err == nil {
 			f.Add(byte(0), v)
@@ -41,7 +41,7 @@ func FuzzSharedValues(f *testing.F) {
 		}
 		c := chain(1, 20)
 		ix.Record(a, c[:5], nil)
-		keys := []string{ix.slotsKey, ix.shardKeys[0], ix.shardKeys[1], ix.usageKeys[0], ix.loadKey, ix.stampKey}
+		keys := []string{ix.slotsKey, ix.shardKeys[0], ix.shardKeys[1], ix.usageKeys[0], ix.loadKey, ix.stampKey, ix.sharedHintKey(c[0])}
 		key := keys[int(which)%len(keys)]
 		st.Set(key, data, 0)
 		var m Matches

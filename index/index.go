@@ -46,6 +46,11 @@ type Config struct {
 	// of matched blocks at 30% capacity and from 4.7% to 7.5% at 60%,
 	// mostly under-reports (README, Index section).
 	NoQueryHints bool
+	// NoSharedHints keeps the hints per VM: Record does not publish the
+	// lengths it writes in the shared hint line of the chain's first
+	// block, and a VM's first query of a prefix does not read it (see
+	// sharedhints.go). NoQueryHints implies it.
+	NoSharedHints bool
 	// TouchAfterMs: Record refreshes the recency of blocks a host already
 	// holds only when their last refresh is older than this, so a hot
 	// prefix costs shared-data writes at most once per interval.
@@ -197,6 +202,9 @@ type Index struct {
 	// query state
 	q     queryState
 	hints [hintLines]hintLine
+	// shared hints: this VM's copy of the last shared hint line it read
+	shared   sharedState
+	hintKeys []string
 	// record scratch
 	work    []byte
 	enc     []byte

@@ -107,6 +107,9 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 					q.hint = &ix.hints[blocks[0]%hintLines]
 					if q.hint.first != blocks[0] {
 						q.hint.first, q.hint.n = blocks[0], 0
+						if ix.useSharedHints(len(blocks)) {
+							ix.loadSharedHints(q.hint, blocks)
+						}
 					}
 				}
 				q.nfound = 0

@@ -134,6 +134,11 @@ func randomWorkload(t *testing.T, seed uint64) {
 		default:
 			n := rng.IntN(len(c) + 1)
 			q := c[:n]
+			if rng.IntN(2) == 0 {
+				// A VM's first query of this prefix: its guesses come
+				// from the shared hint line (Records of any VM).
+				ix.hints = [hintLines]hintLine{}
+			}
 			if err := ix.Query(q, &m); err != nil {
 				t.Fatal(err)
 			}
@@ -183,11 +188,18 @@ func TestQueryHintsCutReadsNotAnswers(t *testing.T) {
 		return append([]int(nil), m.Blocks...), m.Reads
 	}
 	for _, ch := range [][]uint64{c, other, c} {
-		cold := newTestIndex(t, st, clk, Config{Shards: 4096})
+		cold := newTestIndex(t, st, clk, Config{Shards: 4096, NoQueryHints: true})
 		want, coldReads := answers(cold, ch)
 		got, _ := answers(ix, ch) // hints from the previous chain
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("with hints %v, without %v", got, want)
+		}
+		// Another VM's first query of this prefix: guesses from the
+		// shared hint line only (plus its key read).
+		fresh := newTestIndex(t, st, clk, Config{Shards: 4096})
+		shared, sharedReads := answers(fresh, ch)
+		if fmt.Sprint(shared) != fmt.Sprint(want) {
+			t.Fatalf("with shared hints %v, without %v", shared, want)
 		}
 		again, warmReads := answers(ix, ch)
 		if fmt.Sprint(again) != fmt.Sprint(want) {
@@ -204,6 +216,105 @@ func TestQueryHintsCutReadsNotAnswers(t *testing.T) {
 		if warmReads > 2+2*len(distinct) || warmReads >= coldReads {
 			t.Fatalf("warm query made %d reads, cold %d: hints did not cut the search", warmReads, coldReads)
 		}
+		if sharedReads > 3+2*len(distinct) || sharedReads >= coldReads {
+			t.Fatalf("first query with shared hints made %d reads, cold %d: they did not cut the search", sharedReads, coldReads)
+		}
+	}
+}
+
+// Shared hints that lie (lengths that are not boundaries, hashes of other
+// chains, lengths past the chain) or are corrupt change reads, never
+// answers, and a corrupt line is counted and replaced by the next Record.
+func TestSharedHintsNeverChangeAnswers(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{Shards: 4096})
+	c := chain(41, 192)
+	for p, n := range []int{192, 115, 57, 19, 19} {
+		ref, err := ix.Register(fmt.Sprintf("10.8.0.%d:80", p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ix.Record(ref, c[:n], nil)
+	}
+	var want Matches
+	ref := newTestIndex(t, st, clk, Config{Shards: 4096, NoQueryHints: true})
+	if err := ref.Query(c, &want); err != nil {
+		t.Fatal(err)
+	}
+	key := ix.sharedHintKey(c[0])
+	lies := sharedLine{first: c[0]}
+	for _, L := range []int32{3, 64, 100, 150, 191} { // right hashes, wrong lengths
+		lies.push(L, c[L-1])
+	}
+	lies.push(57, 12345) // a right length with another chain's hash
+	lies.push(500, 7)    // past the chain
+	values := [][]byte{
+		encodeHints(nil, &lies),
+		{'K', 'H', formatVersion, 9},       // short
+		append(encodeHints(nil, &lies), 0), // wrong length
+		{'K', 'H', formatVersion, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}, // length 0
+	}
+	for k, v := range values {
+		if err := st.Set(key, v, 0); err != nil {
+			t.Fatal(err)
+		}
+		vm := newTestIndex(t, st, clk, Config{Shards: 4096})
+		var m Matches
+		if err := vm.Query(c, &m); err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(m.Blocks) != fmt.Sprint(want.Blocks) {
+			t.Fatalf("value %d: shared hints changed the answers: %v, want %v", k, m.Blocks, want.Blocks)
+		}
+		if corrupt := vm.Metrics().Corrupt; (k > 0) != (corrupt == 1) {
+			t.Fatalf("value %d: %d corrupt values counted", k, corrupt)
+		}
+		// The next Record of the chain replaces a corrupt line.
+		a, _ := vm.Lookup("10.8.0.0:80")
+		if err := vm.Record(a, c[:150], nil); err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := st.Get(key)
+		var l sharedLine
+		if err != nil || !parseHints(got, &l) || l.first != c[0] || !l.has(150, c[149]) {
+			t.Fatalf("value %d: the Record did not publish its length: %v %+v", k, err, l)
+		}
+	}
+}
+
+// Record publishes a chain's length only when the shared line lacks it:
+// a repeated Record of the same length writes no hint, and the line keeps
+// at most hintsPerLine lengths, the most recent first.
+func TestSharedHintsWriteOnlyChanges(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{Shards: 4096})
+	a, _ := ix.Register("10.9.0.1:80")
+	c := chain(51, 192)
+	ix.Record(a, c[:100], nil)
+	key := ix.sharedHintKey(c[0])
+	_, cas0, err := st.Get(key)
+	if err != nil {
+		t.Fatalf("no shared hint after a Record: %v", err)
+	}
+	clk.ms += 5000 // past TouchAfterMs: the shards are rewritten
+	ix.Record(a, c[:100], nil)
+	other := newTestIndex(t, st, clk, Config{Shards: 4096})
+	other.Record(a, c[:100], nil) // another VM reads the line, finds it there
+	if _, cas, _ := st.Get(key); cas != cas0 {
+		t.Fatal("recording the same length again rewrote the shared hint")
+	}
+	for n := 20; n <= 190; n += 10 {
+		other.Record(a, c[:n], nil)
+	}
+	v, _, _ := st.Get(key)
+	var l sharedLine
+	if !parseHints(v, &l) || l.n != hintsPerLine || l.at[0] != 190 || l.at[hintsPerLine-1] != 120 {
+		t.Fatalf("line %+v, want the %d most recent lengths 190..120", l, hintsPerLine)
+	}
+	if len(v) != hintsHeader+hintsPerLine*hintsRecord {
+		t.Fatalf("line of %d bytes", len(v))
 	}
 }
 

@@ -28,6 +28,9 @@ func (ix *Index) Record(ref HostRef, blocks []uint64, m *Matches) error {
 	ix.q.reusable = ix.tableFresh && m.query == ix.metrics.Queries && m.chain == blocks[0]
 	err := ix.mark(ref, blocks, start, true)
 	ix.q.reusable = false
+	if err == nil && ix.useSharedHints(len(blocks)) {
+		ix.publishHint(blocks)
+	}
 	return err
 }
 
