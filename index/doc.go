@@ -22,12 +22,16 @@
 //   - a usage histogram per host (one key per slot): tracked blocks by
 //     recency bucket, from which eviction moves the host's horizon as its
 //     engine's LRU would;
-//   - load counters (one key for all hosts).
+//   - load counters (one key for all hosts);
+//   - shared query hints (1024 keys, chosen by a chain's first block): the
+//     chain lengths Records wrote recently, as (length, hash of the last
+//     block) pairs.
 //
 // A Query copies the slot table's 8-byte stamp (the table itself only
 // when it changed) and the few shards its binary search probes, guessing
 // first at the chain's end and at the answers of the VM's last query of a
-// chain with the same first block; Record rewrites one shard per segment
+// chain with the same first block (on the VM's first query of that
+// prefix, at the shared hints); Record rewrites one shard per segment
 // of the blocks it adds, reusing the shards its Query copied.
 // Values are self-describing (magic, version, exact length): anything
 // short, corrupt or from another version reads as empty and is counted.

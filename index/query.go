@@ -54,7 +54,9 @@ type queryState struct {
 // those not (below), so it makes at most K*log2(N) probes for K distinct
 // answers, each probe at most one shard read, and reads each block at
 // most once. It probes guessed boundaries first (the chain's end, the
-// VM's last answers for chains with this first block; see Hints), which
+// VM's last answers for chains with this first block or, on the VM's
+// first query of a prefix, the lengths Records published in the shared
+// hint line; see Hints and sharedhints.go), which
 // settles most answers with one shard read each; the guesses change
 // which blocks are read, not what an answer may be.
 //
@@ -167,7 +169,9 @@ func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 //     the same first block (a system prompt's length, the previous turn
 //     of a conversation), each used only if this chain has the same
 //     block L-1 (the same prefix up to the guess): a per-VM table of
-//     hintLines lines. Guesses from unrelated chains would stop the
+//     hintLines lines, seeded from the shared hint line (the chain
+//     lengths any VM's Record published) when a line is assigned to a
+//     new first block. Guesses from unrelated chains would stop the
 //     search at holes (blocks evicted from the middle of a chain) near
 //     their answers: the drift replay under-reported more.
 //
