@@ -301,20 +301,7 @@ type PDRealRouter struct {
 
 // RoutePD implements PDRouter.
 func (a *PDRealRouter) RoutePD(wr *workload.Request, prompt string, now time.Duration) (int, int) {
-	a.nowMs = now.Milliseconds()
-	a.hasher.Reset(wr.Model, "", "")
-	if wr.Chat() {
-		for _, m := range wr.Messages {
-			a.hasher.Message(m.Role, m.Content)
-		}
-	} else {
-		a.hasher.Text(prompt)
-	}
-	in := &router.Input{
-		Model: wr.Model, SessionKey: wr.Session,
-		PromptTokens: wr.PromptTokens, MaxTokens: wr.OutputTokens,
-		Chain: a.hasher.Blocks(), Tokens: a.hasher,
-	}
+	in := a.input(wr, prompt, now)
 	t, _ := a.r.Decide(in, a.hosts)
 	a.Decisions++
 	if t.Host < 0 {

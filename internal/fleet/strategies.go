@@ -109,8 +109,9 @@ type RealRouter struct {
 	FailedOpen int
 }
 
-// Route implements Router.
-func (a *RealRouter) Route(wr *workload.Request, prompt string, now time.Duration) int {
+// input hashes the request's prompt the way the filter does and builds the
+// router's input for it; now becomes the router's clock.
+func (a *RealRouter) input(wr *workload.Request, prompt string, now time.Duration) *router.Input {
 	a.nowMs = now.Milliseconds()
 	a.hasher.Reset(wr.Model, "", "")
 	if wr.Chat() {
@@ -125,6 +126,12 @@ func (a *RealRouter) Route(wr *workload.Request, prompt string, now time.Duratio
 		PromptTokens: wr.PromptTokens, MaxTokens: wr.OutputTokens,
 		Chain: a.hasher.Blocks(), Tokens: a.hasher,
 	}
+	return in
+}
+
+// Route implements Router.
+func (a *RealRouter) Route(wr *workload.Request, prompt string, now time.Duration) int {
+	in := a.input(wr, prompt, now)
 	t, _ := a.r.Decide(in, a.hosts)
 	if t.Host < 0 {
 		a.FailedOpen++
