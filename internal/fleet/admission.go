@@ -244,13 +244,7 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 			startStep(rp, now)
 		}
 	}
-	for i, rp := range reps {
-		s := rp.eng.Stats()
-		res.Busy[i] = s.Busy
-		res.Preemptions += s.Preemptions
-	}
-	res.Makespan = last - first
-	res.Wall = time.Since(start)
+	res.totals(reps, last-first, start)
 	for _, c := range ctls {
 		st := c.Stats()
 		out.Stats.Admitted += st.Admitted

@@ -117,6 +117,19 @@ func newReplicas(cfg *Config, w *workload.Workload) ([]*replica, error) {
 	return reps, nil
 }
 
+// totals fills what a run knows only at its end: each replica's busy time
+// and preemptions, the span from first arrival to last completion, and the
+// wall time the simulation took since start.
+func (res *Result) totals(reps []*replica, makespan time.Duration, start time.Time) {
+	for i, rp := range reps {
+		s := rp.eng.Stats()
+		res.Busy[i] = s.Busy
+		res.Preemptions += s.Preemptions
+	}
+	res.Makespan = makespan
+	res.Wall = time.Since(start)
+}
+
 // earliestStep returns the replica whose running step ends first, or -1
 // when no replica is stepping: the next engine event of the simulation.
 func earliestStep(reps []*replica) int {
@@ -258,13 +271,7 @@ func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
 		}
 		startStep(rp, now)
 	}
-	for i, rp := range reps {
-		s := rp.eng.Stats()
-		res.Busy[i] = s.Busy
-		res.Preemptions += s.Preemptions
-	}
-	res.Makespan = last - first
-	res.Wall = time.Since(start)
+	res.totals(reps, last-first, start)
 	return res, nil
 }
 

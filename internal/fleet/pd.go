@@ -260,13 +260,7 @@ func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
 			startStep(rp, now)
 		}
 	}
-	for i, rp := range reps {
-		s := rp.eng.Stats()
-		res.Busy[i] = s.Busy
-		res.Preemptions += s.Preemptions
-	}
-	res.Makespan = last - first
-	res.Wall = time.Since(start)
+	res.totals(reps, last-first, start)
 	return res, nil
 }
 
