@@ -43,6 +43,20 @@ type benchFleet struct {
 	chain []uint64
 	naive *naiveIndex
 	clk   *fakeClock
+	// runs counts the "new prompt" benchmark runs on this fleet: testing
+	// runs a sub-benchmark several times on the same fleet (N=1 first,
+	// then once per -test.count), and each run must record chains no
+	// earlier run recorded, or it re-records chains whose entries are
+	// still in their shards (no insert, no room to make) and measures
+	// less than a new prompt.
+	runs uint64
+}
+
+// freshSeed returns the seed of new chain i of the fleet's current run
+// (see runs): tokens in bits 0-19, the run in bits 20-30, salt (bit 31)
+// apart, i from bit 32.
+func (f *benchFleet) freshSeed(i int, salt uint64, tokens int) uint64 {
+	return uint64(i)<<32 | salt | (f.runs%2048)<<20 | uint64(tokens)
 }
 
 func newBenchFleet(b *testing.B, hosts, tokens int, cfg Config, withNaive bool) *benchFleet {
@@ -230,11 +244,12 @@ func BenchmarkQueryRecord(b *testing.B) {
 					defer func() { f.ix.cfg.NoSharedHints = false }()
 					var m Matches
 					w0, o0 := f.ix.metrics.Writes, f.ix.metrics.Overflows
+					f.runs++
 					b.ReportAllocs()
 					cpu0 := cpuNow()
 					for i := 0; i < b.N; i++ {
 						f.clk.ms += 5 // 200 new prompts per second
-						fillChain(c, uint64(i)<<32|salt|uint64(tokens))
+						fillChain(c, f.freshSeed(i, salt, tokens))
 						f.ix.Query(c, &m)
 						f.ix.Record(f.refs[i%hosts], c, &m)
 					}
@@ -246,10 +261,11 @@ func BenchmarkQueryRecord(b *testing.B) {
 			}
 			b.Run(benchName(hosts, tokens)+"/naive-new", func(b *testing.B) {
 				out := make([]int, hosts)
+				f.runs++
 				b.ReportAllocs()
 				cpu0 := cpuNow()
 				for i := 0; i < b.N; i++ {
-					fillChain(c, uint64(i)<<32|uint64(tokens)|1<<31)
+					fillChain(c, f.freshSeed(i, 1<<31, tokens))
 					f.naive.query(hosts, c, out)
 					f.naive.record(i%hosts, c)
 				}

@@ -185,6 +185,7 @@ type Metrics struct {
 type Index struct {
 	cfg       Config
 	store     Store
+	appender  AppendGetter // store's AppendGetter, nil if it has none
 	shardBits uint
 	shardKeys []string
 	slotsKey  string
@@ -205,6 +206,12 @@ type Index struct {
 	// shared hints: this VM's copy of the last shared hint line it read
 	shared   sharedState
 	hintKeys []string
+	// read scratch: values read into these are consumed before the next
+	// read into the same buffer (see getInto)
+	stampBuf []byte // small values parsed at once: the slot stamp, a hint line
+	tableBuf []byte // the slot table
+	shardBuf []byte // updateShard's own reads, edited in place
+	usageBuf []byte // bookUsage's histogram, edited in place
 	// record scratch
 	work    []byte
 	enc     []byte
@@ -239,6 +246,7 @@ func New(store Store, cfg Config) (*Index, error) {
 		stampKey:  cfg.Namespace + "/slots/v",
 		loadKey:   cfg.Namespace + "/load",
 	}
+	ix.appender, _ = store.(AppendGetter)
 	ix.shardKeys = make([]string, cfg.Shards)
 	for i := range ix.shardKeys {
 		ix.shardKeys[i] = cfg.Namespace + "/b/" + strconv.FormatUint(uint64(i), 36)
@@ -294,6 +302,26 @@ func (ix *Index) get(key string) (v []byte, cas uint32, found bool) {
 	return v, cas, true
 }
 
+// getInto is get reading into buf[:0] when the store can (AppendGetter),
+// else into a fresh slice from Get. The caller keeps the returned slice as
+// its buffer for the next read (it grows as needed), so it must be done
+// with the value before reading into the same buffer again.
+func (ix *Index) getInto(buf []byte, key string) (v []byte, cas uint32, found bool) {
+	if ix.appender == nil {
+		return ix.get(key)
+	}
+	v, cas, err := ix.appender.GetAppend(buf[:0], key)
+	ix.metrics.Reads++
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			ix.metrics.StoreErrors++
+		}
+		return buf[:0], 0, false
+	}
+	ix.metrics.BytesRead += uint64(len(v))
+	return v, cas, true
+}
+
 // createCAS is the CAS the index writes a key it found missing with.
 //
 // Envoy sets a missing key whatever the CAS, and CAS 0 sets any key
@@ -342,7 +370,8 @@ const slotsRecheckMs = 1000
 func (ix *Index) refreshSlots() {
 	now := ix.cfg.Now()
 	if ix.tableOK && now >= ix.tableAt && now-ix.tableAt < slotsRecheckMs {
-		v, _, found := ix.get(ix.stampKey)
+		v, _, found := ix.getInto(ix.stampBuf, ix.stampKey)
+		ix.stampBuf = v
 		if found {
 			if seq, ok := parseStamp(v); ok && seq == ix.table.seq {
 				return
@@ -355,7 +384,8 @@ func (ix *Index) refreshSlots() {
 	}
 	// Repair a stamp that fell behind the table (its writer died between
 	// the two sets), so that other VMs see the table before their recheck.
-	v, _, found := ix.get(ix.stampKey)
+	v, _, found := ix.getInto(ix.stampBuf, ix.stampKey)
+	ix.stampBuf = v
 	if seq, ok := parseStamp(v); !found || !ok || int32(seq-ix.table.seq) < 0 {
 		ix.writeStamp(ix.table.seq)
 	}
@@ -367,7 +397,8 @@ func (ix *Index) refreshSlots() {
 // and most reads skip decoding (a few microseconds in Wasm at 64 hosts).
 func (ix *Index) readSlots() (cas uint32) {
 	ix.tableAt = ix.cfg.Now()
-	v, cas, found := ix.get(ix.slotsKey)
+	v, cas, found := ix.getInto(ix.tableBuf, ix.slotsKey)
+	ix.tableBuf = v
 	if !found {
 		ix.table.reset()
 		ix.tableCAS, ix.tableOK = 0, false
@@ -387,7 +418,8 @@ func (ix *Index) readSlots() (cas uint32) {
 
 // stampSeq returns the seq in the stamp (0 when missing or bad).
 func (ix *Index) stampSeq() uint32 {
-	v, _, found := ix.get(ix.stampKey)
+	v, _, found := ix.getInto(ix.stampBuf, ix.stampKey)
+	ix.stampBuf = v
 	if !found {
 		return 0
 	}
@@ -399,7 +431,8 @@ func (ix *Index) stampSeq() uint32 {
 // one (two writers may finish their stamps out of order).
 func (ix *Index) writeStamp(seq uint32) {
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
-		v, cas, found := ix.get(ix.stampKey)
+		v, cas, found := ix.getInto(ix.stampBuf, ix.stampKey)
+		ix.stampBuf = v
 		if found {
 			if cur, ok := parseStamp(v); ok && int32(cur-seq) >= 0 {
 				return

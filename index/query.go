@@ -43,7 +43,11 @@ type queryState struct {
 	cacheOK    []bool
 	cacheCAS   []uint32 // CAS of each shard read; 0 with !cacheGot: missing
 	cacheGot   []bool
-	reusable   bool // the shards read may seed the Record of the same Matches
+	// cacheBuf[k] is the buffer shard read k of a query is copied into
+	// (AppendGetter); kept across queries, so warm queries allocate
+	// nothing. cacheVal[k] views it until Record takes it (queriedShard).
+	cacheBuf [][]byte
+	reusable bool // the shards read may seed the Record of the same Matches
 }
 
 // Query fills m with each host's longest matched prefix of the chain
@@ -295,7 +299,12 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 			return p, 0, false
 		}
 		q.budget--
-		v, cas, got := ix.get(ix.shardKeys[sh])
+		k := len(q.cacheShard)
+		if k == len(q.cacheBuf) {
+			q.cacheBuf = append(q.cacheBuf, nil)
+		}
+		v, cas, got := ix.getInto(q.cacheBuf[k], ix.shardKeys[sh])
+		q.cacheBuf[k] = v
 		if got {
 			view, valid = parseShard(v)
 			if !valid {
@@ -328,6 +337,11 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 // read it, if that Query filled m and m is what Record got: a Record right
 // after its Query then skips the get of the shards the search already
 // copied (the CAS rejects the write if the shard changed since).
+//
+// The value is handed over: the caller may edit it in place (updateShard
+// does), so the entry leaves the cache, and a second segment of the same
+// Record in that shard reads the shard again (the copy here predates the
+// first segment's write).
 func (ix *Index) queriedShard(sh int) (v []byte, cas uint32, found, ok bool) {
 	q := &ix.q
 	if !q.reusable {
@@ -337,6 +351,7 @@ func (ix *Index) queriedShard(sh int) (v []byte, cas uint32, found, ok bool) {
 		if s != sh {
 			continue
 		}
+		q.cacheShard[k] = -1
 		if q.cacheGot[k] && !q.cacheOK[k] {
 			return nil, 0, false, false // corrupt: read it again
 		}

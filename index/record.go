@@ -112,7 +112,8 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			v, cas, found, reused = ix.queriedShard(sh)
 		}
 		if !reused {
-			v, cas, found = ix.get(key)
+			v, cas, found = ix.getInto(ix.shardBuf, key)
+			ix.shardBuf = v
 		}
 		var view shardView
 		ok := false
@@ -143,14 +144,21 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			ok, view = false, shardView{}
 		}
 		dirty := found && !ok // a corrupt value is replaced
+		// Edit the value read in place when its bitmaps are wide enough:
+		// it is this update's own copy (ix.shardBuf, a fresh slice from
+		// Get, or the Query's copy that queriedShard handed over), read
+		// again on a retry. Otherwise widen it into ix.work.
 		words := max(t.words(), 1)
+		fromWork := false
+		var buf []byte
 		if ok && view.words >= words {
 			words = view.words
-			ix.work = append(ix.work[:0], v...)
+			buf = v
 		} else {
 			ix.work = widenShard(ix.work, view, words)
+			buf, fromWork = ix.work, true
 		}
-		e := shardEdit{buf: ix.work, words: words, stride: 8 + 8*words, n: view.n}
+		e := shardEdit{buf: buf, words: words, stride: 8 + 8*words, n: view.n}
 		// Bits of hosts removed since the shard was written must go before
 		// the new epoch is stamped: a full pass, rare. Bits past a host's
 		// horizon are ignored by readers, so they are dropped lazily: from
@@ -251,8 +259,14 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			e.remove(e.oldest(now))
 			ix.metrics.Overflows++
 		}
-		ix.work = e.finish(t.epoch)
-		retry, err := ix.set(key, ix.work, cas)
+		out := e.finish(t.epoch)
+		// Keep a buffer merge grew for the next update.
+		if fromWork {
+			ix.work = out
+		} else if !reused {
+			ix.shardBuf = out
+		}
+		retry, err := ix.set(key, out, cas)
 		if retry {
 			continue
 		}

@@ -139,7 +139,8 @@ type sharedState struct {
 // readShared copies key into ix.shared, counting a corrupt value.
 func (ix *Index) readShared(key string) {
 	sh := &ix.shared
-	v, cas, found := ix.get(key)
+	v, cas, found := ix.getInto(ix.stampBuf, key)
+	ix.stampBuf = v // parsed below, not kept
 	sh.key, sh.known, sh.cas, sh.casOK = key, true, cas, true
 	if !found {
 		sh.cas, sh.line = 0, sharedLine{}

@@ -2,6 +2,8 @@ package index
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -82,4 +84,163 @@ func TestCreateRaceIsDetected(t *testing.T) {
 	if v, _, _ := st.Get("k"); string(v) != "b" {
 		t.Fatalf("value %q, want the first writer's", v)
 	}
+}
+
+func TestMemStoreGetAppendMatchesGetAndReusesDst(t *testing.T) {
+	var s MemStore
+	dst := make([]byte, 3, 64)
+	copy(dst, "xyz")
+	if v, cas, err := s.GetAppend(dst[:0], "k"); !errors.Is(err, ErrNotFound) || cas != 0 || len(v) != 0 || cap(v) != 64 {
+		t.Fatalf("GetAppend of a missing key = %q (cap %d), %d, %v; want dst unchanged, ErrNotFound", v, cap(v), cas, err)
+	}
+	s.Set("k", []byte("value-1"), 0)
+	want, wantCAS, _ := s.Get("k")
+	v, cas, err := s.GetAppend(dst[:0], "k")
+	if err != nil || string(v) != string(want) || cas != wantCAS {
+		t.Fatalf("GetAppend = %q, %d, %v; Get = %q, %d", v, cas, err, want, wantCAS)
+	}
+	if &v[0] != &dst[0] {
+		t.Fatal("GetAppend allocated although dst had room")
+	}
+	// It appends, like the strconv Append functions.
+	copy(dst[:3], "xyz")
+	if v, _, _ := s.GetAppend(dst[:3], "k"); string(v) != "xyzvalue-1" {
+		t.Fatalf("GetAppend(dst[:3]) = %q, want the value after dst's bytes", v)
+	}
+	// The result is the caller's: editing it changes nothing stored.
+	v[0] = 'Z'
+	if again, _, _ := s.Get("k"); string(again) != "value-1" {
+		t.Fatalf("stored value changed through GetAppend's result: %q", again)
+	}
+	// A value larger than dst's capacity grows it.
+	big := make([]byte, 100)
+	s.Set("k", big, 0)
+	if v, _, _ := s.GetAppend(dst[:0], "k"); len(v) != 100 || cap(dst) != 64 {
+		t.Fatalf("GetAppend of a 100-byte value into a 64-byte buffer: len %d", len(v))
+	}
+}
+
+// getOnlyStore hides MemStore's GetAppend: a Store with only the
+// interface's two methods, like a filter adapter that has nothing better
+// than the SDK's GetSharedData.
+type getOnlyStore struct{ m *MemStore }
+
+func (s getOnlyStore) Get(key string) ([]byte, uint32, error)         { return s.m.Get(key) }
+func (s getOnlyStore) Set(key string, value []byte, cas uint32) error { return s.m.Set(key, value, cas) }
+
+// TestAppendGetterChangesNothingButAllocations runs one random workload
+// twice, on a MemStore (the index reads into its own buffers) and on a
+// store without GetAppend (a fresh slice per read): every answer, error
+// and counter, and every stored value and CAS, must be the same. The
+// workload is built to reach every buffer path: two VMs interleaved
+// (shards changed under a VM's feet, CAS retries), few small shards (a
+// Record's segments sharing a shard after its Query copied it; full
+// shards cleaned, overflows), host capacities (horizons), removals and
+// slot reuse (stale bits, bitmaps widened past 64 hosts) and corrupt
+// values written over shards, the stamp and usage histograms.
+func TestAppendGetterChangesNothingButAllocations(t *testing.T) {
+	for seed := uint64(1); seed <= 6; seed++ {
+		fast, plain := &MemStore{}, &MemStore{}
+		a := appendWorkload(t, seed, fast)
+		b := appendWorkload(t, seed, getOnlyStore{plain})
+		if len(a) != len(b) {
+			t.Fatalf("seed %d: %d events with GetAppend, %d without", seed, len(a), len(b))
+		}
+		for i := range a {
+			if a[i] != b[i] {
+				t.Fatalf("seed %d: event %d differs:\n  GetAppend: %s\n  Get only:  %s", seed, i, a[i], b[i])
+			}
+		}
+		if len(fast.entries) != len(plain.entries) || fast.nextCAS != plain.nextCAS {
+			t.Fatalf("seed %d: stores differ: %d keys (CAS %d) against %d (CAS %d)",
+				seed, len(fast.entries), fast.nextCAS, len(plain.entries), plain.nextCAS)
+		}
+		for k, e := range fast.entries {
+			p, ok := plain.entries[k]
+			if !ok || string(p.value) != string(e.value) || p.cas != e.cas {
+				t.Fatalf("seed %d: key %q differs: %x (CAS %d) against %x (CAS %d)", seed, k, e.value, e.cas, p.value, p.cas)
+			}
+		}
+	}
+}
+
+// appendWorkload runs seed's workload on st and returns what it saw, one
+// line per operation.
+func appendWorkload(t *testing.T, seed uint64, st Store) []string {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	clk := &fakeClock{ms: 3_000_000}
+	cfg := Config{Shards: 16, ShardEntries: 24, Hash: HashConfig{LevelBlocks: 8}}
+	vms := []*Index{newTestIndex(t, st, clk, cfg), newTestIndex(t, st, clk, cfg)}
+	system := chain(seed*77, 10)
+	var chains [][]uint64
+	for k := 0; k < 12; k++ {
+		c := append([]uint64(nil), system[:rng.IntN(len(system))]...)
+		chains = append(chains, append(c, chain(seed*77+uint64(k)+1, 8+rng.IntN(60))...))
+	}
+	nHosts := 60 + rng.IntN(20) // past 64 slots with the replacements below
+	addrs := make([]string, nHosts)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("10.%d.0.%d:8000", seed, i)
+		ref, err := vms[0].Register(addrs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		vms[0].SetCapacity(ref, 200+rng.IntN(2000))
+	}
+	var out []string
+	var m Matches
+	for op := 0; op < 1500; op++ {
+		clk.ms += int64(rng.IntN(400))
+		ix := vms[rng.IntN(len(vms))]
+		addr := addrs[rng.IntN(nHosts)]
+		c := chains[rng.IntN(len(chains))]
+		c = c[:1+rng.IntN(len(c))]
+		switch r := rng.IntN(100); {
+		case r < 50: // a routing decision
+			err := ix.Query(c, &m)
+			ref, ok := ix.Lookup(addr)
+			err2 := ix.Record(ref, c, &m)
+			out = append(out, fmt.Sprintf("%d query %v %v reads %d/%d; record %v %v %v", op, err, m.Blocks, m.Reads, m.BytesRead, ok, ref, err2))
+		case r < 65: // a record without its query
+			ref, _ := ix.Lookup(addr)
+			out = append(out, fmt.Sprintf("%d record %v", op, ix.Record(ref, c, nil)))
+		case r < 72:
+			ref, _ := ix.Lookup(addr)
+			from := rng.IntN(len(c))
+			out = append(out, fmt.Sprintf("%d removed %v", op, ix.Removed(ref, c, from)))
+		case r < 75:
+			ref, _ := ix.Lookup(addr)
+			out = append(out, fmt.Sprintf("%d clear %v", op, ix.Clear(ref)))
+		case r < 79: // the host leaves, another takes a slot
+			err := ix.Remove(addr)
+			i := rng.IntN(nHosts)
+			addrs[i] = fmt.Sprintf("10.%d.1.%d:8000", seed, op)
+			ref, err2 := ix.Register(addrs[i])
+			err3 := ix.SetCapacity(ref, 200+rng.IntN(2000))
+			out = append(out, fmt.Sprintf("%d remove %v register %v %v %v", op, err, ref, err2, err3))
+		case r < 83: // garbage over a value the index reads
+			keys := []string{ix.shardKeys[rng.IntN(len(ix.shardKeys))], ix.stampKey, ix.usageKeys[rng.IntN(nHosts)]}
+			junk := make([]byte, rng.IntN(40))
+			for i := range junk {
+				junk[i] = byte(rng.IntN(256))
+			}
+			if rng.IntN(2) == 0 && len(junk) >= 3 {
+				junk[0], junk[1], junk[2] = shardMagic0, shardMagic1, formatVersion
+			}
+			out = append(out, fmt.Sprintf("%d junk %v", op, st.Set(keys[rng.IntN(len(keys))], junk, 0)))
+		default: // a query alone, sometimes a VM's first of the prefix
+			if rng.IntN(2) == 0 {
+				ix.hints = [hintLines]hintLine{}
+			}
+			err := ix.Query(c, &m)
+			out = append(out, fmt.Sprintf("%d query %v %v reads %d/%d", op, err, m.Blocks, m.Reads, m.BytesRead))
+		}
+	}
+	for i, ix := range vms {
+		out = append(out, fmt.Sprintf("vm %d metrics %+v", i, ix.Metrics()))
+	}
+	if mt := vms[0].Metrics(); mt.Overflows == 0 || mt.Corrupt == 0 || mt.Evictions == 0 {
+		t.Fatalf("seed %d: the workload missed a path (overflows, corrupt values, evictions): %+v", seed, mt)
+	}
+	return out
 }

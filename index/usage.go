@@ -34,8 +34,9 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 	nowB := now / bt
 	rec := ix.table.recs[ref.Slot]
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
-		v, cas, found := ix.get(key)
-		// The histogram is edited in place in the value Get returned: a
+		v, cas, found := ix.getInto(ix.usageBuf, key)
+		ix.usageBuf = v
+		// The histogram is edited in place in the value read: a
 		// request touches a few buckets of 256, and decoding and encoding
 		// all of them cost more than the shared-data round trip in Wasm.
 		var head, total uint32
@@ -53,6 +54,7 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 			}
 			if cap(v) < usageHeader+4*usageBuckets {
 				v = make([]byte, usageHeader+4*usageBuckets)
+				ix.usageBuf = v
 			}
 			v = v[:usageHeader+4*usageBuckets]
 			clear(v)
@@ -123,8 +125,7 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 		le.PutUint32(v[8:], rec.clearEpoch)
 		le.PutUint32(v[12:], head)
 		le.PutUint32(v[16:], total)
-		ix.enc = v
-		retry, err := ix.set(key, ix.enc, cas)
+		retry, err := ix.set(key, v, cas)
 		if retry {
 			continue
 		}
