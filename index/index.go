@@ -29,8 +29,9 @@ type Config struct {
 	// hash already implies its whole prefix, so every chain that holds
 	// block i agrees on that shard). Recording a new chain then rewrites
 	// about N/SegmentBlocks shards instead of N, and a query's last probes
-	// fall in shards it already copied. A power of two; default 16
-	// (BenchmarkLayout).
+	// fall in shards it already copied. A power of two; default 8
+	// (BenchmarkLayout for the write cost; longer segments skew the
+	// index, see TestEvictionDriftAgainstExactLRU).
 	SegmentBlocks int
 	// CASRetries bounds the compare-and-set attempts per value before an
 	// update is dropped (and counted). Default 16.
