@@ -338,10 +338,9 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 // after its Query then skips the get of the shards the search already
 // copied (the CAS rejects the write if the shard changed since).
 //
-// The value is handed over: the caller may edit it in place (updateShard
-// does), so the entry leaves the cache, and a second segment of the same
-// Record in that shard reads the shard again (the copy here predates the
-// first segment's write).
+// The caller may edit the value in place (updateShard does); it must then
+// call forgetShard, so that a second segment of the same Record in that
+// shard reads it again instead of taking an edited copy.
 func (ix *Index) queriedShard(sh int) (v []byte, cas uint32, found, ok bool) {
 	q := &ix.q
 	if !q.reusable {
@@ -351,7 +350,6 @@ func (ix *Index) queriedShard(sh int) (v []byte, cas uint32, found, ok bool) {
 		if s != sh {
 			continue
 		}
-		q.cacheShard[k] = -1
 		if q.cacheGot[k] && !q.cacheOK[k] {
 			return nil, 0, false, false // corrupt: read it again
 		}
@@ -360,24 +358,40 @@ func (ix *Index) queriedShard(sh int) (v []byte, cas uint32, found, ok bool) {
 	return nil, 0, false, false
 }
 
+// forgetShard drops shard sh from the shards the last Query read.
+func (ix *Index) forgetShard(sh int) {
+	for k, s := range ix.q.cacheShard {
+		if s == sh {
+			ix.q.cacheShard[k] = -1
+		}
+	}
+}
+
 // dropExpired clears the hosts whose eviction horizon passed age.
 func (t *slotTable) dropExpired(p [maxWords]uint64, age uint32) [maxWords]uint64 {
 	if !t.anyHorz || int32(age-t.maxHorz) >= 0 {
 		return p
 	}
 	for w := range p {
-		word := p[w]
-		for word != 0 {
-			b := trailingZeros(word)
-			word &= word - 1
-			if w*64+b >= t.n {
-				continue
-			}
-			hz := t.recs[w*64+b].horizon
-			if hz != 0 && int32(age-hz) < 0 {
-				p[w] &^= 1 << b
-			}
+		if p[w] != 0 {
+			p[w] = t.dropExpiredWord(w, p[w], age)
 		}
 	}
 	return p
+}
+
+// dropExpiredWord is dropExpired for word w of a bitmap (slots w*64 on),
+// without its shortcut for ages at or after the latest horizon.
+func (t *slotTable) dropExpiredWord(w int, x uint64, age uint32) uint64 {
+	for word := x; word != 0; word &= word - 1 {
+		b := trailingZeros(word)
+		s := w*64 + b
+		if s >= t.n {
+			break // the bits left are higher slots still
+		}
+		if hz := t.recs[s].horizon; hz != 0 && int32(age-hz) < 0 {
+			x &^= 1 << b
+		}
+	}
+	return x
 }

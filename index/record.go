@@ -171,6 +171,7 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			dirty, cleaned = true, true
 		}
 		needCompact := false
+		overflows := uint64(0)
 		word, bit := ref.Slot/64, uint64(1)<<(ref.Slot%64)
 		ix.deltas = ix.deltas[:0]
 		ix.ins = ix.ins[:0]
@@ -203,24 +204,16 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			if !found {
 				// New entries are merged in after the loop, in one pass
 				// (inserting them one by one shifts the shard each time).
-				dup := false
-				for _, p := range ix.ins {
-					dup = dup || p == tag
-				}
-				if !dup {
+				// The walk is in tag order: a repeated tag follows itself.
+				if len(ix.ins) == 0 || ix.ins[len(ix.ins)-1] != tag {
 					ix.ins = append(ix.ins, tag)
 					ix.deltas = append(ix.deltas, usageDelta{now / bt, units})
 					dirty = true
 				}
 				continue
 			}
-			if t.anyHorz {
-				if b := e.bits(k); !isZero(b) {
-					if nb := t.dropExpired(b, e.age(k)); nb != b {
-						e.setBits(k, nb)
-						dirty = true
-					}
-				}
+			if t.anyHorz && e.clean(k, t, nil) {
+				dirty = true
 			}
 			if w := e.word(k, word); w&bit == 0 {
 				e.setWord(k, word, w|bit)
@@ -237,6 +230,10 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 		if !dirty {
 			return nil
 		}
+		if reused {
+			// Edited in place: the Query's copy no longer matches its CAS.
+			ix.forgetShard(sh)
+		}
 		// Drop entries left with no host; trim a shard written under a
 		// larger ShardEntries.
 		if needCompact {
@@ -251,13 +248,13 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			}
 			for e.n > 0 && e.n+len(ix.ins) > ix.cfg.ShardEntries {
 				e.remove(e.oldest(now))
-				ix.metrics.Overflows++
+				overflows++
 			}
 			e.merge(ix.ins, now, word, bit)
 		}
 		for e.n > ix.cfg.ShardEntries {
 			e.remove(e.oldest(now))
-			ix.metrics.Overflows++
+			overflows++
 		}
 		out := e.finish(t.epoch)
 		// Keep a buffer merge grew for the next update.
@@ -273,6 +270,9 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 		if err != nil {
 			return err
 		}
+		// Counted once written: an attempt that lost the CAS dropped
+		// nothing.
+		ix.metrics.Overflows += overflows
 		ix.pending = append(ix.pending, ix.deltas...)
 		return nil
 	}
@@ -302,17 +302,46 @@ func sortSeg(s []segBlock) {
 func (ix *Index) cleanShard(e *shardEdit, shardEpoch uint32) (changed bool) {
 	t := &ix.table
 	stale := t.staleMask(shardEpoch)
-	if isZero(stale) && !t.anyHorz {
+	var mask *[maxWords]uint64
+	if !isZero(stale) {
+		mask = &stale
+	} else if !t.anyHorz {
 		return false
 	}
 	for i := 0; i < e.n; i++ {
-		b := e.bits(i)
-		nb := andNot(b, stale)
-		if t.anyHorz {
-			nb = t.dropExpired(nb, e.age(i))
+		if e.clean(i, t, mask) {
+			changed = true
 		}
-		if nb != b {
-			e.setBits(i, nb)
+	}
+	return changed
+}
+
+// clean drops from entry i the bits of the slots in stale (nil: none)
+// and of hosts whose eviction horizon passed the entry's age, one bitmap
+// word at a time in place: a full shard is cleaned whenever it needs
+// room, so this runs for every entry of it. It reports whether a bit
+// was dropped.
+func (e *shardEdit) clean(i int, t *slotTable, stale *[maxWords]uint64) (changed bool) {
+	off := e.off(i)
+	age := le.Uint32(e.buf[off+4:])
+	// An entry refreshed at or after the latest horizon keeps every bit:
+	// most entries are skipped without reading their bitmap.
+	expire := t.anyHorz && int32(age-t.maxHorz) < 0
+	if !expire && stale == nil {
+		return false
+	}
+	for w := 0; w < e.words; w++ {
+		p := off + 8 + 8*w
+		x := le.Uint64(e.buf[p:])
+		nx := x
+		if stale != nil {
+			nx &^= stale[w]
+		}
+		if expire && nx != 0 {
+			nx = t.dropExpiredWord(w, nx, age)
+		}
+		if nx != x {
+			le.PutUint64(e.buf[p:], nx)
 			changed = true
 		}
 	}
@@ -333,19 +362,6 @@ func (e *shardEdit) setAge(i int, a uint32) { le.PutUint32(e.buf[e.off(i)+4:], a
 func (e *shardEdit) word(i, w int) uint64   { return le.Uint64(e.buf[e.off(i)+8+8*w:]) }
 func (e *shardEdit) setWord(i, w int, x uint64) {
 	le.PutUint64(e.buf[e.off(i)+8+8*w:], x)
-}
-
-func (e *shardEdit) bits(i int) (m [maxWords]uint64) {
-	for w := 0; w < e.words; w++ {
-		m[w] = e.word(i, w)
-	}
-	return m
-}
-
-func (e *shardEdit) setBits(i int, m [maxWords]uint64) {
-	for w := 0; w < e.words; w++ {
-		e.setWord(i, w, m[w])
-	}
 }
 
 func (e *shardEdit) empty(i int) bool {
@@ -399,9 +415,13 @@ func (e *shardEdit) remove(i int) {
 }
 
 // merge adds entries for tags (none present yet, no duplicates; sorted
-// here) holding only bit in word w, in one backward pass over the shard.
+// here if they are not) holding only bit in word w, in one backward pass
+// over the shard: for each new tag, largest first, the entries above it
+// move up by its rank in one copy, and it is written below them.
 func (e *shardEdit) merge(tags []uint32, age uint32, w int, bit uint64) {
-	slices.Sort(tags)
+	if !slices.IsSorted(tags) {
+		slices.Sort(tags)
+	}
 	n, k := e.n, len(tags)
 	end := e.off(n + k)
 	if cap(e.buf) < end {
@@ -410,14 +430,17 @@ func (e *shardEdit) merge(tags []uint32, age uint32, w int, bit uint64) {
 		e.buf = grown
 	}
 	e.buf = e.buf[:end]
-	i, j := n-1, k-1
-	for dst := n + k - 1; j >= 0; dst-- {
-		off := e.off(dst)
-		if i >= 0 && le.Uint32(e.buf[e.off(i):]) > tags[j] {
-			copy(e.buf[off:off+e.stride], e.buf[e.off(i):e.off(i)+e.stride])
-			i--
-			continue
+	hi := n // entries [0, hi) have not moved yet
+	for j := k - 1; j >= 0; j-- {
+		lo := hi
+		for lo > 0 && le.Uint32(e.buf[e.off(lo-1):]) > tags[j] {
+			lo--
 		}
+		if lo < hi { // entries [lo, hi) sit above tags[j] and j new ones
+			copy(e.buf[e.off(lo+j+1):e.off(hi+j+1)], e.buf[e.off(lo):e.off(hi)])
+		}
+		hi = lo
+		off := e.off(lo + j)
 		le.PutUint32(e.buf[off:], tags[j])
 		le.PutUint32(e.buf[off+4:], age)
 		for x := 0; x < e.words; x++ {
@@ -427,7 +450,6 @@ func (e *shardEdit) merge(tags []uint32, age uint32, w int, bit uint64) {
 			}
 			le.PutUint64(e.buf[off+8+8*x:], v)
 		}
-		j--
 	}
 	e.n = n + k
 }
