@@ -125,8 +125,10 @@ func TestMemStoreGetAppendMatchesGetAndReusesDst(t *testing.T) {
 // than the SDK's GetSharedData.
 type getOnlyStore struct{ m *MemStore }
 
-func (s getOnlyStore) Get(key string) ([]byte, uint32, error)         { return s.m.Get(key) }
-func (s getOnlyStore) Set(key string, value []byte, cas uint32) error { return s.m.Set(key, value, cas) }
+func (s getOnlyStore) Get(key string) ([]byte, uint32, error) { return s.m.Get(key) }
+func (s getOnlyStore) Set(key string, value []byte, cas uint32) error {
+	return s.m.Set(key, value, cas)
+}
 
 // TestAppendGetterChangesNothingButAllocations runs one random workload
 // twice, on a MemStore (the index reads into its own buffers) and on a
