@@ -20,8 +20,14 @@ import (
 // alternately, and the sub-benchmark reports both per-request times, their
 // difference (the filter: body copy into the VM, parse, hash, index query
 // and record, decision, header writes, response callbacks) and the ratio.
+//
+// A third host runs testdata/floor, the least a body-routing Go filter can
+// do (buffer the body, read it, set the destination header), so the
+// figures also say what any such filter pays in this host ("floor-*") and
+// what kvroute adds above it.
 func BenchmarkRouterInWasm(b *testing.B) {
 	module := wasmModule(b)
+	floor := floorModule(b)
 	var addrs []string
 	for i := 0; i < 16; i++ {
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -43,6 +49,8 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		return front.URL, h
 	}
 	baseURL, _ := start(wasmhost.Config{Clusters: clusters, RouteCluster: "engines"})
+	floorURL, _ := start(wasmhost.Config{Module: floor, VMID: "floor", Clusters: clusters, RouteCluster: "engines",
+		Filters: []wasmhost.Filter{{RootID: "floor", AllowOnHeadersStopIteration: true, Configuration: strings.Join(addrs, ",")}}})
 	filterURL, fh := start(wasmhost.Config{Module: module, VMID: "kvroute", Clusters: clusters, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
 
@@ -75,15 +83,16 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		// A shared system prompt (most of the body) and a varying question.
 		system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", size.bytes/55)
 		body := func(i int) string { return chatBody(system, fmt.Sprintf("question number %d", i)) }
-		b.Run(size.name, func(b *testing.B) {
+		// alternate sends each request to the host without a filter and to
+		// url, and returns the per-request wall and whole-process CPU time
+		// of both (CPU: client, host and upstreams, steadier than wall time
+		// on a shared machine).
+		alternate := func(b *testing.B, url string) (tBase, tOther, cBase, cOther time.Duration) {
 			for i := 0; i < 20; i++ {
 				send(b, baseURL, body(i))
-				send(b, filterURL, body(i))
+				send(b, url, body(i))
 			}
 			b.SetBytes(int64(len(body(0))))
-			var tBase, tFilter, cBase, cFilter time.Duration
-			skipBody, _ := fh.Metric("kvroute.router.request_body_us")
-			skipDecide, _ := fh.Metric("kvroute.router.decision_us")
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				bd := body(i)
@@ -92,27 +101,39 @@ func BenchmarkRouterInWasm(b *testing.B) {
 				send(b, baseURL, bd)
 				t1 := time.Now()
 				c1 := processCPU()
-				send(b, filterURL, bd)
-				tFilter += time.Since(t1)
-				cFilter += processCPU() - c1
+				send(b, url, bd)
+				tOther += time.Since(t1)
+				cOther += processCPU() - c1
 				tBase += t1.Sub(t0)
 				cBase += c1 - c0
 			}
 			b.StopTimer()
-			n := float64(b.N)
-			// CPU time of the whole process (client, host, upstream) per
-			// request: steadier than wall time on a shared machine.
+			n := time.Duration(b.N)
+			return tBase / n, tOther / n, cBase / n, cOther / n
+		}
+		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+		b.Run(size.name, func(b *testing.B) {
+			skipBody, _ := fh.Metric("kvroute.router.request_body_us")
+			skipDecide, _ := fh.Metric("kvroute.router.decision_us")
+			tBase, tFilter, cBase, cFilter := alternate(b, filterURL)
 			// Inside the VM (wall time, median): the body callback's whole work,
 			// and the decision alone.
 			b.ReportMetric(median("kvroute.router.request_body_us", len(skipBody.Samples)), "vm-body-us")
 			b.ReportMetric(median("kvroute.router.decision_us", len(skipDecide.Samples)), "vm-decide-us")
-			b.ReportMetric(float64(cBase.Microseconds())/n, "cpu-us/req-nofilter")
-			b.ReportMetric(float64(cFilter.Microseconds())/n, "cpu-us/req-filter")
-			b.ReportMetric(float64(cFilter-cBase)/float64(time.Microsecond)/n, "cpu-us/req-overhead")
-			b.ReportMetric(float64(tBase.Microseconds())/n, "us/req-nofilter")
-			b.ReportMetric(float64(tFilter.Microseconds())/n, "us/req-filter")
-			b.ReportMetric(float64(tFilter-tBase)/float64(time.Microsecond)/n, "us/req-overhead")
+			b.ReportMetric(us(cBase), "cpu-us/req-nofilter")
+			b.ReportMetric(us(cFilter), "cpu-us/req-filter")
+			b.ReportMetric(us(cFilter-cBase), "cpu-us/req-overhead")
+			b.ReportMetric(us(tBase), "us/req-nofilter")
+			b.ReportMetric(us(tFilter), "us/req-filter")
+			b.ReportMetric(us(tFilter-tBase), "us/req-overhead")
 			b.ReportMetric(float64(tFilter)/float64(tBase), "ratio")
+		})
+		// The same with testdata/floor in place of kvroute.router.
+		b.Run(size.name+"/floor", func(b *testing.B) {
+			tBase, tFloor, cBase, cFloor := alternate(b, floorURL)
+			b.ReportMetric(us(cFloor-cBase), "cpu-us/req-overhead")
+			b.ReportMetric(us(tFloor-tBase), "us/req-overhead")
+			b.ReportMetric(float64(tFloor)/float64(tBase), "ratio")
 		})
 	}
 }
