@@ -43,6 +43,28 @@ func (h *hostStore) Get(key string) ([]byte, uint32, error) {
 	}
 }
 
+// GetAppend is what the filter's store does with filter/hostbuf: the host
+// copies the value straight into dst's array when it fits.
+func (h *hostStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
+	dst = dst[:0]
+	var cas uint32
+	for {
+		var p unsafe.Pointer
+		if cap(dst) > 0 {
+			p = unsafe.Pointer(&dst[:1][0])
+		}
+		n := hostGet(unsafe.Pointer(unsafe.StringData(key)), uint32(len(key)), p, uint32(cap(dst)), unsafe.Pointer(&cas))
+		if n < 0 {
+			return dst, 0, ErrNotFound
+		}
+		if int(n) > cap(dst) {
+			dst = make([]byte, 0, n) // as the bridge allocates when the lent buffer is too small
+			continue
+		}
+		return dst[:n], cas, nil
+	}
+}
+
 func (h *hostStore) Set(key string, value []byte, cas uint32) error {
 	var p unsafe.Pointer
 	if len(value) > 0 {
