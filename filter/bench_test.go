@@ -21,10 +21,10 @@ import (
 // difference (the filter: body copy into the VM, parse, hash, index query
 // and record, decision, header writes, response callbacks) and the ratio.
 //
-// A third host runs testdata/floor, the least a body-routing Go filter can
-// do (buffer the body, read it, set the destination header), so the
-// figures also say what any such filter pays in this host ("floor-*") and
-// what kvroute adds above it.
+// The "<size>/floor" sub-benchmarks run testdata/floor the same way: the
+// least a body-routing Go filter can do (buffer the body, read it, set the
+// destination header), so the figures also say what any such filter pays in
+// this host and what kvroute adds above it.
 func BenchmarkRouterInWasm(b *testing.B) {
 	module := wasmModule(b)
 	floor := floorModule(b)

@@ -49,23 +49,22 @@ func (st sharedStore) Get(key string) ([]byte, uint32, error) {
 // prompt reads about a dozen 1 KB shard values; the index reuses its
 // buffers request after request, so in Wasm those reads stop allocating.
 func (st sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
-	dst = dst[:0] // the index passes an empty slice of a buffer it owns
-	if cap(dst) > 0 {
-		hostbuf.Lend(dst[:cap(dst)])
+	n := len(dst)
+	if cap(dst) > n {
+		hostbuf.Lend(dst[n:cap(dst)])
 	}
 	v, cas, err := proxywasm.GetSharedData(key)
 	hostbuf.Lend(nil)
 	switch {
 	case err == nil:
 		switch {
-		case len(v) > 0 && cap(dst) > 0 && &v[0] == &dst[:1][0]:
-			return dst[:len(v)], cas, nil // the host wrote into dst
-		case st.emulated:
-			return append(dst, v...), cas, nil // the emulator's own storage
-		case len(v) == 0:
-			return dst, cas, nil
+		case len(v) > 0 && cap(dst) > n && &v[0] == &dst[n : n+1][0]:
+			return dst[:n+len(v)], cas, nil // the host wrote into dst
+		case n == 0 && len(v) > 0 && !st.emulated:
+			return v, cas, nil // too large for dst: the bridge allocated it for us
 		}
-		return v, cas, nil // too large for dst: the bridge allocated it for us
+		// The emulator's own storage (never hand it out), or an empty value.
+		return append(dst, v...), cas, nil
 	case errors.Is(err, types.ErrorStatusNotFound):
 		return dst, 0, index.ErrNotFound
 	}

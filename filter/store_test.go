@@ -35,6 +35,11 @@ func TestSharedStoreGetAppendMatchesGet(t *testing.T) {
 			t.Fatalf("editing GetAppend's result changed the stored value to %q", again)
 		}
 	}
+	// It appends: what dst holds stays in front.
+	prefix := append(make([]byte, 0, 64), "kept:"...)
+	if got, _, err := st.GetAppend(prefix, "k"); err != nil || string(got) != "kept:"+string(want) {
+		t.Fatalf("GetAppend(%q, k) = %q, %v; want %q", prefix, got, err, "kept:"+string(want))
+	}
 	dst := append(make([]byte, 0, 8), "keep"...)
 	got, _, err := st.GetAppend(dst[:0], "missing")
 	if !errors.Is(err, index.ErrNotFound) || len(got) != 0 || string(dst) != "keep" {
