@@ -29,18 +29,23 @@ var emulatedSharedData = false
 
 func (st sharedStore) Get(key string) ([]byte, uint32, error) {
 	v, cas, err := proxywasm.GetSharedData(key)
-	switch {
-	case err == nil:
-		if st.emulated {
-			v = append([]byte(nil), v...)
-		}
-		return v, cas, nil
-	case errors.Is(err, types.ErrorStatusNotFound):
+	if err != nil {
+		return nil, 0, getError(key, err)
+	}
+	if st.emulated {
+		v = append([]byte(nil), v...)
+	}
+	return v, cas, nil
+}
+
+// getError maps a failed shared-data get to the index's errors.
+func getError(key string, err error) error {
+	if errors.Is(err, types.ErrorStatusNotFound) {
 		// The index asks for keys that are not there on every new
 		// prompt's blocks: no formatting (fmt is slow in Wasm) on this path.
-		return nil, 0, index.ErrNotFound
+		return index.ErrNotFound
 	}
-	return nil, 0, fmt.Errorf("shared data %s: %w", key, err)
+	return fmt.Errorf("shared data %s: %w", key, err)
 }
 
 // GetAppend implements index.AppendGetter: the host copies the value
@@ -65,10 +70,8 @@ func (st sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) 
 		}
 		// The emulator's own storage (never hand it out), or an empty value.
 		return append(dst, v...), cas, nil
-	case errors.Is(err, types.ErrorStatusNotFound):
-		return dst, 0, index.ErrNotFound
 	}
-	return dst, 0, fmt.Errorf("shared data %s: %w", key, err)
+	return dst, 0, getError(key, err)
 }
 
 func (st sharedStore) Set(key string, value []byte, cas uint32) error {

@@ -25,22 +25,15 @@ type hostStore struct{ scratch []byte }
 
 func (h *hostStore) Get(key string) ([]byte, uint32, error) {
 	if h.scratch == nil {
-		h.scratch = make([]byte, 1<<16)
+		h.scratch = make([]byte, 0, 1<<16)
 	}
-	var cas uint32
-	for {
-		n := hostGet(unsafe.Pointer(unsafe.StringData(key)), uint32(len(key)), unsafe.Pointer(&h.scratch[0]), uint32(len(h.scratch)), unsafe.Pointer(&cas))
-		if n < 0 {
-			return nil, 0, ErrNotFound
-		}
-		if int(n) > len(h.scratch) {
-			h.scratch = make([]byte, n)
-			continue
-		}
-		v := make([]byte, n)
-		copy(v, h.scratch[:n])
-		return v, cas, nil
+	v, cas, err := h.GetAppend(h.scratch, key)
+	h.scratch = v[:0]
+	if err != nil {
+		return nil, 0, err
 	}
+	// A fresh slice per get, as the SDK allocates one in Envoy.
+	return append([]byte(nil), v...), cas, nil
 }
 
 // GetAppend is what the filter's store does with filter/hostbuf: the host

@@ -292,15 +292,10 @@ func (ix *Index) level(i int) int {
 // store error (counted).
 func (ix *Index) get(key string) (v []byte, cas uint32, found bool) {
 	v, cas, err := ix.store.Get(key)
-	ix.metrics.Reads++
 	if err != nil {
-		if !errors.Is(err, ErrNotFound) {
-			ix.metrics.StoreErrors++
-		}
-		return nil, 0, false
+		v = nil
 	}
-	ix.metrics.BytesRead += uint64(len(v))
-	return v, cas, true
+	return ix.counted(v, cas, err)
 }
 
 // getInto is get reading into buf[:0] when the store can (AppendGetter),
@@ -312,12 +307,22 @@ func (ix *Index) getInto(buf []byte, key string) (v []byte, cas uint32, found bo
 		return ix.get(key)
 	}
 	v, cas, err := ix.appender.GetAppend(buf[:0], key)
+	if err != nil {
+		v = buf[:0] // keep the buffer for the next read
+	}
+	return ix.counted(v, cas, err)
+}
+
+// counted books one read's outcome in the metrics. On an error it returns
+// v as given (get passes nil, getInto the caller's emptied buffer), 0 and
+// false.
+func (ix *Index) counted(v []byte, cas uint32, err error) ([]byte, uint32, bool) {
 	ix.metrics.Reads++
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
 			ix.metrics.StoreErrors++
 		}
-		return buf[:0], 0, false
+		return v, 0, false
 	}
 	ix.metrics.BytesRead += uint64(len(v))
 	return v, cas, true
