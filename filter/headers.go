@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+
+	"github.com/kvroute/kvroute/filter/hostbuf"
 )
 
 // internalHeaderPrefix marks headers kvroute sets for its own use. A client
@@ -17,8 +19,15 @@ const internalHeaderPrefix = "x-kvroute-"
 // read in the one host call it needs anyway, so that the caller reads
 // :path, :method and the rest without a host call (and a copy into the VM)
 // for each.
-func stripRoutingHeaders(destinationHeader string) (requestHeaders, error) {
+//
+// The map is read into buf when it fits (lent to the ABI bridge, see
+// filter/hostbuf): the names and values then alias buf and are valid until
+// buf is lent again, so a caller keeps a value beyond that with
+// strings.Clone. A nil buf makes the read allocate.
+func stripRoutingHeaders(destinationHeader string, buf []byte) (requestHeaders, error) {
+	hostbuf.Lend(buf)
 	pairs, err := proxywasm.GetHttpRequestHeaders()
+	hostbuf.Lend(nil)
 	if err != nil {
 		return requestHeaders{}, err
 	}

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -172,8 +173,19 @@ func TestCachedTokensAcrossChunks(t *testing.T) {
 	if _, ok := cachedTokens(nil, first); ok {
 		t.Error("found a value in half a field")
 	}
-	if n, ok := cachedTokens(keepTail(nil, first), second); !ok || n != 128 {
+	var tail tailBuf
+	tail.keep(first)
+	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
 		t.Errorf("split: %d %v", n, ok)
+	}
+	// A long chunk leaves only its end; a split field is still found.
+	long := append(bytes.Repeat([]byte("x"), 3*tailKeep), first...)
+	tail.keep(long)
+	if got := string(tail.bytes()); got != string(long[len(long)-tailKeep:]) {
+		t.Errorf("tail kept %q, want the chunk's last %d bytes", got, tailKeep)
+	}
+	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
+		t.Errorf("split after a long chunk: %d %v", n, ok)
 	}
 	// A number cut at the chunk end is not taken until it is complete.
 	if _, ok := cachedTokens(nil, []byte(`"cached_tokens":12`)); ok {

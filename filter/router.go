@@ -54,7 +54,16 @@ type routerPlugin struct {
 	// bodyBuf receives every request body and response chunk (see
 	// readBuffer); it grows to the largest seen, at most maxBodyBytes.
 	bodyBuf []byte
+	// hostVal receives the host values a callback reads and drops at once
+	// (the request header map, :status, the upstream address), lent like
+	// bodyBuf so that they cost no allocation. A value larger than it is
+	// allocated as usual.
+	hostVal []byte
 }
+
+// hostValSize holds a typical request header map (a few hundred bytes to
+// a few KB) with room to spare.
+const hostValSize = 8 << 10
 
 type routerStats struct {
 	commonStats
@@ -76,7 +85,8 @@ func counterMetric(name string) proxywasm.MetricCounter {
 }
 
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
-	p := &routerPlugin{cfg: cfg, now: clock, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{}}
+	p := &routerPlugin{cfg: cfg, now: clock, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
+		hostVal: make([]byte, hostValSize)}
 	p.stats = routerStats{
 		commonStats:         newCommonStats("router"),
 		routed:              counterMetric("requests.routed"),
@@ -328,14 +338,14 @@ type routerStream struct {
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
-	tail        []byte // end of the previous response chunk, for fields split across chunks
+	tail        tailBuf // end of the previous response chunk, for fields split across chunks
 }
 
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
 	p := s.plugin
 	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
 	p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
-	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader)
+	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal) // valid in this callback
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
 	}
@@ -363,7 +373,8 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 		return s.reject(&requestError{Status: 405, Message: "use POST for " + path})
 	}
 	if p.cfg.SessionHeader != "" {
-		s.sessionKey, _ = headers.get(p.cfg.SessionHeader)
+		key, _ := headers.get(p.cfg.SessionHeader)
+		s.sessionKey = strings.Clone(key) // outlives the header map's buffer
 	}
 	if !p.cfg.BodyRouting {
 		s.decideFromHeaders()
@@ -556,7 +567,7 @@ func (s *routerStream) decide(in *router.Input) {
 func (s *routerStream) failOpen() {
 	p := s.plugin
 	p.stats.failedOpen.Increment(1)
-	if _, err := stripRoutingHeaders(p.cfg.DestinationHeader); err != nil {
+	if _, err := stripRoutingHeaders(p.cfg.DestinationHeader, nil); err != nil {
 		return
 	}
 	if addr := p.leastLoaded(); addr != "" {
@@ -587,14 +598,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	}
 	now := p.now()
 	nowMs := now.UnixMilli()
-	status := 0
-	if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
-		status, _ = strconv.Atoi(v)
-	}
-	served := s.primary
-	if v, err := proxywasm.GetProperty([]string{"upstream", "address"}); err == nil && len(v) > 0 {
-		served = string(v)
-	}
+	status, served := p.responseStatusAndPeer(s.primary)
 	if served != s.primary {
 		// override_host moved on: the primary refused the connection.
 		if _, known := p.pos[served]; known {
@@ -621,7 +625,10 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 			h.LatencyEWMAMs = 0.8*h.LatencyEWMAMs + 0.2*latencyMs
 		}
 		if p.cfg.ORCA {
-			if v, err := proxywasm.GetHttpResponseHeader(orcaHeader); err == nil {
+			hostbuf.Lend(p.hostVal)
+			v, err := proxywasm.GetHttpResponseHeader(orcaHeader)
+			hostbuf.Lend(nil)
+			if err == nil {
 				if l := parseORCA(v); l.ok {
 					h.KVUsage, h.Waiting, h.Running = l.KVUsage, l.Waiting, l.Running
 				}
@@ -636,6 +643,34 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	}
 	return types.ActionContinue
 }
+
+// responseStatusAndPeer reads the response's :status (0 when unreadable)
+// and the address that served it (primary when the host does not say).
+// Both values land in p.hostVal and are dropped here: the address returned
+// is primary or the candidate's own string, so nothing is allocated unless
+// a host outside the candidate set answered.
+func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served string) {
+	hostbuf.Lend(p.hostVal)
+	if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
+		status, _ = strconv.Atoi(v)
+	}
+	hostbuf.Lend(p.hostVal)
+	v, err := proxywasm.GetProperty(upstreamAddressPath)
+	hostbuf.Lend(nil)
+	switch {
+	case err != nil || len(v) == 0 || string(v) == primary:
+		return status, primary
+	default:
+		if i, known := p.pos[string(v)]; known {
+			return status, p.hosts[i].Address
+		}
+		return status, string(v)
+	}
+}
+
+// upstreamAddressPath is the property Envoy sets to the upstream host that
+// took the request.
+var upstreamAddressPath = []string{"upstream", "address"}
 
 func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (action types.Action) {
 	p := s.plugin
@@ -659,10 +694,12 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	if err != nil {
 		return types.ActionContinue
 	}
-	if n, ok := cachedTokens(s.tail, chunk); ok {
+	if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
 		s.cached, s.feedbackSet = n, true // the last report wins (final stream chunk)
 	}
-	s.tail = keepTail(s.tail, chunk)
+	if !endOfStream {
+		s.tail.keep(chunk)
+	}
 	return types.ActionContinue
 }
 
@@ -732,8 +769,8 @@ func cachedTokens(tail, chunk []byte) (int, bool) {
 		}
 	}
 	if len(tail) > 0 {
-		joined := make([]byte, 0, len(tail)+min(len(chunk), tailKeep))
-		joined = append(joined, tail...)
+		var buf [2 * tailKeep]byte
+		joined := append(buf[:0], tail...)
 		joined = append(joined, chunk[:min(len(chunk), tailKeep)]...)
 		scan(joined)
 	}
@@ -741,12 +778,21 @@ func cachedTokens(tail, chunk []byte) (int, bool) {
 	return val, found
 }
 
-func keepTail(tail, chunk []byte) []byte {
-	tail = tail[:0]
+// tailBuf holds the last tailKeep bytes of a response chunk in the stream
+// itself (no allocation per stream).
+type tailBuf struct {
+	b [tailKeep]byte
+	n int
+}
+
+func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
+
+// keep replaces the tail with the end of chunk.
+func (t *tailBuf) keep(chunk []byte) {
 	if len(chunk) > tailKeep {
 		chunk = chunk[len(chunk)-tailKeep:]
 	}
-	return append(tail, chunk...)
+	t.n = copy(t.b[:], chunk)
 }
 
 func indexBytes(b, sub []byte) int {
