@@ -344,8 +344,9 @@ type routerStream struct {
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
 	p := s.plugin
 	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
-	p.adm.readHeaders(s)                                                    // before the x-kvroute-* headers are stripped
-	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal) // valid in this callback
+	p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
+	// headers alias p.hostVal: valid in this callback only.
+	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
 	}
