@@ -244,6 +244,16 @@ func (p *routerPlugin) prepare(nowMs int64) {
 // syncStats turns the router's and the index's cumulative counters into
 // metric increments.
 func (p *routerPlugin) syncStats() {
+	// It runs twice per request: most calls find nothing new, which the
+	// change count and the CAS retry count tell without copying the
+	// counters.
+	if n := p.ix.CASRetries(); n > p.lastIndex.CASRetries {
+		p.stats.casRetries.Increment(n - p.lastIndex.CASRetries)
+		p.lastIndex.CASRetries = n
+	}
+	if p.rt.StatsChanges() == p.lastRouter.Changes {
+		return
+	}
 	rs := p.rt.Stats()
 	d := func(c proxywasm.MetricCounter, now, before uint64) {
 		if now > before {
@@ -258,9 +268,6 @@ func (p *routerPlugin) syncStats() {
 	d(p.stats.loadErrors, rs.LoadErrors, p.lastRouter.LoadErrors)
 	d(p.stats.disaggregated, rs.Disaggregated, p.lastRouter.Disaggregated)
 	p.lastRouter = rs
-	im := p.ix.Metrics()
-	d(p.stats.casRetries, im.CASRetries, p.lastIndex.CASRetries)
-	p.lastIndex = im
 }
 
 func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
@@ -538,7 +545,13 @@ func (s *routerStream) decide(in *router.Input) {
 		p.dest = append(p.dest, p.hosts[order[i]].Address...)
 	}
 	s.primary = p.hosts[order[0]].Address
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, string(p.dest)); err != nil {
+	// The host copies the value: no string copy of p.dest (the SDK's
+	// emulator in tests keeps the string it is given).
+	dest := unsafeString(p.dest)
+	if emulatedSharedData {
+		dest = string(p.dest)
+	}
+	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, dest); err != nil {
 		proxywasm.LogWarnf("kvroute.router: setting %s: %v", p.cfg.DestinationHeader, err)
 		return
 	}

@@ -275,6 +275,9 @@ func (ix *Index) Config() Config { return ix.cfg }
 // Metrics returns the counters so far.
 func (ix *Index) Metrics() Metrics { return ix.metrics }
 
+// CASRetries returns Metrics().CASRetries without copying the others.
+func (ix *Index) CASRetries() uint64 { return ix.metrics.CASRetries }
+
 func (ix *Index) nowAge() uint32 { return uint32(ix.now() >> ageShift) }
 
 // now is Config.Now, or the pinned clock.
