@@ -18,6 +18,10 @@ type breakers struct {
 	// while it is 0, which is nearly always, a decision skips the per-host
 	// lookups (anyOpen).
 	opened int
+	// failing counts the hosts whose state is not the zero state (a
+	// failure counted, or open): while it is 0, a success changes nothing
+	// and result skips the lookup.
+	failing int
 }
 
 type breakerState struct {
@@ -83,14 +87,20 @@ func (b *breakers) dispatched(addr string, nowMs int64) {
 // result records the outcome of a request to addr and reports whether the
 // breaker opened (or re-opened) because of it.
 func (b *breakers) result(addr string, ok bool, nowMs int64) (opened bool) {
-	if b.cfg.ConsecutiveFailures == 0 {
+	if b.cfg.ConsecutiveFailures == 0 || ok && b.failing == 0 {
 		return false
 	}
 	st := b.state(addr)
 	if ok {
+		if st.failures > 0 || st.openUntil != 0 {
+			b.failing--
+		}
 		b.setOpenUntil(st, 0)
 		*st = breakerState{}
 		return false
+	}
+	if st.failures == 0 && st.openUntil == 0 {
+		b.failing++
 	}
 	st.failures++
 	if st.probing || (st.openUntil == 0 && st.failures >= b.cfg.ConsecutiveFailures) {

@@ -15,10 +15,28 @@ func TestBreakerAnyOpenCountsOpenHosts(t *testing.T) {
 		if b.anyOpen() != want || b.opened != wantN {
 			t.Fatalf("%s: anyOpen %v (%d open), want %v (%d)", step, b.anyOpen(), b.opened, want, wantN)
 		}
+		// failing is the number of hosts not in the zero state.
+		n := 0
+		for _, st := range b.hosts {
+			if *st != (breakerState{}) {
+				n++
+			}
+		}
+		if b.failing != n {
+			t.Fatalf("%s: failing = %d, want %d", step, b.failing, n)
+		}
 	}
 	check("start", false, 0)
+	b.result("c", true, 0) // a success with nothing failing: no state kept
+	if len(b.hosts) != 0 {
+		t.Fatalf("a success created breaker state: %v", b.hosts)
+	}
 	b.result("a", false, 0)
 	check("one failure", false, 0)
+	b.result("c", false, 0)
+	check("c failed once", false, 0)
+	b.result("c", true, 0)
+	check("c succeeded (reset)", false, 0)
 	b.result("a", false, 0)
 	check("a opened", true, 1)
 	b.result("b", false, 0)

@@ -177,7 +177,7 @@ func (p *routerPlugin) setHosts(cs []candidate) {
 
 // refreshState picks up a state push made on any worker.
 func (p *routerPlugin) refreshState() {
-	gen := loadStateGen()
+	gen := readStateGen()
 	if gen == 0 || gen == p.stateGen {
 		return
 	}
