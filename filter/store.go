@@ -56,7 +56,10 @@ func readStateGen() uint64 {
 
 // getError maps a failed shared-data get to the index's errors.
 func getError(key string, err error) error {
-	if errors.Is(err, types.ErrorStatusNotFound) {
+	// The SDK returns the sentinel itself: compare before errors.Is, whose
+	// type assertions are not free in Wasm (a miss costs one per decision:
+	// the state generation of a gateway without pushed state).
+	if err == types.ErrorStatusNotFound || errors.Is(err, types.ErrorStatusNotFound) {
 		// The index asks for keys that are not there on every new
 		// prompt's blocks: no formatting (fmt is slow in Wasm) on this path.
 		return index.ErrNotFound
@@ -98,7 +101,7 @@ func (st sharedStore) Set(key string, value []byte, cas uint32) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, types.ErrorStatusCasMismatch):
+	case err == types.ErrorStatusCasMismatch || errors.Is(err, types.ErrorStatusCasMismatch):
 		return index.ErrCASMismatch // the index retries; nothing to format
 	}
 	return fmt.Errorf("shared data %s: %w", key, err)

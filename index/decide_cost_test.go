@@ -109,3 +109,43 @@ func TestAddLoadAfterLoadsReusesTheRead(t *testing.T) {
 		t.Errorf("other host's load = %+v", loads[refs[1].Slot])
 	}
 }
+
+// An update of a slot the stored value already has edits the value read
+// in place; it must store the bytes a rebuild would (reserved bytes
+// zeroed, length and other slots unchanged).
+func TestLoadUpdateInPlaceMatchesRebuild(t *testing.T) {
+	st := &MemStore{}
+	clk := &fakeClock{ms: 1e6}
+	ix := newTestIndex(t, st, clk, Config{})
+	var refs []HostRef
+	for i := 0; i < 3; i++ {
+		r, err := ix.Register(fmt.Sprintf("h%d:1", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, r)
+	}
+	if _, err := ix.AddLoadKV(refs[2], 7, 8, 9); err != nil { // the value covers slots 0..2
+		t.Fatal(err)
+	}
+	v, _, _ := st.Get(ix.loadKey)
+	v[3], v[6], v[7] = 0xAA, 0xBB, 0xCC // reserved bytes another writer left set
+	if err := st.Set(ix.loadKey, v, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ix.AddLoadKV(refs[0], 100, 10, 110); err != nil {
+		t.Fatal(err)
+	}
+	got, _, _ := st.Get(ix.loadKey)
+	want := append([]byte(nil), v...)
+	want[3], want[6], want[7] = 0, 0, 0
+	r := want[loadHeader+refs[0].Slot*loadRecord:]
+	le.PutUint32(r, refs[0].Gen)
+	le.PutUint32(r[4:], 1)
+	le.PutUint32(r[8:], 100)
+	le.PutUint32(r[12:], 10)
+	le.PutUint32(r[16:], 110)
+	if string(got) != string(want) {
+		t.Fatalf("stored\n%x\nwant\n%x", got, want)
+	}
+}

@@ -351,7 +351,7 @@ func (ix *Index) getInto(buf []byte, key string) (v []byte, cas uint32, found bo
 func (ix *Index) counted(v []byte, cas uint32, err error) ([]byte, uint32, bool) {
 	ix.metrics.Reads++
 	if err != nil {
-		if !errors.Is(err, ErrNotFound) {
+		if err != ErrNotFound && !errors.Is(err, ErrNotFound) { // the sentinel itself is the common case
 			ix.metrics.StoreErrors++
 		}
 		return v, 0, false
@@ -383,7 +383,7 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 		ix.metrics.BytesWritten += uint64(len(v))
 		return false, nil
 	}
-	if errors.Is(err, ErrCASMismatch) {
+	if err == ErrCASMismatch || errors.Is(err, ErrCASMismatch) {
 		ix.metrics.CASRetries++
 		return true, err
 	}

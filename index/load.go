@@ -128,20 +128,26 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 				ix.metrics.Corrupt++
 			}
 		}
-		size := n
-		if ref.Slot >= size {
-			size = ref.Slot + 1
+		var out []byte
+		if ref.Slot < n {
+			// The slot is there: edit the value read (this update's own
+			// copy) in place, to the same bytes a rebuild would give.
+			v[3], v[6], v[7] = 0, 0, 0
+			out = v
+		} else {
+			size := ref.Slot + 1
+			ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
+			ix.enc = le.AppendUint16(ix.enc, uint16(size))
+			ix.enc = append(ix.enc, 0, 0)
+			if n > 0 {
+				ix.enc = append(ix.enc, v[loadHeader:loadHeader+n*loadRecord]...)
+			}
+			for len(ix.enc) < loadHeader+size*loadRecord {
+				ix.enc = append(ix.enc, 0)
+			}
+			out = ix.enc
 		}
-		ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
-		ix.enc = le.AppendUint16(ix.enc, uint16(size))
-		ix.enc = append(ix.enc, 0, 0)
-		if n > 0 {
-			ix.enc = append(ix.enc, v[loadHeader:loadHeader+n*loadRecord]...)
-		}
-		for len(ix.enc) < loadHeader+size*loadRecord {
-			ix.enc = append(ix.enc, 0)
-		}
-		r := ix.enc[loadHeader+ref.Slot*loadRecord:]
+		r := out[loadHeader+ref.Slot*loadRecord:]
 		gen := le.Uint32(r)
 		switch {
 		case gen == ref.Gen:
@@ -172,7 +178,7 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 			}
 			le.PutUint32(r[4+4*i:], c)
 		}
-		retry, err := ix.set(ix.loadKey, ix.enc, cas)
+		retry, err := ix.set(ix.loadKey, out, cas)
 		if retry {
 			continue
 		}
