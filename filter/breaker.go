@@ -14,6 +14,14 @@ import "github.com/kvroute/kvroute/filter/config"
 type breakers struct {
 	cfg   config.CircuitBreaker
 	hosts map[string]*breakerState
+	// opened counts the hosts whose openUntil is set (open or half-open):
+	// while it is 0, which is nearly always, a decision skips the per-host
+	// lookups (anyOpen).
+	opened int
+	// failing counts the hosts whose state is not the zero state (a
+	// failure counted, or open): while it is 0, a success changes nothing
+	// and result skips the lookup.
+	failing int
 }
 
 type breakerState struct {
@@ -35,8 +43,26 @@ func (b *breakers) state(addr string) *breakerState {
 	return st
 }
 
+// anyOpen reports whether some host's breaker is open or half-open; when
+// it is not, open is false for every address.
+func (b *breakers) anyOpen() bool { return b.opened > 0 }
+
+// setOpenUntil sets st.openUntil, keeping b.opened.
+func (b *breakers) setOpenUntil(st *breakerState, until int64) {
+	switch {
+	case st.openUntil == 0 && until != 0:
+		b.opened++
+	case st.openUntil != 0 && until == 0:
+		b.opened--
+	}
+	st.openUntil = until
+}
+
 // open reports whether addr must not be picked now.
 func (b *breakers) open(addr string, nowMs int64) bool {
+	if b.opened == 0 {
+		return false
+	}
 	st := b.hosts[addr]
 	if st == nil || st.openUntil == 0 {
 		return false
@@ -50,6 +76,9 @@ func (b *breakers) open(addr string, nowMs int64) bool {
 // dispatched notes that a request went to addr; past the cool-down it is
 // the half-open probe.
 func (b *breakers) dispatched(addr string, nowMs int64) {
+	if b.opened == 0 {
+		return
+	}
 	if st := b.hosts[addr]; st != nil && st.openUntil != 0 && nowMs >= st.openUntil {
 		st.probing = true
 	}
@@ -58,17 +87,24 @@ func (b *breakers) dispatched(addr string, nowMs int64) {
 // result records the outcome of a request to addr and reports whether the
 // breaker opened (or re-opened) because of it.
 func (b *breakers) result(addr string, ok bool, nowMs int64) (opened bool) {
-	if b.cfg.ConsecutiveFailures == 0 {
+	if b.cfg.ConsecutiveFailures == 0 || ok && b.failing == 0 {
 		return false
 	}
 	st := b.state(addr)
 	if ok {
+		if st.failures > 0 || st.openUntil != 0 {
+			b.failing--
+		}
+		b.setOpenUntil(st, 0)
 		*st = breakerState{}
 		return false
 	}
+	if st.failures == 0 && st.openUntil == 0 {
+		b.failing++
+	}
 	st.failures++
 	if st.probing || (st.openUntil == 0 && st.failures >= b.cfg.ConsecutiveFailures) {
-		st.openUntil = nowMs + int64(b.cfg.CooldownMs)
+		b.setOpenUntil(st, nowMs+int64(b.cfg.CooldownMs))
 		st.probing = false
 		return true
 	}

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -38,9 +39,27 @@ func (st sharedStore) Get(key string) ([]byte, uint32, error) {
 	return v, cas, nil
 }
 
+// stateGenBuf receives the pushed state's generation, which refreshState
+// reads on every decision: lent to the ABI bridge (GetAppend), the read
+// allocates nothing, where GetSharedData has the host call back into the
+// VM for memory and allocates 8 bytes per request once a state was pushed.
+var stateGenBuf [8]byte
+
+// readStateGen is loadStateGen through stateGenBuf.
+func readStateGen() uint64 {
+	v, _, err := sharedStore{emulated: emulatedSharedData}.GetAppend(stateGenBuf[:0], stateGenKey)
+	if err != nil || len(v) != 8 {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(v)
+}
+
 // getError maps a failed shared-data get to the index's errors.
 func getError(key string, err error) error {
-	if errors.Is(err, types.ErrorStatusNotFound) {
+	// The SDK returns the sentinel itself: compare before errors.Is, whose
+	// type assertions are not free in Wasm (a miss costs one per decision:
+	// the state generation of a gateway without pushed state).
+	if err == types.ErrorStatusNotFound || errors.Is(err, types.ErrorStatusNotFound) {
 		// The index asks for keys that are not there on every new
 		// prompt's blocks: no formatting (fmt is slow in Wasm) on this path.
 		return index.ErrNotFound
@@ -82,7 +101,7 @@ func (st sharedStore) Set(key string, value []byte, cas uint32) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, types.ErrorStatusCasMismatch):
+	case err == types.ErrorStatusCasMismatch || errors.Is(err, types.ErrorStatusCasMismatch):
 		return index.ErrCASMismatch // the index retries; nothing to format
 	}
 	return fmt.Errorf("shared data %s: %w", key, err)

@@ -213,6 +213,17 @@ type Index struct {
 	tableBuf []byte // the slot table
 	shardBuf []byte // updateShard's own reads, edited in place
 	usageBuf []byte // bookUsage's histogram, edited in place
+	// the load counters as Loads last read them (loadBuf also receives
+	// updateLoad's reads); loadFresh: no update since, so an AddLoad may
+	// start from loadBuf and loadCAS instead of reading the key again
+	loadBuf   []byte
+	loadCAS   uint32
+	loadFound bool
+	loadFresh bool
+	// pinned, when pinnedOK, is the clock every read of Config.Now
+	// returns instead (PinClock)
+	pinned   int64
+	pinnedOK bool
 	// record scratch
 	work    []byte
 	enc     []byte
@@ -264,7 +275,28 @@ func (ix *Index) Config() Config { return ix.cfg }
 // Metrics returns the counters so far.
 func (ix *Index) Metrics() Metrics { return ix.metrics }
 
-func (ix *Index) nowAge() uint32 { return uint32(ix.cfg.Now() >> ageShift) }
+// CASRetries returns Metrics().CASRetries without copying the others.
+func (ix *Index) CASRetries() uint64 { return ix.metrics.CASRetries }
+
+func (ix *Index) nowAge() uint32 { return uint32(ix.now() >> ageShift) }
+
+// now is Config.Now, or the pinned clock.
+func (ix *Index) now() int64 {
+	if ix.pinnedOK {
+		return ix.pinned
+	}
+	return ix.cfg.Now()
+}
+
+// PinClock makes the index take ms as the time (in Config.Now's
+// milliseconds) until UnpinClock, instead of calling Config.Now: one
+// routing decision reads the clock once and passes it down, where the
+// index would read it three or four times (in Wasm every read of the
+// wall clock is two host calls).
+func (ix *Index) PinClock(ms int64) { ix.pinned, ix.pinnedOK = ms, true }
+
+// UnpinClock makes the index call Config.Now again.
+func (ix *Index) UnpinClock() { ix.pinnedOK = false }
 
 // shardAt returns the shard of chain position i: its segment's first block
 // picks it.
@@ -319,7 +351,7 @@ func (ix *Index) getInto(buf []byte, key string) (v []byte, cas uint32, found bo
 func (ix *Index) counted(v []byte, cas uint32, err error) ([]byte, uint32, bool) {
 	ix.metrics.Reads++
 	if err != nil {
-		if !errors.Is(err, ErrNotFound) {
+		if err != ErrNotFound && !errors.Is(err, ErrNotFound) { // the sentinel itself is the common case
 			ix.metrics.StoreErrors++
 		}
 		return v, 0, false
@@ -351,7 +383,7 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 		ix.metrics.BytesWritten += uint64(len(v))
 		return false, nil
 	}
-	if errors.Is(err, ErrCASMismatch) {
+	if err == ErrCASMismatch || errors.Is(err, ErrCASMismatch) {
 		ix.metrics.CASRetries++
 		return true, err
 	}
@@ -374,7 +406,7 @@ const slotsRecheckMs = 1000
 // were written under (see staleMask). Writers that need the authority
 // (updateSlots, a shard written under a newer epoch) read the table.
 func (ix *Index) refreshSlots() {
-	now := ix.cfg.Now()
+	now := ix.now()
 	if ix.tableOK && now >= ix.tableAt && now-ix.tableAt < slotsRecheckMs {
 		v, _, found := ix.getInto(ix.stampBuf, ix.stampKey)
 		ix.stampBuf = v
@@ -402,7 +434,7 @@ func (ix *Index) refreshSlots() {
 // come from one global counter, so an unchanged CAS is an unchanged value,
 // and most reads skip decoding (a few microseconds in Wasm at 64 hosts).
 func (ix *Index) readSlots() (cas uint32) {
-	ix.tableAt = ix.cfg.Now()
+	ix.tableAt = ix.now()
 	v, cas, found := ix.getInto(ix.tableBuf, ix.slotsKey)
 	ix.tableBuf = v
 	if !found {

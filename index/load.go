@@ -104,8 +104,22 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 	if ref.Slot < 0 || ref.Slot >= MaxSlots {
 		return ErrStaleHost
 	}
+	// An add right after Loads (Router.Decide: Loads, then AddLoad for the
+	// chosen host) starts from the value and CAS Loads read instead of
+	// getting the key again: if another worker wrote it since, the CAS
+	// rejects the set and the retry reads it afresh.
+	reuse := add && ix.loadFresh
+	ix.loadFresh = false
 	for attempt := 0; attempt < ix.cfg.CASRetries*4; attempt++ {
-		v, cas, found := ix.get(ix.loadKey)
+		var v []byte
+		var cas uint32
+		var found bool
+		if attempt == 0 && reuse {
+			v, cas, found = ix.loadBuf, ix.loadCAS, ix.loadFound
+		} else {
+			v, cas, found = ix.getInto(ix.loadBuf, ix.loadKey)
+			ix.loadBuf = v
+		}
 		n := 0
 		if found {
 			if ok := validLoad(v); ok {
@@ -114,20 +128,26 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 				ix.metrics.Corrupt++
 			}
 		}
-		size := n
-		if ref.Slot >= size {
-			size = ref.Slot + 1
+		var out []byte
+		if ref.Slot < n {
+			// The slot is there: edit the value read (this update's own
+			// copy) in place, to the same bytes a rebuild would give.
+			v[3], v[6], v[7] = 0, 0, 0
+			out = v
+		} else {
+			size := ref.Slot + 1
+			ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
+			ix.enc = le.AppendUint16(ix.enc, uint16(size))
+			ix.enc = append(ix.enc, 0, 0)
+			if n > 0 {
+				ix.enc = append(ix.enc, v[loadHeader:loadHeader+n*loadRecord]...)
+			}
+			for len(ix.enc) < loadHeader+size*loadRecord {
+				ix.enc = append(ix.enc, 0)
+			}
+			out = ix.enc
 		}
-		ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
-		ix.enc = le.AppendUint16(ix.enc, uint16(size))
-		ix.enc = append(ix.enc, 0, 0)
-		if n > 0 {
-			ix.enc = append(ix.enc, v[loadHeader:loadHeader+n*loadRecord]...)
-		}
-		for len(ix.enc) < loadHeader+size*loadRecord {
-			ix.enc = append(ix.enc, 0)
-		}
-		r := ix.enc[loadHeader+ref.Slot*loadRecord:]
+		r := out[loadHeader+ref.Slot*loadRecord:]
 		gen := le.Uint32(r)
 		switch {
 		case gen == ref.Gen:
@@ -158,7 +178,7 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 			}
 			le.PutUint32(r[4+4*i:], c)
 		}
-		retry, err := ix.set(ix.loadKey, ix.enc, cas)
+		retry, err := ix.set(ix.loadKey, out, cas)
 		if retry {
 			continue
 		}
@@ -178,7 +198,9 @@ func validLoad(v []byte) bool {
 
 // Loads reads every host's counters into dst (indexed by slot, resized to
 // the slot table as of the last table read by Query, Lookup or Record).
-// Slots whose counters belong to an older incarnation read as zero.
+// Slots whose counters belong to an older incarnation read as zero. The
+// value read is kept for the next AddLoad (see updateLoad), which then
+// skips its own read of the key.
 func (ix *Index) Loads(dst []Load) []Load {
 	n := ix.table.n
 	if cap(dst) < n {
@@ -186,7 +208,9 @@ func (ix *Index) Loads(dst []Load) []Load {
 	}
 	dst = dst[:n]
 	clear(dst)
-	v, _, found := ix.get(ix.loadKey)
+	v, cas, found := ix.getInto(ix.loadBuf, ix.loadKey)
+	ix.loadBuf = v
+	ix.loadFresh, ix.loadCAS, ix.loadFound = true, cas, found
 	if !found {
 		return dst
 	}

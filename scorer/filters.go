@@ -116,16 +116,21 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 	if model == "" && (adapter == "" || !f.requireAdapter) {
 		return cand
 	}
-	return keep(cand, func(i int) bool {
+	// In place without keep's closure: an indirect call per host costs
+	// more than the test in Wasm, and this filter runs on every request
+	// that names a model.
+	out := cand[:0]
+	for _, i := range cand {
 		h := &c.Hosts[i]
 		if model != "" && h.Model != "" && h.Model != model {
-			return false
+			continue
 		}
-		if f.requireAdapter && adapter != "" {
-			return adapterState(h, adapter) > 0
+		if f.requireAdapter && adapter != "" && adapterState(h, adapter) == 0 {
+			continue
 		}
-		return true
-	})
+		out = append(out, i)
+	}
+	return out
 }
 
 // adapterState is 2 when the adapter is loaded, 1 when a slot is free to

@@ -97,7 +97,11 @@ func (p prefixScorer) Score(c *Cycle, cand []int, out []float64) {
 		if p.blocks {
 			t = b
 		}
-		out[h] = min(float64(t)/float64(total), 1)
+		v := float64(t) / float64(total)
+		if v > 1 { // not min: in Wasm that is a runtime call per host
+			v = 1
+		}
+		out[h] = v
 	}
 }
 
@@ -130,8 +134,12 @@ func (s loadScorer) Score(c *Cycle, cand []int, out []float64) {
 	for _, h := range cand {
 		l := s.load(&c.Hosts[h])
 		out[h] = l
-		lo = min(lo, l)
-		hi = max(hi, l)
+		if l < lo || l != l { // min and max as comparisons (Wasm: no runtime calls), NaN kept
+			lo = l
+		}
+		if l > hi || l != l {
+			hi = l
+		}
 	}
 	span := hi - lo
 	for _, h := range cand {
@@ -163,11 +171,17 @@ func (s prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 	for _, h := range cand {
 		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))
 		out[h] = cost
-		best = min(best, cost)
+		if cost < best || cost != cost { // min as a comparison (Wasm: no runtime call), NaN kept
+			best = cost
+		}
 	}
 	if s.scaleTokens > 0 {
 		for _, h := range cand {
-			out[h] = max(0, 1-(out[h]-best)/s.scaleTokens)
+			v := 1 - (out[h]-best)/s.scaleTokens
+			if v < 0 || v == 0 { // max(0, v): +0 for -0 too; NaN kept
+				v = 0
+			}
+			out[h] = v
 		}
 		return
 	}

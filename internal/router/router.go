@@ -104,6 +104,11 @@ type Stats struct {
 	// without them); LoadErrors counts load updates dropped under
 	// contention.
 	IndexErrors, LoadErrors uint64
+	// Changes counts the updates of every counter above except Decisions,
+	// NoCandidate and PredictedCachedTokens (which move on every decision
+	// or feedback with the others): a caller that exports the others sees
+	// from StatsChanges alone whether anything is new.
+	Changes uint64
 }
 
 // Config assembles a Router.
@@ -152,6 +157,14 @@ func New(cfg Config) *Router {
 		r.scratch = &scorer.Scratch{}
 	}
 	return r
+}
+
+// StatsChanges returns Stats().Changes without copying the counters.
+func (r *Router) StatsChanges() uint64 {
+	r.mu.Lock()
+	n := r.stats.Changes
+	r.mu.Unlock()
+	return n
 }
 
 // Handler returns the strategy the router runs.
@@ -229,6 +242,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	if r.ix != nil && len(in.Chain) > 0 {
 		if err := r.ix.Query(in.Chain, &r.matches); err != nil {
 			r.stats.IndexErrors++
+			r.stats.Changes++
 		} else {
 			queried = true
 		}
@@ -288,6 +302,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 	if res.Disaggregated {
 		r.stats.Disaggregated++
+		r.stats.Changes++
 		t.Prefill = res.Prefill.Primary()
 		p := &hosts[t.Prefill]
 		t.PrefillAddress = p.Address
@@ -333,6 +348,7 @@ func (r *Router) record(h *scorer.Host, chain []uint64, queried bool) {
 	}
 	if err := r.ix.Record(index.HostRef{Slot: h.Slot, Gen: h.Gen}, chain, m); err != nil {
 		r.stats.IndexErrors++
+		r.stats.Changes++
 	}
 }
 
@@ -353,6 +369,7 @@ func (r *Router) add(h *scorer.Host, prefill, decode, kv int) hold {
 	var err error
 	if hd.ix, err = r.ix.AddLoad(index.HostRef{Slot: h.Slot, Gen: h.Gen}, prefill, decode); err != nil {
 		r.stats.LoadErrors++
+		r.stats.Changes++
 	}
 	return hd
 }
@@ -369,6 +386,7 @@ func (r *Router) prefillDone(hd *hold) {
 	}
 	if err := r.ix.PrefillDone(&hd.ix); err != nil {
 		r.stats.LoadErrors++
+		r.stats.Changes++
 	}
 }
 
@@ -394,6 +412,7 @@ func (r *Router) release(hd *hold) {
 	}
 	if err != nil {
 		r.stats.LoadErrors++
+		r.stats.Changes++
 	}
 }
 
@@ -423,6 +442,7 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 		return
 	}
 	r.stats.FeedbackRequests++
+	r.stats.Changes++
 	r.learnTrust(t, cachedTokens)
 	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 	r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
