@@ -124,7 +124,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
 		}
 	}
-	ix, err := index.New(sharedStore{emulated: emulatedSharedData}, index.Config{})
+	ix, err := index.New(sharedStore{emulated: emulatedHost}, index.Config{})
 	if err != nil {
 		return nil, err
 	}
@@ -557,10 +557,9 @@ func (s *routerStream) decide(in *router.Input) {
 		p.dest = append(p.dest, p.hosts[order[i]].Address...)
 	}
 	s.primary = p.hosts[order[0]].Address
-	// The host copies the value: no string copy of p.dest (the SDK's
-	// emulator in tests keeps the string it is given).
+	// The host copies the value: no string copy of p.dest (see emulatedHost).
 	dest := unsafeString(p.dest)
-	if emulatedSharedData {
+	if emulatedHost {
 		dest = string(p.dest)
 	}
 	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, dest); err != nil {

@@ -23,8 +23,8 @@ func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) (
 	t.Helper()
 	var started *routerPlugin
 	routerStarted = func(p *routerPlugin) { started = p }
-	emulatedSharedData = true
-	t.Cleanup(func() { routerStarted, emulatedSharedData = nil, false })
+	emulatedHost = true
+	t.Cleanup(func() { routerStarted, emulatedHost = nil, false })
 	opt := proxytest.NewEmulatorOption().
 		WithVMContext(NewVMContext("test")).
 		WithPluginConfiguration([]byte(cfg)).

@@ -25,8 +25,11 @@ type sharedStore struct {
 
 var _ index.AppendGetter = sharedStore{}
 
-// emulatedSharedData makes newRouter build an emulator-adapted store.
-var emulatedSharedData = false
+// emulatedHost is set by tests that run the filter on the SDK's proxytest
+// emulator, which keeps the slices and strings it is given where Envoy
+// copies them: newRouter then builds an emulator-adapted store, and the
+// destination header is handed over as a string of its own.
+var emulatedHost = false
 
 func (st sharedStore) Get(key string) ([]byte, uint32, error) {
 	v, cas, err := proxywasm.GetSharedData(key)
@@ -47,7 +50,7 @@ var stateGenBuf [8]byte
 
 // readStateGen is loadStateGen through stateGenBuf.
 func readStateGen() uint64 {
-	v, _, err := sharedStore{emulated: emulatedSharedData}.GetAppend(stateGenBuf[:0], stateGenKey)
+	v, _, err := sharedStore{emulated: emulatedHost}.GetAppend(stateGenBuf[:0], stateGenKey)
 	if err != nil || len(v) != 8 {
 		return 0
 	}
