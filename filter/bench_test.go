@@ -24,7 +24,16 @@ import (
 // The "<size>/floor" sub-benchmarks run testdata/floor the same way: the
 // least a body-routing Go filter can do (buffer the body, read it, set the
 // destination header), so the figures also say what any such filter pays in
-// this host and what kvroute adds above it.
+// this host and what kvroute adds above it. At 8K tokens two more split
+// kvroute's cost: "header-only" runs it with bodyRouting false (no body
+// buffered or parsed: session, load and fallbacks only), "pass-through"
+// sends the request to a path the router does not route (its callbacks
+// run and return at once).
+//
+// vm-callbacks-us is the time spent inside the VM's callbacks per request
+// (the host's CallStats, wall time, host calls included); what the CPU
+// overhead has beyond it is the host's own work for the filter, and what
+// the VM's code and data evicting the host's from the caches costs it.
 func BenchmarkRouterInWasm(b *testing.B) {
 	module := wasmModule(b)
 	floor := floorModule(b)
@@ -49,10 +58,22 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		return front.URL, h
 	}
 	baseURL, _ := start(wasmhost.Config{Clusters: clusters, RouteCluster: "engines"})
-	floorURL, _ := start(wasmhost.Config{Module: floor, VMID: "floor", Clusters: clusters, RouteCluster: "engines",
+	floorURL, floorHost := start(wasmhost.Config{Module: floor, VMID: "floor", Clusters: clusters, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: "floor", AllowOnHeadersStopIteration: true, Configuration: strings.Join(addrs, ",")}}})
 	filterURL, fh := start(wasmhost.Config{Module: module, VMID: "kvroute", Clusters: clusters, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
+	headerOnlyURL, hh := start(wasmhost.Config{Module: module, VMID: "kvroute", Clusters: clusters, RouteCluster: "engines",
+		Filters: []wasmhost.Filter{{RootID: RootRouter, Configuration: "{" + endpointsJSON(addrs) + `,"bodyRouting":false}`}}})
+
+	// callbackTime is the host's total time inside the VM's callbacks.
+	callbackTime := func(h *wasmhost.Host) (d time.Duration) {
+		for _, c := range h.CallStats() {
+			if c.Kind == "callback" {
+				d += c.Total
+			}
+		}
+		return d
+	}
 
 	// median of a histogram's samples recorded after skip.
 	median := func(name string, skip int) float64 {
@@ -65,8 +86,9 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		return float64(s[len(s)/2])
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
+	path := "/v1/chat/completions"
 	send := func(b *testing.B, url, body string) {
-		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		resp, err := client.Post(url+path, "application/json", strings.NewReader(body))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -76,6 +98,7 @@ func BenchmarkRouterInWasm(b *testing.B) {
 			b.Fatalf("status %d", resp.StatusCode)
 		}
 	}
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	for _, size := range []struct {
 		name  string
 		bytes int
@@ -91,7 +114,7 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		// (on_log, on_delete) and the host's bookkeeping can still run after
 		// the client has the response, and a per-request reading charged
 		// them to the next request, which belonged to the other host.
-		alternate := func(b *testing.B, url string) (tBase, tOther, cBase, cOther time.Duration) {
+		alternate := func(b *testing.B, url string, h *wasmhost.Host) (tBase, tOther, cBase, cOther time.Duration) {
 			for i := 0; i < 20; i++ {
 				send(b, baseURL, body(i))
 				send(b, url, body(i))
@@ -112,6 +135,10 @@ func BenchmarkRouterInWasm(b *testing.B) {
 				time.Sleep(settle)
 				return wall, processCPU() - c0
 			}
+			var vm0 time.Duration
+			if h != nil {
+				vm0 = callbackTime(h)
+			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i += block {
 				n := min(block, b.N-i)
@@ -122,13 +149,15 @@ func BenchmarkRouterInWasm(b *testing.B) {
 			}
 			b.StopTimer()
 			n := time.Duration(b.N)
+			if h != nil {
+				b.ReportMetric(us((callbackTime(h)-vm0)/n), "vm-callbacks-us")
+			}
 			return tBase / n, tOther / n, cBase / n, cOther / n
 		}
-		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 		b.Run(size.name, func(b *testing.B) {
 			skipBody, _ := fh.Metric("kvroute.router.request_body_us")
 			skipDecide, _ := fh.Metric("kvroute.router.decision_us")
-			tBase, tFilter, cBase, cFilter := alternate(b, filterURL)
+			tBase, tFilter, cBase, cFilter := alternate(b, filterURL, fh)
 			// Inside the VM (wall time, median): the body callback's whole work,
 			// and the decision alone.
 			b.ReportMetric(median("kvroute.router.request_body_us", len(skipBody.Samples)), "vm-body-us")
@@ -143,10 +172,24 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		})
 		// The same with testdata/floor in place of kvroute.router.
 		b.Run(size.name+"/floor", func(b *testing.B) {
-			tBase, tFloor, cBase, cFloor := alternate(b, floorURL)
+			tBase, tFloor, cBase, cFloor := alternate(b, floorURL, floorHost)
 			b.ReportMetric(us(cFloor-cBase), "cpu-us/req-overhead")
 			b.ReportMetric(us(tFloor-tBase), "us/req-overhead")
 			b.ReportMetric(float64(tFloor)/float64(tBase), "ratio")
 		})
+		if size.name != "8Ktok" {
+			continue
+		}
+		split := func(name, url string, h *wasmhost.Host, reqPath string) {
+			b.Run(size.name+"/"+name, func(b *testing.B) {
+				path = reqPath
+				defer func() { path = "/v1/chat/completions" }()
+				tBase, tFilter, cBase, cFilter := alternate(b, url, h)
+				b.ReportMetric(us(cFilter-cBase), "cpu-us/req-overhead")
+				b.ReportMetric(us(tFilter-tBase), "us/req-overhead")
+			})
+		}
+		split("header-only", headerOnlyURL, hh, "/v1/chat/completions")
+		split("pass-through", filterURL, fh, "/v1/not-routed")
 	}
 }
