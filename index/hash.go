@@ -2,6 +2,7 @@ package index
 
 import (
 	"encoding/binary"
+	"math"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -56,6 +57,15 @@ func (c HashConfig) withDefaults() HashConfig {
 		c.CharsPerToken = DefaultCharsPerToken
 	}
 	return c
+}
+
+// sameSize returns how many blocks from block i on have block i's size
+// (at least 1; "many" past the last doubling).
+func (c HashConfig) sameSize(i int) int {
+	if c.LevelBlocks < 0 || i/c.LevelBlocks >= c.MaxLevel {
+		return math.MaxInt
+	}
+	return c.LevelBlocks - i%c.LevelBlocks
 }
 
 // blockSize returns the byte length of block i.
@@ -247,6 +257,30 @@ func (h *Hasher) write(p []byte) {
 func (h *Hasher) writeString(s string) {
 	for len(s) > 0 {
 		room := h.blkLen - h.inBlk
+		if h.inBlk == 0 && room <= len(s) {
+			// Whole blocks inside s (most of a long prompt): hashed
+			// straight from s, one call per run of equal-sized blocks
+			// (see xxhChain), and the digest set up once for the block
+			// after them.
+			for room <= len(s) {
+				n := len(s) / room
+				if k := h.cfg.sameSize(len(h.blocks)); n > k {
+					n = k
+				}
+				i := len(h.blocks)
+				h.blocks = xxhChain(h.prev, s, room, n, h.blocks)
+				for ; i < len(h.blocks); i++ {
+					h.total += room
+					h.ends = append(h.ends, h.total)
+				}
+				h.prev = h.blocks[len(h.blocks)-1]
+				s = s[n*room:]
+				room = h.cfg.blockSize(len(h.blocks))
+			}
+			h.blkLen = room
+			h.digest.ResetWithSeed(h.prev)
+			continue
+		}
 		if room > len(s) {
 			h.digest.WriteString(s)
 			h.inBlk += len(s)
