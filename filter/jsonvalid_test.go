@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -170,5 +171,59 @@ func TestScanJSONRecordsSpans(t *testing.T) {
 	// A failed pass leaves nothing a walker could trust beyond the body.
 	if scanJSON([]byte(`{"a":[`), &spans) {
 		t.Fatal("truncated document accepted")
+	}
+}
+
+// plainRun must return exactly the first byte that needs a look, for every
+// such byte at every offset within and across its 64- and 8-byte steps,
+// with a look-alike byte (one above it in value, or a UTF-8 byte) before
+// and after it; without one it may stop only within the last 8 bytes.
+func TestPlainRunFindsTheFirstSpecialByte(t *testing.T) {
+	stops := func(c byte, nonASCII bool) bool {
+		return !plainStringByte[c] || nonASCII && c >= 0x80
+	}
+	fills := []byte{'a', ' ', '!', '#', ']', '^', 0x7f, 0x80, 0xc3, 0xff}
+	for _, nonASCII := range []bool{false, true} {
+		var mask uint64
+		if nonASCII {
+			mask = highBits
+		}
+		for _, n := range []int{0, 1, 7, 8, 9, 63, 64, 65, 130, 200, 260} {
+			for _, fill := range fills {
+				if stops(fill, nonASCII) {
+					continue
+				}
+				b := bytes.Repeat([]byte{fill}, n)
+				for from := 0; from <= n && from < 3; from++ {
+					got := plainRun(b, from, mask)
+					if got < from || got > n || got < n-7 {
+						t.Fatalf("nonASCII=%v: plainRun(%d x %#x, %d) = %d, want within the last 7 bytes", nonASCII, n, fill, from, got)
+					}
+				}
+				for c := 0; c < 256; c++ {
+					if !stops(byte(c), nonASCII) {
+						continue
+					}
+					for pos := 0; pos < n; pos++ {
+						b := bytes.Repeat([]byte{fill}, n)
+						b[pos] = byte(c)
+						if pos+1 < n {
+							b[pos+1] = byte(c) // a second hit after the first changes nothing
+						}
+						from := 0
+						if pos > 0 {
+							from = 1
+						}
+						got := plainRun(b, from, mask)
+						if got != pos && !(got < pos && got >= n-7) {
+							t.Fatalf("nonASCII=%v: byte %#x at %d of %d among %#x: plainRun = %d", nonASCII, c, pos, n, fill, got)
+						}
+						if got < pos && pos-got > 7 {
+							t.Fatalf("nonASCII=%v: byte %#x at %d: stopped %d bytes early", nonASCII, c, pos, pos-got)
+						}
+					}
+				}
+			}
+		}
 	}
 }
