@@ -47,7 +47,20 @@ const minSpanString = 64
 
 // scanJSON is validJSON that also fills rec (when not nil) for b.
 func scanJSON(b []byte, rec *jsonSpans) bool {
-	var stack []int32   // positions of open containers' brackets, or their rec.spans indexes
+	if rec == nil {
+		ok, _ := scanJSONWith(b, nil, nil)
+		return ok
+	}
+	ok, stack := scanJSONWith(b, rec, rec.stack[:0])
+	rec.stack = stack[:0] // kept for the next body (no defer: in Wasm a call to the runtime and back)
+	return ok
+}
+
+// scanJSONWith is scanJSON with the container stack passed in, and returned
+// (grown) for reuse.
+func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
+	// stack holds the positions of open containers' brackets, or their
+	// rec.spans indexes.
 	var nonASCII uint64 // plainRun's extra stop mask: the high bits when checking UTF-8
 	if rec != nil {
 		rec.badUTF8 = false
@@ -57,9 +70,6 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 		rec.spans = rec.spans[:0]
 		if len(b) >= math.MaxInt32 {
 			rec = nil // offsets would not fit: validate without the table
-		} else {
-			stack = rec.stack[:0]
-			defer func() { rec.stack = stack[:0] }()
 		}
 	}
 	// opener returns the bracket of the container stack entry e stands for.
@@ -73,7 +83,7 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 	for {
 		// A value starts at b[i].
 		if i >= len(b) {
-			return false
+			return false, stack
 		}
 		switch c := b[i]; {
 		case c == '{' || c == '[':
@@ -94,16 +104,16 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 			}
 			// A key, then ':'.
 			if i >= len(b) || b[i] != '"' {
-				return false
+				return false, stack
 			}
 			if i, _ = scanString(b, i, nonASCII); i < 0 {
 				if i == badUTF8 {
 					rec.badUTF8 = true
 				}
-				return false
+				return false, stack
 			}
 			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-				return false
+				return false, stack
 			}
 			i = skipSpace(b, i+1)
 			continue
@@ -114,41 +124,41 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 				if i == badUTF8 {
 					rec.badUTF8 = true
 				}
-				return false
+				return false, stack
 			}
 			if rec != nil && i-start >= minSpanString {
 				rec.spans = append(rec.spans, jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
 			}
 		case c == '-' || (c >= '0' && c <= '9'):
 			if i = skipNumber(b, i); i < 0 {
-				return false
+				return false, stack
 			}
 		case c == 't':
 			if !hasLiteral(b, i, "true") {
-				return false
+				return false, stack
 			}
 			i += 4
 		case c == 'f':
 			if !hasLiteral(b, i, "false") {
-				return false
+				return false, stack
 			}
 			i += 5
 		case c == 'n':
 			if !hasLiteral(b, i, "null") {
-				return false
+				return false, stack
 			}
 			i += 4
 		default:
-			return false
+			return false, stack
 		}
 		// After a value: close containers, or a comma and the next element.
 		for {
 			i = skipSpace(b, i)
 			if len(stack) == 0 {
-				return i == len(b)
+				return i == len(b), stack
 			}
 			if i >= len(b) {
-				return false
+				return false, stack
 			}
 			top := opener(stack[len(stack)-1])
 			switch {
@@ -157,16 +167,16 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 			case b[i] == ',' && top == '{':
 				i = skipSpace(b, i+1)
 				if i >= len(b) || b[i] != '"' {
-					return false
+					return false, stack
 				}
 				if i, _ = scanString(b, i, nonASCII); i < 0 {
 					if i == badUTF8 {
 						rec.badUTF8 = true
 					}
-					return false
+					return false, stack
 				}
 				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-					return false
+					return false, stack
 				}
 				i = skipSpace(b, i+1)
 			case b[i] == top+2: // the matching bracket
@@ -177,7 +187,7 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 				i++
 				continue
 			default:
-				return false
+				return false, stack
 			}
 			break
 		}

@@ -107,6 +107,7 @@ type requestParser struct {
 	// (see routerPlugin.readBody), and admission may hold a request past
 	// the next body.
 	models map[string]string
+	last   string // the last model returned by owned: most bodies name it again
 
 	// Top-level members of the last body, and how many must not reach an
 	// engine (see clientOnly).
@@ -138,7 +139,11 @@ const maxModelNames = 256
 
 // owned returns s as a string that does not alias the body.
 func (p *requestParser) owned(s string) string {
+	if s == p.last {
+		return p.last // no map lookup: in Wasm every map operation costs
+	}
 	if m, ok := p.models[s]; ok {
+		p.last = m
 		return m
 	}
 	m := strings.Clone(s)
@@ -147,6 +152,7 @@ func (p *requestParser) owned(s string) string {
 	}
 	if len(p.models) < maxModelNames {
 		p.models[m] = m
+		p.last = m
 	}
 	return m
 }
@@ -175,6 +181,12 @@ func (p *requestParser) withoutClientOnly(body []byte) []byte {
 
 // parse validates body for kind and feeds its prompt to the hasher.
 func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *requestError) {
+	r, err := p.parseBody(body, kind)
+	p.doc = jsonDoc{} // the body goes after this request (no defer: in Wasm a call to the runtime and back)
+	return r, err
+}
+
+func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *requestError) {
 	var r parsedRequest
 	if len(body) == 0 {
 		return r, badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
@@ -190,7 +202,6 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		return r, badRequest("", "the request body is not valid JSON")
 	}
 	p.doc = jsonDoc{body: body, spans: p.spans.spans}
-	defer func() { p.doc = jsonDoc{} }() // the body goes after this request
 	if body[skipSpace(body, 0)] != '{' {
 		return r, badRequest("", "the request body must be a JSON object")
 	}
@@ -244,8 +255,10 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		return r, badRequest("model", "'model' must be a non-empty string")
 	}
 	r.Model = p.owned(p.doc.text(model))
-	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
-		r.Model, r.Adapter = base, r.Model
+	if len(p.cfg.LoRAAdapters) > 0 { // no map operation when there is nothing to find
+		if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
+			r.Model, r.Adapter = base, r.Model
+		}
 	}
 	if stream != nil {
 		switch jsonType(stream) {
@@ -263,7 +276,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		if f.v == nil || jsonType(f.v) == gjson.Null {
 			continue
 		}
-		n, ok := wholeNumber(gjson.ParseBytes(f.v))
+		n, ok := rawWholeNumber(f.v)
 		if !ok || n < 0 || n > maxMaxTokens {
 			return r, badRequest(f.name, "'%s' must be a whole number from 0 to %d", f.name, maxMaxTokens)
 		}
@@ -310,6 +323,32 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	}
 	r.PromptTokens = p.hasher.PromptTokens()
 	return r, nil
+}
+
+// rawWholeNumber is wholeNumber of a raw JSON value. A plain integer of up
+// to 18 digits (every max_tokens and token id in practice) is read here
+// without gjson, whose Parse also runs a float parse of every number: in
+// Wasm that code is cold at each request, and a token-id prompt parsed each
+// id that way.
+func rawWholeNumber(v []byte) (int64, bool) {
+	d := v
+	if len(d) > 0 && d[0] == '-' {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 18 || (d[0] == '0' && len(d) > 1) {
+		return wholeNumber(gjson.ParseBytes(v))
+	}
+	var n int64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return wholeNumber(gjson.ParseBytes(v))
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if len(d) < len(v) {
+		n = -n
+	}
+	return n, true
 }
 
 // wholeNumber reads a JSON integer (1e3 and 2.0 are accepted as whole).
@@ -384,7 +423,7 @@ func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 	var err *requestError
 	i := 0
 	p.doc.elements(arr, func(e []byte) bool {
-		n, ok := wholeNumber(gjson.ParseBytes(e))
+		n, ok := rawWholeNumber(e)
 		if !ok || n < 0 || n > maxTokenID {
 			err = badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
 			return false
@@ -432,8 +471,11 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 }
 
 func (p *requestParser) message(m []byte, i int) *requestError {
-	at := "messages[" + strconv.Itoa(i) + "]"
+	// at names the message in errors; built only for one (a string per
+	// message was an allocation per message on the hot path).
+	at := func() string { return "messages[" + strconv.Itoa(i) + "]" }
 	if m[0] != '{' {
+		at := at()
 		return badRequest(at, "'%s' must be an object with 'role' and 'content'", at)
 	}
 	// One pass over the message's members (the content may be most of the
@@ -455,6 +497,7 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 		return true
 	})
 	if jsonType(role) != gjson.String || len(role) == 2 {
+		at := at()
 		return badRequest(at+".role", "'%s.role' must be a non-empty string", at)
 	}
 	p.hasher.BeginMessage(p.doc.text(role))
@@ -468,7 +511,7 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 		var err *requestError
 		j := 0
 		p.doc.elements(content, func(part []byte) bool {
-			err = p.part(part, at+".content["+strconv.Itoa(j)+"]")
+			err = p.part(part, i, j)
 			j++
 			return err == nil
 		})
@@ -478,10 +521,12 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	case jsonType(content) == gjson.Null:
 		// Absent or null: an assistant message with tool calls, or a refusal.
 	default:
+		at := at()
 		return badRequest(at+".content", "'%s.content' must be a string or an array of content parts", at)
 	}
 	if calls != nil && jsonType(calls) != gjson.Null {
 		if calls[0] != '[' {
+			at := at()
 			return badRequest(at+".tool_calls", "'%s.tool_calls' must be an array", at)
 		}
 		for _, c := range gjson.ParseBytes(calls).Array() {
@@ -495,8 +540,11 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	return nil
 }
 
-func (p *requestParser) part(part []byte, at string) *requestError {
+// part hashes content part j of message i.
+func (p *requestParser) part(part []byte, i, j int) *requestError {
+	at := func() string { return "messages[" + strconv.Itoa(i) + "].content[" + strconv.Itoa(j) + "]" }
 	if part[0] != '{' {
+		at := at()
 		return badRequest(at, "'%s' must be a content part object", at)
 	}
 	var typ, text []byte
@@ -510,11 +558,13 @@ func (p *requestParser) part(part []byte, at string) *requestError {
 		return true
 	})
 	if jsonType(typ) != gjson.String || typ == nil {
+		at := at()
 		return badRequest(at+".type", "'%s.type' must be a string", at)
 	}
 	switch t := p.doc.text(typ); t {
 	case "text":
 		if jsonType(text) != gjson.String || text == nil {
+			at := at()
 			return badRequest(at+".text", "'%s.text' must be a string", at)
 		}
 		p.hasher.Text(p.doc.text(text))
