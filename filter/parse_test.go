@@ -290,7 +290,7 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 		default:
 			n = rng.Intn(12000)
 		}
-		n = max(n, 2) // one character at least: empty prompts and roles are errors
+		n = max(n, 2)             // one character at least: empty prompts and roles are errors
 		plain := rng.Intn(2) == 0 // half the strings have no escape and no non-ASCII
 		var sb strings.Builder
 		sb.WriteByte('"')
