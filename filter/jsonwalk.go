@@ -61,6 +61,11 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 	}
 	switch c := b[i]; {
 	case c == '"':
+		// A short string (most keys and small values) is not in the
+		// table: find its end before looking there.
+		if e := shortString(b, i); e > 0 {
+			return e
+		}
 		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
 		}
@@ -105,26 +110,42 @@ func forEachMember(obj []byte, fn func(key, val []byte) bool) {
 }
 
 func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
-	i := skipSpace(obj, 1)
-	for i < len(obj) && obj[i] == '"' {
-		k := skipString(obj, i)
-		if k < 0 {
+	for i := skipSpace(obj, 1); ; {
+		key, val, next, ok := d.member(obj, i)
+		if !ok || !fn(key, val) {
 			return
 		}
-		key := obj[i:k]
-		v := skipSpace(obj, skipSpace(obj, k)+1) // past ':'
-		e := d.skip(obj, v)
-		if e < 0 {
-			return
-		}
-		if !fn(key, obj[v:e]) {
-			return
-		}
-		i = skipSpace(obj, e)
-		if i < len(obj) && obj[i] == ',' {
-			i = skipSpace(obj, i+1)
+		i = next
+	}
+}
+
+// member returns the member of the object obj whose key starts at obj[i]
+// (i is skipSpace(obj, 1) for the first member, next of the previous one
+// after that): its raw key (quotes included) and raw value, and where the
+// next member starts. ok is false past the last member. The parser loops
+// over it rather than passing a callback to members: in Wasm each callback
+// is an indirect call into a function of its own, and the fewer functions
+// a request touches the less it pays for cold code.
+func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
+	if i >= len(obj) || obj[i] != '"' {
+		return nil, nil, i, false
+	}
+	k := shortString(obj, i)
+	if k < 0 {
+		if k = skipString(obj, i); k < 0 {
+			return nil, nil, i, false
 		}
 	}
+	v := skipSpace(obj, skipSpace(obj, k)+1) // past ':'
+	e := d.skip(obj, v)
+	if e < 0 {
+		return nil, nil, i, false
+	}
+	next = skipSpace(obj, e)
+	if next < len(obj) && obj[next] == ',' {
+		next = skipSpace(obj, next+1)
+	}
+	return obj[i:k], obj[v:e], next, true
 }
 
 // forEachElement calls fn with each raw element of the array arr until fn
@@ -134,20 +155,53 @@ func forEachElement(arr []byte, fn func(val []byte) bool) {
 }
 
 func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
-	i := skipSpace(arr, 1)
-	for i < len(arr) && arr[i] != ']' {
-		e := d.skip(arr, i)
-		if e < 0 {
+	for i := skipSpace(arr, 1); ; {
+		val, next, ok := d.element(arr, i)
+		if !ok || !fn(val) {
 			return
 		}
-		if !fn(arr[i:e]) {
-			return
-		}
-		i = skipSpace(arr, e)
-		if i < len(arr) && arr[i] == ',' {
-			i = skipSpace(arr, i+1)
+		i = next
+	}
+}
+
+// element is member for the array arr: the raw element starting at arr[i]
+// (skipSpace(arr, 1) for the first) and where the next one starts, or ok
+// false past the last.
+func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
+	if i >= len(arr) || arr[i] == ']' {
+		return nil, i, false
+	}
+	e := d.skip(arr, i)
+	if e < 0 {
+		return nil, i, false
+	}
+	next = skipSpace(arr, e)
+	if next < len(arr) && arr[next] == ',' {
+		next = skipSpace(arr, next+1)
+	}
+	return arr[i:e], next, true
+}
+
+// shortString returns the index after the string starting at b[i] (a
+// quote) when it ends within minSpanString bytes and holds no escape and
+// no control character, and -1 otherwise (the caller then looks in the
+// span table or scans). A plain byte loop: for a short string, cheaper
+// than the word-at-a-time scan's setup, and the table (which holds only
+// strings of minSpanString bytes or more) need not be searched.
+func shortString(b []byte, i int) int {
+	end := i + minSpanString
+	if end > len(b) {
+		end = len(b)
+	}
+	for j := i + 1; j < end; j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return j + 1
+		case c == '\\' || c < 0x20:
+			return -1
 		}
 	}
+	return -1
 }
 
 // jsonType classifies a raw value by its first byte.
@@ -180,7 +234,9 @@ func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
 func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
-	if s, ok := d.find(raw); ok {
+	if len(raw) < minSpanString { // never in the table
+		escaped = bytes.IndexByte(inner, '\\') >= 0
+	} else if s, ok := d.find(raw); ok {
 		escaped = s.escaped
 	} else {
 		escaped = bytes.IndexByte(inner, '\\') >= 0

@@ -210,7 +210,13 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	// last value, as Python's json module (vLLM, SGLang) does.
 	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input []byte
 	p.members, p.dropped = p.members[:0], 0
-	p.doc.members(body[skipSpace(body, 0):], func(k, v []byte) bool {
+	obj := body[skipSpace(body, 0):]
+	for i := skipSpace(obj, 1); ; {
+		k, v, next, ok := p.doc.member(obj, i)
+		if !ok {
+			break
+		}
+		i = next
 		// Offsets in body of this member (k and v are views of body).
 		m := memberSpan{start: cap(body) - cap(k), end: cap(body) - cap(v) + len(v)}
 		// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
@@ -246,8 +252,7 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 		case "input":
 			input = v
 		}
-		return true
-	})
+	}
 	if model == nil {
 		return r, badRequest("model", "'model' is required")
 	}
@@ -454,15 +459,16 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 	if msgs[0] != '[' {
 		return badRequest("messages", "'messages' must be an array of message objects")
 	}
-	var err *requestError
 	n := 0
-	p.doc.elements(msgs, func(m []byte) bool {
-		err = p.message(m, n)
-		n++
-		return err == nil
-	})
-	if err != nil {
-		return err
+	for i := skipSpace(msgs, 1); ; n++ {
+		m, next, ok := p.doc.element(msgs, i)
+		if !ok {
+			break
+		}
+		i = next
+		if err := p.message(m, n); err != nil {
+			return err
+		}
 	}
 	if n == 0 {
 		return badRequest("messages", "'messages' must not be empty")
@@ -481,7 +487,12 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	// One pass over the message's members (the content may be most of the
 	// body).
 	var role, name, content, calls, callID []byte
-	p.doc.members(m, func(k, v []byte) bool {
+	for pos := skipSpace(m, 1); ; {
+		k, v, next, ok := p.doc.member(m, pos)
+		if !ok {
+			break
+		}
+		pos = next
 		switch string(k) {
 		case `"role"`:
 			role = v
@@ -494,8 +505,7 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 		case `"tool_call_id"`:
 			callID = v
 		}
-		return true
-	})
+	}
 	if jsonType(role) != gjson.String || len(role) == 2 {
 		at := at()
 		return badRequest(at+".role", "'%s.role' must be a non-empty string", at)
@@ -508,15 +518,15 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	case jsonType(content) == gjson.String:
 		p.hasher.Text(p.doc.text(content))
 	case content != nil && content[0] == '[':
-		var err *requestError
-		j := 0
-		p.doc.elements(content, func(part []byte) bool {
-			err = p.part(part, i, j)
-			j++
-			return err == nil
-		})
-		if err != nil {
-			return err
+		for pos, j := skipSpace(content, 1), 0; ; j++ {
+			part, next, ok := p.doc.element(content, pos)
+			if !ok {
+				break
+			}
+			pos = next
+			if err := p.part(part, i, j); err != nil {
+				return err
+			}
 		}
 	case jsonType(content) == gjson.Null:
 		// Absent or null: an assistant message with tool calls, or a refusal.
@@ -548,15 +558,19 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 		return badRequest(at, "'%s' must be a content part object", at)
 	}
 	var typ, text []byte
-	p.doc.members(part, func(k, v []byte) bool {
+	for i := skipSpace(part, 1); ; {
+		k, v, next, ok := p.doc.member(part, i)
+		if !ok {
+			break
+		}
+		i = next
 		switch string(k) {
 		case `"type"`:
 			typ = v
 		case `"text"`:
 			text = v
 		}
-		return true
-	})
+	}
 	if jsonType(typ) != gjson.String || typ == nil {
 		at := at()
 		return badRequest(at+".type", "'%s.type' must be a string", at)
