@@ -227,3 +227,38 @@ func TestPlainRunFindsTheFirstSpecialByte(t *testing.T) {
 		}
 	}
 }
+
+// shortString ends exactly the strings skipString ends, when they close
+// within minSpanString bytes and hold no escape, and gives up (-1) on every
+// other string; hasBackslash agrees with bytes.IndexByte.
+func TestShortStringAndHasBackslash(t *testing.T) {
+	fills := []byte{'a', ' ', 0x7f, 0xc3}
+	specials := []byte{'"', '\\', 0x00, 0x1f, '\n'}
+	for n := 0; n <= minSpanString+9; n++ {
+		for _, fill := range fills {
+			for _, sp := range specials {
+				for pos := -1; pos < n; pos++ {
+					inner := bytes.Repeat([]byte{fill}, n)
+					if pos >= 0 {
+						inner[pos] = sp
+					}
+					for _, tail := range []string{`"`, `"}`, `\"x"`, ``} {
+						b := append(append([]byte{'"'}, inner...), tail...)
+						got, full := shortString(b, 0), skipString(b, 0)
+						plainEnd := bytes.IndexAny(b[1:], "\"\\\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f")
+						short := plainEnd >= 0 && b[1+plainEnd] == '"' && plainEnd+2 <= minSpanString+1
+						switch {
+						case short && got != full:
+							t.Fatalf("shortString(%q) = %d, skipString %d", b, got, full)
+						case !short && got != -1:
+							t.Fatalf("shortString(%q) = %d, want -1", b, got)
+						}
+						if want := bytes.IndexByte(b, '\\') >= 0; hasBackslash(b) != want {
+							t.Fatalf("hasBackslash(%q) = %v", b, !want)
+						}
+					}
+				}
+			}
+		}
+	}
+}

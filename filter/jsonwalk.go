@@ -1,7 +1,8 @@
 package filter
 
 import (
-	"bytes"
+	"encoding/binary"
+	"math/bits"
 
 	"github.com/tidwall/gjson"
 )
@@ -35,6 +36,11 @@ func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 		d.next = n + 1
 		return d.spans[n], true
 	}
+	return d.search(pos)
+}
+
+// search is find's binary search, for a walk that does not go forward.
+func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 	lo, hi := 0, len(d.spans)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
@@ -61,13 +67,13 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 	}
 	switch c := b[i]; {
 	case c == '"':
-		// A short string (most keys and small values) is not in the
-		// table: find its end before looking there.
-		if e := shortString(b, i); e > 0 {
-			return e
-		}
+		// The table first, then (a short string, which the table does
+		// not hold) a quick scan, then the full scan.
 		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
+		}
+		if e := shortString(b, i); e > 0 {
+			return e
 		}
 		return skipString(b, i)
 	case c == '{' || c == '[':
@@ -184,16 +190,28 @@ func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
 
 // shortString returns the index after the string starting at b[i] (a
 // quote) when it ends within minSpanString bytes and holds no escape and
-// no control character, and -1 otherwise (the caller then looks in the
-// span table or scans). A plain byte loop: for a short string, cheaper
-// than the word-at-a-time scan's setup, and the table (which holds only
-// strings of minSpanString bytes or more) need not be searched.
+// no control character, and -1 otherwise (the caller then scans it in
+// full). Eight bytes per step (needsLook finds the first byte to look at):
+// for a short string cheaper than the full scan's setup.
 func shortString(b []byte, i int) int {
-	end := i + minSpanString
+	j := i + 1 // b[j:] is what is left to look at
+	end := j + minSpanString
+	if j < 0 || end < 0 || j > len(b) {
+		return -1
+	}
 	if end > len(b) {
 		end = len(b)
 	}
-	for j := i + 1; j < end; j++ {
+	for ; j+8 <= end; j += 8 {
+		if m := needsLook(binary.LittleEndian.Uint64(b[j:])); m != 0 {
+			k := j + bits.TrailingZeros64(m)>>3
+			if b[k] == '"' {
+				return k + 1
+			}
+			return -1
+		}
+	}
+	for ; j < end; j++ {
 		switch c := b[j]; {
 		case c == '"':
 			return j + 1
@@ -202,6 +220,23 @@ func shortString(b []byte, i int) int {
 		}
 	}
 	return -1
+}
+
+// hasBackslash reports whether b holds a backslash, eight bytes per step.
+func hasBackslash(b []byte) bool {
+	const ones = 0x0101010101010101
+	for len(b) >= 8 {
+		if z := binary.LittleEndian.Uint64(b) ^ ('\\' * ones); (z-ones)&^z&(0x80*ones) != 0 {
+			return true
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c == '\\' {
+			return true
+		}
+	}
+	return false
 }
 
 // jsonType classifies a raw value by its first byte.
@@ -234,12 +269,10 @@ func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
 func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
-	if len(raw) < minSpanString { // never in the table
-		escaped = bytes.IndexByte(inner, '\\') >= 0
-	} else if s, ok := d.find(raw); ok {
+	if s, ok := d.find(raw); ok {
 		escaped = s.escaped
 	} else {
-		escaped = bytes.IndexByte(inner, '\\') >= 0
+		escaped = hasBackslash(inner)
 	}
 	if escaped {
 		return gjson.ParseBytes(raw).Str

@@ -1,7 +1,6 @@
 package filter
 
 import (
-	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -222,7 +221,7 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 		// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
 		// "model", and an escaped kv_transfer_params must go too.
 		key := unsafeString(k[1 : len(k)-1])
-		if bytes.IndexByte(k, '\\') >= 0 {
+		if hasBackslash(k) {
 			key = gjson.ParseBytes(k).Str
 		}
 		if clientOnly(key) {
