@@ -297,6 +297,14 @@ func plainRun(b []byte, i int, nonASCII uint64) int {
 		return i
 	}
 	r := b[i:]
+	// Most strings are short (keys, names): their end is in the first
+	// word, found before the long steps' setup.
+	if len(r) >= 8 {
+		if m := needsLook(binary.LittleEndian.Uint64(r)); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		r = r[8:]
+	}
 	for len(r) >= 64 {
 		w := r[:64]
 		x0, x1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
@@ -326,6 +334,12 @@ func plainRunASCII(b []byte, i int) int {
 		return i
 	}
 	r := b[i:]
+	if len(r) >= 8 { // as in plainRun
+		if m := stopASCII(binary.LittleEndian.Uint64(r)) & highBits; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		r = r[8:]
+	}
 	for len(r) >= 128 {
 		w := r[:128]
 		m := stopASCII(binary.LittleEndian.Uint64(w)) | stopASCII(binary.LittleEndian.Uint64(w[8:])) |

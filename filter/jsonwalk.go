@@ -39,6 +39,17 @@ func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 	return d.search(pos)
 }
 
+// nextSpan is find's first test alone, small enough to be inlined: whether
+// the value starting at v[0] is the table's next entry, which it is for
+// every long string and container of a walk that goes forward.
+func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
+	if d != nil && d.next < len(d.spans) && d.spans[d.next].start == int32(cap(d.body)-cap(v)) {
+		d.next++
+		return d.spans[d.next-1], true
+	}
+	return jsonSpan{}, false
+}
+
 // search is find's binary search, for a walk that does not go forward.
 func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 	lo, hi := 0, len(d.spans)
@@ -67,16 +78,22 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 	}
 	switch c := b[i]; {
 	case c == '"':
-		// The table first, then (a short string, which the table does
-		// not hold) a quick scan, then the full scan.
-		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+		// The table's next entry, a short string (which the table does
+		// not hold), the whole table, and only then a full scan.
+		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
 		}
 		if e := shortString(b, i); e > 0 {
 			return e
 		}
+		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
 		return skipString(b, i)
 	case c == '{' || c == '[':
+		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
 		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
 		}
@@ -269,7 +286,9 @@ func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
 func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
-	if s, ok := d.find(raw); ok {
+	if len(raw) < minSpanString { // never in the table
+		escaped = hasBackslash(inner)
+	} else if s, ok := d.find(raw); ok {
 		escaped = s.escaped
 	} else {
 		escaped = hasBackslash(inner)

@@ -237,6 +237,13 @@ func (h *Hasher) Tokens(ids []uint32) {
 func (h *Hasher) element(tag byte, s string) {
 	h.scr[0] = tag
 	n := binary.PutUvarint(h.scr[1:], uint64(len(s)))
+	if k := 1 + n + len(s); len(h.pend)+k < h.blkLen {
+		// A short element that leaves the block incomplete (a role, a
+		// name, a short message): what writeString would do, in one go.
+		h.pend = append(append(h.pend, h.scr[:1+n]...), s...)
+		h.total += k
+		return
+	}
 	h.write(h.scr[:1+n])
 	h.writeString(s)
 }
