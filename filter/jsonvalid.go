@@ -232,7 +232,11 @@ func skipString(b []byte, i int) int {
 func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 	i++
 	for {
-		i = plainRun(b, i, nonASCII)
+		if nonASCII != 0 {
+			i = plainRunASCII(b, i)
+		} else {
+			i = plainRun(b, i, 0)
+		}
 		for i < len(b) && plainStringByte[b[i]] && (nonASCII == 0 || b[i] < utf8.RuneSelf) {
 			i++
 		}

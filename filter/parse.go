@@ -133,12 +133,27 @@ func clientOnly(key string) bool {
 	return false
 }
 
+// is reports whether s == lit. The parser compares keys with it rather than
+// with == or a switch: in Wasm the compiler calls the runtime's memequal
+// for strings longer than 6 bytes, and a key is only a few bytes.
+func is(s, lit string) bool {
+	if len(s) != len(lit) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] != lit[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // maxModelNames bounds models: names beyond it are copied per request.
 const maxModelNames = 256
 
 // owned returns s as a string that does not alias the body.
 func (p *requestParser) owned(s string) string {
-	if s == p.last {
+	if is(s, p.last) {
 		return p.last // no map lookup: in Wasm every map operation costs
 	}
 	if m, ok := p.models[s]; ok {
@@ -229,26 +244,27 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 			p.dropped++
 		}
 		p.members = append(p.members, m)
-		switch key {
-		case "model":
+		// Compared with is, not a switch: see is.
+		switch {
+		case is(key, "model"):
 			model = v
-		case "stream":
+		case is(key, "stream"):
 			stream = v
-		case "max_tokens":
+		case is(key, "max_tokens"):
 			maxTokens = v
-		case "max_completion_tokens":
+		case is(key, "max_completion_tokens"):
 			maxCompletion = v
-		case "user":
+		case is(key, "user"):
 			user = v
-		case "cache_salt":
+		case is(key, "cache_salt"):
 			salt = v
-		case "messages":
+		case is(key, "messages"):
 			messages = v
-		case "tools":
+		case is(key, "tools"):
 			tools = v
-		case "prompt":
+		case is(key, "prompt"):
 			prompt = v
-		case "input":
+		case is(key, "input"):
 			input = v
 		}
 	}
@@ -492,16 +508,16 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 			break
 		}
 		pos = next
-		switch string(k) {
-		case `"role"`:
+		switch k := unsafeString(k); {
+		case is(k, `"role"`):
 			role = v
-		case `"name"`:
+		case is(k, `"name"`):
 			name = v
-		case `"content"`:
+		case is(k, `"content"`):
 			content = v
-		case `"tool_calls"`:
+		case is(k, `"tool_calls"`):
 			calls = v
-		case `"tool_call_id"`:
+		case is(k, `"tool_call_id"`):
 			callID = v
 		}
 	}
@@ -563,10 +579,10 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 			break
 		}
 		i = next
-		switch string(k) {
-		case `"type"`:
+		switch k := unsafeString(k); {
+		case is(k, `"type"`):
 			typ = v
-		case `"text"`:
+		case is(k, `"text"`):
 			text = v
 		}
 	}
