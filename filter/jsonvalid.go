@@ -129,7 +129,36 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			if rec != nil && i-start >= minSpanString {
 				rec.spans = append(rec.spans, jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
 			}
-		case c == '-' || (c >= '0' && c <= '9'):
+		case c >= '1' && c <= '9':
+			// A plain integer (token ids, max_tokens) ends here without
+			// a call; a fraction or an exponent goes to skipNumber.
+			j := i + 1
+			for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+				j++
+			}
+			if j < len(b) && (b[j] == '.' || b[j]|0x20 == 'e') {
+				if j = skipNumber(b, i); j < 0 {
+					return false, stack
+				}
+			} else if len(stack) > 0 && opener(stack[len(stack)-1]) == '[' {
+				// An array of plain integers (a token-id prompt):
+				// ",<integer>" after ",<integer>" here, one loop
+				// iteration per element. Anything else (space, a
+				// fraction, a zero, the end) is left at its comma to
+				// the general path.
+				for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
+					k := j + 2
+					for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+						k++
+					}
+					if k < len(b) && (b[k] == '.' || b[k]|0x20 == 'e') {
+						break
+					}
+					j = k
+				}
+			}
+			i = j
+		case c == '-' || c == '0':
 			if i = skipNumber(b, i); i < 0 {
 				return false, stack
 			}

@@ -22,6 +22,9 @@ var jsonCases = []string{
 	`{"model":"m","prompt":"hel`,
 	"\"caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80\"", "{\"\xff\":1}", "\"\xc3\"", "\"\xed\xa0\x80\"", "[\"ok\", \xc3\xa9]",
 	"\"" + strings.Repeat("\xe4\xb8\xad", 40) + "\xe4\xb8\"", "\"" + strings.Repeat("abcdefgh", 9) + "\xff" + strings.Repeat("x", 40) + "\"",
+	// runs of integers in arrays (the validator's token-id loop)
+	`[1,2,3]`, `[12,345,6789,0,10]`, `[1,2.5,3]`, `[1,2e3,4]`, `[1,2E-3]`, `[1, 2 ,3]`, `{"p":[7,8,9],"q":1}`, `[[1,2],[3,4]]`,
+	`[1,01]`, `[1,2,]`, `[1,2x]`, `[1,2.]`, `[1,2e]`, `[1,2,-]`, `[1,23`, `{"a":1,2}`, `[1,2}`,
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {

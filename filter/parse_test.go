@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"fmt"
 	"math/rand"
 	"slices"
 	"strings"
@@ -312,7 +313,31 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 		model := []string{`"llama-3-8b"`, `"m\u00e9"`, `"mod\"el"`}[rng.Intn(3)]
 		body.WriteString("{" + ws() + `"model"` + ws() + ":" + ws() + model + ws())
 		kind := apiChat
-		switch rng.Intn(4) {
+		tokens := false
+		switch rng.Intn(5) {
+		case 4:
+			// Token ids: plain, zero, the largest, whole-valued floats,
+			// with and without spaces around the commas.
+			kind, tokens = apiCompletions, true
+			body.WriteString(`,"prompt":[` + ws())
+			for i, n := 0, 1+rng.Intn(3000); i < n; i++ {
+				if i > 0 {
+					body.WriteString([]string{",", ",", ", ", " ,\n", ","}[rng.Intn(5)])
+				}
+				switch rng.Intn(12) {
+				case 0:
+					body.WriteString("0")
+				case 1:
+					body.WriteString("4294967295")
+				case 2:
+					body.WriteString("7.0")
+				case 3:
+					body.WriteString("1e3")
+				default:
+					fmt.Fprint(&body, rng.Intn(1<<uint(1+rng.Intn(31))))
+				}
+			}
+			body.WriteString(ws() + "]")
 		case 0:
 			kind = apiCompletions
 			body.WriteString(`,"prompt":` + ws() + str())
@@ -368,7 +393,11 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 					ref.Text(c.String())
 				}
 			}
-		} else if pr := doc.Get("prompt"); pr.IsArray() {
+		} else if pr := doc.Get("prompt"); tokens {
+			for _, e := range pr.Array() {
+				ref.Token(uint32(e.Num))
+			}
+		} else if pr.IsArray() {
 			for _, e := range pr.Array() {
 				ref.Text(e.String())
 			}

@@ -227,10 +227,22 @@ func (h *Hasher) Token(id uint32) {
 	h.write(h.scr[:4])
 }
 
-// Tokens appends token ids; see Token.
+// Tokens appends token ids; see Token. It encodes them a batch at a time
+// and hashes each batch as one write (one call per batch rather than per
+// id, and whole blocks straight from the batch).
 func (h *Hasher) Tokens(ids []uint32) {
-	for _, id := range ids {
-		h.Token(id)
+	var buf [1024]byte
+	for len(ids) > 0 {
+		h.setKind(kindTokens)
+		n := len(ids)
+		if n > len(buf)/4 {
+			n = len(buf) / 4
+		}
+		for i, id := range ids[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], id)
+		}
+		h.writeString(bytesString(buf[:4*n]))
+		ids = ids[n:]
 	}
 }
 
