@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -261,6 +262,37 @@ func TestShortStringAndHasBackslash(t *testing.T) {
 						}
 					}
 				}
+			}
+		}
+	}
+}
+
+// validRun agrees with utf8.Valid on runs of bytes above 0x7f: random runs
+// built from valid and invalid characters of every length, with the lead
+// bytes whose second byte is restricted (E0, ED, F0, F4) and the overlong
+// C0 and C1, at every offset.
+func TestValidRunMatchesUTF8Valid(t *testing.T) {
+	pieces := []string{
+		"é", "ж", "ß", "中", "文", "😀", "\u0800", "\uffff", "\ud7ff", "\ue000", "\U00010000", "\U0010ffff", "\u07ff", "\u0080",
+		"\xe0\xa0\x80", "\xe0\x80\x80", "\xed\x9f\xbf", "\xed\xa0\x80", "\xc0\x80", "\xc1\xbf", "\xc2", "\xe4\xb8", "\xf4\x90\x80\x80",
+		"\xf0\x80\x80\x80", "\x80", "\xbf", "\xff", "\xfe", "\xf8\x88\x80\x80\x80",
+	}
+	rng := rand.New(rand.NewSource(4))
+	for trial := 0; trial < 20000; trial++ {
+		var b []byte
+		for n := rng.Intn(12); n >= 0; n-- {
+			switch rng.Intn(3) {
+			case 0:
+				b = append(b, pieces[rng.Intn(len(pieces))]...)
+			case 1:
+				b = append(b, strings.Repeat(pieces[rng.Intn(len(pieces))], 1+rng.Intn(5))...)
+			default:
+				b = append(b, pieces[rng.Intn(4)]...) // runs of valid characters, so the fast steps get to run
+			}
+		}
+		for off := 0; off < len(b) && off < 4; off++ {
+			if got, want := validRun(b[off:]), utf8.Valid(b[off:]); got != want {
+				t.Fatalf("validRun(%q) = %v, utf8.Valid %v", b[off:], got, want)
 			}
 		}
 	}
