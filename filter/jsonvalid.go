@@ -299,15 +299,87 @@ func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 			// 32 KB Chinese prompt cost ~400 µs. A run ends at an ASCII
 			// byte, which no UTF-8 sequence holds, so the run is valid
 			// exactly when its characters are.
-			j := nonASCIIRun(b, i)
-			if !validRun(b[i:j]) {
+			if i = mixedRun(b, i); i < 0 {
 				return badUTF8, escaped
 			}
-			i = j
 		default: // a control character
 			return -1, escaped
 		}
 	}
+}
+
+// mixedRun steps over UTF-8 text from b[i] (a byte above 0x7f) while it
+// needs no look, ASCII and multi-byte characters alike, and returns the
+// index of the first quote, backslash or control character, or of a byte
+// in the last 8 of b, with every character before it checked; or -1 if a
+// character before that is not UTF-8. Text in most scripts mixes the two
+// (spaces, digits, Latin names), and going back to plainRunASCII at each
+// ASCII byte cost a few calls per run.
+func mixedRun(b []byte, i int) int {
+	for i >= 0 && i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		hi := x & highBits
+		// Bytes that need a look, among the ASCII bytes before the
+		// first multi-byte one (needsLook does not flag bytes above
+		// 0x7f, and its lowest flag is exact).
+		if m := needsLook(x); m != 0 && (hi == 0 || bits.TrailingZeros64(m) < bits.TrailingZeros64(hi)) {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		if hi == 0 {
+			i += 8
+			continue
+		}
+		if k := bits.TrailingZeros64(hi) >> 3; k > 0 {
+			i += k // the ASCII bytes before the first multi-byte one
+			continue
+		}
+		// b[i] leads a character; the common shapes 8 bytes per test
+		// as in validRun, else one character. A run of 3-byte
+		// characters (CJK) goes 24 bytes per loop iteration first.
+		j := i
+		for j+32 <= len(b) && cjk2(binary.LittleEndian.Uint64(b[j:])) && cjk2(binary.LittleEndian.Uint64(b[j+6:])) &&
+			cjk2(binary.LittleEndian.Uint64(b[j+12:])) && cjk2(binary.LittleEndian.Uint64(b[j+18:])) {
+			j += 24
+		}
+		if j > i {
+			i = j
+			continue
+		}
+		if x&0x0000c0c0f0c0c0f0 == 0x00008080e08080e0 {
+			if l0, l1 := byte(x), byte(x>>24); l0 != 0xe0 && l0 != 0xed && l1 != 0xe0 && l1 != 0xed {
+				i += 6
+				continue
+			}
+		}
+		if x&0xc0e0c0e0c0e0c0e0 == 0x80c080c080c080c0 {
+			const ones16 = 0x0001000100010001
+			if v := x & 0x001e001e001e001e; (v-ones16)&^v&0x8000800080008000 == 0 {
+				i += 8
+				continue
+			}
+		}
+		c, size := utf8.DecodeRune(b[i:])
+		if c == utf8.RuneError && size == 1 {
+			return -1
+		}
+		i += size
+	}
+	if i < 0 || i >= len(b) || b[i] < utf8.RuneSelf {
+		return i
+	}
+	// The last bytes: the run there as before.
+	j := nonASCIIRun(b, i)
+	if !validRun(b[i:j]) {
+		return -1
+	}
+	return j
+}
+
+// cjk2 reports whether the low 6 bytes of x are two 3-byte UTF-8
+// characters with lead bytes E1-EC or EE-EF.
+func cjk2(x uint64) bool {
+	l0, l1 := byte(x), byte(x>>24)
+	return x&0x0000c0c0f0c0c0f0 == 0x00008080e08080e0 && l0 != 0xe0 && l0 != 0xed && l1 != 0xe0 && l1 != 0xed
 }
 
 // nonASCIIRun returns the index of the first byte from i below 0x80, or

@@ -297,3 +297,32 @@ func TestValidRunMatchesUTF8Valid(t *testing.T) {
 		}
 	}
 }
+
+// Strings mixing ASCII (escapes, quotes, control characters included) and
+// multi-byte characters, valid and not, at every alignment: the UTF-8
+// checking pass accepts exactly what encoding/json and utf8.Valid accept.
+func TestScanJSONMixedScripts(t *testing.T) {
+	pieces := []string{
+		"a", " ", "kvroute ", "0123456789", `\"`, `\\`, `\n`, `\u00e9`, "\"", "\\", "\t", "\x01", "\x7f",
+		"é", "ж", "中", "文字", "😀", "\xe0\xa0\x80", "\xe0\x80\x80", "\xed\xa0\x80", "\xc0\x80", "\xc2", "\xe4\xb8", "\x80", "\xff",
+	}
+	rng := rand.New(rand.NewSource(5))
+	spans := jsonSpans{checkUTF8: true}
+	for trial := 0; trial < 20000; trial++ {
+		var sb strings.Builder
+		sb.WriteString(`{"k":"`)
+		for n := rng.Intn(40); n >= 0; n-- {
+			p := pieces[rng.Intn(len(pieces))]
+			if rng.Intn(4) > 0 {
+				p = []string{"中文字符", "ab", "é", " x "}[rng.Intn(4)] // mostly valid text, so long runs happen
+			}
+			sb.WriteString(p)
+		}
+		sb.WriteString(`"}`)
+		b := []byte(sb.String())
+		valid, isUTF8 := json.Valid(b), utf8.Valid(b)
+		if got := scanJSON(b, &spans); got != (valid && isUTF8) || spans.badUTF8 && isUTF8 {
+			t.Fatalf("scanJSON(%q) = %v (badUTF8 %v), encoding/json %v, utf8.Valid %v", b, got, spans.badUTF8, valid, isUTF8)
+		}
+	}
+}
