@@ -17,15 +17,17 @@ const (
 // gives after ResetWithSeed, WriteString and Sum64. s must hold n*size
 // bytes.
 //
-// The Hasher uses it for the blocks that lie whole inside one string (most
-// blocks of a long prompt), one call for all the blocks of one size. The
-// digest's path costs three calls per block (Write, Sum64, ResetWithSeed)
-// and its buffering bookkeeping, and in Go's Wasm port, where every call
-// and every variable that outlives one goes through linear memory, that
-// cost as much as hashing a block's 256 bytes. Here the blocks are one loop
-// in one function with the accumulators in locals, two stripes (64 bytes)
-// per iteration. TestXXHChainMatchesDigest checks it against the xxhash
-// package.
+// The Hasher hashes every block with it: the blocks that lie whole inside
+// one string (most blocks of a long prompt) straight from the string, one
+// call for all the blocks of one size, and a block assembled from pieces
+// from its pending bytes (xxh64). An xxhash.Digest costs three calls per
+// block (Write, Sum64, ResetWithSeed) and its buffering bookkeeping, and in
+// Go's Wasm port, where every call and every variable that outlives one
+// goes through linear memory, that cost as much as hashing a block's 256
+// bytes. Here the blocks are one loop in one function with the
+// accumulators in locals, two stripes (64 bytes) per iteration.
+// TestXXHChainMatchesDigest checks it against the xxhash package, and
+// TestHasherMatchesReference the Hasher against a plain digest per block.
 func xxhChain(seed uint64, s string, size, n int, out []uint64) []uint64 {
 	for ; n > 0; n-- {
 		b := s[:size]
