@@ -261,9 +261,25 @@ func skipString(b []byte, i int) int {
 func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 	i++
 	for {
-		if nonASCII != 0 {
+		// The next byte to look at: within 32 bytes (text with escapes,
+		// where one follows another every line) found here, 8 bytes per
+		// test; farther on by the long steps of plainRun.
+		near := false
+		for n := 0; n < 4 && i >= 0 && i+8 <= len(b); n++ {
+			x := binary.LittleEndian.Uint64(b[i:])
+			m := needsLook(x) | x&nonASCII
+			if m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				near = true
+				break
+			}
+			i += 8
+		}
+		switch {
+		case near:
+		case nonASCII != 0:
 			i = plainRunASCII(b, i)
-		} else {
+		default:
 			i = plainRun(b, i, 0)
 		}
 		for i < len(b) && plainStringByte[b[i]] && (nonASCII == 0 || b[i] < utf8.RuneSelf) {

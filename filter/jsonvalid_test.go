@@ -326,3 +326,60 @@ func TestScanJSONMixedScripts(t *testing.T) {
 		}
 	}
 }
+
+// Escaped strings decode as gjson decodes them, through the doc's buffer
+// (several strings of one body, each still intact after the next) and
+// without one: every escape, surrogate pairs, lone and mismatched halves,
+// escapes at the ends, runs of every length between them.
+func TestUnescapeMatchesGJSON(t *testing.T) {
+	pieces := []string{
+		`\n`, `\"`, `\\`, `\/`, `\b`, `\f`, `\r`, `\t`, `\u0000`, `\u00e9`, `\u4E2D`, `\uffff`, `\ud83d\ude00`, `\uD83D\uDE00`,
+		`\ud83d`, `\ude00`, `\ud83d\u0041`, `\ud83d\ud83d`, `\ude00\ud83d`, `\ud83dx`, "é", "中", "a", "abcdefgh", " ",
+	}
+	rng := rand.New(rand.NewSource(6))
+	for trial := 0; trial < 5000; trial++ {
+		var raws [][]byte
+		var body []byte
+		body = append(body, '[')
+		for k := 0; k < 3; k++ {
+			var sb strings.Builder
+			sb.WriteByte('"')
+			for n := rng.Intn(30); n >= 0; n-- {
+				if rng.Intn(3) == 0 {
+					sb.WriteString(strings.Repeat("x", rng.Intn(70)))
+				}
+				sb.WriteString(pieces[rng.Intn(len(pieces))])
+			}
+			sb.WriteByte('"')
+			if k > 0 {
+				body = append(body, ',')
+			}
+			body = append(body, sb.String()...)
+			raws = append(raws, []byte(sb.String()))
+		}
+		body = append(body, ']')
+		spans := jsonSpans{checkUTF8: true}
+		if !scanJSON(body, &spans) {
+			t.Fatalf("test body rejected: %s", body)
+		}
+		d := &jsonDoc{body: body, spans: spans.spans}
+		var got []string
+		for pos := skipSpace(body, 1); ; {
+			v, next, ok := d.element(body, pos)
+			if !ok {
+				break
+			}
+			pos = next
+			got = append(got, d.text(v))
+		}
+		for k, raw := range raws {
+			want := gjson.ParseBytes(raw).Str
+			if got[k] != want {
+				t.Fatalf("doc text(%s) = %q, gjson %q", raw, got[k], want)
+			}
+			if s := stringOf(raw); s != want {
+				t.Fatalf("stringOf(%s) = %q, gjson %q", raw, s, want)
+			}
+		}
+	}
+}

@@ -3,6 +3,8 @@ package filter
 import (
 	"encoding/binary"
 	"math/bits"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -23,6 +25,12 @@ type jsonDoc struct {
 	body  []byte
 	spans []jsonSpan
 	next  int // index in spans of the value after the last one found: walks go mostly forward
+
+	// unesc holds the unescaped text of the escaped strings read so far
+	// (see text): appended to, never overwritten, so every string text
+	// returned stays valid until the doc's owner reuses the buffer for
+	// the next body.
+	unesc []byte
 }
 
 // find returns the span table entry of the value starting at v[0]. v must
@@ -285,11 +293,12 @@ func jsonType(v []byte) gjson.Type {
 
 // stringOf returns the text of a raw JSON string. Without escapes it is a
 // view of the body (no copy: the hasher consumes it before the body goes);
-// with escapes gjson unescapes it.
+// with escapes a copy, unescaped as gjson unescapes.
 func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
 
 // text is stringOf that takes whether a long string holds escapes from the
-// span table instead of searching it again.
+// span table instead of searching it again, and unescapes into the doc's
+// buffer.
 func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
@@ -300,8 +309,91 @@ func (d *jsonDoc) text(raw []byte) string {
 	} else {
 		escaped = hasBackslash(inner)
 	}
-	if escaped {
-		return gjson.ParseBytes(raw).Str
+	if !escaped {
+		return unsafeString(inner)
 	}
-	return unsafeString(inner)
+	if d == nil {
+		return string(appendUnescaped(nil, inner))
+	}
+	start := len(d.unesc)
+	d.unesc = appendUnescaped(d.unesc, inner)
+	return unsafeString(d.unesc[start:])
+}
+
+// appendUnescaped appends to dst the text of the inner bytes of a valid
+// JSON string, decoded exactly as gjson decodes it (a \u escape of half a
+// surrogate pair takes the \u escape after it as the other half, and
+// decodes to U+FFFD when the two are no pair or there is none). Real
+// prompts nearly always hold escapes (every newline is one): gjson's
+// byte-at-a-time unescape and its copies made a 32 KB prompt with
+// newlines cost ~900 µs in Wasm. Here the runs between escapes are found
+// 8 bytes per step and copied whole, into a buffer reused across requests.
+func appendUnescaped(dst, s []byte) []byte {
+	const ones = 0x0101010101010101
+	for {
+		// k: the next backslash, 8 bytes per step.
+		k := 0
+		for k+8 <= len(s) {
+			z := binary.LittleEndian.Uint64(s[k:]) ^ ('\\' * ones)
+			if m := (z - ones) &^ z & (0x80 * ones); m != 0 {
+				k += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			k += 8
+		}
+		for k < len(s) && s[k] != '\\' {
+			k++
+		}
+		if k == len(s) {
+			return append(dst, s...)
+		}
+		dst = append(dst, s[:k]...)
+		if k+1 >= len(s) {
+			return dst // not reached: s is valid
+		}
+		c := s[k+1]
+		s = s[k+2:]
+		switch c {
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			if len(s) < 4 {
+				return dst // not reached: s is valid
+			}
+			r := hex4(s)
+			s = s[4:]
+			if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
+				r = utf16.DecodeRune(r, hex4(s[2:]))
+				s = s[6:]
+			}
+			dst = utf8.AppendRune(dst, r)
+		default: // '"', '\\', '/'
+			dst = append(dst, c)
+		}
+	}
+}
+
+// hex4 reads the four hex digits at the start of s.
+func hex4(s []byte) rune {
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }

@@ -100,6 +100,7 @@ type requestParser struct {
 	// prompt at each level.
 	spans jsonSpans
 	doc   jsonDoc
+	unesc []byte // the doc's buffer of unescaped strings, kept for the next body
 
 	// models holds the model names seen, so that a parsed request owns its
 	// Model without a copy per request: the body it came from is reused
@@ -196,6 +197,7 @@ func (p *requestParser) withoutClientOnly(body []byte) []byte {
 // parse validates body for kind and feeds its prompt to the hasher.
 func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *requestError) {
 	r, err := p.parseBody(body, kind)
+	p.unesc = p.doc.unesc[:0]
 	p.doc = jsonDoc{} // the body goes after this request (no defer: in Wasm a call to the runtime and back)
 	return r, err
 }
@@ -215,7 +217,7 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 		}
 		return r, badRequest("", "the request body is not valid JSON")
 	}
-	p.doc = jsonDoc{body: body, spans: p.spans.spans}
+	p.doc = jsonDoc{body: body, spans: p.spans.spans, unesc: p.unesc[:0]}
 	if body[skipSpace(body, 0)] != '{' {
 		return r, badRequest("", "the request body must be a JSON object")
 	}
