@@ -3,6 +3,7 @@ package filter
 import (
 	"encoding/binary"
 	"math"
+	"math/bits"
 	"unicode/utf8"
 )
 
@@ -14,7 +15,7 @@ import (
 // Go code compiled to Wasm pays for every call; on wazero it validates about
 // 30 MB/s, 8 ms for a 220 KB prompt. This validator is one loop with an
 // explicit nesting stack, and strings (nearly all of a prompt) are skipped
-// 32 bytes at a time (see plainRun), which is many times faster in Wasm.
+// 64 to 128 bytes at a time (see plainRun), which is many times faster in Wasm.
 func validJSON(b []byte) bool { return scanJSON(b, nil) }
 
 // jsonSpans is what one validating pass learns for the passes after it:
@@ -46,7 +47,20 @@ const minSpanString = 64
 
 // scanJSON is validJSON that also fills rec (when not nil) for b.
 func scanJSON(b []byte, rec *jsonSpans) bool {
-	var stack []int32   // positions of open containers' brackets, or their rec.spans indexes
+	if rec == nil {
+		ok, _ := scanJSONWith(b, nil, nil)
+		return ok
+	}
+	ok, stack := scanJSONWith(b, rec, rec.stack[:0])
+	rec.stack = stack[:0] // kept for the next body (no defer: in Wasm a call to the runtime and back)
+	return ok
+}
+
+// scanJSONWith is scanJSON with the container stack passed in, and returned
+// (grown) for reuse.
+func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
+	// stack holds the positions of open containers' brackets, or their
+	// rec.spans indexes.
 	var nonASCII uint64 // plainRun's extra stop mask: the high bits when checking UTF-8
 	if rec != nil {
 		rec.badUTF8 = false
@@ -56,9 +70,6 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 		rec.spans = rec.spans[:0]
 		if len(b) >= math.MaxInt32 {
 			rec = nil // offsets would not fit: validate without the table
-		} else {
-			stack = rec.stack[:0]
-			defer func() { rec.stack = stack[:0] }()
 		}
 	}
 	// opener returns the bracket of the container stack entry e stands for.
@@ -72,7 +83,7 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 	for {
 		// A value starts at b[i].
 		if i >= len(b) {
-			return false
+			return false, stack
 		}
 		switch c := b[i]; {
 		case c == '{' || c == '[':
@@ -93,16 +104,16 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 			}
 			// A key, then ':'.
 			if i >= len(b) || b[i] != '"' {
-				return false
+				return false, stack
 			}
 			if i, _ = scanString(b, i, nonASCII); i < 0 {
 				if i == badUTF8 {
 					rec.badUTF8 = true
 				}
-				return false
+				return false, stack
 			}
 			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-				return false
+				return false, stack
 			}
 			i = skipSpace(b, i+1)
 			continue
@@ -113,41 +124,70 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 				if i == badUTF8 {
 					rec.badUTF8 = true
 				}
-				return false
+				return false, stack
 			}
 			if rec != nil && i-start >= minSpanString {
 				rec.spans = append(rec.spans, jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
 			}
-		case c == '-' || (c >= '0' && c <= '9'):
+		case c >= '1' && c <= '9':
+			// A plain integer (token ids, max_tokens) ends here without
+			// a call; a fraction or an exponent goes to skipNumber.
+			j := i + 1
+			for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+				j++
+			}
+			if j < len(b) && (b[j] == '.' || b[j]|0x20 == 'e') {
+				if j = skipNumber(b, i); j < 0 {
+					return false, stack
+				}
+			} else if len(stack) > 0 && opener(stack[len(stack)-1]) == '[' {
+				// An array of plain integers (a token-id prompt):
+				// ",<integer>" after ",<integer>" here, one loop
+				// iteration per element. Anything else (space, a
+				// fraction, a zero, the end) is left at its comma to
+				// the general path.
+				for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
+					k := j + 2
+					for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+						k++
+					}
+					if k < len(b) && (b[k] == '.' || b[k]|0x20 == 'e') {
+						break
+					}
+					j = k
+				}
+			}
+			i = j
+		case c == '-' || c == '0':
 			if i = skipNumber(b, i); i < 0 {
-				return false
+				return false, stack
 			}
 		case c == 't':
 			if !hasLiteral(b, i, "true") {
-				return false
+				return false, stack
 			}
 			i += 4
 		case c == 'f':
 			if !hasLiteral(b, i, "false") {
-				return false
+				return false, stack
 			}
 			i += 5
 		case c == 'n':
 			if !hasLiteral(b, i, "null") {
-				return false
+				return false, stack
 			}
 			i += 4
 		default:
-			return false
+			return false, stack
 		}
 		// After a value: close containers, or a comma and the next element.
 		for {
 			i = skipSpace(b, i)
 			if len(stack) == 0 {
-				return i == len(b)
+				return i == len(b), stack
 			}
 			if i >= len(b) {
-				return false
+				return false, stack
 			}
 			top := opener(stack[len(stack)-1])
 			switch {
@@ -156,16 +196,16 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 			case b[i] == ',' && top == '{':
 				i = skipSpace(b, i+1)
 				if i >= len(b) || b[i] != '"' {
-					return false
+					return false, stack
 				}
 				if i, _ = scanString(b, i, nonASCII); i < 0 {
 					if i == badUTF8 {
 						rec.badUTF8 = true
 					}
-					return false
+					return false, stack
 				}
 				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-					return false
+					return false, stack
 				}
 				i = skipSpace(b, i+1)
 			case b[i] == top+2: // the matching bracket
@@ -176,7 +216,7 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 				i++
 				continue
 			default:
-				return false
+				return false, stack
 			}
 			break
 		}
@@ -221,7 +261,27 @@ func skipString(b []byte, i int) int {
 func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 	i++
 	for {
-		i = plainRun(b, i, nonASCII)
+		// The next byte to look at: within 32 bytes (text with escapes,
+		// where one follows another every line) found here, 8 bytes per
+		// test; farther on by the long steps of plainRun.
+		near := false
+		for n := 0; n < 4 && i >= 0 && i+8 <= len(b); n++ {
+			x := binary.LittleEndian.Uint64(b[i:])
+			m := needsLook(x) | x&nonASCII
+			if m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				near = true
+				break
+			}
+			i += 8
+		}
+		switch {
+		case near:
+		case nonASCII != 0:
+			i = plainRunASCII(b, i)
+		default:
+			i = plainRun(b, i, 0)
+		}
 		for i < len(b) && plainStringByte[b[i]] && (nonASCII == 0 || b[i] < utf8.RuneSelf) {
 			i++
 		}
@@ -249,14 +309,14 @@ func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 			}
 		case c >= utf8.RuneSelf: // only when checking UTF-8
 			// A run of multi-byte characters (text in most scripts other
-			// than Latin is nothing else), decoded here rather than
-			// retried word by word.
-			for i < len(b) && b[i] >= utf8.RuneSelf {
-				r, size := utf8.DecodeRune(b[i:])
-				if r == utf8.RuneError && size == 1 {
-					return badUTF8, escaped
-				}
-				i += size
+			// than Latin is nothing else): found 8 bytes per step, and
+			// checked with one utf8.Valid call (one loop) rather than a
+			// utf8.DecodeRune call per character, which in Wasm made a
+			// 32 KB Chinese prompt cost ~400 µs. A run ends at an ASCII
+			// byte, which no UTF-8 sequence holds, so the run is valid
+			// exactly when its characters are.
+			if i = mixedRun(b, i); i < 0 {
+				return badUTF8, escaped
 			}
 		default: // a control character
 			return -1, escaped
@@ -264,33 +324,242 @@ func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 	}
 }
 
+// mixedRun steps over UTF-8 text from b[i] (a byte above 0x7f) while it
+// needs no look, ASCII and multi-byte characters alike, and returns the
+// index of the first quote, backslash or control character, or of a byte
+// in the last 8 of b, with every character before it checked; or -1 if a
+// character before that is not UTF-8. Text in most scripts mixes the two
+// (spaces, digits, Latin names), and going back to plainRunASCII at each
+// ASCII byte cost a few calls per run.
+func mixedRun(b []byte, i int) int {
+	for i >= 0 && i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		hi := x & highBits
+		// Bytes that need a look, among the ASCII bytes before the
+		// first multi-byte one (needsLook does not flag bytes above
+		// 0x7f, and its lowest flag is exact).
+		if m := needsLook(x); m != 0 && (hi == 0 || bits.TrailingZeros64(m) < bits.TrailingZeros64(hi)) {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		if hi == 0 {
+			i += 8
+			continue
+		}
+		if k := bits.TrailingZeros64(hi) >> 3; k > 0 {
+			i += k // the ASCII bytes before the first multi-byte one
+			continue
+		}
+		// b[i] leads a character; the common shapes 8 bytes per test
+		// as in validRun, else one character. A run of 3-byte
+		// characters (CJK) goes 24 bytes per loop iteration first.
+		j := i
+		for j+32 <= len(b) && cjk2(binary.LittleEndian.Uint64(b[j:])) && cjk2(binary.LittleEndian.Uint64(b[j+6:])) &&
+			cjk2(binary.LittleEndian.Uint64(b[j+12:])) && cjk2(binary.LittleEndian.Uint64(b[j+18:])) {
+			j += 24
+		}
+		if j > i {
+			i = j
+			continue
+		}
+		if x&0x0000c0c0f0c0c0f0 == 0x00008080e08080e0 {
+			if l0, l1 := byte(x), byte(x>>24); l0 != 0xe0 && l0 != 0xed && l1 != 0xe0 && l1 != 0xed {
+				i += 6
+				continue
+			}
+		}
+		if x&0xc0e0c0e0c0e0c0e0 == 0x80c080c080c080c0 {
+			const ones16 = 0x0001000100010001
+			if v := x & 0x001e001e001e001e; (v-ones16)&^v&0x8000800080008000 == 0 {
+				i += 8
+				continue
+			}
+		}
+		c, size := utf8.DecodeRune(b[i:])
+		if c == utf8.RuneError && size == 1 {
+			return -1
+		}
+		i += size
+	}
+	if i < 0 || i >= len(b) || b[i] < utf8.RuneSelf {
+		return i
+	}
+	// The last bytes: the run there as before.
+	j := nonASCIIRun(b, i)
+	if !validRun(b[i:j]) {
+		return -1
+	}
+	return j
+}
+
+// cjk2 reports whether the low 6 bytes of x are two 3-byte UTF-8
+// characters with lead bytes E1-EC or EE-EF.
+func cjk2(x uint64) bool {
+	l0, l1 := byte(x), byte(x>>24)
+	return x&0x0000c0c0f0c0c0f0 == 0x00008080e08080e0 && l0 != 0xe0 && l0 != 0xed && l1 != 0xe0 && l1 != 0xed
+}
+
+// nonASCIIRun returns the index of the first byte from i below 0x80, or
+// len(b).
+func nonASCIIRun(b []byte, i int) int {
+	for ; i+8 <= len(b); i += 8 {
+		if m := ^binary.LittleEndian.Uint64(b[i:]) & highBits; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(b) && b[i] >= utf8.RuneSelf; i++ {
+	}
+	return i
+}
+
+// validRun reports whether r, a run of bytes above 0x7f, is UTF-8 (as
+// utf8.Valid does). Two common shapes go 8 bytes per test: two 3-byte
+// characters (most CJK text) and four 2-byte ones (Cyrillic, Greek,
+// Arabic, Hebrew...); anything else goes one character at a time.
+func validRun(r []byte) bool {
+	for len(r) >= 8 {
+		x := binary.LittleEndian.Uint64(r)
+		// Two 3-byte characters, lead bytes E1-EC or EE-EF (E0 and ED
+		// restrict their second byte: the slow way).
+		if x&0x0000c0c0f0c0c0f0 == 0x00008080e08080e0 {
+			if l0, l1 := byte(x), byte(x>>24); l0 != 0xe0 && l0 != 0xed && l1 != 0xe0 && l1 != 0xed {
+				r = r[6:]
+				continue
+			}
+		}
+		// Four 2-byte characters, lead bytes C2-DF (C0 and C1 would be
+		// overlong: their bits 1-4 are zero).
+		if x&0xc0e0c0e0c0e0c0e0 == 0x80c080c080c080c0 {
+			const ones16 = 0x0001000100010001
+			if v := x & 0x001e001e001e001e; (v-ones16)&^v&0x8000800080008000 == 0 {
+				r = r[8:]
+				continue
+			}
+		}
+		c, size := utf8.DecodeRune(r)
+		if c == utf8.RuneError && size == 1 {
+			return false
+		}
+		r = r[size:]
+	}
+	return utf8.Valid(r)
+}
+
 // badUTF8 is scanString's end for a string that is not UTF-8.
 const badUTF8 = -2
 
 // plainRun returns the index of the first byte from i that may need a look
 // in a string (a quote, a backslash or a control character, and any byte
-// above 0x7f when nonASCII is set), or a nearby earlier index: it steps 32 bytes at a time while none of them does (a
-// prompt is mostly such runs), then 8, and leaves the rest to the caller's
-// byte loop. Four words per test and one branch are about 2.5x faster in
-// Wasm on wazero than a word per test.
+// above 0x7f when nonASCII is set), or an index at most 7 bytes before the
+// end of b when there is none. A prompt is mostly such runs, so it steps 64
+// bytes at a time (128 in plainRunASCII) while none of them needs a look:
+// in Go's Wasm port every loop iteration is a jump through the function's
+// dispatch table, so the longer the step the less that costs (32 to 64 to
+// 128 bytes took the validation of an 8K-token body on wazero from about
+// 12.8 to 9.4 to 8 µs). Then it steps 8, and in the word that holds the
+// byte it finds that byte from the word's mask, so the caller's byte loop
+// only ever sees a string's last few bytes.
 func plainRun(b []byte, i int, nonASCII uint64) int {
-	for i+32 <= len(b) {
-		w := b[i : i+32 : i+32]
+	if nonASCII != 0 {
+		return plainRunASCII(b, i)
+	}
+	if i < 0 || i > len(b) {
+		return i
+	}
+	r := b[i:]
+	// Most strings are short (keys, names): their end is in the first
+	// word, found before the long steps' setup.
+	if len(r) >= 8 {
+		if m := needsLook(binary.LittleEndian.Uint64(r)); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		r = r[8:]
+	}
+	for len(r) >= 64 {
+		w := r[:64]
 		x0, x1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
 		x2, x3 := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
-		if needsLook(x0)|needsLook(x1)|needsLook(x2)|needsLook(x3)|(x0|x1|x2|x3)&nonASCII != 0 {
+		x4, x5 := binary.LittleEndian.Uint64(w[32:]), binary.LittleEndian.Uint64(w[40:])
+		x6, x7 := binary.LittleEndian.Uint64(w[48:]), binary.LittleEndian.Uint64(w[56:])
+		if needsLook(x0)|needsLook(x1)|needsLook(x2)|needsLook(x3)|
+			needsLook(x4)|needsLook(x5)|needsLook(x6)|needsLook(x7) != 0 {
 			break
 		}
-		i += 32
+		r = r[64:]
 	}
-	for i+8 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[i:])
-		if needsLook(x)|x&nonASCII != 0 {
+	for len(r) >= 8 {
+		if m := needsLook(binary.LittleEndian.Uint64(r)); m != 0 {
+			return len(b) - len(r) + bits.TrailingZeros64(m)>>3
+		}
+		r = r[8:]
+	}
+	return len(b) - len(r)
+}
+
+// plainRunASCII is plainRun for strings that must also stop at every byte
+// above 0x7f. With those excluded the test is shorter than needsLook's (see
+// stopASCII).
+func plainRunASCII(b []byte, i int) int {
+	if i < 0 || i > len(b) {
+		return i
+	}
+	r := b[i:]
+	if len(r) >= 8 { // as in plainRun
+		if m := stopASCII(binary.LittleEndian.Uint64(r)) & highBits; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		r = r[8:]
+	}
+	for len(r) >= 128 {
+		w := r[:128]
+		m := stopASCII(binary.LittleEndian.Uint64(w)) | stopASCII(binary.LittleEndian.Uint64(w[8:])) |
+			stopASCII(binary.LittleEndian.Uint64(w[16:])) | stopASCII(binary.LittleEndian.Uint64(w[24:])) |
+			stopASCII(binary.LittleEndian.Uint64(w[32:])) | stopASCII(binary.LittleEndian.Uint64(w[40:])) |
+			stopASCII(binary.LittleEndian.Uint64(w[48:])) | stopASCII(binary.LittleEndian.Uint64(w[56:]))
+		m |= stopASCII(binary.LittleEndian.Uint64(w[64:])) | stopASCII(binary.LittleEndian.Uint64(w[72:])) |
+			stopASCII(binary.LittleEndian.Uint64(w[80:])) | stopASCII(binary.LittleEndian.Uint64(w[88:])) |
+			stopASCII(binary.LittleEndian.Uint64(w[96:])) | stopASCII(binary.LittleEndian.Uint64(w[104:])) |
+			stopASCII(binary.LittleEndian.Uint64(w[112:])) | stopASCII(binary.LittleEndian.Uint64(w[120:]))
+		if m&highBits != 0 {
 			break
 		}
-		i += 8
+		r = r[128:]
 	}
-	return i
+	for len(r) >= 64 {
+		w := r[:64]
+		x0, x1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+		x2, x3 := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
+		x4, x5 := binary.LittleEndian.Uint64(w[32:]), binary.LittleEndian.Uint64(w[40:])
+		x6, x7 := binary.LittleEndian.Uint64(w[48:]), binary.LittleEndian.Uint64(w[56:])
+		if (stopASCII(x0)|stopASCII(x1)|stopASCII(x2)|stopASCII(x3)|
+			stopASCII(x4)|stopASCII(x5)|stopASCII(x6)|stopASCII(x7))&highBits != 0 {
+			break
+		}
+		r = r[64:]
+	}
+	for len(r) >= 8 {
+		if m := stopASCII(binary.LittleEndian.Uint64(r)) & highBits; m != 0 {
+			return len(b) - len(r) + bits.TrailingZeros64(m)>>3
+		}
+		r = r[8:]
+	}
+	return len(b) - len(r)
+}
+
+const highBits = 0x8080808080808080
+
+// stopASCII has, under highBits, a byte's high bit set where that byte of x
+// is a quote, a backslash, a control character or above 0x7f, and possibly
+// in bytes above (at higher addresses than) such a byte, never in a word
+// without one: so the lowest set high bit is the first byte to look at.
+// As in needsLook, x^0x02 maps the quote to 0x20 and keeps control
+// characters below it, so subtracting 0x21 borrows from exactly those bytes,
+// and the backslash is the zero byte of x^0x5c that subtracting 1 borrows
+// from. A byte above 0x7f is flagged by x itself, so unlike needsLook no
+// mask has to stop such bytes from looking like borrows; and a borrow
+// starts only at a flagged byte.
+func stopASCII(x uint64) uint64 {
+	const ones = 0x0101010101010101
+	return ((x ^ 0x02*ones) - 0x21*ones) | ((x ^ '\\'*ones) - ones) | x
 }
 
 // needsLook is nonzero when one of the eight bytes in x is a quote, a

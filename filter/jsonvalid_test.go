@@ -1,9 +1,11 @@
 package filter
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -21,6 +23,9 @@ var jsonCases = []string{
 	`{"model":"m","prompt":"hel`,
 	"\"caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80\"", "{\"\xff\":1}", "\"\xc3\"", "\"\xed\xa0\x80\"", "[\"ok\", \xc3\xa9]",
 	"\"" + strings.Repeat("\xe4\xb8\xad", 40) + "\xe4\xb8\"", "\"" + strings.Repeat("abcdefgh", 9) + "\xff" + strings.Repeat("x", 40) + "\"",
+	// runs of integers in arrays (the validator's token-id loop)
+	`[1,2,3]`, `[12,345,6789,0,10]`, `[1,2.5,3]`, `[1,2e3,4]`, `[1,2E-3]`, `[1, 2 ,3]`, `{"p":[7,8,9],"q":1}`, `[[1,2],[3,4]]`,
+	`[1,01]`, `[1,2,]`, `[1,2x]`, `[1,2.]`, `[1,2e]`, `[1,2,-]`, `[1,23`, `{"a":1,2}`, `[1,2}`,
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {
@@ -170,5 +175,211 @@ func TestScanJSONRecordsSpans(t *testing.T) {
 	// A failed pass leaves nothing a walker could trust beyond the body.
 	if scanJSON([]byte(`{"a":[`), &spans) {
 		t.Fatal("truncated document accepted")
+	}
+}
+
+// plainRun must return exactly the first byte that needs a look, for every
+// such byte at every offset within and across its 64- and 8-byte steps,
+// with a look-alike byte (one above it in value, or a UTF-8 byte) before
+// and after it; without one it may stop only within the last 8 bytes.
+func TestPlainRunFindsTheFirstSpecialByte(t *testing.T) {
+	stops := func(c byte, nonASCII bool) bool {
+		return !plainStringByte[c] || nonASCII && c >= 0x80
+	}
+	fills := []byte{'a', ' ', '!', '#', ']', '^', 0x7f, 0x80, 0xc3, 0xff}
+	for _, nonASCII := range []bool{false, true} {
+		var mask uint64
+		if nonASCII {
+			mask = highBits
+		}
+		for _, n := range []int{0, 1, 7, 8, 9, 63, 64, 65, 130, 200, 260} {
+			for _, fill := range fills {
+				if stops(fill, nonASCII) {
+					continue
+				}
+				b := bytes.Repeat([]byte{fill}, n)
+				for from := 0; from <= n && from < 3; from++ {
+					got := plainRun(b, from, mask)
+					if got < from || got > n || got < n-7 {
+						t.Fatalf("nonASCII=%v: plainRun(%d x %#x, %d) = %d, want within the last 7 bytes", nonASCII, n, fill, from, got)
+					}
+				}
+				for c := 0; c < 256; c++ {
+					if !stops(byte(c), nonASCII) {
+						continue
+					}
+					for pos := 0; pos < n; pos++ {
+						b := bytes.Repeat([]byte{fill}, n)
+						b[pos] = byte(c)
+						if pos+1 < n {
+							b[pos+1] = byte(c) // a second hit after the first changes nothing
+						}
+						from := 0
+						if pos > 0 {
+							from = 1
+						}
+						got := plainRun(b, from, mask)
+						if got != pos && !(got < pos && got >= n-7) {
+							t.Fatalf("nonASCII=%v: byte %#x at %d of %d among %#x: plainRun = %d", nonASCII, c, pos, n, fill, got)
+						}
+						if got < pos && pos-got > 7 {
+							t.Fatalf("nonASCII=%v: byte %#x at %d: stopped %d bytes early", nonASCII, c, pos, pos-got)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// shortString ends exactly the strings skipString ends, when they close
+// within minSpanString bytes and hold no escape, and gives up (-1) on every
+// other string; hasBackslash agrees with bytes.IndexByte.
+func TestShortStringAndHasBackslash(t *testing.T) {
+	fills := []byte{'a', ' ', 0x7f, 0xc3}
+	specials := []byte{'"', '\\', 0x00, 0x1f, '\n'}
+	for n := 0; n <= minSpanString+9; n++ {
+		for _, fill := range fills {
+			for _, sp := range specials {
+				for pos := -1; pos < n; pos++ {
+					inner := bytes.Repeat([]byte{fill}, n)
+					if pos >= 0 {
+						inner[pos] = sp
+					}
+					for _, tail := range []string{`"`, `"}`, `\"x"`, ``} {
+						b := append(append([]byte{'"'}, inner...), tail...)
+						got, full := shortString(b, 0), skipString(b, 0)
+						plainEnd := bytes.IndexAny(b[1:], "\"\\\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f")
+						short := plainEnd >= 0 && b[1+plainEnd] == '"' && plainEnd+2 <= minSpanString+1
+						switch {
+						case short && got != full:
+							t.Fatalf("shortString(%q) = %d, skipString %d", b, got, full)
+						case !short && got != -1:
+							t.Fatalf("shortString(%q) = %d, want -1", b, got)
+						}
+						if want := bytes.IndexByte(b, '\\') >= 0; hasBackslash(b) != want {
+							t.Fatalf("hasBackslash(%q) = %v", b, !want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// validRun agrees with utf8.Valid on runs of bytes above 0x7f: random runs
+// built from valid and invalid characters of every length, with the lead
+// bytes whose second byte is restricted (E0, ED, F0, F4) and the overlong
+// C0 and C1, at every offset.
+func TestValidRunMatchesUTF8Valid(t *testing.T) {
+	pieces := []string{
+		"é", "ж", "ß", "中", "文", "😀", "\u0800", "\uffff", "\ud7ff", "\ue000", "\U00010000", "\U0010ffff", "\u07ff", "\u0080",
+		"\xe0\xa0\x80", "\xe0\x80\x80", "\xed\x9f\xbf", "\xed\xa0\x80", "\xc0\x80", "\xc1\xbf", "\xc2", "\xe4\xb8", "\xf4\x90\x80\x80",
+		"\xf0\x80\x80\x80", "\x80", "\xbf", "\xff", "\xfe", "\xf8\x88\x80\x80\x80",
+	}
+	rng := rand.New(rand.NewSource(4))
+	for trial := 0; trial < 20000; trial++ {
+		var b []byte
+		for n := rng.Intn(12); n >= 0; n-- {
+			switch rng.Intn(3) {
+			case 0:
+				b = append(b, pieces[rng.Intn(len(pieces))]...)
+			case 1:
+				b = append(b, strings.Repeat(pieces[rng.Intn(len(pieces))], 1+rng.Intn(5))...)
+			default:
+				b = append(b, pieces[rng.Intn(4)]...) // runs of valid characters, so the fast steps get to run
+			}
+		}
+		for off := 0; off < len(b) && off < 4; off++ {
+			if got, want := validRun(b[off:]), utf8.Valid(b[off:]); got != want {
+				t.Fatalf("validRun(%q) = %v, utf8.Valid %v", b[off:], got, want)
+			}
+		}
+	}
+}
+
+// Strings mixing ASCII (escapes, quotes, control characters included) and
+// multi-byte characters, valid and not, at every alignment: the UTF-8
+// checking pass accepts exactly what encoding/json and utf8.Valid accept.
+func TestScanJSONMixedScripts(t *testing.T) {
+	pieces := []string{
+		"a", " ", "kvroute ", "0123456789", `\"`, `\\`, `\n`, `\u00e9`, "\"", "\\", "\t", "\x01", "\x7f",
+		"é", "ж", "中", "文字", "😀", "\xe0\xa0\x80", "\xe0\x80\x80", "\xed\xa0\x80", "\xc0\x80", "\xc2", "\xe4\xb8", "\x80", "\xff",
+	}
+	rng := rand.New(rand.NewSource(5))
+	spans := jsonSpans{checkUTF8: true}
+	for trial := 0; trial < 20000; trial++ {
+		var sb strings.Builder
+		sb.WriteString(`{"k":"`)
+		for n := rng.Intn(40); n >= 0; n-- {
+			p := pieces[rng.Intn(len(pieces))]
+			if rng.Intn(4) > 0 {
+				p = []string{"中文字符", "ab", "é", " x "}[rng.Intn(4)] // mostly valid text, so long runs happen
+			}
+			sb.WriteString(p)
+		}
+		sb.WriteString(`"}`)
+		b := []byte(sb.String())
+		valid, isUTF8 := json.Valid(b), utf8.Valid(b)
+		if got := scanJSON(b, &spans); got != (valid && isUTF8) || spans.badUTF8 && isUTF8 {
+			t.Fatalf("scanJSON(%q) = %v (badUTF8 %v), encoding/json %v, utf8.Valid %v", b, got, spans.badUTF8, valid, isUTF8)
+		}
+	}
+}
+
+// Escaped strings decode as gjson decodes them, through the doc's buffer
+// (several strings of one body, each still intact after the next) and
+// without one: every escape, surrogate pairs, lone and mismatched halves,
+// escapes at the ends, runs of every length between them.
+func TestUnescapeMatchesGJSON(t *testing.T) {
+	pieces := []string{
+		`\n`, `\"`, `\\`, `\/`, `\b`, `\f`, `\r`, `\t`, `\u0000`, `\u00e9`, `\u4E2D`, `\uffff`, `\ud83d\ude00`, `\uD83D\uDE00`,
+		`\ud83d`, `\ude00`, `\ud83d\u0041`, `\ud83d\ud83d`, `\ude00\ud83d`, `\ud83dx`, "é", "中", "a", "abcdefgh", " ",
+	}
+	rng := rand.New(rand.NewSource(6))
+	for trial := 0; trial < 5000; trial++ {
+		var raws [][]byte
+		var body []byte
+		body = append(body, '[')
+		for k := 0; k < 3; k++ {
+			var sb strings.Builder
+			sb.WriteByte('"')
+			for n := rng.Intn(30); n >= 0; n-- {
+				if rng.Intn(3) == 0 {
+					sb.WriteString(strings.Repeat("x", rng.Intn(70)))
+				}
+				sb.WriteString(pieces[rng.Intn(len(pieces))])
+			}
+			sb.WriteByte('"')
+			if k > 0 {
+				body = append(body, ',')
+			}
+			body = append(body, sb.String()...)
+			raws = append(raws, []byte(sb.String()))
+		}
+		body = append(body, ']')
+		spans := jsonSpans{checkUTF8: true}
+		if !scanJSON(body, &spans) {
+			t.Fatalf("test body rejected: %s", body)
+		}
+		d := &jsonDoc{body: body, spans: spans.spans}
+		var got []string
+		for pos := skipSpace(body, 1); ; {
+			v, next, ok := d.element(body, pos)
+			if !ok {
+				break
+			}
+			pos = next
+			got = append(got, d.text(v))
+		}
+		for k, raw := range raws {
+			want := gjson.ParseBytes(raw).Str
+			if got[k] != want {
+				t.Fatalf("doc text(%s) = %q, gjson %q", raw, got[k], want)
+			}
+			if s := stringOf(raw); s != want {
+				t.Fatalf("stringOf(%s) = %q, gjson %q", raw, s, want)
+			}
+		}
 	}
 }

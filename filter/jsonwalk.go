@@ -1,7 +1,10 @@
 package filter
 
 import (
-	"bytes"
+	"encoding/binary"
+	"math/bits"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -22,6 +25,12 @@ type jsonDoc struct {
 	body  []byte
 	spans []jsonSpan
 	next  int // index in spans of the value after the last one found: walks go mostly forward
+
+	// unesc holds the unescaped text of the escaped strings read so far
+	// (see text): appended to, never overwritten, so every string text
+	// returned stays valid until the doc's owner reuses the buffer for
+	// the next body.
+	unesc []byte
 }
 
 // find returns the span table entry of the value starting at v[0]. v must
@@ -35,6 +44,22 @@ func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 		d.next = n + 1
 		return d.spans[n], true
 	}
+	return d.search(pos)
+}
+
+// nextSpan is find's first test alone, small enough to be inlined: whether
+// the value starting at v[0] is the table's next entry, which it is for
+// every long string and container of a walk that goes forward.
+func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
+	if d != nil && d.next < len(d.spans) && d.spans[d.next].start == int32(cap(d.body)-cap(v)) {
+		d.next++
+		return d.spans[d.next-1], true
+	}
+	return jsonSpan{}, false
+}
+
+// search is find's binary search, for a walk that does not go forward.
+func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 	lo, hi := 0, len(d.spans)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
@@ -51,6 +76,10 @@ func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 	return jsonSpan{}, false
 }
 
+// numberByte marks the bytes a JSON number may hold.
+var numberByte = [256]bool{'0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true,
+	'7': true, '8': true, '9': true, '-': true, '+': true, '.': true, 'e': true, 'E': true}
+
 // skipJSONValue returns the index after the value starting at b[i], or -1.
 // b must hold valid JSON from i on.
 func skipJSONValue(b []byte, i int) int { return (*jsonDoc)(nil).skip(b, i) }
@@ -61,11 +90,22 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 	}
 	switch c := b[i]; {
 	case c == '"':
+		// The table's next entry, a short string (which the table does
+		// not hold), the whole table, and only then a full scan.
+		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
+		if e := shortString(b, i); e > 0 {
+			return e
+		}
 		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
 		}
 		return skipString(b, i)
 	case c == '{' || c == '[':
+		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
 		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
 		}
@@ -89,7 +129,10 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		}
 		return -1
 	case c == '-' || (c >= '0' && c <= '9'):
-		return skipNumber(b, i)
+		// Valid JSON: the number ends at the first byte no number holds.
+		for i++; i < len(b) && numberByte[b[i]]; i++ {
+		}
+		return i
 	case c == 't' || c == 'n':
 		return i + 4
 	case c == 'f':
@@ -105,26 +148,42 @@ func forEachMember(obj []byte, fn func(key, val []byte) bool) {
 }
 
 func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
-	i := skipSpace(obj, 1)
-	for i < len(obj) && obj[i] == '"' {
-		k := skipString(obj, i)
-		if k < 0 {
+	for i := skipSpace(obj, 1); ; {
+		key, val, next, ok := d.member(obj, i)
+		if !ok || !fn(key, val) {
 			return
 		}
-		key := obj[i:k]
-		v := skipSpace(obj, skipSpace(obj, k)+1) // past ':'
-		e := d.skip(obj, v)
-		if e < 0 {
-			return
-		}
-		if !fn(key, obj[v:e]) {
-			return
-		}
-		i = skipSpace(obj, e)
-		if i < len(obj) && obj[i] == ',' {
-			i = skipSpace(obj, i+1)
+		i = next
+	}
+}
+
+// member returns the member of the object obj whose key starts at obj[i]
+// (i is skipSpace(obj, 1) for the first member, next of the previous one
+// after that): its raw key (quotes included) and raw value, and where the
+// next member starts. ok is false past the last member. The parser loops
+// over it rather than passing a callback to members: in Wasm each callback
+// is an indirect call into a function of its own, and the fewer functions
+// a request touches the less it pays for cold code.
+func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
+	if i >= len(obj) || obj[i] != '"' {
+		return nil, nil, i, false
+	}
+	k := shortString(obj, i)
+	if k < 0 {
+		if k = skipString(obj, i); k < 0 {
+			return nil, nil, i, false
 		}
 	}
+	v := skipSpace(obj, skipSpace(obj, k)+1) // past ':'
+	e := d.skip(obj, v)
+	if e < 0 {
+		return nil, nil, i, false
+	}
+	next = skipSpace(obj, e)
+	if next < len(obj) && obj[next] == ',' {
+		next = skipSpace(obj, next+1)
+	}
+	return obj[i:k], obj[v:e], next, true
 }
 
 // forEachElement calls fn with each raw element of the array arr until fn
@@ -134,20 +193,82 @@ func forEachElement(arr []byte, fn func(val []byte) bool) {
 }
 
 func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
-	i := skipSpace(arr, 1)
-	for i < len(arr) && arr[i] != ']' {
-		e := d.skip(arr, i)
-		if e < 0 {
+	for i := skipSpace(arr, 1); ; {
+		val, next, ok := d.element(arr, i)
+		if !ok || !fn(val) {
 			return
 		}
-		if !fn(arr[i:e]) {
-			return
-		}
-		i = skipSpace(arr, e)
-		if i < len(arr) && arr[i] == ',' {
-			i = skipSpace(arr, i+1)
+		i = next
+	}
+}
+
+// element is member for the array arr: the raw element starting at arr[i]
+// (skipSpace(arr, 1) for the first) and where the next one starts, or ok
+// false past the last.
+func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
+	if i >= len(arr) || arr[i] == ']' {
+		return nil, i, false
+	}
+	e := d.skip(arr, i)
+	if e < 0 {
+		return nil, i, false
+	}
+	next = skipSpace(arr, e)
+	if next < len(arr) && arr[next] == ',' {
+		next = skipSpace(arr, next+1)
+	}
+	return arr[i:e], next, true
+}
+
+// shortString returns the index after the string starting at b[i] (a
+// quote) when it ends within minSpanString bytes and holds no escape and
+// no control character, and -1 otherwise (the caller then scans it in
+// full). Eight bytes per step (needsLook finds the first byte to look at):
+// for a short string cheaper than the full scan's setup.
+func shortString(b []byte, i int) int {
+	j := i + 1 // b[j:] is what is left to look at
+	end := j + minSpanString
+	if j < 0 || end < 0 || j > len(b) {
+		return -1
+	}
+	if end > len(b) {
+		end = len(b)
+	}
+	for ; j+8 <= end; j += 8 {
+		if m := needsLook(binary.LittleEndian.Uint64(b[j:])); m != 0 {
+			k := j + bits.TrailingZeros64(m)>>3
+			if b[k] == '"' {
+				return k + 1
+			}
+			return -1
 		}
 	}
+	for ; j < end; j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return j + 1
+		case c == '\\' || c < 0x20:
+			return -1
+		}
+	}
+	return -1
+}
+
+// hasBackslash reports whether b holds a backslash, eight bytes per step.
+func hasBackslash(b []byte) bool {
+	const ones = 0x0101010101010101
+	for len(b) >= 8 {
+		if z := binary.LittleEndian.Uint64(b) ^ ('\\' * ones); (z-ones)&^z&(0x80*ones) != 0 {
+			return true
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c == '\\' {
+			return true
+		}
+	}
+	return false
 }
 
 // jsonType classifies a raw value by its first byte.
@@ -172,21 +293,107 @@ func jsonType(v []byte) gjson.Type {
 
 // stringOf returns the text of a raw JSON string. Without escapes it is a
 // view of the body (no copy: the hasher consumes it before the body goes);
-// with escapes gjson unescapes it.
+// with escapes a copy, unescaped as gjson unescapes.
 func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
 
 // text is stringOf that takes whether a long string holds escapes from the
-// span table instead of searching it again.
+// span table instead of searching it again, and unescapes into the doc's
+// buffer.
 func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
-	if s, ok := d.find(raw); ok {
+	if len(raw) < minSpanString { // never in the table
+		escaped = hasBackslash(inner)
+	} else if s, ok := d.find(raw); ok {
 		escaped = s.escaped
 	} else {
-		escaped = bytes.IndexByte(inner, '\\') >= 0
+		escaped = hasBackslash(inner)
 	}
-	if escaped {
-		return gjson.ParseBytes(raw).Str
+	if !escaped {
+		return unsafeString(inner)
 	}
-	return unsafeString(inner)
+	if d == nil {
+		return string(appendUnescaped(nil, inner))
+	}
+	start := len(d.unesc)
+	d.unesc = appendUnescaped(d.unesc, inner)
+	return unsafeString(d.unesc[start:])
+}
+
+// appendUnescaped appends to dst the text of the inner bytes of a valid
+// JSON string, decoded exactly as gjson decodes it (a \u escape of half a
+// surrogate pair takes the \u escape after it as the other half, and
+// decodes to U+FFFD when the two are no pair or there is none). Real
+// prompts nearly always hold escapes (every newline is one): gjson's
+// byte-at-a-time unescape and its copies made a 32 KB prompt with
+// newlines cost ~900 µs in Wasm. Here the runs between escapes are found
+// 8 bytes per step and copied whole, into a buffer reused across requests.
+func appendUnescaped(dst, s []byte) []byte {
+	const ones = 0x0101010101010101
+	for {
+		// k: the next backslash, 8 bytes per step.
+		k := 0
+		for k+8 <= len(s) {
+			z := binary.LittleEndian.Uint64(s[k:]) ^ ('\\' * ones)
+			if m := (z - ones) &^ z & (0x80 * ones); m != 0 {
+				k += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			k += 8
+		}
+		for k < len(s) && s[k] != '\\' {
+			k++
+		}
+		if k == len(s) {
+			return append(dst, s...)
+		}
+		dst = append(dst, s[:k]...)
+		if k+1 >= len(s) {
+			return dst // not reached: s is valid
+		}
+		c := s[k+1]
+		s = s[k+2:]
+		switch c {
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			if len(s) < 4 {
+				return dst // not reached: s is valid
+			}
+			r := hex4(s)
+			s = s[4:]
+			if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
+				r = utf16.DecodeRune(r, hex4(s[2:]))
+				s = s[6:]
+			}
+			dst = utf8.AppendRune(dst, r)
+		default: // '"', '\\', '/'
+			dst = append(dst, c)
+		}
+	}
+}
+
+// hex4 reads the four hex digits at the start of s.
+func hex4(s []byte) rune {
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }

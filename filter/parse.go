@@ -1,7 +1,6 @@
 package filter
 
 import (
-	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -101,12 +100,14 @@ type requestParser struct {
 	// prompt at each level.
 	spans jsonSpans
 	doc   jsonDoc
+	unesc []byte // the doc's buffer of unescaped strings, kept for the next body
 
 	// models holds the model names seen, so that a parsed request owns its
 	// Model without a copy per request: the body it came from is reused
 	// (see routerPlugin.readBody), and admission may hold a request past
 	// the next body.
 	models map[string]string
+	last   string // the last model returned by owned: most bodies name it again
 
 	// Top-level members of the last body, and how many must not reach an
 	// engine (see clientOnly).
@@ -133,12 +134,31 @@ func clientOnly(key string) bool {
 	return false
 }
 
+// is reports whether s == lit. The parser compares keys with it rather than
+// with == or a switch: in Wasm the compiler calls the runtime's memequal
+// for strings longer than 6 bytes, and a key is only a few bytes.
+func is(s, lit string) bool {
+	if len(s) != len(lit) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] != lit[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // maxModelNames bounds models: names beyond it are copied per request.
 const maxModelNames = 256
 
 // owned returns s as a string that does not alias the body.
 func (p *requestParser) owned(s string) string {
+	if is(s, p.last) {
+		return p.last // no map lookup: in Wasm every map operation costs
+	}
 	if m, ok := p.models[s]; ok {
+		p.last = m
 		return m
 	}
 	m := strings.Clone(s)
@@ -147,6 +167,7 @@ func (p *requestParser) owned(s string) string {
 	}
 	if len(p.models) < maxModelNames {
 		p.models[m] = m
+		p.last = m
 	}
 	return m
 }
@@ -175,6 +196,13 @@ func (p *requestParser) withoutClientOnly(body []byte) []byte {
 
 // parse validates body for kind and feeds its prompt to the hasher.
 func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *requestError) {
+	r, err := p.parseBody(body, kind)
+	p.unesc = p.doc.unesc[:0]
+	p.doc = jsonDoc{} // the body goes after this request (no defer: in Wasm a call to the runtime and back)
+	return r, err
+}
+
+func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *requestError) {
 	var r parsedRequest
 	if len(body) == 0 {
 		return r, badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
@@ -189,8 +217,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		}
 		return r, badRequest("", "the request body is not valid JSON")
 	}
-	p.doc = jsonDoc{body: body, spans: p.spans.spans}
-	defer func() { p.doc = jsonDoc{} }() // the body goes after this request
+	p.doc = jsonDoc{body: body, spans: p.spans.spans, unesc: p.unesc[:0]}
 	if body[skipSpace(body, 0)] != '{' {
 		return r, badRequest("", "the request body must be a JSON object")
 	}
@@ -199,13 +226,19 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	// last value, as Python's json module (vLLM, SGLang) does.
 	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input []byte
 	p.members, p.dropped = p.members[:0], 0
-	p.doc.members(body[skipSpace(body, 0):], func(k, v []byte) bool {
+	obj := body[skipSpace(body, 0):]
+	for i := skipSpace(obj, 1); ; {
+		k, v, next, ok := p.doc.member(obj, i)
+		if !ok {
+			break
+		}
+		i = next
 		// Offsets in body of this member (k and v are views of body).
 		m := memberSpan{start: cap(body) - cap(k), end: cap(body) - cap(v) + len(v)}
 		// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
 		// "model", and an escaped kv_transfer_params must go too.
 		key := unsafeString(k[1 : len(k)-1])
-		if bytes.IndexByte(k, '\\') >= 0 {
+		if hasBackslash(k) {
 			key = gjson.ParseBytes(k).Str
 		}
 		if clientOnly(key) {
@@ -213,30 +246,30 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 			p.dropped++
 		}
 		p.members = append(p.members, m)
-		switch key {
-		case "model":
+		// Compared with is, not a switch: see is.
+		switch {
+		case is(key, "model"):
 			model = v
-		case "stream":
+		case is(key, "stream"):
 			stream = v
-		case "max_tokens":
+		case is(key, "max_tokens"):
 			maxTokens = v
-		case "max_completion_tokens":
+		case is(key, "max_completion_tokens"):
 			maxCompletion = v
-		case "user":
+		case is(key, "user"):
 			user = v
-		case "cache_salt":
+		case is(key, "cache_salt"):
 			salt = v
-		case "messages":
+		case is(key, "messages"):
 			messages = v
-		case "tools":
+		case is(key, "tools"):
 			tools = v
-		case "prompt":
+		case is(key, "prompt"):
 			prompt = v
-		case "input":
+		case is(key, "input"):
 			input = v
 		}
-		return true
-	})
+	}
 	if model == nil {
 		return r, badRequest("model", "'model' is required")
 	}
@@ -244,8 +277,10 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		return r, badRequest("model", "'model' must be a non-empty string")
 	}
 	r.Model = p.owned(p.doc.text(model))
-	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
-		r.Model, r.Adapter = base, r.Model
+	if len(p.cfg.LoRAAdapters) > 0 { // no map operation when there is nothing to find
+		if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
+			r.Model, r.Adapter = base, r.Model
+		}
 	}
 	if stream != nil {
 		switch jsonType(stream) {
@@ -263,7 +298,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 		if f.v == nil || jsonType(f.v) == gjson.Null {
 			continue
 		}
-		n, ok := wholeNumber(gjson.ParseBytes(f.v))
+		n, ok := rawWholeNumber(f.v)
 		if !ok || n < 0 || n > maxMaxTokens {
 			return r, badRequest(f.name, "'%s' must be a whole number from 0 to %d", f.name, maxMaxTokens)
 		}
@@ -310,6 +345,32 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	}
 	r.PromptTokens = p.hasher.PromptTokens()
 	return r, nil
+}
+
+// rawWholeNumber is wholeNumber of a raw JSON value. A plain integer of up
+// to 18 digits (every max_tokens and token id in practice) is read here
+// without gjson, whose Parse also runs a float parse of every number: in
+// Wasm that code is cold at each request, and a token-id prompt parsed each
+// id that way.
+func rawWholeNumber(v []byte) (int64, bool) {
+	d := v
+	if len(d) > 0 && d[0] == '-' {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 18 || (d[0] == '0' && len(d) > 1) {
+		return wholeNumber(gjson.ParseBytes(v))
+	}
+	var n int64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return wholeNumber(gjson.ParseBytes(v))
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if len(d) < len(v) {
+		n = -n
+	}
+	return n, true
 }
 
 // wholeNumber reads a JSON integer (1e3 and 2.0 are accepted as whole).
@@ -381,20 +442,31 @@ func (p *requestParser) prompt(v []byte, name string) *requestError {
 
 func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 	p.ids = p.ids[:0]
-	var err *requestError
-	i := 0
-	p.doc.elements(arr, func(e []byte) bool {
-		n, ok := wholeNumber(gjson.ParseBytes(e))
+	for pos, i := skipSpace(arr, 1), 0; ; i++ {
+		// A plain integer of up to 9 digits followed by a comma (nearly
+		// every token id) is read here in one pass; anything else goes
+		// through element and rawWholeNumber.
+		if k := pos; k < len(arr) && arr[k] >= '1' && arr[k] <= '9' {
+			var n uint32
+			for ; k < len(arr) && k-pos < 9 && arr[k] >= '0' && arr[k] <= '9'; k++ {
+				n = n*10 + uint32(arr[k]-'0')
+			}
+			if k < len(arr) && arr[k] == ',' {
+				p.ids = append(p.ids, n)
+				pos = skipSpace(arr, k+1)
+				continue
+			}
+		}
+		e, next, ok := p.doc.element(arr, pos)
+		if !ok {
+			break
+		}
+		pos = next
+		n, ok := rawWholeNumber(e)
 		if !ok || n < 0 || n > maxTokenID {
-			err = badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
-			return false
+			return badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
 		}
 		p.ids = append(p.ids, uint32(n))
-		i++
-		return true
-	})
-	if err != nil {
-		return err
 	}
 	p.hasher.Tokens(p.ids)
 	return nil
@@ -415,15 +487,16 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 	if msgs[0] != '[' {
 		return badRequest("messages", "'messages' must be an array of message objects")
 	}
-	var err *requestError
 	n := 0
-	p.doc.elements(msgs, func(m []byte) bool {
-		err = p.message(m, n)
-		n++
-		return err == nil
-	})
-	if err != nil {
-		return err
+	for i := skipSpace(msgs, 1); ; n++ {
+		m, next, ok := p.doc.element(msgs, i)
+		if !ok {
+			break
+		}
+		i = next
+		if err := p.message(m, n); err != nil {
+			return err
+		}
 	}
 	if n == 0 {
 		return badRequest("messages", "'messages' must not be empty")
@@ -432,29 +505,37 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 }
 
 func (p *requestParser) message(m []byte, i int) *requestError {
-	at := "messages[" + strconv.Itoa(i) + "]"
+	// at names the message in errors; built only for one (a string per
+	// message was an allocation per message on the hot path).
+	at := func() string { return "messages[" + strconv.Itoa(i) + "]" }
 	if m[0] != '{' {
+		at := at()
 		return badRequest(at, "'%s' must be an object with 'role' and 'content'", at)
 	}
 	// One pass over the message's members (the content may be most of the
 	// body).
 	var role, name, content, calls, callID []byte
-	p.doc.members(m, func(k, v []byte) bool {
-		switch string(k) {
-		case `"role"`:
+	for pos := skipSpace(m, 1); ; {
+		k, v, next, ok := p.doc.member(m, pos)
+		if !ok {
+			break
+		}
+		pos = next
+		switch k := unsafeString(k); {
+		case is(k, `"role"`):
 			role = v
-		case `"name"`:
+		case is(k, `"name"`):
 			name = v
-		case `"content"`:
+		case is(k, `"content"`):
 			content = v
-		case `"tool_calls"`:
+		case is(k, `"tool_calls"`):
 			calls = v
-		case `"tool_call_id"`:
+		case is(k, `"tool_call_id"`):
 			callID = v
 		}
-		return true
-	})
+	}
 	if jsonType(role) != gjson.String || len(role) == 2 {
+		at := at()
 		return badRequest(at+".role", "'%s.role' must be a non-empty string", at)
 	}
 	p.hasher.BeginMessage(p.doc.text(role))
@@ -465,23 +546,25 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	case jsonType(content) == gjson.String:
 		p.hasher.Text(p.doc.text(content))
 	case content != nil && content[0] == '[':
-		var err *requestError
-		j := 0
-		p.doc.elements(content, func(part []byte) bool {
-			err = p.part(part, at+".content["+strconv.Itoa(j)+"]")
-			j++
-			return err == nil
-		})
-		if err != nil {
-			return err
+		for pos, j := skipSpace(content, 1), 0; ; j++ {
+			part, next, ok := p.doc.element(content, pos)
+			if !ok {
+				break
+			}
+			pos = next
+			if err := p.part(part, i, j); err != nil {
+				return err
+			}
 		}
 	case jsonType(content) == gjson.Null:
 		// Absent or null: an assistant message with tool calls, or a refusal.
 	default:
+		at := at()
 		return badRequest(at+".content", "'%s.content' must be a string or an array of content parts", at)
 	}
 	if calls != nil && jsonType(calls) != gjson.Null {
 		if calls[0] != '[' {
+			at := at()
 			return badRequest(at+".tool_calls", "'%s.tool_calls' must be an array", at)
 		}
 		for _, c := range gjson.ParseBytes(calls).Array() {
@@ -495,26 +578,35 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	return nil
 }
 
-func (p *requestParser) part(part []byte, at string) *requestError {
+// part hashes content part j of message i.
+func (p *requestParser) part(part []byte, i, j int) *requestError {
+	at := func() string { return "messages[" + strconv.Itoa(i) + "].content[" + strconv.Itoa(j) + "]" }
 	if part[0] != '{' {
+		at := at()
 		return badRequest(at, "'%s' must be a content part object", at)
 	}
 	var typ, text []byte
-	p.doc.members(part, func(k, v []byte) bool {
-		switch string(k) {
-		case `"type"`:
+	for i := skipSpace(part, 1); ; {
+		k, v, next, ok := p.doc.member(part, i)
+		if !ok {
+			break
+		}
+		i = next
+		switch k := unsafeString(k); {
+		case is(k, `"type"`):
 			typ = v
-		case `"text"`:
+		case is(k, `"text"`):
 			text = v
 		}
-		return true
-	})
+	}
 	if jsonType(typ) != gjson.String || typ == nil {
+		at := at()
 		return badRequest(at+".type", "'%s.type' must be a string", at)
 	}
 	switch t := p.doc.text(typ); t {
 	case "text":
 		if jsonType(text) != gjson.String || text == nil {
+			at := at()
 			return badRequest(at+".text", "'%s.text' must be a string", at)
 		}
 		p.hasher.Text(p.doc.text(text))

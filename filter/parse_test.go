@@ -2,6 +2,9 @@ package filter
 
 import (
 	"bytes"
+	"fmt"
+	"math/rand"
+	"slices"
 	"strings"
 	"testing"
 
@@ -254,6 +257,171 @@ func TestRequestHeadersGet(t *testing.T) {
 		"x-gateway-destination-endpoint": "", "x-kvroute-prefill-host": "", "authorization": ""} {
 		if got, ok := h.get(name); got != want || ok != (want != "") {
 			t.Errorf("get(%q) = %q, %v; want %q", name, got, ok, want)
+		}
+	}
+}
+
+// rawWholeNumber reads what wholeNumber reads from gjson, for every kind of
+// JSON number, with or without its fast path.
+func TestRawWholeNumberMatchesGJSON(t *testing.T) {
+	for _, v := range []string{
+		"0", "-0", "4", "-1", "10", "4096", "123456789012345678", "-123456789012345678",
+		"1234567890123456789", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+		"-9223372036854775809", "99999999999999999999", "1e3", "1E3", "2.0", "2.5", "-2.0", "1.5e300", "0.0", "1e-3",
+	} {
+		n, ok := rawWholeNumber([]byte(v))
+		wn, wok := wholeNumber(gjson.Parse(v))
+		if n != wn || ok != wok {
+			t.Errorf("rawWholeNumber(%s) = %d, %v; wholeNumber = %d, %v", v, n, ok, wn, wok)
+		}
+	}
+}
+
+// The parser's fast paths (the span table, strings hashed straight from the
+// body when they hold no escape, the word-at-a-time string scan, whole
+// blocks hashed without the digest, plain integers read without gjson) must
+// hash every body as a plain reading of it with gjson does: strings with
+// and without escapes, raw and escaped non-ASCII text, surrogate pairs,
+// strings short and long (shorter and longer than a span table entry and
+// than a block, many blocks long), content parts, completions prompts as
+// strings, arrays of strings and token ids, and whitespace between tokens.
+func TestParseMatchesGJSONReading(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	pieces := []string{
+		"a", "word ", "The quick brown fox. ", `\n`, `\"`, `\\`, `\/`, `\t`, `\u00e9`, `\u4e2d`, `\ud83d\ude00`,
+		"é", "中文", "🙂", "\u007f", "~", "{", "}", "[", "]", ":", ",",
+	}
+	str := func() string {
+		var n int
+		switch rng.Intn(4) {
+		case 0:
+			n = rng.Intn(4)
+		case 1:
+			n = rng.Intn(40)
+		case 2:
+			n = rng.Intn(400)
+		default:
+			n = rng.Intn(12000)
+		}
+		n = max(n, 2)             // one character at least: empty prompts and roles are errors
+		plain := rng.Intn(2) == 0 // half the strings have no escape and no non-ASCII
+		var sb strings.Builder
+		sb.WriteByte('"')
+		for sb.Len() < n {
+			if plain {
+				sb.WriteString(pieces[rng.Intn(3)])
+			} else {
+				sb.WriteString(pieces[rng.Intn(len(pieces))])
+			}
+		}
+		sb.WriteByte('"')
+		return sb.String()
+	}
+	ws := func() string { return []string{"", " ", "\n  ", "\t"}[rng.Intn(4)] }
+	ref := index.NewHasher(index.HashConfig{})
+	p := newParser(t, `{}`)
+	for trial := 0; trial < 300; trial++ {
+		var body strings.Builder
+		model := []string{`"llama-3-8b"`, `"m\u00e9"`, `"mod\"el"`}[rng.Intn(3)]
+		body.WriteString("{" + ws() + `"model"` + ws() + ":" + ws() + model + ws())
+		kind := apiChat
+		tokens := false
+		switch rng.Intn(5) {
+		case 4:
+			// Token ids: plain, zero, the largest, whole-valued floats,
+			// with and without spaces around the commas.
+			kind, tokens = apiCompletions, true
+			body.WriteString(`,"prompt":[` + ws())
+			for i, n := 0, 1+rng.Intn(3000); i < n; i++ {
+				if i > 0 {
+					body.WriteString([]string{",", ",", ", ", " ,\n", ","}[rng.Intn(5)])
+				}
+				switch rng.Intn(12) {
+				case 0:
+					body.WriteString("0")
+				case 1:
+					body.WriteString("4294967295")
+				case 2:
+					body.WriteString("7.0")
+				case 3:
+					body.WriteString("1e3")
+				default:
+					fmt.Fprint(&body, rng.Intn(1<<uint(1+rng.Intn(31))))
+				}
+			}
+			body.WriteString(ws() + "]")
+		case 0:
+			kind = apiCompletions
+			body.WriteString(`,"prompt":` + ws() + str())
+		case 1:
+			kind = apiCompletions
+			body.WriteString(`,"prompt":[`)
+			for i, n := 0, 1+rng.Intn(3); i < n; i++ {
+				if i > 0 {
+					body.WriteString("," + ws())
+				}
+				body.WriteString(str())
+			}
+			body.WriteString("]")
+		default:
+			body.WriteString(`,"messages":` + ws() + "[")
+			for i, n := 0, 1+rng.Intn(4); i < n; i++ {
+				if i > 0 {
+					body.WriteString("," + ws())
+				}
+				body.WriteString(`{"role":` + str() + "," + ws())
+				if rng.Intn(3) == 0 {
+					body.WriteString(`"content":[{"type":"text","text":` + str() + `},` + ws() + `{"text":` + str() + `,"type":"text"}]}`)
+				} else {
+					body.WriteString(`"content":` + ws() + str() + ws() + "}")
+				}
+			}
+			body.WriteString("]")
+		}
+		if rng.Intn(2) == 0 {
+			body.WriteString(`,"max_tokens":` + []string{"4", "4096", "2.0", "1e3", "0"}[rng.Intn(5)])
+		}
+		body.WriteString(ws() + "}")
+		b := []byte(body.String())
+		if !gjson.ValidBytes(b) {
+			t.Fatalf("test body is not JSON: %s", b)
+		}
+
+		r, perr := p.parse(b, kind)
+		if perr != nil {
+			t.Fatalf("trial %d: %s\n%.300s", trial, perr.Message, b)
+		}
+		// The same with gjson alone.
+		doc := gjson.ParseBytes(b)
+		ref.Reset(doc.Get("model").String(), "", "")
+		if kind == apiChat {
+			for _, m := range doc.Get("messages").Array() {
+				ref.BeginMessage(m.Get("role").String())
+				if c := m.Get("content"); c.IsArray() {
+					for _, part := range c.Array() {
+						ref.Text(part.Get("text").String())
+					}
+				} else {
+					ref.Text(c.String())
+				}
+			}
+		} else if pr := doc.Get("prompt"); tokens {
+			for _, e := range pr.Array() {
+				ref.Token(uint32(e.Num))
+			}
+		} else if pr.IsArray() {
+			for _, e := range pr.Array() {
+				ref.Text(e.String())
+			}
+		} else {
+			ref.Text(pr.String())
+		}
+		if !slices.Equal(p.hasher.Blocks(), ref.Blocks()) || r.PromptTokens != ref.PromptTokens() || r.Model != doc.Get("model").String() {
+			t.Fatalf("trial %d: parse hashed %d blocks (%d tokens, model %q), gjson reading %d (%d tokens)\n%.300s",
+				trial, len(p.hasher.Blocks()), r.PromptTokens, r.Model, len(ref.Blocks()), ref.PromptTokens(), b)
+		}
+		if mt := doc.Get("max_tokens"); mt.Exists() && int64(r.MaxTokens) != int64(mt.Num) {
+			t.Fatalf("trial %d: max_tokens %d, gjson %v", trial, r.MaxTokens, mt.Num)
 		}
 	}
 }

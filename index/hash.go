@@ -2,8 +2,8 @@ package index
 
 import (
 	"encoding/binary"
-
-	"github.com/cespare/xxhash/v2"
+	"math"
+	"unsafe"
 )
 
 // HashConfig sets how prompts are cut into blocks. Every gateway VM and
@@ -58,6 +58,15 @@ func (c HashConfig) withDefaults() HashConfig {
 	return c
 }
 
+// sameSize returns how many blocks from block i on have block i's size
+// (at least 1; "many" past the last doubling).
+func (c HashConfig) sameSize(i int) int {
+	if c.LevelBlocks < 0 || i/c.LevelBlocks >= c.MaxLevel {
+		return math.MaxInt
+	}
+	return c.LevelBlocks - i%c.LevelBlocks
+}
+
 // blockSize returns the byte length of block i.
 func (c HashConfig) blockSize(i int) int {
 	if c.LevelBlocks < 0 {
@@ -93,23 +102,29 @@ const (
 // block.
 //
 // It is a streaming builder: the filter feeds fields as gjson finds them
-// (Message, Text, Token, ...) and the Hasher hashes bytes as they arrive,
-// keeping only the current block's digest, never the prompt. Nothing of
-// the prompt is retained after Blocks except hashes. A Hasher is reused
+// (Message, Text, Token, ...) and the Hasher hashes each block as soon as
+// its bytes have arrived, keeping at most the current (incomplete) block's
+// bytes, never the prompt. A Hasher is reused
 // across requests (Reset) and allocates nothing once its block slice has
 // grown; it is not safe for concurrent use.
 type Hasher struct {
 	cfg    HashConfig
-	digest xxhash.Digest
 	seed   uint64 // hash of model/adapter/salt, the chain's h_{-1}
 	prev   uint64 // last completed block hash (or seed)
 	kind   byte   // 0 until the first field decides chat/text/tokens
-	inBlk  int    // bytes written into the current block
 	blkLen int    // size of the current block
 	total  int    // canonical bytes written
 	blocks []uint64
 	ends   []int // ends[i]: canonical bytes covered by blocks[0..i]
-	scr    [binary.MaxVarintLen64 + 1]byte
+	// pend holds the current block's bytes when they did not come from
+	// one string that holds the whole block (element headers, short
+	// fields, the ends of strings): at most one block, and it is hashed
+	// the moment it is complete. Keeping the bytes rather than an
+	// xxhash.Digest's running state costs a copy of less than a block per
+	// field, and saves the digest's calls per write, which in Go's Wasm
+	// port cost more than the copy.
+	pend []byte
+	scr  [binary.MaxVarintLen64 + 1]byte
 }
 
 // NewHasher returns a Hasher for cfg (zero fields take the defaults).
@@ -125,18 +140,17 @@ func (h *Hasher) Config() HashConfig { return h.cfg }
 // Reset starts a new prompt for the given model, LoRA adapter (empty for
 // the base model) and cache salt (empty for none).
 func (h *Hasher) Reset(model, adapter, salt string) {
-	h.digest.ResetWithSeed(0)
-	var scr [4]byte
+	// The seed is XXH64 (seed 0) of each string preceded by its length
+	// as 4 bytes, little endian; pend serves as the scratch buffer.
+	seed := h.pend[:0]
 	for _, s := range [3]string{model, adapter, salt} {
-		binary.LittleEndian.PutUint32(scr[:], uint32(len(s)))
-		h.digest.Write(scr[:])
-		h.digest.WriteString(s)
+		seed = binary.LittleEndian.AppendUint32(seed, uint32(len(s)))
+		seed = append(seed, s...)
 	}
-	h.seed = h.digest.Sum64()
+	h.seed = xxh64(0, bytesString(seed))
 	h.prev = h.seed
-	h.digest.ResetWithSeed(h.prev)
+	h.pend = seed[:0]
 	h.kind = 0
-	h.inBlk = 0
 	h.blkLen = h.cfg.blockSize(0)
 	h.total = 0
 	h.blocks = h.blocks[:0]
@@ -213,62 +227,91 @@ func (h *Hasher) Token(id uint32) {
 	h.write(h.scr[:4])
 }
 
-// Tokens appends token ids; see Token.
+// Tokens appends token ids; see Token. It encodes them a batch at a time
+// and hashes each batch as one write (one call per batch rather than per
+// id, and whole blocks straight from the batch).
 func (h *Hasher) Tokens(ids []uint32) {
-	for _, id := range ids {
-		h.Token(id)
+	var buf [1024]byte
+	for len(ids) > 0 {
+		h.setKind(kindTokens)
+		n := len(ids)
+		if n > len(buf)/4 {
+			n = len(buf) / 4
+		}
+		for i, id := range ids[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], id)
+		}
+		h.writeString(bytesString(buf[:4*n]))
+		ids = ids[n:]
 	}
 }
 
 func (h *Hasher) element(tag byte, s string) {
 	h.scr[0] = tag
 	n := binary.PutUvarint(h.scr[1:], uint64(len(s)))
+	if k := 1 + n + len(s); len(h.pend)+k < h.blkLen {
+		// A short element that leaves the block incomplete (a role, a
+		// name, a short message): what writeString would do, in one go.
+		h.pend = append(append(h.pend, h.scr[:1+n]...), s...)
+		h.total += k
+		return
+	}
 	h.write(h.scr[:1+n])
 	h.writeString(s)
 }
 
-func (h *Hasher) write(p []byte) {
-	for len(p) > 0 {
-		room := h.blkLen - h.inBlk
-		if room > len(p) {
-			h.digest.Write(p)
-			h.inBlk += len(p)
-			h.total += len(p)
-			return
-		}
-		h.digest.Write(p[:room])
-		h.inBlk += room
-		h.total += room
-		p = p[room:]
-		h.finishBlock()
-	}
-}
+func (h *Hasher) write(p []byte) { h.writeString(bytesString(p)) }
 
 func (h *Hasher) writeString(s string) {
-	for len(s) > 0 {
-		room := h.blkLen - h.inBlk
-		if room > len(s) {
-			h.digest.WriteString(s)
-			h.inBlk += len(s)
+	if len(h.pend) > 0 {
+		// Complete the pending block, or add to it.
+		room := h.blkLen - len(h.pend)
+		if len(s) < room {
+			h.pend = append(h.pend, s...)
 			h.total += len(s)
 			return
 		}
-		h.digest.WriteString(s[:room])
-		h.inBlk += room
+		h.pend = append(h.pend, s[:room]...)
 		h.total += room
 		s = s[room:]
-		h.finishBlock()
+		h.prev = xxh64(h.prev, bytesString(h.pend))
+		h.pend = h.pend[:0]
+		h.blocks = append(h.blocks, h.prev)
+		h.ends = append(h.ends, h.total)
+		h.blkLen = h.cfg.blockSize(len(h.blocks))
+	}
+	// Whole blocks inside s (most of a long prompt): hashed straight from
+	// s, one call per run of equal-sized blocks (see xxhChain).
+	for h.blkLen <= len(s) {
+		room := h.blkLen
+		n := len(s) / room
+		if k := h.cfg.sameSize(len(h.blocks)); n > k {
+			n = k
+		}
+		i := len(h.blocks)
+		h.blocks = xxhChain(h.prev, s, room, n, h.blocks)
+		for ; i < len(h.blocks); i++ {
+			h.total += room
+			h.ends = append(h.ends, h.total)
+		}
+		h.prev = h.blocks[len(h.blocks)-1]
+		s = s[n*room:]
+		h.blkLen = h.cfg.blockSize(len(h.blocks))
+	}
+	if len(s) > 0 {
+		h.pend = append(h.pend, s...)
+		h.total += len(s)
 	}
 }
 
-func (h *Hasher) finishBlock() {
-	h.prev = h.digest.Sum64()
-	h.blocks = append(h.blocks, h.prev)
-	h.ends = append(h.ends, h.total)
-	h.digest.ResetWithSeed(h.prev)
-	h.inBlk = 0
-	h.blkLen = h.cfg.blockSize(len(h.blocks))
+// xxh64 returns XXH64(seed, s).
+func xxh64(seed uint64, s string) uint64 {
+	var one [1]uint64
+	return xxhChain(seed, s, len(s), 1, one[:0])[0]
 }
+
+// bytesString views b as a string, for hashing it without a copy.
+func bytesString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // Blocks returns the hashes of the complete blocks so far. The trailing
 // partial block is not hashed: engines cache only full blocks too, and a

@@ -1,0 +1,213 @@
+package index
+
+import (
+	"encoding/binary"
+	"math/rand"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// xxhChain must give, block by block, what xxhash.Digest gives for the
+// same seed and bytes: for every length around the 8-, 32- and 64-byte
+// steps, and chained.
+func TestXXHChainMatchesDigest(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	buf := make([]byte, 4*300)
+	rng.Read(buf)
+	s := string(buf)
+	for _, seed := range []uint64{0, 1, 0x9E3779B185EBCA87, 1<<64 - 1, rng.Uint64()} {
+		for size := 0; size <= 300; size++ {
+			for _, n := range []int{1, 2, 4} {
+				got := xxhChain(seed, s, size, n, nil)
+				prev := seed
+				for i := 0; i < n; i++ {
+					d := xxhash.NewWithSeed(prev)
+					d.WriteString(s[i*size : (i+1)*size])
+					prev = d.Sum64()
+					if got[i] != prev {
+						t.Fatalf("seed %#x, %d blocks of %d bytes: block %d = %#x, digest %#x", seed, n, size, i, got[i], prev)
+					}
+				}
+				if len(got) != n {
+					t.Fatalf("%d hashes for %d blocks", len(got), n)
+				}
+			}
+		}
+	}
+	// It appends.
+	if got := xxhChain(0, "abc", 3, 1, []uint64{7}); len(got) != 2 || got[0] != 7 || got[1] != xxhash.Sum64String("abc") {
+		t.Fatalf("append: %#x", got)
+	}
+}
+
+// refHasher is the Hasher's definition written out plainly: the canonical
+// bytes of the whole prompt in one buffer, cut into blocks by HashConfig
+// and each block hashed with a fresh xxhash.Digest seeded with the previous
+// block's hash. The Hasher must agree with it for any sequence of calls
+// and any configuration, whichever of its paths (the digest, or whole
+// blocks hashed straight from a string) each byte takes.
+type refHasher struct {
+	cfg   HashConfig
+	kind  byte
+	canon []byte
+	seed  uint64
+}
+
+func (r *refHasher) reset(model, adapter, salt string) {
+	var b []byte
+	for _, s := range []string{model, adapter, salt} {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+		b = append(b, s...)
+	}
+	r.seed = xxhash.Sum64(b)
+	r.kind, r.canon = 0, r.canon[:0]
+}
+
+func (r *refHasher) setKind(k byte) {
+	if r.kind == 0 {
+		r.kind = k
+		r.canon = append(r.canon, k)
+	}
+}
+
+func (r *refHasher) element(tag byte, s string) {
+	r.setKind(kindChat)
+	r.canon = append(r.canon, tag)
+	r.canon = binary.AppendUvarint(r.canon, uint64(len(s)))
+	r.canon = append(r.canon, s...)
+}
+
+func (r *refHasher) text(s string) {
+	if r.kind == kindChat {
+		r.element(tagText, s)
+		return
+	}
+	r.setKind(kindText)
+	r.canon = append(r.canon, s...)
+}
+
+func (r *refHasher) token(id uint32) {
+	r.setKind(kindTokens)
+	r.canon = binary.LittleEndian.AppendUint32(r.canon, id)
+}
+
+func (r *refHasher) blocks() (hashes []uint64, ends []int) {
+	cfg := r.cfg.withDefaults()
+	prev, off := r.seed, 0
+	for i := 0; ; i++ {
+		size := cfg.blockSize(i)
+		if off+size > len(r.canon) {
+			return hashes, ends
+		}
+		d := xxhash.NewWithSeed(prev)
+		d.Write(r.canon[off : off+size])
+		prev = d.Sum64()
+		off += size
+		hashes = append(hashes, prev)
+		ends = append(ends, off)
+	}
+}
+
+func TestHasherMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	alphabet := "abcdefghij klmnopqrstuvwxyz.,\n\"\\é中🙂"
+	randText := func() string {
+		var n int
+		switch rng.Intn(4) {
+		case 0:
+			n = rng.Intn(8)
+		case 1:
+			n = rng.Intn(300)
+		case 2:
+			n = rng.Intn(5000)
+		default:
+			n = rng.Intn(70000)
+		}
+		var sb strings.Builder
+		for sb.Len() < n {
+			sb.WriteByte(alphabet[rng.Intn(len(alphabet))])
+		}
+		return sb.String()
+	}
+	configs := []HashConfig{
+		{},
+		{BlockChars: 8, LevelBlocks: 3, MaxLevel: 2},
+		{BlockChars: 33, LevelBlocks: -1},
+		{BlockChars: 100, LevelBlocks: 4, MaxLevel: 2},
+		{BlockChars: 1},
+		{BlockChars: 5, LevelBlocks: 1, MaxLevel: 15},
+		{BlockChars: 64, LevelBlocks: 2, MaxLevel: 3},
+	}
+	for _, cfg := range configs {
+		h := NewHasher(cfg)
+		ref := &refHasher{cfg: cfg}
+		for trial := 0; trial < 40; trial++ {
+			model := []string{"llama-3-8b", "", "m"}[trial%3]
+			salt := []string{"", "tenant"}[trial%2]
+			h.Reset(model, "", salt)
+			ref.reset(model, "", salt)
+			calls := 1 + rng.Intn(6)
+			for c := 0; c < calls; c++ {
+				switch op := rng.Intn(8); {
+				case op == 0 && (ref.kind == 0 || ref.kind == kindText):
+					// Raw text, possibly in pieces.
+					s := randText()
+					for len(s) > 0 {
+						k := 1 + rng.Intn(len(s))
+						h.Text(s[:k])
+						ref.text(s[:k])
+						s = s[k:]
+					}
+				case op == 1 && (ref.kind == 0 || ref.kind == kindTokens):
+					for n := rng.Intn(3000); n > 0; n-- {
+						id := rng.Uint32()
+						h.Token(id)
+						ref.token(id)
+					}
+				case ref.kind == 0 || ref.kind == kindChat:
+					a, b := randText(), randText()
+					if rng.Intn(3) == 0 {
+						a = "user"
+					}
+					switch rng.Intn(5) {
+					case 0:
+						h.Message(a, b)
+						ref.element(tagMessage, a)
+						ref.text(b)
+					case 1:
+						h.BeginMessage(a)
+						h.Text(b)
+						h.Text(a)
+						ref.element(tagMessage, a)
+						ref.text(b)
+						ref.text(a)
+					case 2:
+						h.Part(a, b)
+						ref.element(tagPart, a)
+						ref.element(tagPart, b)
+					case 3:
+						h.ToolCall(a, "fn", b)
+						ref.element(tagToolCall, a)
+						ref.element(tagToolCall, "fn")
+						ref.element(tagToolCall, b)
+					default:
+						h.Field(a, b)
+						ref.element(tagField, a)
+						ref.element(tagField, b)
+					}
+				}
+			}
+			wantBlocks, wantEnds := ref.blocks()
+			if !slices.Equal(h.Blocks(), wantBlocks) {
+				t.Fatalf("config %+v, trial %d: %d blocks differ from the reference's %d (first difference at %d)",
+					cfg, trial, len(h.Blocks()), len(wantBlocks), sharedPrefix(h.Blocks(), wantBlocks))
+			}
+			if !slices.Equal(h.ends, wantEnds) || h.Len() != len(ref.canon) || h.Seed() != ref.seed {
+				t.Fatalf("config %+v, trial %d: ends, length or seed differ from the reference", cfg, trial)
+			}
+		}
+	}
+}
