@@ -10,25 +10,31 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// xxhChain must give, block by block, what xxhash.Digest gives for the
-// same seed and bytes: for every length around the 8-, 32- and 64-byte
-// steps, and chained.
-func TestXXHChainMatchesDigest(t *testing.T) {
+// chainBlocks must give, block by block, what link gives, for every
+// length around xxhash's 8-, 32- and 64-byte steps, and chained; link is
+// xxhash of the previous hash and the block's hash, 8 bytes each.
+func TestChainBlocksMatchesLink(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	buf := make([]byte, 4*300)
 	rng.Read(buf)
 	s := string(buf)
-	for _, seed := range []uint64{0, 1, 0x9E3779B185EBCA87, 1<<64 - 1, rng.Uint64()} {
+	for _, prev0 := range []uint64{0, 1, 0x9E3779B185EBCA87, 1<<64 - 1, rng.Uint64()} {
 		for size := 0; size <= 300; size++ {
 			for _, n := range []int{1, 2, 4} {
-				got := xxhChain(seed, s, size, n, nil)
-				prev := seed
+				got := chainBlocks(prev0, s, size, n, nil)
+				prev := prev0
 				for i := 0; i < n; i++ {
-					d := xxhash.NewWithSeed(prev)
-					d.WriteString(s[i*size : (i+1)*size])
-					prev = d.Sum64()
+					block := s[i*size : (i+1)*size]
+					var pair []byte
+					pair = binary.LittleEndian.AppendUint64(pair, prev)
+					pair = binary.LittleEndian.AppendUint64(pair, xxhash.Sum64String(block))
+					want := xxhash.Sum64(pair)
+					if link(prev, block) != want {
+						t.Fatalf("link(%#x, %d bytes) = %#x, want %#x", prev, size, link(prev, block), want)
+					}
+					prev = want
 					if got[i] != prev {
-						t.Fatalf("seed %#x, %d blocks of %d bytes: block %d = %#x, digest %#x", seed, n, size, i, got[i], prev)
+						t.Fatalf("prev %#x, %d blocks of %d bytes: block %d = %#x, want %#x", prev0, n, size, i, got[i], prev)
 					}
 				}
 				if len(got) != n {
@@ -38,15 +44,20 @@ func TestXXHChainMatchesDigest(t *testing.T) {
 		}
 	}
 	// It appends.
-	if got := xxhChain(0, "abc", 3, 1, []uint64{7}); len(got) != 2 || got[0] != 7 || got[1] != xxhash.Sum64String("abc") {
+	if got := chainBlocks(0, "abc", 3, 1, []uint64{7}); len(got) != 2 || got[0] != 7 || got[1] != link(0, "abc") {
 		t.Fatalf("append: %#x", got)
+	}
+	// The chain depends on what came before: the same block after two
+	// different prefixes hashes differently.
+	if link(1, "block") == link(2, "block") {
+		t.Fatal("link ignores the previous hash")
 	}
 }
 
 // refHasher is the Hasher's definition written out plainly: the canonical
 // bytes of the whole prompt in one buffer, cut into blocks by HashConfig
-// and each block hashed with a fresh xxhash.Digest seeded with the previous
-// block's hash. The Hasher must agree with it for any sequence of calls
+// and each block linked to the previous block's hash as link defines,
+// written out with plain xxhash calls. The Hasher must agree with it for any sequence of calls
 // and any configuration, whichever of its paths (the digest, or whole
 // blocks hashed straight from a string) each byte takes.
 type refHasher struct {
@@ -102,9 +113,10 @@ func (r *refHasher) blocks() (hashes []uint64, ends []int) {
 		if off+size > len(r.canon) {
 			return hashes, ends
 		}
-		d := xxhash.NewWithSeed(prev)
-		d.Write(r.canon[off : off+size])
-		prev = d.Sum64()
+		var pair []byte
+		pair = binary.LittleEndian.AppendUint64(pair, prev)
+		pair = binary.LittleEndian.AppendUint64(pair, xxhash.Sum64(r.canon[off:off+size]))
+		prev = xxhash.Sum64(pair)
 		off += size
 		hashes = append(hashes, prev)
 		ends = append(ends, off)

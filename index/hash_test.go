@@ -187,7 +187,7 @@ func TestHashGolden(t *testing.T) {
 	h.Message("system", strings.Repeat("You are a helpful assistant. ", 20))
 	h.Message("user", "What is the capital of France?")
 	got := h.Blocks()
-	want := []uint64{0x4f54b494d4335a95, 0x4e72df7b79e64ef}
+	want := []uint64{0xf729b8e623617553, 0xe4ae53ed037b9bfb}
 	if !slices.Equal(got, want) {
 		t.Fatalf("blocks = %#x, want %#x", got, want)
 	}
