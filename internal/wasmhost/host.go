@@ -467,8 +467,11 @@ func (h *Host) UpstreamRequests() map[string]int {
 
 // CallStat counts the calls of one callback into the module (Kind
 // "callback", e.g. "proxy_on_request_body") or of one host function the
-// module called (Kind "host", e.g. "proxy_get_buffer_bytes"), over every VM.
-// Total is wall time; a callback's includes the host calls it made.
+// module called (Kind "host", e.g. "proxy_get_buffer_bytes"), over every VM,
+// and the host's requests for module memory (Kind "memory", name
+// "proxy_on_memory_allocate": one per host call that returns bytes). Total
+// is wall time; a callback's includes the host calls it made, and a host
+// call's the allocation it asked for.
 type CallStat struct {
 	Name  string
 	Kind  string

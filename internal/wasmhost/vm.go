@@ -220,7 +220,9 @@ func (v *vm) copyOut(data []byte, ptrPtr, sizePtr uint32) Status {
 }
 
 func (v *vm) alloc(size uint32) (uint32, bool) {
+	t0 := time.Now()
 	out, err := v.fn.malloc.Call(v.ctx, uint64(size))
+	v.h.calls.get("proxy_on_memory_allocate", "memory").add(time.Since(t0))
 	if err != nil || len(out) == 0 || out[0] == 0 {
 		return 0, false
 	}
