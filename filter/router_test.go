@@ -569,6 +569,37 @@ func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	}
 }
 
+// A host that answers, but slower than latencyThresholdMs, counts as
+// failing: two slow answers in a row open its breaker, and fast hosts keep
+// theirs closed.
+func TestCircuitBreakerOpensOnLatency(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = time.Now })
+	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"latencyThresholdMs":2000,"cooldownMs":60000}}`, types.OnPluginStartStatusOK)
+	slow := "10.0.0.3:8000"
+	sentToSlow := 0
+	for i := 0; i < 12; i++ {
+		id, _ := post(host, completion)
+		d := destination(host, id)
+		if d == slow {
+			sentToSlow++
+			now = now.Add(2500 * time.Millisecond) // answers after 2.5 s
+		} else {
+			now = now.Add(1500 * time.Millisecond) // slow too, but under the threshold
+		}
+		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
+		host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, true)
+		host.CompleteHttpContext(id)
+	}
+	if sentToSlow != 2 {
+		t.Errorf("requests sent to the slow host = %d, want 2 (then its breaker opens)", sentToSlow)
+	}
+	if got := counter(t, host, "kvroute.router.breaker.opened"); got != 1 {
+		t.Errorf("breaker.opened = %d, want 1 (only the slow host's)", got)
+	}
+}
+
 func TestDebugHeaderAndORCA(t *testing.T) {
 	host, p := newHost(t, RootRouter, threeEndpoints+`,"debugHeader":"x-kvroute-debug","orca":true}`, types.OnPluginStartStatusOK)
 	id, _ := post(host, completion)
