@@ -51,9 +51,50 @@ func contains(order []int, h int) bool {
 }
 
 // appendByScore appends the best-scored candidates not yet in order until
-// order holds max entries. Selection, not sorting: max is small (the primary
-// and two or three fallbacks) and this allocates nothing.
+// order holds max entries (or every candidate with a score above -Inf is
+// in): by descending score, ties in candidate order, exactly what picking
+// the first best remaining candidate max-len(order) times gives. One pass
+// that keeps the few best in a small array: max is small (the primary and
+// two or three fallbacks) and this allocates nothing.
 func appendByScore(order, cand []int, scores []float64, max int) []int {
+	need := min(max, len(cand)) - len(order)
+	if need <= 0 {
+		return order
+	}
+	if need > maxTop {
+		return appendByScoreSlow(order, cand, scores, max)
+	}
+	var top [maxTop]int
+	var topS [maxTop]float64
+	k := 0
+	for _, h := range cand {
+		v := scores[h]
+		if !(v > math.Inf(-1)) || k == need && !(v > topS[k-1]) {
+			continue // never picked (NaN, -Inf), or not better than the last kept
+		}
+		if contains(order, h) {
+			continue
+		}
+		j := k
+		if k < need {
+			k++
+		} else {
+			j = need - 1 // the last kept one drops out
+		}
+		for j > 0 && topS[j-1] < v { // after every kept one scoring as much
+			top[j], topS[j] = top[j-1], topS[j-1]
+			j--
+		}
+		top[j], topS[j] = h, v
+	}
+	return append(order, top[:k]...)
+}
+
+// maxTop bounds the picks appendByScore selects in one pass.
+const maxTop = 8
+
+// appendByScoreSlow is appendByScore by repeated selection, for long orders.
+func appendByScoreSlow(order, cand []int, scores []float64, max int) []int {
 	for len(order) < max && len(order) < len(cand) {
 		best, bestScore := -1, math.Inf(-1)
 		for _, h := range cand {

@@ -7,6 +7,31 @@ type WeightedScorer struct {
 	Name   string // instance name, for explanations
 	Scorer Scorer
 	Weight float64
+
+	// adder is Scorer when it can clamp and add its weighted scores in its
+	// own last pass (set by the config builder; nil: Run clamps and adds in
+	// a pass of its own, with the same result).
+	adder scoreAdder
+}
+
+// scoreAdder is a built-in scorer that scores and, in the same pass, clamps
+// each score as Run does, stores it in raw and adds weight times it to
+// total: one pass over the candidates fewer per scorer, bit for bit the same
+// totals.
+type scoreAdder interface {
+	scoreAdd(c *Cycle, cand []int, raw, total []float64, weight float64)
+}
+
+// addScore is Run's clamp (NaN and negatives to 0, above 1 to 1) and
+// weighted sum for one host, for scoreAdder implementations.
+func addScore(raw, total []float64, h int, v, weight float64) {
+	if v != v || v < 0 {
+		v = 0
+	} else if v > 1 {
+		v = 1
+	}
+	raw[h] = v
+	total[h] += weight * v
 }
 
 // Profile is one filters → weighted scorers → picker pipeline. It is
@@ -101,8 +126,12 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 		if len(cand) == 0 {
 			continue
 		}
-		ws.Scorer.Score(c, cand, raw)
 		wsum += ws.Weight
+		if ws.adder != nil {
+			ws.adder.scoreAdd(c, cand, raw, total, ws.Weight)
+			continue
+		}
+		ws.Scorer.Score(c, cand, raw)
 		for _, h := range cand {
 			v := raw[h]
 			if v != v || v < 0 { // NaN or negative: a plugin bug must not steer traffic

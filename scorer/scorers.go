@@ -297,3 +297,124 @@ func (latencyScorer) Score(c *Cycle, cand []int, out []float64) {
 		}
 	}
 }
+
+// scoreAdd methods: each is its type's Score with Run's clamp and weighted
+// sum folded into the last pass (scoreAdder). They must compute the very
+// same score per host as Score; TestScoreAddMatchesScore holds them to it.
+
+func (p prefixScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+	t := c.Req.PromptTokens
+	if p.blocks {
+		t = c.Req.TotalBlocks
+	} else if p.scale > 0 {
+		t = int(p.scale)
+	}
+	if t <= 0 {
+		for _, h := range cand {
+			addScore(raw, total, h, 0, w)
+		}
+		return
+	}
+	ft := float64(t)
+	mb, mt := c.Req.MatchedBlocks, c.Req.MatchedTokens
+	for _, h := range cand {
+		var m int32
+		if p.blocks {
+			if h < len(mb) {
+				m = mb[h]
+			}
+		} else if h < len(mt) {
+			m = mt[h]
+		}
+		v := float64(m) / ft
+		if v > 1 {
+			v = 1
+		}
+		addScore(raw, total, h, v, w)
+	}
+}
+
+func (kvUtilScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+	for _, h := range cand {
+		host := &c.Hosts[h]
+		v := 0.5
+		if !host.Stale {
+			v = 1 - host.KVUsage
+		}
+		addScore(raw, total, h, v, w)
+	}
+}
+
+func (s loadScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, h := range cand {
+		l := s.load(&c.Hosts[h])
+		raw[h] = l
+		if l < lo || l != l {
+			lo = l
+		}
+		if l > hi || l != l {
+			hi = l
+		}
+	}
+	span := hi - lo
+	for _, h := range cand {
+		v := 1.0
+		if span > 0 {
+			v = (hi - raw[h]) / span
+		}
+		addScore(raw, total, h, v, w)
+	}
+}
+
+func (s prefillCostScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+	best := math.Inf(1)
+	for _, h := range cand {
+		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))
+		raw[h] = cost
+		if cost < best || cost != cost {
+			best = cost
+		}
+	}
+	if s.scaleTokens > 0 {
+		for _, h := range cand {
+			v := 1 - (raw[h]-best)/s.scaleTokens
+			if v < 0 || v == 0 {
+				v = 0
+			}
+			addScore(raw, total, h, v, w)
+		}
+		return
+	}
+	for _, h := range cand {
+		var v float64
+		if cost := raw[h]; cost <= 0 || best <= 0 && cost <= best {
+			v = 1
+		} else if best <= 0 {
+			v = 1 / (1 + cost)
+		} else {
+			v = best / cost
+		}
+		addScore(raw, total, h, v, w)
+	}
+}
+
+// addressScore is session_affinity's and prefix_memory's scoreAdd: 1 for
+// the host at addr, 0 for the others (all 0 when addr is empty).
+func addressScore(c *Cycle, cand []int, raw, total []float64, w float64, addr string) {
+	for _, h := range cand {
+		v := 0.0
+		if addr != "" && c.Hosts[h].Address == addr {
+			v = 1
+		}
+		addScore(raw, total, h, v, w)
+	}
+}
+
+func (sessionScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+	addressScore(c, cand, raw, total, w, c.Req.PinnedAddress)
+}
+
+func (prefixMemoryScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+	addressScore(c, cand, raw, total, w, c.Req.PrefixAddress)
+}
