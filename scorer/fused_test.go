@@ -184,3 +184,35 @@ func TestAppendByScoreMatchesSelection(t *testing.T) {
 		}
 	}
 }
+
+// pickBestRandomTie picks what argmaxRandomTie then appendByScore pick, and
+// draws exactly the same random numbers (the seeded simulator depends on it).
+func TestPickBestRandomTieMatchesTwoPasses(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	vals := []float64{0, 0.5, 0.5, 0.5 + scoreEpsilon/2, 1, math.NaN(), math.Inf(-1), -1}
+	for iter := 0; iter < 20000; iter++ {
+		n := 1 + rng.IntN(20)
+		scores := make([]float64, n)
+		for i := range scores {
+			if rng.IntN(3) > 0 {
+				scores[i] = vals[rng.IntN(len(vals))]
+			} else {
+				scores[i] = rng.Float64()
+			}
+		}
+		cand := rng.Perm(n)[:1+rng.IntN(n)]
+		maxPicks := 1 + rng.IntN(10)
+		seed := rng.Uint64()
+		ra, rb := rand.New(rand.NewPCG(seed, 1)), rand.New(rand.NewPCG(seed, 1))
+		ca := &Cycle{MaxPicks: maxPicks, Rand: ra}
+		cb := &Cycle{MaxPicks: maxPicks, Rand: rb}
+		want := appendByScore([]int{argmaxRandomTie(ca, cand, scores)}, cand, scores, maxPicks)
+		got := pickBestRandomTie(cb, cand, scores, nil)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("scores %v cand %v max %d: got %v, want %v", scores, cand, maxPicks, got, want)
+		}
+		if ra.Uint64() != rb.Uint64() {
+			t.Fatalf("scores %v cand %v: different random draws", scores, cand)
+		}
+	}
+}

@@ -179,10 +179,60 @@ func (p *maxScorePicker) Pick(c *Cycle, cand []int, scores []float64, order []in
 			}
 		}
 	} else {
-		primary = argmaxRandomTie(c, cand, scores)
+		return pickBestRandomTie(c, cand, scores, order)
 	}
 	order = append(order, primary)
 	return appendByScore(order, cand, scores, c.MaxPicks)
+}
+
+// pickBestRandomTie is argmaxRandomTie followed by appendByScore in one
+// pass: it draws the same random numbers for the same ties, and keeps the
+// best min(MaxPicks, len(cand)) candidates by score (ties in candidate order)
+// on the way. The fallbacks are those without the primary: what
+// appendByScore would choose among the others.
+func pickBestRandomTie(c *Cycle, cand []int, v []float64, order []int) []int {
+	need := min(c.MaxPicks, len(cand))
+	if need > maxTop || len(order) > 0 {
+		order = append(order, argmaxRandomTie(c, cand, v))
+		return appendByScore(order, cand, v, c.MaxPicks)
+	}
+	var top [maxTop]int
+	var topS [maxTop]float64
+	k := 0
+	pick, best, ties := -1, math.Inf(-1), 0
+	for _, h := range cand {
+		s := v[h]
+		switch {
+		case s > best+scoreEpsilon:
+			pick, best, ties = h, s, 1
+		case s >= best-scoreEpsilon:
+			ties++
+			if c.Rand.IntN(ties) == 0 {
+				pick = h
+			}
+		}
+		if !(s > math.Inf(-1)) || k == need && !(s > topS[k-1]) {
+			continue
+		}
+		j := k
+		if k < need {
+			k++
+		} else {
+			j = need - 1
+		}
+		for j > 0 && topS[j-1] < s {
+			top[j], topS[j] = top[j-1], topS[j-1]
+			j--
+		}
+		top[j], topS[j] = h, s
+	}
+	order = append(order, pick)
+	for i := 0; i < k && len(order) < need; i++ {
+		if top[i] != pick {
+			order = append(order, top[i])
+		}
+	}
+	return order
 }
 
 type weightedRandomPicker struct{ temperature float64 }
