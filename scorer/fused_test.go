@@ -53,8 +53,9 @@ func randomCase(rng *rand.Rand, n int) ([]Host, *Request) {
 	return hosts, req
 }
 
-// Every built-in scoreAdd computes what Score followed by Run's clamp and
-// weighted sum computes, bit for bit, raw scores and totals alike.
+// Every built-in scoreAdd computes what Score followed by Run's clamp,
+// weighted sum and normalisation computes, bit for bit, raw scores and
+// totals alike.
 func TestScoreAddMatchesScore(t *testing.T) {
 	cases := []struct {
 		typ, params string
@@ -86,6 +87,7 @@ func TestScoreAddMatchesScore(t *testing.T) {
 				hosts, req := randomCase(rng, n)
 				cand := rng.Perm(n)[:1+rng.IntN(n)]
 				w := []float64{1, 3, 1.5, 0.1}[rng.IntN(4)]
+				scale := []float64{0, 0, 1 / 10.5, 1 / 7.0}[rng.IntN(4)]
 				c := &Cycle{Req: req, Hosts: hosts, MaxPicks: 3, s: &Scratch{}}
 				want, wantTotal := make([]float64, n), make([]float64, n)
 				got, gotTotal := make([]float64, n), make([]float64, n)
@@ -103,8 +105,11 @@ func TestScoreAddMatchesScore(t *testing.T) {
 					}
 					want[h] = v
 					wantTotal[h] += w * v
+					if scale != 0 { // Run's normalisation pass
+						wantTotal[h] *= scale
+					}
 				}
-				ad.scoreAdd(c, cand, got, gotTotal, w)
+				ad.scoreAdd(c, cand, got, gotTotal, w, scale)
 				for _, h := range cand {
 					if math.Float64bits(got[h]) != math.Float64bits(want[h]) || math.Float64bits(gotTotal[h]) != math.Float64bits(wantTotal[h]) {
 						t.Fatalf("iteration %d host %d: scoreAdd %v (total %v), Score %v (total %v)", iter, h, got[h], gotTotal[h], want[h], wantTotal[h])

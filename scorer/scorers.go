@@ -302,7 +302,7 @@ func (latencyScorer) Score(c *Cycle, cand []int, out []float64) {
 // sum folded into the last pass (scoreAdder). They must compute the very
 // same score per host as Score; TestScoreAddMatchesScore holds them to it.
 
-func (p prefixScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+func (p prefixScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
 	t := c.Req.PromptTokens
 	if p.blocks {
 		t = c.Req.TotalBlocks
@@ -311,7 +311,7 @@ func (p prefixScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w flo
 	}
 	if t <= 0 {
 		for _, h := range cand {
-			addScore(raw, total, h, 0, w)
+			addScore(raw, total, h, 0, w, scale)
 		}
 		return
 	}
@@ -330,22 +330,22 @@ func (p prefixScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w flo
 		if v > 1 {
 			v = 1
 		}
-		addScore(raw, total, h, v, w)
+		addScore(raw, total, h, v, w, scale)
 	}
 }
 
-func (kvUtilScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+func (kvUtilScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
 	for _, h := range cand {
 		host := &c.Hosts[h]
 		v := 0.5
 		if !host.Stale {
 			v = 1 - host.KVUsage
 		}
-		addScore(raw, total, h, v, w)
+		addScore(raw, total, h, v, w, scale)
 	}
 }
 
-func (s loadScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+func (s loadScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, h := range cand {
 		l := s.load(&c.Hosts[h])
@@ -363,11 +363,11 @@ func (s loadScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float
 		if span > 0 {
 			v = (hi - raw[h]) / span
 		}
-		addScore(raw, total, h, v, w)
+		addScore(raw, total, h, v, w, scale)
 	}
 }
 
-func (s prefillCostScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
+func (s prefillCostScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
 	best := math.Inf(1)
 	for _, h := range cand {
 		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))
@@ -382,7 +382,7 @@ func (s prefillCostScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, 
 			if v < 0 || v == 0 {
 				v = 0
 			}
-			addScore(raw, total, h, v, w)
+			addScore(raw, total, h, v, w, scale)
 		}
 		return
 	}
@@ -395,26 +395,26 @@ func (s prefillCostScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, 
 		} else {
 			v = best / cost
 		}
-		addScore(raw, total, h, v, w)
+		addScore(raw, total, h, v, w, scale)
 	}
 }
 
 // addressScore is session_affinity's and prefix_memory's scoreAdd: 1 for
 // the host at addr, 0 for the others (all 0 when addr is empty).
-func addressScore(c *Cycle, cand []int, raw, total []float64, w float64, addr string) {
+func addressScore(c *Cycle, cand []int, raw, total []float64, w, scale float64, addr string) {
 	for _, h := range cand {
 		v := 0.0
 		if addr != "" && c.Hosts[h].Address == addr {
 			v = 1
 		}
-		addScore(raw, total, h, v, w)
+		addScore(raw, total, h, v, w, scale)
 	}
 }
 
-func (sessionScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
-	addressScore(c, cand, raw, total, w, c.Req.PinnedAddress)
+func (sessionScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	addressScore(c, cand, raw, total, w, scale, c.Req.PinnedAddress)
 }
 
-func (prefixMemoryScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w float64) {
-	addressScore(c, cand, raw, total, w, c.Req.PrefixAddress)
+func (prefixMemoryScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	addressScore(c, cand, raw, total, w, scale, c.Req.PrefixAddress)
 }
