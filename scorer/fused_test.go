@@ -221,3 +221,36 @@ func TestPickBestRandomTieMatchesTwoPasses(t *testing.T) {
 		}
 	}
 }
+
+// Each load scorer reads its own host figure (a switch now, not a closure).
+func TestLoadScorersReadTheirFigure(t *testing.T) {
+	hosts := fleet(4)
+	// Host i is the least loaded by figure i alone.
+	for i := range hosts {
+		h := &hosts[i]
+		h.Waiting, h.Running, h.InFlight = 5, 5, 5
+		h.PendingPrefillTokens, h.PendingDecodeTokens = 500, 500
+	}
+	hosts[0].Waiting = 1
+	hosts[1].Running = 1
+	hosts[2].InFlight = 1
+	hosts[3].PendingPrefillTokens = 100
+	c := &Cycle{Req: newReq(4, 100, 1), Hosts: hosts, s: &Scratch{}}
+	for want, typ := range []string{"queue", "running", "least_request", "pending_tokens"} {
+		errs := &errList{}
+		sc := registry[typ].new(newParams("test", map[string]json.RawMessage{}, errs)).(Scorer)
+		out := make([]float64, 4)
+		sc.Score(c, []int{0, 1, 2, 3}, out)
+		for h, v := range out {
+			if (v == 1) != (h == want) {
+				t.Fatalf("%s: scores %v, want only host %d at 1", typ, out, want)
+			}
+		}
+	}
+	// pending_tokens weighs decode tokens by decodeWeight.
+	errs := &errList{}
+	sc := registry["pending_tokens"].new(newParams("test", map[string]json.RawMessage{"decodeWeight": json.RawMessage("2")}, errs)).(loadScorer)
+	if got := sc.load(&Host{PendingPrefillTokens: 10, PendingDecodeTokens: 3}); got != 16 {
+		t.Fatalf("pending_tokens load with decodeWeight 2: %v, want 16", got)
+	}
+}

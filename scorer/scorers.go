@@ -17,25 +17,22 @@ func init() {
 	Register("queue", KindScorer,
 		"distribution: the engine's waiting queue, min-max normalised (shortest queue scores 1)",
 		func(p *Params) Plugin {
-			return loadScorer{typ: "queue", load: func(h *Host) float64 { return float64(h.Waiting) }}
+			return loadScorer{typ: "queue", figure: loadWaiting}
 		})
 	Register("running", KindScorer,
 		"distribution: the engine's running requests, min-max normalised",
 		func(p *Params) Plugin {
-			return loadScorer{typ: "running", load: func(h *Host) float64 { return float64(h.Running) }}
+			return loadScorer{typ: "running", figure: loadRunning}
 		})
 	Register("least_request", KindScorer,
 		"distribution: the gateway's own in-flight requests, min-max normalised",
 		func(p *Params) Plugin {
-			return loadScorer{typ: "least_request", load: func(h *Host) float64 { return float64(h.InFlight) }}
+			return loadScorer{typ: "least_request", figure: loadInFlight}
 		})
 	Register("pending_tokens", KindScorer,
 		"distribution: token-aware load, prompt tokens not yet prefilled plus decodeWeight times decode tokens outstanding, min-max normalised",
 		func(p *Params) Plugin {
-			dw := p.Float("decodeWeight", 0.05, 0, 100)
-			return loadScorer{typ: "pending_tokens", load: func(h *Host) float64 {
-				return float64(h.PendingPrefillTokens) + dw*float64(h.PendingDecodeTokens)
-			}}
+			return loadScorer{typ: "pending_tokens", figure: loadPendingTokens, decodeWeight: p.Float("decodeWeight", 0.05, 0, 100)}
 		})
 	Register("prefill_cost", KindScorer,
 		"distribution: estimated prefill work ahead of the request, in tokens: pending prompt tokens plus this request's uncached tokens (plus decodeWeight times decode tokens); the cheapest host scores 1, others cheapest/cost",
@@ -123,8 +120,32 @@ func (kvUtilScorer) Score(c *Cycle, cand []int, out []float64) {
 // loadScorer min-max normalises a load figure, as GIE's queue scorer does:
 // the least loaded candidate scores 1, the most loaded 0, all equal 1.
 type loadScorer struct {
-	typ  string
-	load func(*Host) float64
+	typ          string
+	figure       loadFigure
+	decodeWeight float64 // pending_tokens only
+}
+
+// loadFigure is the host field a loadScorer reads: a switch the compiler
+// inlines rather than a closure called per host (an indirect call in Wasm).
+type loadFigure uint8
+
+const (
+	loadWaiting       loadFigure = iota // queue
+	loadRunning                         // running
+	loadInFlight                        // least_request
+	loadPendingTokens                   // pending_tokens
+)
+
+func (s loadScorer) load(h *Host) float64 {
+	switch s.figure {
+	case loadWaiting:
+		return float64(h.Waiting)
+	case loadRunning:
+		return float64(h.Running)
+	case loadInFlight:
+		return float64(h.InFlight)
+	}
+	return float64(h.PendingPrefillTokens) + s.decodeWeight*float64(h.PendingDecodeTokens)
 }
 
 func (s loadScorer) Type() string     { return s.typ }
