@@ -718,7 +718,9 @@ func (b *builder) profile(spec *ProfileSpec) *Profile {
 		if w < 0 || w > MaxWeight || math.IsNaN(w) {
 			w = 0
 		}
-		prof.Scorers = append(prof.Scorers, WeightedScorer{Name: ref.Plugin, Scorer: s, Weight: w})
+		ws := WeightedScorer{Name: ref.Plugin, Scorer: s, Weight: w}
+		ws.adder, _ = s.(scoreAdder)
+		prof.Scorers = append(prof.Scorers, ws)
 		wsum += w
 		if w > 0 {
 			switch s.Category() {

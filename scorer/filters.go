@@ -44,17 +44,6 @@ func init() {
 		})
 }
 
-// keep filters cand in place by pred.
-func keep(cand []int, pred func(h int) bool) []int {
-	out := cand[:0]
-	for _, h := range cand {
-		if pred(h) {
-			out = append(out, h)
-		}
-	}
-	return out
-}
-
 type healthyFilter struct{ dropStale, failOpen bool }
 
 func (*healthyFilter) Type() string { return "healthy" }
@@ -80,7 +69,13 @@ func (f *healthyFilter) Filter(c *Cycle, cand []int) []int {
 		c.Note("no healthy host: failing open")
 		return cand
 	}
-	return keep(cand, func(h int) bool { return f.ok(&c.Hosts[h]) })
+	out := cand[:0] // in place without keep's closure (an indirect call per host in Wasm)
+	for _, h := range cand {
+		if f.ok(&c.Hosts[h]) {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 type roleFilter struct {
@@ -98,13 +93,14 @@ func (f *roleFilter) Filter(c *Cycle, cand []int) []int {
 	if want == RoleBoth && f.auto {
 		return cand
 	}
-	return keep(cand, func(h int) bool {
+	out := cand[:0] // in place without keep's closure
+	for _, h := range cand {
 		r := c.Hosts[h].Role
-		if want == RoleBoth {
-			return r == RoleBoth
+		if want == RoleBoth && r == RoleBoth || want != RoleBoth && r.Serves(want) {
+			out = append(out, h)
 		}
-		return r.Serves(want)
-	})
+	}
+	return out
 }
 
 type modelFilter struct{ requireAdapter bool }
@@ -170,7 +166,13 @@ func (f *saturationFilter) Filter(c *Cycle, cand []int) []int {
 		return cand // all saturated: dropping everyone helps nobody
 	}
 	c.Note("saturated hosts skipped")
-	return keep(cand, func(h int) bool { return !f.saturated(&c.Hosts[h]) })
+	out := cand[:0] // in place without keep's closure
+	for _, h := range cand {
+		if !f.saturated(&c.Hosts[h]) {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // loadGuard is kvroute's imbalance guard, in the spirit of SGLang's two

@@ -51,9 +51,50 @@ func contains(order []int, h int) bool {
 }
 
 // appendByScore appends the best-scored candidates not yet in order until
-// order holds max entries. Selection, not sorting: max is small (the primary
-// and two or three fallbacks) and this allocates nothing.
+// order holds max entries (or every candidate with a score above -Inf is
+// in): by descending score, ties in candidate order, exactly what picking
+// the first best remaining candidate max-len(order) times gives. One pass
+// that keeps the few best in a small array: max is small (the primary and
+// two or three fallbacks) and this allocates nothing.
 func appendByScore(order, cand []int, scores []float64, max int) []int {
+	need := min(max, len(cand)) - len(order)
+	if need <= 0 {
+		return order
+	}
+	if need > maxTop {
+		return appendByScoreSlow(order, cand, scores, max)
+	}
+	var top [maxTop]int
+	var topS [maxTop]float64
+	k := 0
+	for _, h := range cand {
+		v := scores[h]
+		if !(v > math.Inf(-1)) || k == need && !(v > topS[k-1]) {
+			continue // never picked (NaN, -Inf), or not better than the last kept
+		}
+		if contains(order, h) {
+			continue
+		}
+		j := k
+		if k < need {
+			k++
+		} else {
+			j = need - 1 // the last kept one drops out
+		}
+		for j > 0 && topS[j-1] < v { // after every kept one scoring as much
+			top[j], topS[j] = top[j-1], topS[j-1]
+			j--
+		}
+		top[j], topS[j] = h, v
+	}
+	return append(order, top[:k]...)
+}
+
+// maxTop bounds the picks appendByScore selects in one pass.
+const maxTop = 8
+
+// appendByScoreSlow is appendByScore by repeated selection, for long orders.
+func appendByScoreSlow(order, cand []int, scores []float64, max int) []int {
 	for len(order) < max && len(order) < len(cand) {
 		best, bestScore := -1, math.Inf(-1)
 		for _, h := range cand {
@@ -138,10 +179,60 @@ func (p *maxScorePicker) Pick(c *Cycle, cand []int, scores []float64, order []in
 			}
 		}
 	} else {
-		primary = argmaxRandomTie(c, cand, scores)
+		return pickBestRandomTie(c, cand, scores, order)
 	}
 	order = append(order, primary)
 	return appendByScore(order, cand, scores, c.MaxPicks)
+}
+
+// pickBestRandomTie is argmaxRandomTie followed by appendByScore in one
+// pass: it draws the same random numbers for the same ties, and keeps the
+// best min(MaxPicks, len(cand)) candidates by score (ties in candidate order)
+// on the way. The fallbacks are those without the primary: what
+// appendByScore would choose among the others.
+func pickBestRandomTie(c *Cycle, cand []int, v []float64, order []int) []int {
+	need := min(c.MaxPicks, len(cand))
+	if need > maxTop || len(order) > 0 {
+		order = append(order, argmaxRandomTie(c, cand, v))
+		return appendByScore(order, cand, v, c.MaxPicks)
+	}
+	var top [maxTop]int
+	var topS [maxTop]float64
+	k := 0
+	pick, best, ties := -1, math.Inf(-1), 0
+	for _, h := range cand {
+		s := v[h]
+		switch {
+		case s > best+scoreEpsilon:
+			pick, best, ties = h, s, 1
+		case s >= best-scoreEpsilon:
+			ties++
+			if c.Rand.IntN(ties) == 0 {
+				pick = h
+			}
+		}
+		if !(s > math.Inf(-1)) || k == need && !(s > topS[k-1]) {
+			continue
+		}
+		j := k
+		if k < need {
+			k++
+		} else {
+			j = need - 1
+		}
+		for j > 0 && topS[j-1] < s {
+			top[j], topS[j] = top[j-1], topS[j-1]
+			j--
+		}
+		top[j], topS[j] = h, s
+	}
+	order = append(order, pick)
+	for i := 0; i < k && len(order) < need; i++ {
+		if top[i] != pick {
+			order = append(order, top[i])
+		}
+	}
+	return order
 }
 
 type weightedRandomPicker struct{ temperature float64 }

@@ -17,25 +17,22 @@ func init() {
 	Register("queue", KindScorer,
 		"distribution: the engine's waiting queue, min-max normalised (shortest queue scores 1)",
 		func(p *Params) Plugin {
-			return loadScorer{typ: "queue", load: func(h *Host) float64 { return float64(h.Waiting) }}
+			return loadScorer{typ: "queue", figure: loadWaiting}
 		})
 	Register("running", KindScorer,
 		"distribution: the engine's running requests, min-max normalised",
 		func(p *Params) Plugin {
-			return loadScorer{typ: "running", load: func(h *Host) float64 { return float64(h.Running) }}
+			return loadScorer{typ: "running", figure: loadRunning}
 		})
 	Register("least_request", KindScorer,
 		"distribution: the gateway's own in-flight requests, min-max normalised",
 		func(p *Params) Plugin {
-			return loadScorer{typ: "least_request", load: func(h *Host) float64 { return float64(h.InFlight) }}
+			return loadScorer{typ: "least_request", figure: loadInFlight}
 		})
 	Register("pending_tokens", KindScorer,
 		"distribution: token-aware load, prompt tokens not yet prefilled plus decodeWeight times decode tokens outstanding, min-max normalised",
 		func(p *Params) Plugin {
-			dw := p.Float("decodeWeight", 0.05, 0, 100)
-			return loadScorer{typ: "pending_tokens", load: func(h *Host) float64 {
-				return float64(h.PendingPrefillTokens) + dw*float64(h.PendingDecodeTokens)
-			}}
+			return loadScorer{typ: "pending_tokens", figure: loadPendingTokens, decodeWeight: p.Float("decodeWeight", 0.05, 0, 100)}
 		})
 	Register("prefill_cost", KindScorer,
 		"distribution: estimated prefill work ahead of the request, in tokens: pending prompt tokens plus this request's uncached tokens (plus decodeWeight times decode tokens); the cheapest host scores 1, others cheapest/cost",
@@ -123,8 +120,32 @@ func (kvUtilScorer) Score(c *Cycle, cand []int, out []float64) {
 // loadScorer min-max normalises a load figure, as GIE's queue scorer does:
 // the least loaded candidate scores 1, the most loaded 0, all equal 1.
 type loadScorer struct {
-	typ  string
-	load func(*Host) float64
+	typ          string
+	figure       loadFigure
+	decodeWeight float64 // pending_tokens only
+}
+
+// loadFigure is the host field a loadScorer reads: a switch the compiler
+// inlines rather than a closure called per host (an indirect call in Wasm).
+type loadFigure uint8
+
+const (
+	loadWaiting       loadFigure = iota // queue
+	loadRunning                         // running
+	loadInFlight                        // least_request
+	loadPendingTokens                   // pending_tokens
+)
+
+func (s loadScorer) load(h *Host) float64 {
+	switch s.figure {
+	case loadWaiting:
+		return float64(h.Waiting)
+	case loadRunning:
+		return float64(h.Running)
+	case loadInFlight:
+		return float64(h.InFlight)
+	}
+	return float64(h.PendingPrefillTokens) + s.decodeWeight*float64(h.PendingDecodeTokens)
 }
 
 func (s loadScorer) Type() string     { return s.typ }
@@ -296,4 +317,125 @@ func (latencyScorer) Score(c *Cycle, cand []int, out []float64) {
 			out[h] = best / l
 		}
 	}
+}
+
+// scoreAdd methods: each is its type's Score with Run's clamp and weighted
+// sum folded into the last pass (scoreAdder). They must compute the very
+// same score per host as Score; TestScoreAddMatchesScore holds them to it.
+
+func (p prefixScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	t := c.Req.PromptTokens
+	if p.blocks {
+		t = c.Req.TotalBlocks
+	} else if p.scale > 0 {
+		t = int(p.scale)
+	}
+	if t <= 0 {
+		for _, h := range cand {
+			addScore(raw, total, h, 0, w, scale)
+		}
+		return
+	}
+	ft := float64(t)
+	mb, mt := c.Req.MatchedBlocks, c.Req.MatchedTokens
+	for _, h := range cand {
+		var m int32
+		if p.blocks {
+			if h < len(mb) {
+				m = mb[h]
+			}
+		} else if h < len(mt) {
+			m = mt[h]
+		}
+		v := float64(m) / ft
+		if v > 1 {
+			v = 1
+		}
+		addScore(raw, total, h, v, w, scale)
+	}
+}
+
+func (kvUtilScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	for _, h := range cand {
+		host := &c.Hosts[h]
+		v := 0.5
+		if !host.Stale {
+			v = 1 - host.KVUsage
+		}
+		addScore(raw, total, h, v, w, scale)
+	}
+}
+
+func (s loadScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, h := range cand {
+		l := s.load(&c.Hosts[h])
+		raw[h] = l
+		if l < lo || l != l {
+			lo = l
+		}
+		if l > hi || l != l {
+			hi = l
+		}
+	}
+	span := hi - lo
+	for _, h := range cand {
+		v := 1.0
+		if span > 0 {
+			v = (hi - raw[h]) / span
+		}
+		addScore(raw, total, h, v, w, scale)
+	}
+}
+
+func (s prefillCostScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	best := math.Inf(1)
+	for _, h := range cand {
+		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))
+		raw[h] = cost
+		if cost < best || cost != cost {
+			best = cost
+		}
+	}
+	if s.scaleTokens > 0 {
+		for _, h := range cand {
+			v := 1 - (raw[h]-best)/s.scaleTokens
+			if v < 0 || v == 0 {
+				v = 0
+			}
+			addScore(raw, total, h, v, w, scale)
+		}
+		return
+	}
+	for _, h := range cand {
+		var v float64
+		if cost := raw[h]; cost <= 0 || best <= 0 && cost <= best {
+			v = 1
+		} else if best <= 0 {
+			v = 1 / (1 + cost)
+		} else {
+			v = best / cost
+		}
+		addScore(raw, total, h, v, w, scale)
+	}
+}
+
+// addressScore is session_affinity's and prefix_memory's scoreAdd: 1 for
+// the host at addr, 0 for the others (all 0 when addr is empty).
+func addressScore(c *Cycle, cand []int, raw, total []float64, w, scale float64, addr string) {
+	for _, h := range cand {
+		v := 0.0
+		if addr != "" && c.Hosts[h].Address == addr {
+			v = 1
+		}
+		addScore(raw, total, h, v, w, scale)
+	}
+}
+
+func (sessionScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	addressScore(c, cand, raw, total, w, scale, c.Req.PinnedAddress)
+}
+
+func (prefixMemoryScorer) scoreAdd(c *Cycle, cand []int, raw, total []float64, w, scale float64) {
+	addressScore(c, cand, raw, total, w, scale, c.Req.PrefixAddress)
 }

@@ -250,17 +250,40 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	if r.ix != nil {
 		r.loads = r.ix.Loads(r.loads)
 	}
+	// One pass over the hosts with the invariants hoisted: which counters
+	// feed the hosts, whether matches (and trust) apply. The local table is
+	// grown once to the largest slot instead of per host.
+	maxSlot := -1
+	for i := range hosts {
+		if s := hosts[i].Slot; s > maxSlot {
+			maxSlot = s
+		}
+	}
+	if maxSlot >= 0 {
+		r.localAt(maxSlot)
+	}
+	local, loads := r.local, r.loads
+	var blocks []int
+	if queried {
+		blocks = r.matches.Blocks
+	}
+	var trust []float64
+	if r.handler.Decode.TrustFeedback {
+		trust = r.trust
+	}
+	mb, mt := req.MatchedBlocks[:n], req.MatchedTokens[:n]
 	for i := range hosts {
 		h := &hosts[i]
-		if h.Slot < 0 {
+		slot := h.Slot
+		if slot < 0 {
 			continue
 		}
-		l := r.localAt(h.Slot)
+		l := &local[slot]
 		h.InFlightTokens = l.kv
 		if r.ix != nil {
 			var il index.Load
-			if h.Slot < len(r.loads) {
-				il = r.loads[h.Slot]
+			if slot < len(loads) {
+				il = loads[slot]
 			}
 			h.InFlight = int(il.InFlight)
 			h.PendingPrefillTokens = int64(il.PrefillTokens)
@@ -270,14 +293,17 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 			h.PendingPrefillTokens = l.prefill
 			h.PendingDecodeTokens = l.decode
 		}
-		if queried && h.Slot < len(r.matches.Blocks) {
-			b := r.matches.Blocks[h.Slot]
-			req.MatchedBlocks[i] = int32(b)
-			tok := tokensIn(in, b)
-			if r.handler.Decode.TrustFeedback && h.Slot < len(r.trust) && r.trust[h.Slot] > 0 {
-				tok = int(float64(tok) * r.trust[h.Slot])
+		if slot < len(blocks) {
+			b := blocks[slot]
+			mb[i] = int32(b)
+			if b <= 0 {
+				continue // tokensIn(in, b) is 0, and so is any share of it
 			}
-			req.MatchedTokens[i] = int32(tok)
+			tok := tokensIn(in, b)
+			if slot < len(trust) && trust[slot] > 0 {
+				tok = int(float64(tok) * trust[slot])
+			}
+			mt[i] = int32(tok)
 		}
 	}
 	if in.SessionKey != "" {
