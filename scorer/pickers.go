@@ -130,20 +130,32 @@ func appendByLeast(order, cand []int, cost []float64, max int) []int {
 // argmaxRandomTie returns the candidate with the highest value, choosing
 // uniformly among ties (reservoir sampling, no allocation).
 func argmaxRandomTie(c *Cycle, cand []int, v []float64) int {
-	pick, best, ties := -1, math.Inf(-1), 0
+	m := newTieMax()
 	for _, h := range cand {
-		s := v[h]
-		switch {
-		case s > best+scoreEpsilon:
-			pick, best, ties = h, s, 1
-		case s >= best-scoreEpsilon:
-			ties++
-			if c.Rand.IntN(ties) == 0 {
-				pick = h
-			}
+		m.add(c, h, v[h])
+	}
+	return m.pick
+}
+
+// tieMax is a running argmax that breaks ties uniformly at random by
+// reservoir sampling: one random draw per tied candidate after the first.
+type tieMax struct {
+	pick, ties int
+	best       float64
+}
+
+func newTieMax() tieMax { return tieMax{pick: -1, best: math.Inf(-1)} }
+
+func (m *tieMax) add(c *Cycle, h int, s float64) {
+	switch {
+	case s > m.best+scoreEpsilon:
+		m.pick, m.best, m.ties = h, s, 1
+	case s >= m.best-scoreEpsilon:
+		m.ties++
+		if c.Rand.IntN(m.ties) == 0 {
+			m.pick = h
 		}
 	}
-	return pick
 }
 
 // maxScorePicker takes the best total score. Ties are broken at random, or
@@ -199,18 +211,10 @@ func pickBestRandomTie(c *Cycle, cand []int, v []float64, order []int) []int {
 	var top [maxTop]int
 	var topS [maxTop]float64
 	k := 0
-	pick, best, ties := -1, math.Inf(-1), 0
+	m := newTieMax()
 	for _, h := range cand {
 		s := v[h]
-		switch {
-		case s > best+scoreEpsilon:
-			pick, best, ties = h, s, 1
-		case s >= best-scoreEpsilon:
-			ties++
-			if c.Rand.IntN(ties) == 0 {
-				pick = h
-			}
-		}
+		m.add(c, h, s)
 		if !(s > math.Inf(-1)) || k == need && !(s > topS[k-1]) {
 			continue
 		}
@@ -226,9 +230,9 @@ func pickBestRandomTie(c *Cycle, cand []int, v []float64, order []int) []int {
 		}
 		top[j], topS[j] = h, s
 	}
-	order = append(order, pick)
+	order = append(order, m.pick)
 	for i := 0; i < k && len(order) < need; i++ {
-		if top[i] != pick {
+		if top[i] != m.pick {
 			order = append(order, top[i])
 		}
 	}
