@@ -193,7 +193,7 @@ func (p *routerPlugin) setHosts(cs []candidate) {
 
 // refreshState picks up a state push made on any worker.
 func (p *routerPlugin) refreshState() {
-	gen := readStateGen()
+	gen := loadStateGen()
 	if gen == 0 || gen == p.stateGen {
 		return
 	}
@@ -704,15 +704,13 @@ func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served
 	hostbuf.Lend(p.hostVal)
 	v, err := proxywasm.GetProperty(upstreamAddressPath)
 	hostbuf.Lend(nil)
-	switch {
-	case err != nil || len(v) == 0 || string(v) == primary:
+	if err != nil || len(v) == 0 || string(v) == primary {
 		return status, primary
-	default:
-		if i, known := p.pos[string(v)]; known {
-			return status, p.hosts[i].Address
-		}
-		return status, string(v)
 	}
+	if i, known := p.pos[string(v)]; known {
+		return status, p.hosts[i].Address
+	}
+	return status, string(v)
 }
 
 // upstreamAddressPath is the property Envoy sets to the upstream host that

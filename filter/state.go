@@ -228,9 +228,15 @@ func setUnconditionally(key string, value []byte) error {
 	return errors.New(key + ": too much contention")
 }
 
+// stateGenBuf receives the pushed state's generation, which refreshState
+// reads on every decision: lent to the ABI bridge (GetAppend), the read
+// allocates nothing, where GetSharedData has the host call back into the
+// VM for memory and allocates 8 bytes per request once a state was pushed.
+var stateGenBuf [8]byte
+
 // loadStateGen reads the current generation (0: never pushed).
 func loadStateGen() uint64 {
-	v, _, err := proxywasm.GetSharedData(stateGenKey)
+	v, _, err := sharedStore{emulated: emulatedHost}.GetAppend(stateGenBuf[:0], stateGenKey)
 	if err != nil || len(v) != 8 {
 		return 0
 	}

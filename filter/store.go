@@ -1,7 +1,6 @@
 package filter
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -40,21 +39,6 @@ func (st sharedStore) Get(key string) ([]byte, uint32, error) {
 		v = append([]byte(nil), v...)
 	}
 	return v, cas, nil
-}
-
-// stateGenBuf receives the pushed state's generation, which refreshState
-// reads on every decision: lent to the ABI bridge (GetAppend), the read
-// allocates nothing, where GetSharedData has the host call back into the
-// VM for memory and allocates 8 bytes per request once a state was pushed.
-var stateGenBuf [8]byte
-
-// readStateGen is loadStateGen through stateGenBuf.
-func readStateGen() uint64 {
-	v, _, err := sharedStore{emulated: emulatedHost}.GetAppend(stateGenBuf[:0], stateGenKey)
-	if err != nil || len(v) != 8 {
-		return 0
-	}
-	return binary.LittleEndian.Uint64(v)
 }
 
 // getError maps a failed shared-data get to the index's errors.
