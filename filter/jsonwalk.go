@@ -141,12 +141,8 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 	return -1
 }
 
-// forEachMember calls fn with the raw key (quotes included) and raw value
-// of each member of the object obj, in order, until fn returns false.
-func forEachMember(obj []byte, fn func(key, val []byte) bool) {
-	(*jsonDoc)(nil).members(obj, fn)
-}
-
+// members calls fn with the raw key (quotes included) and raw value of
+// each member of the object obj, in order, until fn returns false.
 func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 	for i := skipSpace(obj, 1); ; {
 		key, val, next, ok := d.member(obj, i)
@@ -186,12 +182,8 @@ func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool)
 	return obj[i:k], obj[v:e], next, true
 }
 
-// forEachElement calls fn with each raw element of the array arr until fn
+// elements calls fn with each raw element of the array arr until fn
 // returns false.
-func forEachElement(arr []byte, fn func(val []byte) bool) {
-	(*jsonDoc)(nil).elements(arr, fn)
-}
-
 func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
 	for i := skipSpace(arr, 1); ; {
 		val, next, ok := d.element(arr, i)
