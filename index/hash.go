@@ -2,7 +2,6 @@ package index
 
 import (
 	"encoding/binary"
-	"math"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -58,15 +57,6 @@ func (c HashConfig) withDefaults() HashConfig {
 		c.CharsPerToken = DefaultCharsPerToken
 	}
 	return c
-}
-
-// sameSize returns how many blocks from block i on have block i's size
-// (at least 1; "many" past the last doubling).
-func (c HashConfig) sameSize(i int) int {
-	if c.LevelBlocks < 0 || i/c.LevelBlocks >= c.MaxLevel {
-		return math.MaxInt
-	}
-	return c.LevelBlocks - i%c.LevelBlocks
 }
 
 // blockSize returns the byte length of block i.
@@ -281,29 +271,16 @@ func (h *Hasher) writeString(s string) {
 		h.pend = append(h.pend, s[:room]...)
 		h.total += room
 		s = s[room:]
-		h.prev = link(h.prev, bytesString(h.pend))
+		h.finishBlock(bytesString(h.pend))
 		h.pend = h.pend[:0]
-		h.blocks = append(h.blocks, h.prev)
-		h.ends = append(h.ends, h.total)
-		h.blkLen = h.cfg.blockSize(len(h.blocks))
 	}
 	// Whole blocks inside s (most of a long prompt): hashed straight from
-	// s, one call per run of equal-sized blocks (see chainBlocks).
+	// s, without a copy into pend.
 	for h.blkLen <= len(s) {
-		room := h.blkLen
-		n := len(s) / room
-		if k := h.cfg.sameSize(len(h.blocks)); n > k {
-			n = k
-		}
-		i := len(h.blocks)
-		h.blocks = chainBlocks(h.prev, s, room, n, h.blocks)
-		for ; i < len(h.blocks); i++ {
-			h.total += room
-			h.ends = append(h.ends, h.total)
-		}
-		h.prev = h.blocks[len(h.blocks)-1]
-		s = s[n*room:]
-		h.blkLen = h.cfg.blockSize(len(h.blocks))
+		n := h.blkLen
+		h.total += n
+		h.finishBlock(s[:n])
+		s = s[n:]
 	}
 	if len(s) > 0 {
 		h.pend = append(h.pend, s...)
@@ -320,21 +297,13 @@ func link(prev uint64, block string) uint64 {
 	return xxhash.Sum64(pair[:])
 }
 
-// chainBlocks appends to out the chained hashes (see link) of n
-// consecutive blocks of size bytes at the start of s, the first linked to
-// prev. s must hold n*size bytes. The Hasher calls it once per run of
-// equal-sized blocks that lie whole inside one string, the bulk of a long
-// prompt, so those blocks are hashed straight from the request body.
-func chainBlocks(prev uint64, s string, size, n int, out []uint64) []uint64 {
-	var pair [16]byte
-	for ; n > 0; n-- {
-		binary.LittleEndian.PutUint64(pair[:8], prev)
-		binary.LittleEndian.PutUint64(pair[8:], xxhash.Sum64String(s[:size]))
-		prev = xxhash.Sum64(pair[:])
-		out = append(out, prev)
-		s = s[size:]
-	}
-	return out
+// finishBlock links the complete block that ends at h.total into the
+// chain and moves on to the next block's size.
+func (h *Hasher) finishBlock(block string) {
+	h.prev = link(h.prev, block)
+	h.blocks = append(h.blocks, h.prev)
+	h.ends = append(h.ends, h.total)
+	h.blkLen = h.cfg.blockSize(len(h.blocks))
 }
 
 // bytesString views b as a string, for hashing it without a copy.
