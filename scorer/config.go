@@ -718,9 +718,7 @@ func (b *builder) profile(spec *ProfileSpec) *Profile {
 		if w < 0 || w > MaxWeight || math.IsNaN(w) {
 			w = 0
 		}
-		ws := WeightedScorer{Name: ref.Plugin, Scorer: s, Weight: w}
-		ws.adder, _ = s.(scoreAdder)
-		prof.Scorers = append(prof.Scorers, ws)
+		prof.Scorers = append(prof.Scorers, WeightedScorer{Name: ref.Plugin, Scorer: s, Weight: w})
 		wsum += w
 		if w > 0 {
 			switch s.Category() {

@@ -7,38 +7,6 @@ type WeightedScorer struct {
 	Name   string // instance name, for explanations
 	Scorer Scorer
 	Weight float64
-
-	// adder is Scorer when it can clamp and add its weighted scores in its
-	// own last pass (set by the config builder; nil: Run clamps and adds in
-	// a pass of its own, with the same result).
-	adder scoreAdder
-}
-
-// scoreAdder is a built-in scorer that scores and, in the same pass, clamps
-// each score as Run does, stores it in raw and adds weight times it to
-// total: one pass over the candidates fewer per scorer, bit for bit the same
-// totals.
-// A non-zero scale is Run's final normalisation (total times 1/sum of
-// weights), applied by the profile's last scorer in the same pass.
-type scoreAdder interface {
-	scoreAdd(c *Cycle, cand []int, raw, total []float64, weight, scale float64)
-}
-
-// addScore is Run's clamp (NaN and negatives to 0, above 1 to 1), weighted
-// sum and (scale != 0) normalisation for one host, for scoreAdder
-// implementations.
-func addScore(raw, total []float64, h int, v, weight, scale float64) {
-	if v != v || v < 0 {
-		v = 0
-	} else if v > 1 {
-		v = 1
-	}
-	raw[h] = v
-	t := total[h] + weight*v
-	if scale != 0 {
-		t *= scale
-	}
-	total[h] = t
 }
 
 // Profile is one filters → weighted scorers → picker pipeline. It is
@@ -127,31 +95,14 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 		s.raw = append(s.raw, nil)
 	}
 	var wsum float64
-	if len(cand) > 0 {
-		for _, ws := range p.Scorers {
-			wsum += ws.Weight
-		}
-	}
-	var inv float64 // normalisation by the sum of weights; 0: none
-	if wsum > 0 && wsum != 1 {
-		inv = 1 / wsum
-	}
-	scaled := false // the last scorer applied inv in its own pass
 	for i, ws := range p.Scorers {
 		raw := growFloats(s.raw[i], n)
 		s.raw[i] = raw
 		if len(cand) == 0 {
 			continue
 		}
-		if ws.adder != nil {
-			scale := 0.0
-			if i == len(p.Scorers)-1 {
-				scale, scaled = inv, true
-			}
-			ws.adder.scoreAdd(c, cand, raw, total, ws.Weight, scale)
-			continue
-		}
 		ws.Scorer.Score(c, cand, raw)
+		wsum += ws.Weight
 		for _, h := range cand {
 			v := raw[h]
 			if v != v || v < 0 { // NaN or negative: a plugin bug must not steer traffic
@@ -163,7 +114,8 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 			total[h] += ws.Weight * v
 		}
 	}
-	if inv != 0 && !scaled {
+	if wsum > 0 && wsum != 1 {
+		inv := 1 / wsum
 		for _, h := range cand {
 			total[h] *= inv
 		}
