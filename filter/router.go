@@ -260,15 +260,9 @@ func (p *routerPlugin) prepare(nowMs int64) {
 // syncStats turns the router's and the index's cumulative counters into
 // metric increments.
 func (p *routerPlugin) syncStats() {
-	// It runs twice per request: most calls find nothing new, which the
-	// change count and the CAS retry count tell without copying the
-	// counters.
 	if n := p.ix.CASRetries(); n > p.lastIndex.CASRetries {
 		p.stats.casRetries.Increment(n - p.lastIndex.CASRetries)
 		p.lastIndex.CASRetries = n
-	}
-	if p.rt.StatsChanges() == p.lastRouter.Changes {
-		return
 	}
 	rs := p.rt.Stats()
 	d := func(c proxywasm.MetricCounter, now, before uint64) {

@@ -104,11 +104,6 @@ type Stats struct {
 	// without them); LoadErrors counts load updates dropped under
 	// contention.
 	IndexErrors, LoadErrors uint64
-	// Changes counts the updates of every counter above except Decisions,
-	// NoCandidate and PredictedCachedTokens (which move on every decision
-	// or feedback with the others): a caller that exports the others sees
-	// from StatsChanges alone whether anything is new.
-	Changes uint64
 }
 
 // Config assembles a Router.
@@ -157,14 +152,6 @@ func New(cfg Config) *Router {
 		r.scratch = &scorer.Scratch{}
 	}
 	return r
-}
-
-// StatsChanges returns Stats().Changes without copying the counters.
-func (r *Router) StatsChanges() uint64 {
-	r.mu.Lock()
-	n := r.stats.Changes
-	r.mu.Unlock()
-	return n
 }
 
 // Handler returns the strategy the router runs.
@@ -242,7 +229,6 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	if r.ix != nil && len(in.Chain) > 0 {
 		if err := r.ix.Query(in.Chain, &r.matches); err != nil {
 			r.stats.IndexErrors++
-			r.stats.Changes++
 		} else {
 			queried = true
 		}
@@ -328,7 +314,6 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 	if res.Disaggregated {
 		r.stats.Disaggregated++
-		r.stats.Changes++
 		t.Prefill = res.Prefill.Primary()
 		p := &hosts[t.Prefill]
 		t.PrefillAddress = p.Address
@@ -374,7 +359,6 @@ func (r *Router) record(h *scorer.Host, chain []uint64, queried bool) {
 	}
 	if err := r.ix.Record(index.HostRef{Slot: h.Slot, Gen: h.Gen}, chain, m); err != nil {
 		r.stats.IndexErrors++
-		r.stats.Changes++
 	}
 }
 
@@ -395,7 +379,6 @@ func (r *Router) add(h *scorer.Host, prefill, decode, kv int) hold {
 	var err error
 	if hd.ix, err = r.ix.AddLoad(index.HostRef{Slot: h.Slot, Gen: h.Gen}, prefill, decode); err != nil {
 		r.stats.LoadErrors++
-		r.stats.Changes++
 	}
 	return hd
 }
@@ -412,7 +395,6 @@ func (r *Router) prefillDone(hd *hold) {
 	}
 	if err := r.ix.PrefillDone(&hd.ix); err != nil {
 		r.stats.LoadErrors++
-		r.stats.Changes++
 	}
 }
 
@@ -438,7 +420,6 @@ func (r *Router) release(hd *hold) {
 	}
 	if err != nil {
 		r.stats.LoadErrors++
-		r.stats.Changes++
 	}
 }
 
@@ -468,7 +449,6 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 		return
 	}
 	r.stats.FeedbackRequests++
-	r.stats.Changes++
 	r.learnTrust(t, cachedTokens)
 	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 	r.stats.ConfirmedCachedTokens += uint64(cachedTokens)

@@ -294,39 +294,3 @@ func TestPrefixMemoryTable(t *testing.T) {
 		t.Fatal("prefix memory allocates")
 	}
 }
-
-// StatsChanges moves with every counter an exporter diffs (feedback, index
-// and load errors, disaggregation) and not with plain decisions, so the
-// filter can skip copying Stats when it has not moved.
-func TestStatsChangesTracksExportedCounters(t *testing.T) {
-	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: newIndex(t), Seed: 1})
-	hs := registered(t, r, 4)
-	in := &Input{PromptTokens: 1000, MaxTokens: 10, Chain: chain(9, 10)}
-	c0 := r.StatsChanges()
-	for i := 0; i < 3; i++ {
-		tk, _ := r.Decide(in, hs)
-		r.FirstToken(&tk)
-		r.Release(&tk)
-	}
-	if c := r.StatsChanges(); c != c0 {
-		t.Fatalf("StatsChanges moved %d -> %d with decisions only", c0, c)
-	}
-	tk, _ := r.Decide(in, hs)
-	r.Feedback(&tk, 500)
-	r.Release(&tk)
-	st := r.Stats()
-	if c := r.StatsChanges(); c == c0 || c != st.Changes || st.FeedbackRequests != 1 {
-		t.Fatalf("after feedback: StatsChanges %d (Stats.Changes %d, was %d), feedback requests %d", c, st.Changes, c0, st.FeedbackRequests)
-	}
-	// A host whose slot went stale: the record and the load update fail.
-	bad := append([]scorer.Host(nil), hs...)
-	for i := range bad {
-		bad[i].Gen += 7
-	}
-	c1 := r.StatsChanges()
-	tk, _ = r.Decide(in, bad)
-	r.Release(&tk)
-	if st := r.Stats(); st.IndexErrors+st.LoadErrors == 0 || r.StatsChanges() == c1 {
-		t.Fatalf("stale host: index errors %d, load errors %d, StatsChanges %d (was %d)", st.IndexErrors, st.LoadErrors, r.StatsChanges(), c1)
-	}
-}
