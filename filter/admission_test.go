@@ -41,7 +41,7 @@ func startAdmission(t *testing.T, workers int, admission string) (*wasmhost.Host
 	// TimeScale 1: a request with max_tokens 40 takes a few hundred ms.
 	f := startFleet(t, simserver.Options{Replicas: 1, TimeScale: 1})
 	h, err := wasmhost.New(context.Background(), wasmhost.Config{
-		Module: admissionModule(t), VMID: "kvroute", Workers: workers,
+		Module: admissionModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
 			Configuration: "{" + endpointsJSON(f.Addrs()) + `,"fallbacks":0,"admission":{"maxWaiting":0,"maxKvUsage":0,"maxPendingPrefillTokens":1` + admission + "}}"}},
 		Clusters: map[string][]string{"engines": f.Addrs()}, RouteCluster: "engines",

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,7 +29,8 @@ import (
 // kvroute's cost: "header-only" runs it with bodyRouting false (no body
 // buffered or parsed: session, load and fallbacks only), "pass-through"
 // sends the request to a path the router does not route (its callbacks
-// run and return at once).
+// run and return at once), and "loaded" sends from 8 clients at once (a
+// busy proxy: the VMs' code and data stay warmer between requests).
 //
 // vm-callbacks-us is the time spent inside the VM's callbacks per request
 // (the host's CallStats, wall time, host calls included); what the CPU
@@ -85,17 +87,26 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 		return float64(s[len(s)/2])
 	}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
+	// clients is how many send at once ("loaded"); each keeps its own
+	// connection, so each stays on one worker VM, as in Envoy.
+	clients := 1
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 20 * time.Second}
 	path := "/v1/chat/completions"
-	send := func(b *testing.B, url, body string) {
+	post := func(url, body string) error {
 		resp, err := client.Post(url+path, "application/json", strings.NewReader(body))
 		if err != nil {
-			b.Fatal(err)
+			return err
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
-			b.Fatalf("status %d", resp.StatusCode)
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	}
+	send := func(b *testing.B, url, body string) {
+		if err := post(url, body); err != nil {
+			b.Fatal(err)
 		}
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
@@ -128,8 +139,27 @@ func BenchmarkRouterInWasm(b *testing.B) {
 				}
 				time.Sleep(settle)
 				c0, t0 := processCPU(), time.Now()
-				for _, bd := range bodies {
-					send(b, url, bd)
+				if clients <= 1 {
+					for _, bd := range bodies {
+						send(b, url, bd)
+					}
+				} else {
+					var wg sync.WaitGroup
+					next := make(chan string)
+					for range clients {
+						wg.Go(func() {
+							for bd := range next {
+								if err := post(url, bd); err != nil {
+									b.Error(err)
+								}
+							}
+						})
+					}
+					for _, bd := range bodies {
+						next <- bd
+					}
+					close(next)
+					wg.Wait()
 				}
 				wall = time.Since(t0)
 				time.Sleep(settle)
@@ -189,6 +219,13 @@ func BenchmarkRouterInWasm(b *testing.B) {
 				b.ReportMetric(us(tFilter-tBase), "us/req-overhead")
 			})
 		}
+		b.Run(size.name+"/loaded", func(b *testing.B) {
+			clients = 8
+			defer func() { clients = 1 }()
+			_, _, cBase, cFilter := alternate(b, filterURL, fh)
+			b.ReportMetric(us(cFilter-cBase), "cpu-us/req-overhead")
+			b.ReportMetric(us(cBase), "cpu-us/req-nofilter")
+		})
 		split("header-only", headerOnlyURL, hh, "/v1/chat/completions")
 		split("pass-through", filterURL, fh, "/v1/not-routed")
 	}

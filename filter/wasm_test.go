@@ -60,11 +60,13 @@ func endpointsJSON(addrs []string) string {
 }
 
 // startRouter runs the router filter in a host with the given plugin
-// configuration (without braces) and returns the host and its URL.
+// configuration (without braces) and returns the host and its URL. Streams
+// go to the workers in turn (wasmhost.DispatchStream), so that one client
+// runs every worker VM.
 func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmhost.Host, string) {
 	t.Helper()
 	h, err := wasmhost.New(context.Background(), wasmhost.Config{
-		Module: wasmModule(t), VMID: "kvroute", Workers: workers,
+		Module: wasmModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
 			Configuration: "{" + endpointsJSON(addrs) + cfg + "}"}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",

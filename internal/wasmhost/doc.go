@@ -9,8 +9,10 @@
 //
 // A Host compiles the module once with wazero (through a compilation cache,
 // on disk by default) and starts Config.Workers instances of it, one per
-// Envoy worker thread. Each VM runs one callback at a time. Requests are
-// spread over the VMs round robin; every VM has one root context per
+// Envoy worker thread. Each VM runs one callback at a time. A downstream
+// connection's streams all run on one VM, as a connection belongs to one
+// Envoy worker (Config.Dispatch; tests can spread streams over the VMs in
+// turn instead); every VM has one root context per
 // Filter (plugin), created with on_context_create, on_vm_start and
 // on_configure, as Envoy does for each worker. A plugin that fails to start
 // makes New fail with a *PluginStartError quoting the module's log.

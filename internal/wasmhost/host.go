@@ -32,8 +32,9 @@ type Config struct {
 	ModulePath string
 
 	// Workers is the number of VMs, one per Envoy worker thread (default 2).
-	// Requests are spread over them round robin.
-	Workers int
+	// Dispatch says how streams are spread over them.
+	Workers  int
+	Dispatch Dispatch
 
 	// VMID is the vm_id: shared data and queues are scoped by it.
 	VMID string
@@ -99,6 +100,23 @@ type Config struct {
 	// test modules built for them.
 	PollOneoffUnsupported bool
 }
+
+// Dispatch is how streams are spread over the worker VMs.
+type Dispatch int
+
+const (
+	// DispatchConnection, the default, runs every stream of a downstream
+	// connection on one worker, picked by a hash of the client's address.
+	// That is Envoy's model: a connection belongs to the worker thread that
+	// accepted it (the kernel spreads connections over the workers' listen
+	// sockets by a hash of the address), so one keep-alive client meets one
+	// VM, whose heap stays in the cache between its requests.
+	DispatchConnection Dispatch = iota
+	// DispatchStream hands streams to the workers in turn whatever their
+	// connection, so that a test with one client runs every VM (what the
+	// workers share, what a trapped worker leaves to the others).
+	DispatchStream
+)
 
 // DirectResponse is a route's fixed answer.
 type DirectResponse struct {

@@ -109,7 +109,7 @@ func TestKvrouteTrapOnOneWorkerOtherKeepsServing(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) {
 			ups, addrs := threeUpstreams(t)
-			h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute", Workers: 2, FailOpen: failOpen,
+			h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute", Workers: 2, Dispatch: DispatchStream, FailOpen: failOpen,
 				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, `,"testHooks":true`), AllowOnHeadersStopIteration: true}},
 				Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 			r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x"}`, map[string]string{"x-kvroute-test-panic": "trap"})

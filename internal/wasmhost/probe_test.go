@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -112,8 +113,50 @@ func TestHeaderMapsDroppedAfterContinue(t *testing.T) {
 	}
 }
 
-func TestStreamEndCallbacksAndSharedDataAcrossWorkers(t *testing.T) {
+// By default a connection's streams stay on one worker, as in Envoy, and
+// connections spread over the workers.
+func TestDispatchConnectionPinsAConnectionToOneWorker(t *testing.T) {
 	h, url, _ := probeHost(t, Filter{}, func(c *Config) { c.Workers = 2 })
+	get := func(c *http.Client) {
+		t.Helper()
+		resp, err := c.Get(url + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	served := func() []int64 {
+		var n []int64
+		for _, w := range h.Workers() {
+			n = append(n, w.Requests)
+		}
+		return n
+	}
+	one := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	defer one.CloseIdleConnections()
+	const n = 12
+	for range n {
+		get(one)
+	}
+	if got := served(); !(got[0] == n && got[1] == 0 || got[0] == 0 && got[1] == n) {
+		t.Fatalf("one connection's %d streams went to workers as %v, want all on one", n, got)
+	}
+	// 32 connections, one stream each: all on one worker has odds of 2^-31.
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for range 32 {
+		get(fresh)
+	}
+	if got := served(); got[0] == 0 || got[1] == 0 || got[0]+got[1] != n+32 {
+		t.Errorf("streams per worker after 32 new connections: %v, want both workers used", got)
+	}
+}
+
+func TestStreamEndCallbacksAndSharedDataAcrossWorkers(t *testing.T) {
+	h, url, _ := probeHost(t, Filter{}, func(c *Config) { c.Workers, c.Dispatch = 2, DispatchStream })
 	const n = 20
 	for i := 0; i < n; i++ {
 		if r := do(t, "GET", url+"/x", "", nil); r.code != 200 {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net"
 	"net/http"
@@ -146,7 +147,7 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 	s.dec.fs = make([]filterData, n)
 	s.enc.fs = make([]filterData, n)
 	if n > 0 {
-		s.v = h.vms[int(h.nextWorker.Add(1)-1)%len(h.vms)]
+		s.v = h.vms[h.worker(r)]
 		s.v.streams.Add(1)
 		s.ctxs = make([]*wctx, n)
 		for i := range s.ctxs {
@@ -238,6 +239,16 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 	if s.aborted {
 		defer panic(http.ErrAbortHandler) // after the body reader stopped
 	}
+}
+
+// worker picks the VM for a new stream of r (see Dispatch).
+func (h *Host) worker(r *http.Request) int {
+	if h.cfg.Dispatch == DispatchStream || r.RemoteAddr == "" {
+		return int(uint64(h.nextWorker.Add(1)-1) % uint64(len(h.vms)))
+	}
+	f := fnv.New32a()
+	io.WriteString(f, r.RemoteAddr)
+	return int(f.Sum32() % uint32(len(h.vms)))
 }
 
 // bodyIncomplete reports whether request body bytes are still unread.
