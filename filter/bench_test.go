@@ -29,8 +29,9 @@ import (
 // kvroute's cost: "header-only" runs it with bodyRouting false (no body
 // buffered or parsed: session, load and fallbacks only), "pass-through"
 // sends the request to a path the router does not route (its callbacks
-// run and return at once), and "loaded" sends from 8 clients at once (a
-// busy proxy: the VMs' code and data stay warmer between requests).
+// run and return at once), and "loaded" sends from 8 clients at once, each
+// on its own connection (a busy proxy: streams of both workers interleave
+// on the two cores).
 //
 // vm-callbacks-us is the time spent inside the VM's callbacks per request
 // (the host's CallStats, wall time, host calls included); what the CPU
