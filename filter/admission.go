@@ -282,7 +282,7 @@ func (a *admitter) release(s *routerStream) {
 		return
 	}
 	func() {
-		defer guard(a.p.stats.recoveredPanics, "kvroute.router admission release", nil, s.failOpen)
+		defer guard(&a.p.stats.recoveredPanics, "kvroute.router admission release", nil, s.failOpen)
 		s.decide(&h.in)
 	}()
 	if err := proxywasm.ResumeHttpRequest(); err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -19,11 +21,16 @@ import (
 )
 
 // codeCounter counts, through wazero's function listeners, which of the
-// module's functions a request enters and how many calls it makes.
+// module's functions a request enters and how many calls it makes, and by
+// which callback (the exported function the host called).
 type codeCounter struct {
 	mu      sync.Mutex
+	depth   int
+	top     string
 	calls   int
 	entered map[uint32]bool
+	byTop   map[string]map[uint32]bool
+	names   map[uint32]string
 }
 
 func (c *codeCounter) NewFunctionListener(api.FunctionDefinition) experimental.FunctionListener {
@@ -31,25 +38,110 @@ func (c *codeCounter) NewFunctionListener(api.FunctionDefinition) experimental.F
 }
 
 func (c *codeCounter) Before(_ context.Context, _ api.Module, def api.FunctionDefinition, _ []uint64, _ experimental.StackIterator) {
-	if _, _, imported := def.Import(); imported {
-		return // host functions are TestWasmHostCallBudget's business
-	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.depth == 0 {
+		c.top = fmt.Sprint("function ", def.Index())
+		if names := def.ExportNames(); len(names) > 0 {
+			c.top = names[0]
+		}
+	}
+	c.depth++
+	if def.GoFunction() != nil {
+		return // the host's functions are TestWasmHostCallBudget's business
+	}
 	c.calls++
 	c.entered[def.Index()] = true
+	c.names[def.Index()] = def.DebugName()
+	m := c.byTop[c.top]
+	if m == nil {
+		m = map[uint32]bool{}
+		c.byTop[c.top] = m
+	}
+	m[def.Index()] = true
+}
+
+func (c *codeCounter) After(context.Context, api.Module, api.FunctionDefinition, []uint64) {
+	c.mu.Lock()
+	c.depth--
 	c.mu.Unlock()
 }
 
-func (c *codeCounter) After(context.Context, api.Module, api.FunctionDefinition, []uint64) {}
-func (c *codeCounter) Abort(context.Context, api.Module, api.FunctionDefinition, error)    {}
+func (c *codeCounter) Abort(context.Context, api.Module, api.FunctionDefinition, error) {
+	c.mu.Lock()
+	c.depth--
+	c.mu.Unlock()
+}
 
 // take returns what was counted since the last take.
-func (c *codeCounter) take() (calls int, entered map[uint32]bool) {
+func (c *codeCounter) take() (calls int, entered map[uint32]bool, byTop map[string]map[uint32]bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	calls, entered = c.calls, c.entered
-	c.calls, c.entered = 0, map[uint32]bool{}
-	return calls, entered
+	calls, entered, byTop = c.calls, c.entered, c.byTop
+	c.calls, c.entered, c.byTop = 0, map[uint32]bool{}, map[string]map[uint32]bool{}
+	return calls, entered, byTop
+}
+
+// wasmCodeSizes reads a module's function imports and the size of each
+// function body in its code section, indexed by function index minus the
+// imports: what a function costs in Wasm bytes before the host compiles it.
+func wasmCodeSizes(t testing.TB, m []byte) (imports int, sizes []int) {
+	t.Helper()
+	pos := 8 // magic and version
+	uleb := func() int {
+		v, shift := 0, 0
+		for {
+			if pos >= len(m) {
+				t.Fatal("wasm: truncated LEB128")
+			}
+			b := m[pos]
+			pos++
+			v |= int(b&0x7f) << shift
+			if b < 0x80 {
+				return v
+			}
+			shift += 7
+		}
+	}
+	for pos < len(m) {
+		id := m[pos]
+		pos++
+		size := uleb()
+		end := pos + size
+		switch id {
+		case 2: // imports: module, name, kind, description
+			for n := uleb(); n > 0; n-- {
+				pos += uleb()
+				pos += uleb()
+				kind := m[pos]
+				pos++
+				switch kind {
+				case 0: // function: type index
+					uleb()
+					imports++
+				case 1: // table: reftype, limits
+					pos++
+					if flags := uleb(); uleb() >= 0 && flags&1 != 0 {
+						uleb()
+					}
+				case 2: // memory: limits
+					if flags := uleb(); uleb() >= 0 && flags&1 != 0 {
+						uleb()
+					}
+				case 3: // global: valtype, mutability
+					pos += 2
+				}
+			}
+		case 10: // code
+			for n := uleb(); n > 0; n-- {
+				body := uleb()
+				sizes = append(sizes, body)
+				pos += body
+			}
+		}
+		pos = end
+	}
+	return imports, sizes
 }
 
 // TestWasmCodeFootprint pins how much of the module one routed request runs.
@@ -59,10 +151,11 @@ func (c *codeCounter) take() (calls int, entered map[uint32]bool) {
 // computes (README "Build", "Where the time goes"). The distinct functions
 // entered and the calls made are exact counts, where the benchmark's timings
 // move by 1.5x with the machine; this test fails when a change makes the
-// hot path reach for more code. The budget is today's count (251 functions,
-// 994-1,021 calls: random tie-breaks vary) plus about 5 %, for a request
-// whose system prompt the index already holds (8K tokens, 16 hosts, the
-// default profile).
+// hot path reach for more code. The budget is today's count (217 functions,
+// 251 KB of Wasm code, 912-927 calls: random tie-breaks vary) plus about
+// 5 %, for a request whose system prompt the index already holds (8K
+// tokens, 16 hosts, the default profile). KVROUTE_FOOTPRINT=<callback>
+// lists what one callback enters.
 func TestWasmCodeFootprint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles the module with function listeners")
@@ -77,9 +170,19 @@ func TestWasmCodeFootprint(t *testing.T) {
 		t.Cleanup(up.Close)
 		addrs = append(addrs, up.Listener.Addr().String())
 	}
-	counter := &codeCounter{entered: map[uint32]bool{}}
+	module := wasmModule(t)
+	imports, sizes := wasmCodeSizes(t, module)
+	bytesOf := func(fns map[uint32]bool) (n int) {
+		for f := range fns {
+			if i := int(f) - imports; i >= 0 && i < len(sizes) {
+				n += sizes[i]
+			}
+		}
+		return n
+	}
+	counter := &codeCounter{entered: map[uint32]bool{}, byTop: map[string]map[uint32]bool{}, names: map[uint32]string{}}
 	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
-	h, err := wasmhost.New(ctx, wasmhost.Config{Module: wasmModule(t), VMID: "kvroute", Workers: 1,
+	h, err := wasmhost.New(ctx, wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: "-",
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
 	if err != nil {
@@ -123,27 +226,59 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// does not count.
 	var calls []int
 	seen := map[uint32]int{}
+	seenBy := map[string]map[uint32]int{}
 	for i := 0; i < n; i++ {
 		send(warm + i)
 		settle(int64(warm + i + 1))
-		c, entered := counter.take()
+		c, entered, byTop := counter.take()
 		calls = append(calls, c)
 		for f := range entered {
 			seen[f]++
 		}
-	}
-	distinct := 0
-	for _, k := range seen {
-		if 2*k >= n {
-			distinct++
+		for top, fns := range byTop {
+			if seenBy[top] == nil {
+				seenBy[top] = map[uint32]int{}
+			}
+			for f := range fns {
+				seenBy[top][f]++
+			}
 		}
 	}
+	typical := func(seen map[uint32]int) map[uint32]bool {
+		out := map[uint32]bool{}
+		for f, k := range seen {
+			if 2*k >= n {
+				out[f] = true
+			}
+		}
+		return out
+	}
+	fns := typical(seen)
+	distinct := len(fns)
 	slices.Sort(calls)
 	median := calls[n/2]
-	t.Logf("per routed request: %d distinct functions entered, %d calls (median)", distinct, median)
-	const maxDistinct, maxCalls = 265, 1075
+	t.Logf("per routed request: %d distinct functions entered (%d KB of Wasm code), %d calls (median)", distinct, bytesOf(fns)>>10, median)
+	tops := slices.Sorted(maps.Keys(seenBy))
+	for _, top := range tops {
+		f := typical(seenBy[top])
+		t.Logf("  %-28s %3d functions, %4d KB", top, len(f), bytesOf(f)>>10)
+		// KVROUTE_FOOTPRINT=<callback> lists that callback's functions,
+		// largest first (names need a module built without -s -w).
+		if os.Getenv("KVROUTE_FOOTPRINT") == top {
+			list := slices.SortedFunc(maps.Keys(f), func(a, b uint32) int {
+				return sizes[int(b)-imports] - sizes[int(a)-imports]
+			})
+			for _, fn := range list {
+				t.Logf("    %6d %s", sizes[int(fn)-imports], counter.names[fn])
+			}
+		}
+	}
+	const maxDistinct, maxBytes, maxCalls = 228, 264<<10, 975
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
+	}
+	if b := bytesOf(fns); b > maxBytes {
+		t.Errorf("a routed request enters %d KB of the module's code, budget %d KB", b>>10, maxBytes>>10)
 	}
 	if median > maxCalls {
 		t.Errorf("a routed request makes %d calls inside the module, budget %d", median, maxCalls)

@@ -41,9 +41,11 @@ func testPanic(enabled bool, value string) {
 // (never request content: panic values come from kvroute's own code), runs
 // failOpen, and sets *action to Continue so the stream proceeds. Use it as
 //
-//	defer guard(stats, "on_request_headers", &action, s.failOpen)
+//	defer guard(&stats.recoveredPanics, "on_request_headers", &action, s.failOpen)
 //
-// failOpen may be nil; a panic inside failOpen is swallowed too.
+// failOpen may be nil; a panic inside failOpen is swallowed too. The counter
+// is passed by pointer: a MetricCounter value would be boxed into the
+// interface (a runtime call) at every callback, panic or not.
 func guard(counter interface{ Increment(uint64) }, where string, action *types.Action, failOpen func()) {
 	r := recover()
 	if r == nil {

@@ -146,7 +146,7 @@ func (p *pdPlugin) newStream(id uint32) types.HttpContext { return &pdStream{plu
 // onTick sends on, decode-only, every request whose headers have waited
 // for a body longer than bodyWait (see pdBodyWait).
 func (p *pdPlugin) onTick() {
-	defer guard(p.stats.recoveredPanics, "kvroute.pd on_tick", nil, nil)
+	defer guard(&p.stats.recoveredPanics, "kvroute.pd on_tick", nil, nil)
 	now := time.Now()
 	for id, s := range p.held {
 		if now.Sub(s.heldAt) < p.bodyWait {
@@ -229,7 +229,7 @@ type calloutResponse struct {
 func (s *pdStream) stats() *pdStats { return &s.plugin.stats }
 
 func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd on_request_headers", &action, s.failOpenInline)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd on_request_headers", &action, s.failOpenInline)
 	hs, err := proxywasm.GetHttpRequestHeaders()
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.pd: reading request headers: %v", err)
@@ -283,7 +283,7 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 }
 
 func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd on_request_body", &action, s.failOpenInline)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd on_request_body", &action, s.failOpenInline)
 	delete(s.plugin.held, s.id)
 	if s.phase != phaseBuffering {
 		return types.ActionContinue
@@ -351,7 +351,7 @@ func (s *pdStream) startVLLM() types.Action {
 // onVLLMPrefill receives the prefill answer: decode with its
 // kv_transfer_params, or decode-only.
 func (s *pdStream) onVLLMPrefill(numHeaders, bodySize, _ int) {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd prefill response", nil, s.failOpenHeld)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd prefill response", nil, s.failOpenHeld)
 	if s.done || s.phase != phasePrefilling {
 		return
 	}
@@ -460,7 +460,7 @@ func (s *pdStream) startSGLang() types.Action {
 // onSGLangPrefill settles the prefill. A failure while the decode's answer
 // is not yet on its way to the client is repaired decode-only.
 func (s *pdStream) onSGLangPrefill(numHeaders, bodySize, _ int) {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd prefill response", nil, nil)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd prefill response", nil, nil)
 	if s.done || s.sgl != sglPending {
 		return
 	}
@@ -506,7 +506,7 @@ func (s *pdStream) sendDecodeOnly() {
 }
 
 func (s *pdStream) onDecodeOnly(numHeaders, bodySize, _ int) {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd decode-only response", nil, nil)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd decode-only response", nil, nil)
 	if s.done {
 		return
 	}
@@ -534,7 +534,7 @@ func (s *pdStream) onDecodeOnly(numHeaders, bodySize, _ int) {
 // OnHttpResponseHeaders marks the response and, for SGLang, holds a decode
 // failure until the prefill's fate is known.
 func (s *pdStream) OnHttpResponseHeaders(int, bool) (action types.Action) {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd on_response_headers", &action, nil)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd on_response_headers", &action, nil)
 	if s.marker == "" || s.done {
 		return types.ActionContinue
 	}
@@ -551,7 +551,7 @@ func (s *pdStream) OnHttpResponseHeaders(int, bool) (action types.Action) {
 }
 
 func (s *pdStream) OnHttpResponseBody(_ int, endOfStream bool) (action types.Action) {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd on_response_body", &action, nil)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd on_response_body", &action, nil)
 	if !s.respHeld {
 		return types.ActionContinue
 	}
@@ -568,7 +568,7 @@ func (s *pdStream) OnHttpResponseBody(_ int, endOfStream bool) (action types.Act
 }
 
 func (s *pdStream) OnHttpStreamDone() {
-	defer guard(s.stats().recoveredPanics, "kvroute.pd on_stream_done", nil, nil)
+	defer guard(&s.stats().recoveredPanics, "kvroute.pd on_stream_done", nil, nil)
 	s.done = true
 	delete(s.plugin.held, s.id)
 }

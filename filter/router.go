@@ -312,7 +312,7 @@ func (p *routerPlugin) newStream(id uint32) types.HttpContext {
 }
 
 func (p *routerPlugin) onTick() {
-	defer guard(p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
+	defer guard(&p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
 	p.adm.tick()
 }
 
@@ -371,7 +371,7 @@ type routerStream struct {
 
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
 	p := s.plugin
-	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
+	defer guard(&p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
 	p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
 	// headers alias p.hostVal: valid in this callback only.
 	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal)
@@ -381,9 +381,7 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	testPanic(p.cfg.TestHooks, headers.testHook)
 
 	path, _ := headers.get(":path")
-	if i := strings.IndexAny(path, "?#"); i >= 0 {
-		path = path[:i]
-	}
+	path = pathOnly(path)
 	method, _ := headers.get(":method")
 
 	if path == p.cfg.State.Path {
@@ -414,7 +412,7 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 		return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
 	}
 	if cl, ok := headers.get("content-length"); ok {
-		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n > int64(p.cfg.MaxBodyBytes) {
+		if n, ok := decimal(cl); ok && n > int64(p.cfg.MaxBodyBytes) {
 			p.stats.tooLarge.Increment(1)
 			return s.reject(tooLarge(p.cfg.MaxBodyBytes))
 		}
@@ -425,6 +423,34 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	// allow_on_headers_stop_iteration for the body to arrive before the
 	// headers continue (and for our header change to reach the upstream).
 	return types.ActionPause
+}
+
+// pathOnly is :path without its query or fragment.
+func pathOnly(path string) string {
+	for i := 0; i < len(path); i++ {
+		if path[i] == '?' || path[i] == '#' {
+			return path[:i]
+		}
+	}
+	return path
+}
+
+// decimal reads a header's unsigned decimal number of up to 18 digits
+// (content-length). The header path reads it with this loop rather than
+// strconv.ParseInt: in Wasm, where each request pays for the code it
+// enters, ParseInt is three more functions for three digits.
+func decimal(v string) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(v[i]-'0')
+	}
+	return n, true
 }
 
 // readBody reads the request body into p.bodyBuf (lent to the ABI bridge,
@@ -459,8 +485,15 @@ func tooLarge(limit int) *requestError {
 }
 
 func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
+	// One defer and one return: the compiler open-codes the defer. The
+	// body's many returns would make it a runtime defer, whose bookkeeping
+	// is several more runtime functions entered at every request.
+	defer guard(&s.plugin.stats.recoveredPanics, "kvroute.router on_request_body", &action, s.failOpen)
+	return s.requestBody(bodySize, endOfStream)
+}
+
+func (s *routerStream) requestBody(bodySize int, endOfStream bool) types.Action {
 	p := s.plugin
-	defer guard(p.stats.recoveredPanics, "kvroute.router on_request_body", &action, s.failOpen)
 	if s.stateRequest {
 		return s.stateBody(bodySize, endOfStream)
 	}
@@ -477,7 +510,15 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 	}
 	s.awaitingBody = false
 	start := p.mono()
-	defer func() { p.stats.bodyMicros.Record(micros(p.mono() - start)) }()
+	action := s.routeBody(bodySize)
+	p.stats.bodyMicros.Record(micros(p.mono() - start))
+	return action
+}
+
+// routeBody parses the whole request body, decides and sets the
+// destination header (or holds or rejects the request).
+func (s *routerStream) routeBody(bodySize int) types.Action {
+	p := s.plugin
 	body, err := p.readBody(bodySize)
 	if err != nil && bodySize > 0 {
 		proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
@@ -633,7 +674,7 @@ func (s *routerStream) reject(e *requestError) types.Action {
 
 func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action types.Action) {
 	p := s.plugin
-	defer guard(p.stats.recoveredPanics, "kvroute.router on_response_headers", &action, nil)
+	defer guard(&p.stats.recoveredPanics, "kvroute.router on_response_headers", &action, nil)
 	if !s.decided || s.primary == "" {
 		return types.ActionContinue
 	}
@@ -658,7 +699,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 		p.stats.breakerOpened.Increment(1)
 		proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
 	}
-	if i, known := p.pos[served]; known {
+	if i, known := p.hostIndex(served, s.ticket.Host); known {
 		h := &p.hosts[i]
 		if h.LatencyEWMAMs == 0 {
 			h.LatencyEWMAMs = latencyMs
@@ -692,8 +733,13 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 // a host outside the candidate set answered.
 func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served string) {
 	hostbuf.Lend(p.hostVal)
-	if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil {
-		status, _ = strconv.Atoi(v)
+	if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil && len(v) == 3 {
+		for i := 0; i < 3 && v[i] >= '0' && v[i] <= '9'; i++ {
+			status = status*10 + int(v[i]-'0')
+		}
+		if status < 100 {
+			status = 0
+		}
 	}
 	hostbuf.Lend(p.hostVal)
 	v, err := proxywasm.GetProperty(upstreamAddressPath)
@@ -707,13 +753,23 @@ func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served
 	return status, string(v)
 }
 
+// hostIndex is p.pos[addr], answered without the map lookup when the
+// ticket's host (its index at the decision) still has that address.
+func (p *routerPlugin) hostIndex(addr string, hint int) (int, bool) {
+	if hint >= 0 && hint < len(p.hosts) && p.hosts[hint].Address == addr {
+		return hint, true
+	}
+	i, known := p.pos[addr]
+	return i, known
+}
+
 // upstreamAddressPath is the property Envoy sets to the upstream host that
 // took the request.
 var upstreamAddressPath = []string{"upstream", "address"}
 
 func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (action types.Action) {
 	p := s.plugin
-	defer guard(p.stats.recoveredPanics, "kvroute.router on_response_body", &action, nil)
+	defer guard(&p.stats.recoveredPanics, "kvroute.router on_response_body", &action, nil)
 	if !s.decided {
 		return types.ActionContinue
 	}
@@ -761,7 +817,7 @@ func (s *routerStream) finish() {
 
 func (s *routerStream) OnHttpStreamDone() {
 	p := s.plugin
-	defer guard(p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
+	defer guard(&p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
 	p.adm.streamDone(s)
 	if !s.decided {
 		return
@@ -796,14 +852,13 @@ func cachedTokens(tail, chunk []byte) (int, bool) {
 			for j < len(b) && b[j] == ' ' {
 				j++
 			}
-			k := j
-			for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+			k, n := j, 0
+			for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
+				n = n*10 + int(b[k]-'0')
 				k++
 			}
-			if k > j && k < len(b) { // a digit run followed by something: complete
-				if n, err := strconv.Atoi(string(b[j:k])); err == nil {
-					found, val = true, n
-				}
+			if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') { // a digit run followed by something: complete
+				found, val = true, n
 			}
 		}
 	}
@@ -834,6 +889,26 @@ func (t *tailBuf) keep(chunk []byte) {
 	t.n = copy(t.b[:], chunk)
 }
 
+// indexBytes is bytes.Index for the short keys the response scan looks for.
+// Go's Wasm build has no assembly search, and its portable one (Rabin-Karp
+// for longer keys) is two more functions brought into the cache per
+// response; this loop over the key's first byte is all a response needs.
 func indexBytes(b, sub []byte) int {
-	return strings.Index(unsafeString(b), unsafeString(sub))
+	if len(sub) == 0 {
+		return 0
+	}
+	first := sub[0]
+	for i := 0; i+len(sub) <= len(b); i++ {
+		if b[i] != first {
+			continue
+		}
+		j := 1
+		for j < len(sub) && b[i+j] == sub[j] {
+			j++
+		}
+		if j == len(sub) {
+			return i
+		}
+	}
+	return -1
 }

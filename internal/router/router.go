@@ -477,13 +477,21 @@ func (r *Router) learnTrust(t *Ticket, cached int) {
 	for slot >= len(r.trust) {
 		r.trust = append(r.trust, 0)
 	}
-	ratio := min(float64(cached)/float64(t.predictedRaw), 1)
+	// Comparisons rather than min and max: for floats those are runtime
+	// calls (NaN and signed-zero rules), code a Wasm build enters per
+	// response, and neither value here can be NaN.
+	ratio := float64(cached) / float64(t.predictedRaw)
+	if ratio > 1 {
+		ratio = 1
+	}
 	if r.trust[slot] == 0 {
 		r.trust[slot] = ratio
 	} else {
 		r.trust[slot] += 0.1 * (ratio - r.trust[slot])
 	}
-	r.trust[slot] = max(r.trust[slot], 0.05) // never forget a host entirely
+	if r.trust[slot] < 0.05 {
+		r.trust[slot] = 0.05 // never forget a host entirely
+	}
 }
 
 // Release returns every counter the request still holds. Call it when the
