@@ -16,9 +16,10 @@ import (
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// clock is the router's time source; tests replace it to step through
-// breaker cool-downs and state staleness.
-var clock = time.Now
+// clock, when set (by tests), replaces the real clock for both wall-clock
+// readings (p.now) and durations (p.mono), so tests can step through
+// breaker cool-downs, response latencies and state staleness.
+var clock func() time.Time
 
 // routerStarted, when set (by tests), receives every router plugin that
 // starts, so tests can read its books.
@@ -51,8 +52,10 @@ type routerPlugin struct {
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
 
-	// born is when the plugin started (see mono).
-	born time.Time
+	// born is when the plugin started (see mono); stepped says a test
+	// clock drives both now and mono.
+	born    time.Time
+	stepped bool
 	// lastProfile and its counter spare profileCounter a map lookup.
 	lastProfile        string
 	lastProfileCounter proxywasm.MetricCounter
@@ -91,8 +94,12 @@ func counterMetric(name string) proxywasm.MetricCounter {
 }
 
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
-	p := &routerPlugin{cfg: cfg, now: clock, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
-		hostVal: make([]byte, hostValSize), born: time.Now()}
+	now := clock
+	if now == nil {
+		now = time.Now
+	}
+	p := &routerPlugin{cfg: cfg, now: now, stepped: clock != nil, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
+		hostVal: make([]byte, hostValSize), born: now()}
 	p.stats = routerStats{
 		commonStats:         newCommonStats("router"),
 		routed:              counterMetric("requests.routed"),
@@ -295,9 +302,13 @@ func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
 
 // mono is the time since the plugin started, from the monotonic clock
 // alone: a duration measured with it costs one host call per reading in
-// Wasm, where time.Now makes two (wall and monotonic). It ignores p.now,
-// which tests step.
-func (p *routerPlugin) mono() time.Duration { return time.Since(p.born) }
+// Wasm, where time.Now makes two (wall and monotonic).
+func (p *routerPlugin) mono() time.Duration {
+	if p.stepped {
+		return p.now().Sub(p.born)
+	}
+	return time.Since(p.born)
+}
 
 // micros is d in whole microseconds, for the latency histograms.
 func micros(d time.Duration) uint64 { return uint64(max(d, 0) / time.Microsecond) }
@@ -360,7 +371,7 @@ type routerStream struct {
 	decided     bool
 	ticket      router.Ticket
 	primary     string
-	decidedAt   time.Time
+	decidedAt   time.Duration // p.mono() at the decision
 	explanation string
 	firstByte   bool
 	feedbackSet bool
@@ -591,7 +602,7 @@ func (s *routerStream) decide(in *router.Input) {
 	t, res := p.rt.Decide(in, p.hosts)
 	p.ix.UnpinClock()
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
-	s.ticket, s.decided, s.decidedAt = t, true, start
+	s.ticket, s.decided, s.decidedAt = t, true, t0
 	defer p.syncStats()
 
 	order := res.Decode.Order
@@ -678,24 +689,24 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	if !s.decided || s.primary == "" {
 		return types.ActionContinue
 	}
-	now := p.now()
-	nowMs := now.UnixMilli()
+	latencyMs := float64((p.mono()-s.decidedAt)/time.Microsecond) / 1000
 	status, served := p.responseStatusAndPeer(s.primary)
 	if served != s.primary {
 		// override_host moved on: the primary refused the connection.
 		if _, known := p.pos[served]; known {
 			p.stats.fallbacksUsed.Increment(1)
-			if p.breakers.result(s.primary, false, nowMs) {
+			if p.breakers.result(s.primary, false, p.now().UnixMilli()) {
 				p.stats.breakerOpened.Increment(1)
 			}
 		}
 	}
-	latencyMs := float64(now.Sub(s.decidedAt).Microseconds()) / 1000
 	ok := status > 0 && status < 500
 	if th := p.cfg.CircuitBreaker.LatencyThresholdMs; th > 0 && latencyMs > float64(th) {
 		ok = false
 	}
-	if p.breakers.result(served, ok, nowMs) {
+	// The wall clock only when a breaker has something to record: a
+	// success while no host is failing changes nothing.
+	if (!ok || p.breakers.failing > 0) && p.breakers.result(served, ok, p.now().UnixMilli()) {
 		p.stats.breakerOpened.Increment(1)
 		proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
 	}

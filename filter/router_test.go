@@ -336,7 +336,7 @@ func pushBody(ts int64, addrs ...string) string {
 func TestStateEndpointAuthAndValidation(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = time.Now })
+	t.Cleanup(func() { clock = nil })
 	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000}}`, types.OnPluginStartStatusOK)
 	good := pushBody(now.UnixMilli(), "10.1.0.1:8000", "10.1.0.2:8000")
 	cases := []struct {
@@ -524,7 +524,7 @@ func TestOneChunkResponseReleasesOnce(t *testing.T) {
 func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = time.Now })
+	t.Cleanup(func() { clock = nil })
 	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
 	bad := "10.0.0.2:8000"
 	respond := func(id uint32) {
@@ -575,7 +575,7 @@ func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 func TestCircuitBreakerOpensOnLatency(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = time.Now })
+	t.Cleanup(func() { clock = nil })
 	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"latencyThresholdMs":2000,"cooldownMs":60000}}`, types.OnPluginStartStatusOK)
 	slow := "10.0.0.3:8000"
 	sentToSlow := 0
