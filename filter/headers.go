@@ -35,7 +35,7 @@ func stripRoutingHeaders(destinationHeader string, buf []byte) (requestHeaders, 
 	var remove []string
 	for _, kv := range pairs {
 		name := kv[0]
-		if strings.EqualFold(name, testPanicHeader) {
+		if headerNameIs(name, testPanicHeader) {
 			h.testHook = kv[1]
 		}
 		if h.stripped(name) {
@@ -60,8 +60,8 @@ type requestHeaders struct {
 
 // stripped reports whether stripRoutingHeaders removes the header name.
 func (h *requestHeaders) stripped(name string) bool {
-	return strings.EqualFold(name, h.destination) ||
-		len(name) >= len(internalHeaderPrefix) && strings.EqualFold(name[:len(internalHeaderPrefix)], internalHeaderPrefix)
+	return headerNameIs(name, h.destination) ||
+		len(name) >= len(internalHeaderPrefix) && headerNameIs(name[:len(internalHeaderPrefix)], internalHeaderPrefix)
 }
 
 // get returns the first value of the header name, as the host's
@@ -76,9 +76,32 @@ func (h *requestHeaders) get(name string) (string, bool) {
 		return "", false
 	}
 	for _, kv := range h.pairs {
-		if strings.EqualFold(kv[0], name) {
+		if headerNameIs(kv[0], name) {
 			return kv[1], true
 		}
 	}
 	return "", false
+}
+
+// headerNameIs reports whether the header name is lit, ignoring ASCII case.
+// Header names are ASCII tokens, and Envoy hands them over in lower case;
+// a name that is lit only under Unicode case folding (strings.EqualFold's
+// rules: the Kelvin sign for k) is another header to Envoy and the
+// upstream. The length test first settles nearly every comparison, and the
+// loop keeps strings.EqualFold's Unicode tables out of the code each request
+// runs.
+func headerNameIs(name, lit string) bool {
+	if len(name) != len(lit) {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lit[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -200,10 +200,15 @@ func (p *routerPlugin) setHosts(cs []candidate) {
 
 // refreshState picks up a state push made on any worker.
 func (p *routerPlugin) refreshState() {
-	gen := loadStateGen()
-	if gen == 0 || gen == p.stateGen {
-		return
+	if gen := loadStateGen(); gen != 0 && gen != p.stateGen {
+		p.applyState(gen)
 	}
+}
+
+// applyState reads the state generation gen from shared data and makes its
+// hosts the candidates. It is refreshState's rare path, in a function of its
+// own so that the check every request makes stays a few instructions.
+func (p *routerPlugin) applyState(gen uint64) {
 	st, err := loadState()
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.router: reading pushed state: %v (keeping the previous candidates)", err)
@@ -399,16 +404,10 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 		return s.stateHeaders(method, endOfStream)
 	}
 	if !p.isInference(path) {
-		if p.cfg.RejectOtherPaths {
-			p.stats.notFound.Increment(1)
-			return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
-		}
-		p.stats.passThrough.Increment(1)
-		return types.ActionContinue
+		return s.otherPath()
 	}
 	if method != "POST" {
-		p.stats.badMethod.Increment(1)
-		return s.reject(&requestError{Status: 405, Message: "use POST for " + path})
+		return s.badMethod(path)
 	}
 	if p.cfg.SessionHeader != "" {
 		key, _ := headers.get(p.cfg.SessionHeader)
@@ -462,6 +461,26 @@ func decimal(v string) (int64, bool) {
 		n = n*10 + int64(v[i]-'0')
 	}
 	return n, true
+}
+
+// otherPath passes a request for a path the router does not route, or
+// answers 404 (rejectOtherPaths). It and badMethod are kept out of
+// OnHttpRequestHeaders so that the code every routed request runs stays
+// small: in Wasm a request pays for each part of a function it touches.
+func (s *routerStream) otherPath() types.Action {
+	p := s.plugin
+	if p.cfg.RejectOtherPaths {
+		p.stats.notFound.Increment(1)
+		return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
+	}
+	p.stats.passThrough.Increment(1)
+	return types.ActionContinue
+}
+
+// badMethod answers 405 to anything but POST on an inference path.
+func (s *routerStream) badMethod(path string) types.Action {
+	s.plugin.stats.badMethod.Increment(1)
+	return s.reject(&requestError{Status: 405, Message: "use POST for " + path})
 }
 
 // readBody reads the request body into p.bodyBuf (lent to the ABI bridge,
@@ -646,12 +665,18 @@ func (s *routerStream) decide(in *router.Input) {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
 	}
 	if p.cfg.DebugHeader != "" {
-		// Addresses, scores, matched blocks and plugin names only: never
-		// prompt text. The router's own request state carries the matches.
-		b := p.rt.AppendExplain(nil, &res, p.hosts)
-		b = append(b, " predicted_cached_tokens="...)
-		s.explanation = string(strconv.AppendInt(b, int64(t.PredictedCachedTokens), 10))
+		s.explain(&res, t.PredictedCachedTokens)
 	}
+}
+
+// explain writes the debug header's decision explanation: addresses,
+// scores, matched blocks and plugin names only, never prompt text (the
+// router's own request state carries the matches).
+func (s *routerStream) explain(res *scorer.Result, predicted int) {
+	p := s.plugin
+	b := p.rt.AppendExplain(nil, res, p.hosts)
+	b = append(b, " predicted_cached_tokens="...)
+	s.explanation = string(strconv.AppendInt(b, int64(predicted), 10))
 }
 
 // failOpen runs after a recovered panic: the client's routing headers must
