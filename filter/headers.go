@@ -83,25 +83,28 @@ func (h *requestHeaders) get(name string) (string, bool) {
 	return "", false
 }
 
-// headerNameIs reports whether the header name is lit, ignoring ASCII case.
-// Header names are ASCII tokens, and Envoy hands them over in lower case;
-// a name that is lit only under Unicode case folding (strings.EqualFold's
+// headerNameIs reports whether two header names are equal, ignoring ASCII
+// case. Header names are ASCII tokens, and Envoy hands them over in lower
+// case; a name equal only under Unicode case folding (strings.EqualFold's
 // rules: the Kelvin sign for k) is another header to Envoy and the
 // upstream. The length test first settles nearly every comparison, and the
 // loop keeps strings.EqualFold's Unicode tables out of the code each request
 // runs.
-func headerNameIs(name, lit string) bool {
-	if len(name) != len(lit) {
+func headerNameIs(a, b string) bool {
+	if len(a) != len(b) {
 		return false
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != lit[i] {
+	for i := 0; i < len(a); i++ {
+		if x, y := a[i], b[i]; x != y && lowerASCII(x) != lowerASCII(y) {
 			return false
 		}
 	}
 	return true
+}
+
+func lowerASCII(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }

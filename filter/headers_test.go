@@ -14,6 +14,7 @@ func TestHeaderNameIs(t *testing.T) {
 		{"x-kvroute-x", "x-kvroute-", false},
 		{"x-\u212avroute-", "x-kvroute-", false}, // the Kelvin sign folds to k only under Unicode rules
 		{"x-kvroutE_", "x-kvroute-", false},
+		{"x-kvroute-", "X-KVROUTE-", true},
 		{"", "", true},
 		{"@", "`", false}, // 0x40 and 0x60 differ by the case bit but are not letters
 	} {
