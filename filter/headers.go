@@ -95,7 +95,7 @@ func headerNameIs(a, b string) bool {
 		return false
 	}
 	for i := 0; i < len(a); i++ {
-		if x, y := a[i], b[i]; x != y && lowerASCII(x) != lowerASCII(y) {
+		if lowerASCII(a[i]) != lowerASCII(b[i]) {
 			return false
 		}
 	}
