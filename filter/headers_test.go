@@ -23,3 +23,40 @@ func TestHeaderNameIs(t *testing.T) {
 		}
 	}
 }
+
+func TestDecimalAndPathOnly(t *testing.T) {
+	for v, want := range map[string]int64{"0": 0, "12": 12, "000123": 123, "999999999999999999": 999999999999999999} {
+		if n, ok := decimal(v); !ok || n != want {
+			t.Errorf("decimal(%q) = %d, %v; want %d", v, n, ok, want)
+		}
+	}
+	for _, v := range []string{"", "-1", "+1", "1 ", " 1", "0x10", "1e3", "1000000000000000000"} {
+		if n, ok := decimal(v); ok {
+			t.Errorf("decimal(%q) = %d, want no number", v, n)
+		}
+	}
+	for path, want := range map[string]string{"/v1/completions": "/v1/completions", "/v1/completions?x=1": "/v1/completions",
+		"/v1/chat/completions#f": "/v1/chat/completions", "?": "", "": ""} {
+		if got := pathOnly(path); got != want {
+			t.Errorf("pathOnly(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
+
+func TestIndexBytes(t *testing.T) {
+	key := []byte(`"cached_tokens":`)
+	for _, c := range []struct {
+		b    string
+		want int
+	}{
+		{`{"cached_tokens":5}`, 1},
+		{`"cached_tokens"`, -1},
+		{`""cached_tokens":`, 1},
+		{`xx"cached_token":"cached_tokens":`, 17},
+		{``, -1},
+	} {
+		if got := indexBytes([]byte(c.b), key); got != c.want {
+			t.Errorf("indexBytes(%q) = %d, want %d", c.b, got, c.want)
+		}
+	}
+}
