@@ -295,7 +295,9 @@ func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
 	if len(raw) < minSpanString { // never in the table
-		escaped = hasBackslash(inner)
+		// shortString stops at the first backslash: the walk calls it
+		// anyway, where hasBackslash would be one more function entered.
+		escaped = shortString(raw, 0) != len(raw)
 	} else if s, ok := d.find(raw); ok {
 		escaped = s.escaped
 	} else {
