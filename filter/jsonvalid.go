@@ -51,8 +51,14 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 		ok, _ := scanJSONWith(b, nil, nil)
 		return ok
 	}
-	ok, stack := scanJSONWith(b, rec, rec.stack[:0])
-	rec.stack = stack[:0] // kept for the next body (no defer: in Wasm a call to the runtime and back)
+	return rec.scan(b)
+}
+
+// scan is scanJSON into s. Small enough to be inlined, so that a request
+// enters no function for it.
+func (s *jsonSpans) scan(b []byte) bool {
+	ok, stack := scanJSONWith(b, s, s.stack[:0])
+	s.stack = stack[:0] // kept for the next body (no defer: in Wasm a call to the runtime and back)
 	return ok
 }
 
@@ -80,7 +86,25 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 		return b[e]
 	}
 	i := skipSpace(b, 0)
-	for {
+	for key := false; ; {
+		// An object's key and ':' when b[i] starts a member (after '{' or
+		// a comma in an object: one copy of this code for both).
+		if key {
+			if i >= len(b) || b[i] != '"' {
+				return false, stack
+			}
+			if i, _ = scanString(b, i, nonASCII); i < 0 {
+				if i == badUTF8 {
+					rec.badUTF8 = true
+				}
+				return false, stack
+			}
+			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+				return false, stack
+			}
+			i = skipSpace(b, i+1)
+			key = false
+		}
 		// A value starts at b[i].
 		if i >= len(b) {
 			return false, stack
@@ -99,23 +123,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			} else {
 				stack = append(stack, int32(open))
 			}
-			if c == '[' {
-				continue
-			}
-			// A key, then ':'.
-			if i >= len(b) || b[i] != '"' {
-				return false, stack
-			}
-			if i, _ = scanString(b, i, nonASCII); i < 0 {
-				if i == badUTF8 {
-					rec.badUTF8 = true
-				}
-				return false, stack
-			}
-			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-				return false, stack
-			}
-			i = skipSpace(b, i+1)
+			key = c == '{'
 			continue
 		case c == '"':
 			start := i
@@ -162,21 +170,17 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			if i = skipNumber(b, i); i < 0 {
 				return false, stack
 			}
-		case c == 't':
-			if !hasLiteral(b, i, "true") {
+		case c == 't' || c == 'f' || c == 'n':
+			lit := "null" // one comparison for the three literals
+			if c == 't' {
+				lit = "true"
+			} else if c == 'f' {
+				lit = "false"
+			}
+			if !hasLiteral(b, i, lit) {
 				return false, stack
 			}
-			i += 4
-		case c == 'f':
-			if !hasLiteral(b, i, "false") {
-				return false, stack
-			}
-			i += 5
-		case c == 'n':
-			if !hasLiteral(b, i, "null") {
-				return false, stack
-			}
-			i += 4
+			i += len(lit)
 		default:
 			return false, stack
 		}
@@ -191,23 +195,9 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			}
 			top := opener(stack[len(stack)-1])
 			switch {
-			case b[i] == ',' && top == '[':
+			case b[i] == ',':
 				i = skipSpace(b, i+1)
-			case b[i] == ',' && top == '{':
-				i = skipSpace(b, i+1)
-				if i >= len(b) || b[i] != '"' {
-					return false, stack
-				}
-				if i, _ = scanString(b, i, nonASCII); i < 0 {
-					if i == badUTF8 {
-						rec.badUTF8 = true
-					}
-					return false, stack
-				}
-				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-					return false, stack
-				}
-				i = skipSpace(b, i+1)
+				key = top == '{'
 			case b[i] == top+2: // the matching bracket
 				if rec != nil {
 					rec.spans[stack[len(stack)-1]].end = int32(i + 1)

@@ -99,8 +99,7 @@ type requestParser struct {
 	// walking the messages, a message and its content does not rescan the
 	// prompt at each level.
 	spans jsonSpans
-	doc   jsonDoc
-	unesc []byte // the doc's buffer of unescaped strings, kept for the next body
+	doc   jsonDoc // its unesc buffer is kept for the next body
 
 	// models holds the model names seen, so that a parsed request owns its
 	// Model without a copy per request: the body it came from is reused
@@ -246,8 +245,7 @@ func (p *requestParser) withoutClientOnly(body []byte) []byte {
 // parse validates body for kind and feeds its prompt to the hasher.
 func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *requestError) {
 	r, err := p.parseBody(body, kind)
-	p.unesc = p.doc.unesc[:0]
-	p.doc = jsonDoc{} // the body goes after this request (no defer: in Wasm a call to the runtime and back)
+	p.doc.body = nil // the body goes after this request (no defer: in Wasm a call to the runtime and back)
 	return r, err
 }
 
@@ -260,13 +258,13 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	// ASCII); a failed pass looks at UTF-8 again only to name the error as
 	// a separate utf8.Valid pass would have.
 	p.spans.checkUTF8 = true
-	if !scanJSON(body, &p.spans) {
+	if !p.spans.scan(body) {
 		if p.spans.badUTF8 || !utf8.Valid(body) {
 			return r, badRequest("", "the request body is not valid UTF-8")
 		}
 		return r, badRequest("", "the request body is not valid JSON")
 	}
-	p.doc = jsonDoc{body: body, spans: p.spans.spans, unesc: p.unesc[:0]}
+	p.doc = jsonDoc{body: body, spans: p.spans.spans, unesc: p.doc.unesc[:0]}
 	if body[skipSpace(body, 0)] != '{' {
 		return r, badRequest("", "the request body must be a JSON object")
 	}
