@@ -89,45 +89,26 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		return -1
 	}
 	switch c := b[i]; {
-	case c == '"':
+	case c == '"' || c == '{' || c == '[':
 		// The table's next entry, a short string (which the table does
-		// not hold), the whole table, and only then a full scan.
+		// not hold), the whole table, and only then a full scan. One
+		// copy of the lookups for strings and containers: in Wasm each
+		// inlined copy is code every request enters.
 		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
 		}
-		if e := shortString(b, i); e > 0 {
-			return e
-		}
-		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
-		}
-		return skipString(b, i)
-	case c == '{' || c == '[':
-		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
-		}
-		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
-		}
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				if i = skipString(b, i); i < 0 {
-					return -1
-				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
+		if c == '"' {
+			if e := shortString(b, i); e > 0 {
+				return e
 			}
-			i++
 		}
-		return -1
+		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
+		if c == '"' {
+			return skipString(b, i)
+		}
+		return skipContainer(b, i)
 	case c == '-' || (c >= '0' && c <= '9'):
 		// Valid JSON: the number ends at the first byte no number holds.
 		for i++; i < len(b) && numberByte[b[i]]; i++ {
@@ -137,6 +118,31 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		return i + 4
 	case c == 'f':
 		return i + 5
+	}
+	return -1
+}
+
+// skipContainer returns the index after the object or array starting at
+// b[i], scanning it: skip's way for a container the span table does not
+// hold (no table).
+func skipContainer(b []byte, i int) int {
+	depth := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			if i = skipString(b, i); i < 0 {
+				return -1
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+		i++
 	}
 	return -1
 }
