@@ -65,6 +65,26 @@ func badRequest(param, format string, args ...any) *requestError {
 	return &requestError{Status: 400, Param: param, Message: msg}
 }
 
+// The client errors that name no value, built once: they are never
+// modified, and in Wasm each badRequest call is ~90 instructions of the
+// function that makes it, which every request enters.
+var (
+	errEmptyBody     = badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
+	errBodyNotUTF8   = badRequest("", "the request body is not valid UTF-8")
+	errBodyNotJSON   = badRequest("", "the request body is not valid JSON")
+	errBodyNotObject = badRequest("", "the request body must be a JSON object")
+	errNoModel       = badRequest("model", "'model' is required")
+	errBadModel      = badRequest("model", "'model' must be a non-empty string")
+	errBadStream     = badRequest("stream", "'stream' must be a boolean")
+	errBadUser       = badRequest("user", "'user' must be a string")
+	errBadSalt       = badRequest("cache_salt", "'cache_salt' must be a string")
+	errNoPrompt      = badRequest("", "the body has no 'messages', 'prompt' or 'input'")
+	errBadTools      = badRequest("tools", "'tools' must be an array")
+	errNoMessages    = badRequest("messages", "'messages' is required")
+	errBadMessages   = badRequest("messages", "'messages' must be an array of message objects")
+	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
+)
+
 // body renders the OpenAI error object.
 func (e *requestError) body() []byte {
 	typ := "invalid_request_error"
@@ -252,7 +272,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *requestError) {
 	var r parsedRequest
 	if len(body) == 0 {
-		return r, badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
+		return r, errEmptyBody
 	}
 	// One pass checks JSON and UTF-8 (in strings; everything else must be
 	// ASCII); a failed pass looks at UTF-8 again only to name the error as
@@ -260,13 +280,13 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	p.spans.checkUTF8 = true
 	if !p.spans.scan(body) {
 		if p.spans.badUTF8 || !utf8.Valid(body) {
-			return r, badRequest("", "the request body is not valid UTF-8")
+			return r, errBodyNotUTF8
 		}
-		return r, badRequest("", "the request body is not valid JSON")
+		return r, errBodyNotJSON
 	}
 	p.doc = jsonDoc{body: body, spans: p.spans.spans, unesc: p.doc.unesc[:0]}
 	if body[skipSpace(body, 0)] != '{' {
-		return r, badRequest("", "the request body must be a JSON object")
+		return r, errBodyNotObject
 	}
 	// One pass over the top-level members with the span walker (see
 	// jsonwalk.go). A repeated key keeps its last value, as Python's json
@@ -295,10 +315,10 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	}
 	model, stream, user, salt := fields[fieldModel], fields[fieldStream], fields[fieldUser], fields[fieldSalt]
 	if model == nil {
-		return r, badRequest("model", "'model' is required")
+		return r, errNoModel
 	}
 	if jsonType(model) != gjson.String || len(model) == 2 {
-		return r, badRequest("model", "'model' must be a non-empty string")
+		return r, errBadModel
 	}
 	r.Model = p.owned(p.doc.text(model))
 	if len(p.cfg.LoRAAdapters) > 0 { // no map operation when there is nothing to find
@@ -312,7 +332,7 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 			r.Stream = true
 		case gjson.False:
 		default:
-			return r, badRequest("stream", "'stream' must be a boolean")
+			return r, errBadStream
 		}
 	}
 	for f := fieldMaxTokens; f <= fieldMaxCompletion; f++ {
@@ -326,14 +346,14 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	}
 	if user != nil && jsonType(user) != gjson.Null {
 		if jsonType(user) != gjson.String {
-			return r, badRequest("user", "'user' must be a string")
+			return r, errBadUser
 		}
 		r.SessionKey = strings.Clone(p.doc.text(user)) // kept by session affinity
 	}
 	saltText := ""
 	if salt != nil {
 		if jsonType(salt) != gjson.String {
-			return r, badRequest("cache_salt", "'cache_salt' must be a string")
+			return r, errBadSalt
 		}
 		saltText = p.doc.text(salt)
 	}
@@ -349,7 +369,7 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 		case input != nil:
 			kind = apiEmbeddings
 		default:
-			return r, badRequest("", "the body has no 'messages', 'prompt' or 'input'")
+			return r, errNoPrompt
 		}
 	}
 	var err *requestError
@@ -504,15 +524,15 @@ func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 func (p *requestParser) chat(msgs, tools []byte) *requestError {
 	if tools != nil && jsonType(tools) != gjson.Null {
 		if tools[0] != '[' {
-			return badRequest("tools", "'tools' must be an array")
+			return errBadTools
 		}
 		p.hasher.Field("tools", unsafeString(tools))
 	}
 	if msgs == nil {
-		return badRequest("messages", "'messages' is required")
+		return errNoMessages
 	}
 	if msgs[0] != '[' {
-		return badRequest("messages", "'messages' must be an array of message objects")
+		return errBadMessages
 	}
 	n := 0
 	for i := skipSpace(msgs, 1); ; n++ {
@@ -526,7 +546,7 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 		}
 	}
 	if n == 0 {
-		return badRequest("messages", "'messages' must not be empty")
+		return errEmptyMessages
 	}
 	return nil
 }
