@@ -58,6 +58,16 @@ func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
 	return jsonSpan{}, false
 }
 
+// lastSpan is nextSpan for the entry the walk found last: text reads a
+// string that the walk has just stepped over, and finds it here without a
+// call to find.
+func (d *jsonDoc) lastSpan(v []byte) (jsonSpan, bool) {
+	if d != nil && d.next > 0 && d.next <= len(d.spans) && d.spans[d.next-1].start == int32(cap(d.body)-cap(v)) {
+		return d.spans[d.next-1], true
+	}
+	return jsonSpan{}, false
+}
+
 // search is find's binary search, for a walk that does not go forward.
 func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 	lo, hi := 0, len(d.spans)
@@ -304,6 +314,8 @@ func (d *jsonDoc) text(raw []byte) string {
 		// shortString stops at the first backslash: the walk calls it
 		// anyway, where hasBackslash would be one more function entered.
 		escaped = shortString(raw, 0) != len(raw)
+	} else if s, ok := d.lastSpan(raw); ok {
+		escaped = s.escaped
 	} else if s, ok := d.find(raw); ok {
 		escaped = s.escaped
 	} else {

@@ -284,7 +284,9 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 		}
 		return r, errBodyNotJSON
 	}
-	p.doc = jsonDoc{body: body, spans: p.spans.spans, unesc: p.doc.unesc[:0]}
+	// The walk starts inside the body's object, so the first value it
+	// looks up is the table's second entry (the first is that object).
+	p.doc = jsonDoc{body: body, spans: p.spans.spans, next: 1, unesc: p.doc.unesc[:0]}
 	if body[skipSpace(body, 0)] != '{' {
 		return r, errBodyNotObject
 	}
