@@ -406,15 +406,15 @@ func rawWholeNumber(v []byte) (int64, bool) {
 	if len(d) > 0 && d[0] == '-' {
 		d = d[1:]
 	}
-	if len(d) == 0 || len(d) > 18 || (d[0] == '0' && len(d) > 1) {
-		return wholeNumber(gjson.ParseBytes(v))
-	}
+	plain := len(d) > 0 && len(d) <= 18 && (d[0] != '0' || len(d) == 1)
 	var n int64
-	for _, c := range d {
-		if c < '0' || c > '9' {
-			return wholeNumber(gjson.ParseBytes(v))
-		}
+	for k := 0; plain && k < len(d); k++ {
+		c := d[k]
+		plain = c >= '0' && c <= '9'
 		n = n*10 + int64(c-'0')
+	}
+	if !plain { // one call site: each inlined gjson.ParseBytes is code a request enters
+		return wholeNumber(gjson.ParseBytes(v))
 	}
 	if len(d) < len(v) {
 		n = -n
