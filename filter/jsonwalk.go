@@ -302,11 +302,14 @@ var jsonTypeOf = func() (t [256]gjson.Type) {
 // stringOf returns the text of a raw JSON string. Without escapes it is a
 // view of the body (no copy: the hasher consumes it before the body goes);
 // with escapes a copy, unescaped as gjson unescapes.
-func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
+func stringOf(raw []byte) string {
+	var d jsonDoc // no table, and a buffer of its own
+	return d.text(raw)
+}
 
 // text is stringOf that takes whether a long string holds escapes from the
 // span table instead of searching it again, and unescapes into the doc's
-// buffer.
+// buffer (so d must not be nil).
 func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
@@ -323,9 +326,6 @@ func (d *jsonDoc) text(raw []byte) string {
 	}
 	if !escaped {
 		return unsafeString(inner)
-	}
-	if d == nil {
-		return string(appendUnescaped(nil, inner))
 	}
 	start := len(d.unesc)
 	d.unesc = appendUnescaped(d.unesc, inner)
