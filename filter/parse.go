@@ -83,6 +83,9 @@ var (
 	errNoMessages    = badRequest("messages", "'messages' is required")
 	errBadMessages   = badRequest("messages", "'messages' must be an array of message objects")
 	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
+
+	errBadMaxTokens           = maxTokensError("max_tokens")
+	errBadMaxCompletionTokens = maxTokensError("max_completion_tokens")
 )
 
 // body renders the OpenAI error object.
@@ -337,11 +340,12 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 			return r, errBadStream
 		}
 	}
-	for f := fieldMaxTokens; f <= fieldMaxCompletion; f++ {
-		if v := fields[f]; v != nil && jsonType(v) != gjson.Null {
+	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
+	for f, bad := range [...]*requestError{errBadMaxTokens, errBadMaxCompletionTokens} {
+		if v := fields[fieldMaxTokens+f]; v != nil && jsonType(v) != gjson.Null {
 			n, ok := rawWholeNumber(v)
 			if !ok || n < 0 || n > maxMaxTokens {
-				return r, maxTokensError(requestFields[f])
+				return r, bad
 			}
 			r.MaxTokens = int(n)
 		}
@@ -390,8 +394,8 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	return r, nil
 }
 
-// maxTokensError is parseBody's error for a bad max_tokens or
-// max_completion_tokens, built out of line: see messageError.
+// maxTokensError is the error for a bad max_tokens or
+// max_completion_tokens.
 func maxTokensError(name string) *requestError {
 	return badRequest(name, "'%s' must be a whole number from 0 to %d", name, maxMaxTokens)
 }
