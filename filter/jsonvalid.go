@@ -85,6 +85,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 		}
 		return b[e]
 	}
+	var top byte // the bracket of the innermost open container, 0 outside all
 	i := skipSpace(b, 0)
 	for key := false; ; {
 		// An object's key and ':' when b[i] starts a member (after '{' or
@@ -117,12 +118,13 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 				i++
 				break
 			}
+			e := int32(open) // the stack entry
 			if rec != nil {
-				stack = append(stack, int32(len(rec.spans)))
+				e = int32(len(rec.spans))
 				rec.spans = append(rec.spans, jsonSpan{start: int32(open), end: -1})
-			} else {
-				stack = append(stack, int32(open))
 			}
+			stack = append(stack, e)
+			top = c
 			key = c == '{'
 			continue
 		case c == '"':
@@ -148,7 +150,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 				if j = skipNumber(b, i); j < 0 {
 					return false, stack
 				}
-			} else if len(stack) > 0 && opener(stack[len(stack)-1]) == '[' {
+			} else if top == '[' {
 				// An array of plain integers (a token-id prompt):
 				// ",<integer>" after ",<integer>" here, one loop
 				// iteration per element. Anything else (space, a
@@ -193,7 +195,6 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			if i >= len(b) {
 				return false, stack
 			}
-			top := opener(stack[len(stack)-1])
 			switch {
 			case b[i] == ',':
 				i = skipSpace(b, i+1)
@@ -203,6 +204,9 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 					rec.spans[stack[len(stack)-1]].end = int32(i + 1)
 				}
 				stack = stack[:len(stack)-1]
+				if top = 0; len(stack) > 0 {
+					top = opener(stack[len(stack)-1])
+				}
 				i++
 				continue
 			default:
