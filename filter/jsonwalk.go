@@ -177,18 +177,17 @@ func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 // is an indirect call into a function of its own, and the fewer functions
 // a request touches the less it pays for cold code.
 func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
-	if i >= len(obj) || obj[i] != '"' {
-		return nil, nil, i, false
-	}
-	k := shortString(obj, i)
-	if k < 0 {
-		if k = skipString(obj, i); k < 0 {
-			return nil, nil, i, false
+	k, v, e := -1, 0, -1 // the key's end, and the value's start and end
+	if i < len(obj) && obj[i] == '"' {
+		if k = shortString(obj, i); k < 0 {
+			k = skipString(obj, i)
 		}
 	}
-	v := skipSpace(obj, skipSpace(obj, k)+1) // past ':'
-	e := d.skip(obj, v)
-	if e < 0 {
+	if k >= 0 {
+		v = skipSpace(obj, skipSpace(obj, k)+1) // past ':'
+		e = d.skip(obj, v)
+	}
+	if e < 0 { // one return for all ends of the walk: in Wasm each is code
 		return nil, nil, i, false
 	}
 	next = skipSpace(obj, e)
