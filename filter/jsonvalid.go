@@ -51,8 +51,14 @@ func scanJSON(b []byte, rec *jsonSpans) bool {
 		ok, _ := scanJSONWith(b, nil, nil)
 		return ok
 	}
-	ok, stack := scanJSONWith(b, rec, rec.stack[:0])
-	rec.stack = stack[:0] // kept for the next body (no defer: in Wasm a call to the runtime and back)
+	return rec.scan(b)
+}
+
+// scan is scanJSON into s. Small enough to be inlined, so that a request
+// enters no function for it.
+func (s *jsonSpans) scan(b []byte) bool {
+	ok, stack := scanJSONWith(b, s, s.stack[:0])
+	s.stack = stack[:0] // kept for the next body (no defer: in Wasm a call to the runtime and back)
 	return ok
 }
 
@@ -79,30 +85,12 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 		}
 		return b[e]
 	}
+	var top byte // the bracket of the innermost open container, 0 outside all
 	i := skipSpace(b, 0)
-	for {
-		// A value starts at b[i].
-		if i >= len(b) {
-			return false, stack
-		}
-		switch c := b[i]; {
-		case c == '{' || c == '[':
-			open := i
-			i = skipSpace(b, i+1)
-			if i < len(b) && b[i] == c+2 { // '{'+2 == '}', '['+2 == ']'
-				i++
-				break
-			}
-			if rec != nil {
-				stack = append(stack, int32(len(rec.spans)))
-				rec.spans = append(rec.spans, jsonSpan{start: int32(open), end: -1})
-			} else {
-				stack = append(stack, int32(open))
-			}
-			if c == '[' {
-				continue
-			}
-			// A key, then ':'.
+	for key := false; ; {
+		// An object's key and ':' when b[i] starts a member (after '{' or
+		// a comma in an object: one copy of this code for both).
+		if key {
 			if i >= len(b) || b[i] != '"' {
 				return false, stack
 			}
@@ -116,6 +104,28 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 				return false, stack
 			}
 			i = skipSpace(b, i+1)
+			key = false
+		}
+		// A value starts at b[i].
+		if i >= len(b) {
+			return false, stack
+		}
+		switch c := b[i]; {
+		case c == '{' || c == '[':
+			open := i
+			i = skipSpace(b, i+1)
+			if i < len(b) && b[i] == c+2 { // '{'+2 == '}', '['+2 == ']'
+				i++
+				break
+			}
+			e := int32(open) // the stack entry
+			if rec != nil {
+				e = int32(len(rec.spans))
+				rec.spans = append(rec.spans, jsonSpan{start: int32(open), end: -1})
+			}
+			stack = append(stack, e)
+			top = c
+			key = c == '{'
 			continue
 		case c == '"':
 			start := i
@@ -140,7 +150,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 				if j = skipNumber(b, i); j < 0 {
 					return false, stack
 				}
-			} else if len(stack) > 0 && opener(stack[len(stack)-1]) == '[' {
+			} else if top == '[' {
 				// An array of plain integers (a token-id prompt):
 				// ",<integer>" after ",<integer>" here, one loop
 				// iteration per element. Anything else (space, a
@@ -162,21 +172,17 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			if i = skipNumber(b, i); i < 0 {
 				return false, stack
 			}
-		case c == 't':
-			if !hasLiteral(b, i, "true") {
+		case c == 't' || c == 'f' || c == 'n':
+			lit := "null" // one comparison for the three literals
+			if c == 't' {
+				lit = "true"
+			} else if c == 'f' {
+				lit = "false"
+			}
+			if !hasLiteral(b, i, lit) {
 				return false, stack
 			}
-			i += 4
-		case c == 'f':
-			if !hasLiteral(b, i, "false") {
-				return false, stack
-			}
-			i += 5
-		case c == 'n':
-			if !hasLiteral(b, i, "null") {
-				return false, stack
-			}
-			i += 4
+			i += len(lit)
 		default:
 			return false, stack
 		}
@@ -189,30 +195,18 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			if i >= len(b) {
 				return false, stack
 			}
-			top := opener(stack[len(stack)-1])
 			switch {
-			case b[i] == ',' && top == '[':
+			case b[i] == ',':
 				i = skipSpace(b, i+1)
-			case b[i] == ',' && top == '{':
-				i = skipSpace(b, i+1)
-				if i >= len(b) || b[i] != '"' {
-					return false, stack
-				}
-				if i, _ = scanString(b, i, nonASCII); i < 0 {
-					if i == badUTF8 {
-						rec.badUTF8 = true
-					}
-					return false, stack
-				}
-				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-					return false, stack
-				}
-				i = skipSpace(b, i+1)
+				key = top == '{'
 			case b[i] == top+2: // the matching bracket
 				if rec != nil {
 					rec.spans[stack[len(stack)-1]].end = int32(i + 1)
 				}
 				stack = stack[:len(stack)-1]
+				if top = 0; len(stack) > 0 {
+					top = opener(stack[len(stack)-1])
+				}
 				i++
 				continue
 			default:
@@ -223,17 +217,18 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 	}
 }
 
+// skipSpace returns the index of the first byte from i that is not JSON
+// whitespace, or len(b). A table lookup per byte: the parser inlines it a
+// few dozen times, and in Wasm each copy of a switch was ~60 instructions of
+// functions every request enters.
 func skipSpace(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
+	for i < len(b) && jsonSpace[b[i]] {
+		i++
 	}
 	return i
 }
+
+var jsonSpace = [256]bool{' ': true, '\t': true, '\n': true, '\r': true}
 
 func hasLiteral(b []byte, i int, lit string) bool {
 	return len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit
@@ -247,6 +242,10 @@ var plainStringByte = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// simpleEscape marks the bytes that may follow a backslash other than 'u'
+// (a table: in Wasm a switch on them was ~110 instructions of scanString).
+var simpleEscape = [256]bool{'"': true, '\\': true, '/': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
 
 // skipString returns the index after the string starting at b[i] (a
 // quote), or -1 if it is not a valid JSON string.
@@ -296,10 +295,10 @@ func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 			if i+1 >= len(b) {
 				return -1, escaped
 			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			switch c := b[i+1]; {
+			case simpleEscape[c]:
 				i += 2
-			case 'u':
+			case c == 'u':
 				if len(b)-i < 6 || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
 					return -1, escaped
 				}
@@ -579,9 +578,17 @@ func needsLook(x uint64) uint64 {
 	return ((y-0x21*ones)&^y | (z-ones)&^z) & highs
 }
 
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
+// isHex reports whether c is a hex digit. A table lookup: scanString
+// inlines it four times, and in Wasm each copy of the range tests was ~30
+// instructions of a function every request enters.
+func isHex(c byte) bool { return hexDigit[c] }
+
+var hexDigit = func() (t [256]bool) {
+	for _, c := range "0123456789abcdefABCDEF" {
+		t[c] = true
+	}
+	return t
+}()
 
 // skipNumber returns the index after the number starting at b[i], or -1.
 func skipNumber(b []byte, i int) int {

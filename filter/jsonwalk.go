@@ -58,6 +58,16 @@ func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
 	return jsonSpan{}, false
 }
 
+// lastSpan is nextSpan for the entry the walk found last: text reads a
+// string that the walk has just stepped over, and finds it here without a
+// call to find.
+func (d *jsonDoc) lastSpan(v []byte) (jsonSpan, bool) {
+	if d != nil && d.next > 0 && d.next <= len(d.spans) && d.spans[d.next-1].start == int32(cap(d.body)-cap(v)) {
+		return d.spans[d.next-1], true
+	}
+	return jsonSpan{}, false
+}
+
 // search is find's binary search, for a walk that does not go forward.
 func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 	lo, hi := 0, len(d.spans)
@@ -89,45 +99,26 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		return -1
 	}
 	switch c := b[i]; {
-	case c == '"':
+	case c == '"' || c == '{' || c == '[':
 		// The table's next entry, a short string (which the table does
-		// not hold), the whole table, and only then a full scan.
+		// not hold), the whole table, and only then a full scan. One
+		// copy of the lookups for strings and containers: in Wasm each
+		// inlined copy is code every request enters.
 		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 			return i + int(s.end-s.start)
 		}
-		if e := shortString(b, i); e > 0 {
-			return e
-		}
-		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
-		}
-		return skipString(b, i)
-	case c == '{' || c == '[':
-		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
-		}
-		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
-		}
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				if i = skipString(b, i); i < 0 {
-					return -1
-				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
+		if c == '"' {
+			if e := shortString(b, i); e > 0 {
+				return e
 			}
-			i++
 		}
-		return -1
+		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+			return i + int(s.end-s.start)
+		}
+		if c == '"' {
+			return skipString(b, i)
+		}
+		return skipContainer(b, i)
 	case c == '-' || (c >= '0' && c <= '9'):
 		// Valid JSON: the number ends at the first byte no number holds.
 		for i++; i < len(b) && numberByte[b[i]]; i++ {
@@ -137,6 +128,31 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		return i + 4
 	case c == 'f':
 		return i + 5
+	}
+	return -1
+}
+
+// skipContainer returns the index after the object or array starting at
+// b[i], scanning it: skip's way for a container the span table does not
+// hold (no table).
+func skipContainer(b []byte, i int) int {
+	depth := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			if i = skipString(b, i); i < 0 {
+				return -1
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+		i++
 	}
 	return -1
 }
@@ -161,18 +177,17 @@ func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 // is an indirect call into a function of its own, and the fewer functions
 // a request touches the less it pays for cold code.
 func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
-	if i >= len(obj) || obj[i] != '"' {
-		return nil, nil, i, false
-	}
-	k := shortString(obj, i)
-	if k < 0 {
-		if k = skipString(obj, i); k < 0 {
-			return nil, nil, i, false
+	k, v, e := -1, 0, -1 // the key's end, and the value's start and end
+	if i < len(obj) && obj[i] == '"' {
+		if k = shortString(obj, i); k < 0 {
+			k = skipString(obj, i)
 		}
 	}
-	v := skipSpace(obj, skipSpace(obj, k)+1) // past ':'
-	e := d.skip(obj, v)
-	if e < 0 {
+	if k >= 0 {
+		v = skipSpace(obj, skipSpace(obj, k)+1) // past ':'
+		e = d.skip(obj, v)
+	}
+	if e < 0 { // one return for all ends of the walk: in Wasm each is code
 		return nil, nil, i, false
 	}
 	next = skipSpace(obj, e)
@@ -263,39 +278,46 @@ func hasBackslash(b []byte) bool {
 	return false
 }
 
-// jsonType classifies a raw value by its first byte.
+// jsonType classifies a raw value by its first byte. A table lookup rather
+// than a switch: the parser inlines it a dozen times into functions every
+// request enters, and in Wasm each copy of the switch was ~80 instructions.
 func jsonType(v []byte) gjson.Type {
 	if len(v) == 0 {
 		return gjson.Null
 	}
-	switch v[0] {
-	case '"':
-		return gjson.String
-	case 't':
-		return gjson.True
-	case 'f':
-		return gjson.False
-	case 'n':
-		return gjson.Null
-	case '{', '[':
-		return gjson.JSON
-	}
-	return gjson.Number
+	return jsonTypeOf[v[0]]
 }
+
+// jsonTypeOf is jsonType by first byte: a number for every byte JSON does
+// not start another value with.
+var jsonTypeOf = func() (t [256]gjson.Type) {
+	for c := range t {
+		t[c] = gjson.Number
+	}
+	t['"'], t['t'], t['f'], t['n'], t['{'], t['['] = gjson.String, gjson.True, gjson.False, gjson.Null, gjson.JSON, gjson.JSON
+	return t
+}()
 
 // stringOf returns the text of a raw JSON string. Without escapes it is a
 // view of the body (no copy: the hasher consumes it before the body goes);
 // with escapes a copy, unescaped as gjson unescapes.
-func stringOf(raw []byte) string { return (*jsonDoc)(nil).text(raw) }
+func stringOf(raw []byte) string {
+	var d jsonDoc // no table, and a buffer of its own
+	return d.text(raw)
+}
 
 // text is stringOf that takes whether a long string holds escapes from the
 // span table instead of searching it again, and unescapes into the doc's
-// buffer.
+// buffer (so d must not be nil).
 func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
 	if len(raw) < minSpanString { // never in the table
-		escaped = hasBackslash(inner)
+		// shortString stops at the first backslash: the walk calls it
+		// anyway, where hasBackslash would be one more function entered.
+		escaped = shortString(raw, 0) != len(raw)
+	} else if s, ok := d.lastSpan(raw); ok {
+		escaped = s.escaped
 	} else if s, ok := d.find(raw); ok {
 		escaped = s.escaped
 	} else {
@@ -303,9 +325,6 @@ func (d *jsonDoc) text(raw []byte) string {
 	}
 	if !escaped {
 		return unsafeString(inner)
-	}
-	if d == nil {
-		return string(appendUnescaped(nil, inner))
 	}
 	start := len(d.unesc)
 	d.unesc = appendUnescaped(d.unesc, inner)

@@ -65,6 +65,29 @@ func badRequest(param, format string, args ...any) *requestError {
 	return &requestError{Status: 400, Param: param, Message: msg}
 }
 
+// The client errors that name no value, built once: they are never
+// modified, and in Wasm each badRequest call is ~90 instructions of the
+// function that makes it, which every request enters.
+var (
+	errEmptyBody     = badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
+	errBodyNotUTF8   = badRequest("", "the request body is not valid UTF-8")
+	errBodyNotJSON   = badRequest("", "the request body is not valid JSON")
+	errBodyNotObject = badRequest("", "the request body must be a JSON object")
+	errNoModel       = badRequest("model", "'model' is required")
+	errBadModel      = badRequest("model", "'model' must be a non-empty string")
+	errBadStream     = badRequest("stream", "'stream' must be a boolean")
+	errBadUser       = badRequest("user", "'user' must be a string")
+	errBadSalt       = badRequest("cache_salt", "'cache_salt' must be a string")
+	errNoPrompt      = badRequest("", "the body has no 'messages', 'prompt' or 'input'")
+	errBadTools      = badRequest("tools", "'tools' must be an array")
+	errNoMessages    = badRequest("messages", "'messages' is required")
+	errBadMessages   = badRequest("messages", "'messages' must be an array of message objects")
+	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
+
+	errBadMaxTokens           = maxTokensError("max_tokens")
+	errBadMaxCompletionTokens = maxTokensError("max_completion_tokens")
+)
+
 // body renders the OpenAI error object.
 func (e *requestError) body() []byte {
 	typ := "invalid_request_error"
@@ -99,8 +122,7 @@ type requestParser struct {
 	// walking the messages, a message and its content does not rescan the
 	// prompt at each level.
 	spans jsonSpans
-	doc   jsonDoc
-	unesc []byte // the doc's buffer of unescaped strings, kept for the next body
+	doc   jsonDoc // its unesc buffer is kept for the next body
 
 	// models holds the model names seen, so that a parsed request owns its
 	// Model without a copy per request: the body it came from is reused
@@ -121,17 +143,56 @@ type memberSpan struct {
 	drop       bool
 }
 
-// clientOnly are top-level request fields by which one engine is told to
-// pull KV from, or pair with, another (vLLM's NixlConnector
-// kv_transfer_params, SGLang's bootstrap pairing). Only kvroute.pd may set
-// them: from a client they would make an engine connect to a host the
-// client names. The router removes them from every request it routes.
-func clientOnly(key string) bool {
-	switch key {
-	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
-		return true
+// The top-level members parseBody looks at, by index in requestFields.
+const (
+	fieldModel = iota
+	fieldStream
+	fieldMaxTokens
+	fieldMaxCompletion
+	fieldUser
+	fieldSalt
+	fieldMessages
+	fieldTools
+	fieldPrompt
+	fieldInput
+	// From here on the fields by which one engine is told to pull KV
+	// from, or pair with, another (vLLM's NixlConnector
+	// kv_transfer_params, SGLang's bootstrap pairing). Only kvroute.pd may
+	// set them: from a client they would make an engine connect to a host
+	// the client names. The router removes them from every request it
+	// routes.
+	firstClientOnly
+)
+
+var requestFields = [...]string{
+	fieldModel:          "model",
+	fieldStream:         "stream",
+	fieldMaxTokens:      "max_tokens",
+	fieldMaxCompletion:  "max_completion_tokens",
+	fieldUser:           "user",
+	fieldSalt:           "cache_salt",
+	fieldMessages:       "messages",
+	fieldTools:          "tools",
+	fieldPrompt:         "prompt",
+	fieldInput:          "input",
+	firstClientOnly:     "kv_transfer_params",
+	firstClientOnly + 1: "bootstrap_host",
+	firstClientOnly + 2: "bootstrap_port",
+	firstClientOnly + 3: "bootstrap_room",
+}
+
+// fieldOf returns the index of key in fields, or -1. The parser matches
+// keys with this one loop rather than with a comparison per key inlined
+// where it reads them: in Wasm a request pays for every byte of each
+// function it enters, and those copies made parseBody and message
+// kilobytes larger.
+func fieldOf(key string, fields []string) int {
+	for n, f := range fields {
+		if is(key, f) {
+			return n
+		}
 	}
-	return false
+	return -1
 }
 
 // is reports whether s == lit. The parser compares keys with it rather than
@@ -152,11 +213,21 @@ func is(s, lit string) bool {
 // maxModelNames bounds models: names beyond it are copied per request.
 const maxModelNames = 256
 
-// owned returns s as a string that does not alias the body.
+// owned returns s as a string that does not alias the body. Small enough
+// to be inlined: most bodies name the last model again, and then a request
+// enters no function for it (in Wasm every map operation costs, and every
+// function entered). It compares with == (is would make it too big to be
+// inlined): the runtime's memequal that calls is entered by every request
+// anyway.
 func (p *requestParser) owned(s string) string {
-	if is(s, p.last) {
-		return p.last // no map lookup: in Wasm every map operation costs
+	if s == p.last {
+		return p.last
 	}
+	return p.remember(s)
+}
+
+// remember is owned for a model other than the last one.
+func (p *requestParser) remember(s string) string {
 	if m, ok := p.models[s]; ok {
 		p.last = m
 		return m
@@ -197,34 +268,35 @@ func (p *requestParser) withoutClientOnly(body []byte) []byte {
 // parse validates body for kind and feeds its prompt to the hasher.
 func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *requestError) {
 	r, err := p.parseBody(body, kind)
-	p.unesc = p.doc.unesc[:0]
-	p.doc = jsonDoc{} // the body goes after this request (no defer: in Wasm a call to the runtime and back)
+	p.doc.body = nil // the body goes after this request (no defer: in Wasm a call to the runtime and back)
 	return r, err
 }
 
 func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *requestError) {
 	var r parsedRequest
 	if len(body) == 0 {
-		return r, badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
+		return r, errEmptyBody
 	}
 	// One pass checks JSON and UTF-8 (in strings; everything else must be
 	// ASCII); a failed pass looks at UTF-8 again only to name the error as
 	// a separate utf8.Valid pass would have.
 	p.spans.checkUTF8 = true
-	if !scanJSON(body, &p.spans) {
+	if !p.spans.scan(body) {
 		if p.spans.badUTF8 || !utf8.Valid(body) {
-			return r, badRequest("", "the request body is not valid UTF-8")
+			return r, errBodyNotUTF8
 		}
-		return r, badRequest("", "the request body is not valid JSON")
+		return r, errBodyNotJSON
 	}
-	p.doc = jsonDoc{body: body, spans: p.spans.spans, unesc: p.unesc[:0]}
+	// The walk starts inside the body's object, so the first value it
+	// looks up is the table's second entry (the first is that object).
+	p.doc = jsonDoc{body: body, spans: p.spans.spans, next: 1, unesc: p.doc.unesc[:0]}
 	if body[skipSpace(body, 0)] != '{' {
-		return r, badRequest("", "the request body must be a JSON object")
+		return r, errBodyNotObject
 	}
 	// One pass over the top-level members with the span walker (see
-	// jsonwalk.go); gjson reads the small values. A repeated key keeps its
-	// last value, as Python's json module (vLLM, SGLang) does.
-	var model, stream, maxTokens, maxCompletion, user, salt, messages, tools, prompt, input []byte
+	// jsonwalk.go). A repeated key keeps its last value, as Python's json
+	// module (vLLM, SGLang) does.
+	var fields [firstClientOnly][]byte
 	p.members, p.dropped = p.members[:0], 0
 	obj := body[skipSpace(body, 0):]
 	for i := skipSpace(obj, 1); ; {
@@ -237,44 +309,21 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 		m := memberSpan{start: cap(body) - cap(k), end: cap(body) - cap(v) + len(v)}
 		// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
 		// "model", and an escaped kv_transfer_params must go too.
-		key := unsafeString(k[1 : len(k)-1])
-		if hasBackslash(k) {
-			key = gjson.ParseBytes(k).Str
-		}
-		if clientOnly(key) {
+		switch f := fieldOf(p.doc.text(k), requestFields[:]); {
+		case f >= firstClientOnly:
 			m.drop = true
 			p.dropped++
+		case f >= 0:
+			fields[f] = v
 		}
 		p.members = append(p.members, m)
-		// Compared with is, not a switch: see is.
-		switch {
-		case is(key, "model"):
-			model = v
-		case is(key, "stream"):
-			stream = v
-		case is(key, "max_tokens"):
-			maxTokens = v
-		case is(key, "max_completion_tokens"):
-			maxCompletion = v
-		case is(key, "user"):
-			user = v
-		case is(key, "cache_salt"):
-			salt = v
-		case is(key, "messages"):
-			messages = v
-		case is(key, "tools"):
-			tools = v
-		case is(key, "prompt"):
-			prompt = v
-		case is(key, "input"):
-			input = v
-		}
 	}
+	model, stream, user, salt := fields[fieldModel], fields[fieldStream], fields[fieldUser], fields[fieldSalt]
 	if model == nil {
-		return r, badRequest("model", "'model' is required")
+		return r, errNoModel
 	}
 	if jsonType(model) != gjson.String || len(model) == 2 {
-		return r, badRequest("model", "'model' must be a non-empty string")
+		return r, errBadModel
 	}
 	r.Model = p.owned(p.doc.text(model))
 	if len(p.cfg.LoRAAdapters) > 0 { // no map operation when there is nothing to find
@@ -288,37 +337,35 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 			r.Stream = true
 		case gjson.False:
 		default:
-			return r, badRequest("stream", "'stream' must be a boolean")
+			return r, errBadStream
 		}
 	}
-	for _, f := range [...]struct {
-		name string
-		v    []byte
-	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
-		if f.v == nil || jsonType(f.v) == gjson.Null {
-			continue
+	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
+	for f, bad := range [...]*requestError{errBadMaxTokens, errBadMaxCompletionTokens} {
+		if v := fields[fieldMaxTokens+f]; v != nil && jsonType(v) != gjson.Null {
+			n, ok := rawWholeNumber(v)
+			if !ok || n < 0 || n > maxMaxTokens {
+				return r, bad
+			}
+			r.MaxTokens = int(n)
 		}
-		n, ok := rawWholeNumber(f.v)
-		if !ok || n < 0 || n > maxMaxTokens {
-			return r, badRequest(f.name, "'%s' must be a whole number from 0 to %d", f.name, maxMaxTokens)
-		}
-		r.MaxTokens = int(n)
 	}
 	if user != nil && jsonType(user) != gjson.Null {
 		if jsonType(user) != gjson.String {
-			return r, badRequest("user", "'user' must be a string")
+			return r, errBadUser
 		}
 		r.SessionKey = strings.Clone(p.doc.text(user)) // kept by session affinity
 	}
 	saltText := ""
 	if salt != nil {
 		if jsonType(salt) != gjson.String {
-			return r, badRequest("cache_salt", "'cache_salt' must be a string")
+			return r, errBadSalt
 		}
 		saltText = p.doc.text(salt)
 	}
 
 	p.hasher.Reset(r.Model, r.Adapter, saltText)
+	messages, prompt, input := fields[fieldMessages], fields[fieldPrompt], fields[fieldInput]
 	if kind == apiUnknown {
 		switch {
 		case messages != nil:
@@ -328,13 +375,13 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 		case input != nil:
 			kind = apiEmbeddings
 		default:
-			return r, badRequest("", "the body has no 'messages', 'prompt' or 'input'")
+			return r, errNoPrompt
 		}
 	}
 	var err *requestError
 	switch kind {
 	case apiChat:
-		err = p.chat(messages, tools)
+		err = p.chat(messages, fields[fieldTools])
 	case apiCompletions:
 		err = p.prompt(prompt, "prompt")
 	case apiEmbeddings:
@@ -347,6 +394,12 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	return r, nil
 }
 
+// maxTokensError is the error for a bad max_tokens or
+// max_completion_tokens.
+func maxTokensError(name string) *requestError {
+	return badRequest(name, "'%s' must be a whole number from 0 to %d", name, maxMaxTokens)
+}
+
 // rawWholeNumber is wholeNumber of a raw JSON value. A plain integer of up
 // to 18 digits (every max_tokens and token id in practice) is read here
 // without gjson, whose Parse also runs a float parse of every number: in
@@ -357,15 +410,15 @@ func rawWholeNumber(v []byte) (int64, bool) {
 	if len(d) > 0 && d[0] == '-' {
 		d = d[1:]
 	}
-	if len(d) == 0 || len(d) > 18 || (d[0] == '0' && len(d) > 1) {
-		return wholeNumber(gjson.ParseBytes(v))
-	}
+	plain := len(d) > 0 && len(d) <= 18 && (d[0] != '0' || len(d) == 1)
 	var n int64
-	for _, c := range d {
-		if c < '0' || c > '9' {
-			return wholeNumber(gjson.ParseBytes(v))
-		}
+	for k := 0; plain && k < len(d); k++ {
+		c := d[k]
+		plain = c >= '0' && c <= '9'
 		n = n*10 + int64(c-'0')
+	}
+	if !plain { // one call site: each inlined gjson.ParseBytes is code a request enters
+		return wholeNumber(gjson.ParseBytes(v))
 	}
 	if len(d) < len(v) {
 		n = -n
@@ -477,15 +530,15 @@ func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 func (p *requestParser) chat(msgs, tools []byte) *requestError {
 	if tools != nil && jsonType(tools) != gjson.Null {
 		if tools[0] != '[' {
-			return badRequest("tools", "'tools' must be an array")
+			return errBadTools
 		}
 		p.hasher.Field("tools", unsafeString(tools))
 	}
 	if msgs == nil {
-		return badRequest("messages", "'messages' is required")
+		return errNoMessages
 	}
 	if msgs[0] != '[' {
-		return badRequest("messages", "'messages' must be an array of message objects")
+		return errBadMessages
 	}
 	n := 0
 	for i := skipSpace(msgs, 1); ; n++ {
@@ -499,44 +552,50 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 		}
 	}
 	if n == 0 {
-		return badRequest("messages", "'messages' must not be empty")
+		return errEmptyMessages
 	}
 	return nil
 }
 
+// The members of a message that message reads, by index in messageFields:
+// raw keys, quotes included (an escaped key is not one of them).
+const (
+	messageRole = iota
+	messageName
+	messageContent
+	messageToolCalls
+	messageToolCallID
+)
+
+var messageFields = [...]string{
+	messageRole:       `"role"`,
+	messageName:       `"name"`,
+	messageContent:    `"content"`,
+	messageToolCalls:  `"tool_calls"`,
+	messageToolCallID: `"tool_call_id"`,
+}
+
 func (p *requestParser) message(m []byte, i int) *requestError {
-	// at names the message in errors; built only for one (a string per
-	// message was an allocation per message on the hot path).
-	at := func() string { return "messages[" + strconv.Itoa(i) + "]" }
 	if m[0] != '{' {
-		at := at()
-		return badRequest(at, "'%s' must be an object with 'role' and 'content'", at)
+		return messageError(i, "", "'%s' must be an object with 'role' and 'content'")
 	}
 	// One pass over the message's members (the content may be most of the
 	// body).
-	var role, name, content, calls, callID []byte
+	var fields [len(messageFields)][]byte
 	for pos := skipSpace(m, 1); ; {
 		k, v, next, ok := p.doc.member(m, pos)
 		if !ok {
 			break
 		}
 		pos = next
-		switch k := unsafeString(k); {
-		case is(k, `"role"`):
-			role = v
-		case is(k, `"name"`):
-			name = v
-		case is(k, `"content"`):
-			content = v
-		case is(k, `"tool_calls"`):
-			calls = v
-		case is(k, `"tool_call_id"`):
-			callID = v
+		if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
+			fields[f] = v
 		}
 	}
+	role, name, content := fields[messageRole], fields[messageName], fields[messageContent]
+	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
 	if jsonType(role) != gjson.String || len(role) == 2 {
-		at := at()
-		return badRequest(at+".role", "'%s.role' must be a non-empty string", at)
+		return messageError(i, ".role", "'%s.role' must be a non-empty string")
 	}
 	p.hasher.BeginMessage(p.doc.text(role))
 	if jsonType(name) == gjson.String {
@@ -559,18 +618,13 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	case jsonType(content) == gjson.Null:
 		// Absent or null: an assistant message with tool calls, or a refusal.
 	default:
-		at := at()
-		return badRequest(at+".content", "'%s.content' must be a string or an array of content parts", at)
+		return messageError(i, ".content", "'%s.content' must be a string or an array of content parts")
 	}
 	if calls != nil && jsonType(calls) != gjson.Null {
 		if calls[0] != '[' {
-			at := at()
-			return badRequest(at+".tool_calls", "'%s.tool_calls' must be an array", at)
+			return messageError(i, ".tool_calls", "'%s.tool_calls' must be an array")
 		}
-		for _, c := range gjson.ParseBytes(calls).Array() {
-			fn := c.Get("function")
-			p.hasher.ToolCall(c.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
-		}
+		p.toolCalls(calls)
 	}
 	if jsonType(callID) == gjson.String {
 		p.hasher.Field("tool_call_id", p.doc.text(callID))
@@ -578,12 +632,29 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	return nil
 }
 
+// messageError is the error about message i, or about its field (".role";
+// "" for the message itself); format names the message with its one %s.
+// Errors are built out of line, here and in partError: in Wasm a request
+// pays for every byte of each function it enters, and message is entered
+// for every message.
+func messageError(i int, field, format string) *requestError {
+	at := "messages[" + strconv.Itoa(i) + "]"
+	return badRequest(at+field, format, at)
+}
+
+// toolCalls hashes an assistant message's tool calls, the array calls. Out
+// of message (which every message enters) with its gjson lookups.
+func (p *requestParser) toolCalls(calls []byte) {
+	for _, c := range gjson.ParseBytes(calls).Array() {
+		fn := c.Get("function")
+		p.hasher.ToolCall(c.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
+	}
+}
+
 // part hashes content part j of message i.
 func (p *requestParser) part(part []byte, i, j int) *requestError {
-	at := func() string { return "messages[" + strconv.Itoa(i) + "].content[" + strconv.Itoa(j) + "]" }
 	if part[0] != '{' {
-		at := at()
-		return badRequest(at, "'%s' must be a content part object", at)
+		return partError(i, j, "", "'%s' must be a content part object")
 	}
 	var typ, text []byte
 	for i := skipSpace(part, 1); ; {
@@ -600,14 +671,12 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 		}
 	}
 	if jsonType(typ) != gjson.String || typ == nil {
-		at := at()
-		return badRequest(at+".type", "'%s.type' must be a string", at)
+		return partError(i, j, ".type", "'%s.type' must be a string")
 	}
 	switch t := p.doc.text(typ); t {
 	case "text":
 		if jsonType(text) != gjson.String || text == nil {
-			at := at()
-			return badRequest(at+".text", "'%s.text' must be a string", at)
+			return partError(i, j, ".text", "'%s.text' must be a string")
 		}
 		p.hasher.Text(p.doc.text(text))
 	case "image_url":
@@ -619,6 +688,12 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 		p.hasher.Part(t, unsafeString(part))
 	}
 	return nil
+}
+
+// partError is messageError for content part j of message i.
+func partError(i, j int, field, format string) *requestError {
+	at := "messages[" + strconv.Itoa(i) + "].content[" + strconv.Itoa(j) + "]"
+	return badRequest(at+field, format, at)
 }
 
 func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
