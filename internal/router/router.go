@@ -158,10 +158,15 @@ func New(cfg Config) *Router {
 func (r *Router) Handler() *scorer.Handler { return r.handler }
 
 // Stats returns a copy of the counters.
+//
+// It unlocks without defer, as Feedback does: the copy cannot panic, and a
+// deferred call is a function of its own (a deferwrap) that every request
+// enters in Wasm.
 func (r *Router) Stats() Stats {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.stats
+	s := r.stats
+	r.mu.Unlock()
+	return s
 }
 
 // Register gives addr an index slot (the filter calls it for every
@@ -462,11 +467,13 @@ func (r *Router) FirstToken(t *Ticket) {
 // prompt); the comparison is the drift metric that tells an operator
 // whether the index's block size and capacity match the engines'.
 func (r *Router) Feedback(t *Ticket, cachedTokens int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if cachedTokens < 0 {
 		return
 	}
+	// Only arithmetic under the lock, nothing that can panic: unlocked
+	// without defer, whose wrapper would be one more function entered per
+	// response in Wasm.
+	r.mu.Lock()
 	r.stats.FeedbackRequests++
 	r.learnTrust(t, cachedTokens)
 	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
@@ -480,6 +487,7 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 	case t.PredictedCachedTokens+slack < cachedTokens:
 		r.stats.UnderPredicted++
 	}
+	r.mu.Unlock()
 }
 
 // learnTrust updates the host's confirmed-over-predicted ratio, an EWMA
