@@ -50,8 +50,7 @@ func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens in
 	// owns the slot, and counts stored under any other generation belong
 	// to a previous host (or a bad value) and are reset.
 	if ix.table.check(ref) != nil {
-		ix.readSlots()
-		if err := ix.table.check(ref); err != nil {
+		if err := ix.recheck(ref); err != nil {
 			return LoadTicket{}, err
 		}
 	}
@@ -60,6 +59,15 @@ func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens in
 		return LoadTicket{}, err
 	}
 	return t, nil
+}
+
+// recheck reads the slot table again and checks ref against it: the table
+// this VM last read may predate the host's registration. Out of AddLoadKV,
+// which runs for every request, because this is rare: in Wasm each request
+// pays for the code of the functions it enters.
+func (ix *Index) recheck(ref HostRef) error {
+	ix.readSlots()
+	return ix.table.check(ref)
 }
 
 // PrefillDone subtracts the ticket's prefill tokens (the first token came

@@ -317,26 +317,28 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	res := r.handler.Run(req, hosts, r.scratch)
 	r.stats.Decisions++
 	t := Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
+	// One return: each return copies the Ticket and the Result, code a Wasm
+	// build would carry once per return site.
 	if t.Host < 0 {
 		r.stats.NoCandidate++
-		return t, res
+	} else {
+		h := &hosts[t.Host]
+		t.Address = h.Address
+		if in.SessionKey != "" && req.PinnedAddress != h.Address {
+			r.sessions.Put(in.SessionKey, h.Address)
+		}
+		r.memory.store(in.Chain, h.Address)
+		prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
+		if res.Disaggregated {
+			r.holdDisaggregated(&t, in, hosts, res.Prefill.Primary(), prompt, out, queried)
+		} else {
+			hb, cached := req.Matched(t.Host)
+			t.PredictedCachedTokens = cached
+			t.predictedRaw = tokensIn(in, hb)
+			r.record(h, in.Chain, queried)
+			t.decode = r.add(h, max(prompt-cached, 0), out, prompt+out)
+		}
 	}
-	h := &hosts[t.Host]
-	t.Address = h.Address
-	if in.SessionKey != "" && req.PinnedAddress != h.Address {
-		r.sessions.Put(in.SessionKey, h.Address)
-	}
-	r.memory.store(in.Chain, h.Address)
-	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
-	if res.Disaggregated {
-		r.holdDisaggregated(&t, in, hosts, res.Prefill.Primary(), prompt, out, queried)
-		return t, res
-	}
-	hb, cached := req.Matched(t.Host)
-	t.PredictedCachedTokens = cached
-	t.predictedRaw = tokensIn(in, hb)
-	r.record(h, in.Chain, queried)
-	t.decode = r.add(h, max(prompt-cached, 0), out, prompt+out)
 	return t, res
 }
 
