@@ -273,7 +273,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 			}
 		}
 	}
-	const maxDistinct, maxBytes, maxCalls = 224, 260 << 10, 950
+	const maxDistinct, maxBytes, maxCalls = 221, 249 << 10, 950
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}
