@@ -416,6 +416,14 @@ func (ix *Index) refreshSlots() {
 			}
 		}
 	}
+	ix.reloadSlots()
+}
+
+// reloadSlots is refreshSlots' slow path: the stamp moved or the recheck
+// is due. Most requests only read the stamp; keeping this out of line
+// keeps the code they enter small (in Wasm each request pays for the code
+// of every function it enters).
+func (ix *Index) reloadSlots() {
 	ix.readSlots()
 	if !ix.tableOK {
 		return

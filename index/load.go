@@ -50,8 +50,7 @@ func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens in
 	// owns the slot, and counts stored under any other generation belong
 	// to a previous host (or a bad value) and are reset.
 	if ix.table.check(ref) != nil {
-		ix.readSlots()
-		if err := ix.table.check(ref); err != nil {
+		if err := ix.recheck(ref); err != nil {
 			return LoadTicket{}, err
 		}
 	}
@@ -60,6 +59,15 @@ func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens in
 		return LoadTicket{}, err
 	}
 	return t, nil
+}
+
+// recheck reads the slot table again and checks ref against it: the table
+// this VM last read may predate the host's registration. Out of AddLoadKV,
+// which runs for every request, because this is rare: in Wasm each request
+// pays for the code of the functions it enters.
+func (ix *Index) recheck(ref HostRef) error {
+	ix.readSlots()
+	return ix.table.check(ref)
 }
 
 // PrefillDone subtracts the ticket's prefill tokens (the first token came
@@ -128,40 +136,22 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 				ix.metrics.Corrupt++
 			}
 		}
-		var out []byte
+		out := v
 		if ref.Slot < n {
 			// The slot is there: edit the value read (this update's own
 			// copy) in place, to the same bytes a rebuild would give.
 			v[3], v[6], v[7] = 0, 0, 0
-			out = v
 		} else {
-			size := ref.Slot + 1
-			ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
-			ix.enc = le.AppendUint16(ix.enc, uint16(size))
-			ix.enc = append(ix.enc, 0, 0)
-			if n > 0 {
-				ix.enc = append(ix.enc, v[loadHeader:loadHeader+n*loadRecord]...)
-			}
-			for len(ix.enc) < loadHeader+size*loadRecord {
-				ix.enc = append(ix.enc, 0)
-			}
-			out = ix.enc
+			out = ix.growLoad(v, n, ref.Slot+1)
 		}
 		r := out[loadHeader+ref.Slot*loadRecord:]
-		gen := le.Uint32(r)
-		switch {
-		case gen == ref.Gen:
-		case add:
-			// First request for this incarnation: start from zero.
-			le.PutUint32(r, ref.Gen)
-			le.PutUint32(r[4:], 0)
-			le.PutUint32(r[8:], 0)
-			le.PutUint32(r[12:], 0)
-			le.PutUint32(r[16:], 0)
-		default:
-			// Releasing for an older incarnation whose counts were reset:
-			// nothing to do, and the ticket is spent.
-			return nil
+		if le.Uint32(r) != ref.Gen {
+			if !add {
+				// Releasing for an older incarnation whose counts were
+				// reset: nothing to do, and the ticket is spent.
+				return nil
+			}
+			resetLoad(r, ref.Gen)
 		}
 		for i, x := range [4]uint32{d.inflight, d.prefill, d.decode, d.kv} {
 			c := le.Uint32(r[4+4*i:])
@@ -186,6 +176,34 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 	}
 	ix.metrics.CASFailures++
 	return ErrContended
+}
+
+// growLoad builds in ix.enc a load value of size slots from the n slots
+// of v, the new slots zero. It is out of updateLoad because it runs only
+// the first time a slot is counted: in Wasm each request pays for the
+// code of every function it enters, so the hot path stays small (hence
+// noinline: inlined, its appends would be most of updateLoad's code).
+//
+//go:noinline
+func (ix *Index) growLoad(v []byte, n, size int) []byte {
+	ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
+	ix.enc = le.AppendUint16(ix.enc, uint16(size))
+	ix.enc = append(ix.enc, 0, 0)
+	if n > 0 {
+		ix.enc = append(ix.enc, v[loadHeader:loadHeader+n*loadRecord]...)
+	}
+	for len(ix.enc) < loadHeader+size*loadRecord {
+		ix.enc = append(ix.enc, 0)
+	}
+	return ix.enc
+}
+
+// resetLoad starts record r afresh for incarnation gen (the first request
+// of a new host in the slot); out of updateLoad for the same reason as
+// growLoad.
+func resetLoad(r []byte, gen uint32) {
+	le.PutUint32(r, gen)
+	clear(r[4:loadRecord])
 }
 
 func validLoad(v []byte) bool {

@@ -30,24 +30,31 @@ func (m *Matches) Best() (slot, blocks int) {
 }
 
 type queryState struct {
-	blocks     []uint64
-	hint       *hintLine // the answers of the last query with this first block
-	found      [hintsPerLine]int32
-	nfound     int
-	m          *Matches
-	budget     int
-	truncated  bool
-	now        uint32
-	cacheShard []int
-	cacheVal   []shardView
-	cacheOK    []bool
-	cacheCAS   []uint32 // CAS of each shard read; 0 with !cacheGot: missing
-	cacheGot   []bool
+	blocks    []uint64
+	hint      *hintLine // the answers of the last query with this first block
+	found     [hintsPerLine]int32
+	nfound    int
+	m         *Matches
+	budget    int
+	truncated bool
+	now       uint32
+	reads     []shardRead // the shards this query read, in read order
 	// cacheBuf[k] is the buffer shard read k of a query is copied into
 	// (AppendGetter); kept across queries, so warm queries allocate
-	// nothing. cacheVal[k] views it until Record takes it (queriedShard).
+	// nothing. reads[k].view views it until Record takes it (queriedShard).
 	cacheBuf [][]byte
 	reusable bool // the shards read may seed the Record of the same Matches
+}
+
+// shardRead is one shard read by a query. One record per read (rather
+// than a slice per field) keeps presence, run for every probe, to one
+// append and one lookup loop.
+type shardRead struct {
+	shard int // -1 once forgotten (forgetShard)
+	view  shardView
+	valid bool   // view parsed: the shard was found and not corrupt
+	got   bool   // the shard was found
+	cas   uint32 // CAS to write it back with; 0 with !got: missing
 }
 
 // Query fills m with each host's longest matched prefix of the chain
@@ -93,11 +100,7 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 	q.budget = ix.cfg.MaxQueryReads
 	q.truncated = false
 	q.now = ix.nowAge()
-	q.cacheShard = q.cacheShard[:0]
-	q.cacheVal = q.cacheVal[:0]
-	q.cacheOK = q.cacheOK[:0]
-	q.cacheCAS = q.cacheCAS[:0]
-	q.cacheGot = q.cacheGot[:0]
+	q.reads = q.reads[:0]
 	q.reusable = true
 	m.query = ix.metrics.Queries
 	q.hint = nil
@@ -284,42 +287,38 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 	q := &ix.q
 	h := q.blocks[i]
 	sh := ix.shardAt(q.blocks, i)
-	var view shardView
-	valid := false
-	found := false
-	for k, s := range q.cacheShard {
-		if s == sh {
-			view, valid, found = q.cacheVal[k], q.cacheOK[k], true
+	var rd *shardRead
+	for k := range q.reads {
+		if q.reads[k].shard == sh {
+			rd = &q.reads[k]
 			break
 		}
 	}
-	if !found {
+	if rd == nil {
 		if q.budget <= 0 {
 			q.truncated = true
 			return p, 0, false
 		}
 		q.budget--
-		k := len(q.cacheShard)
+		k := len(q.reads)
 		if k == len(q.cacheBuf) {
 			q.cacheBuf = append(q.cacheBuf, nil)
 		}
 		v, cas, got := ix.getInto(q.cacheBuf[k], ix.shardKeys[sh])
 		q.cacheBuf[k] = v
+		q.reads = append(q.reads, shardRead{shard: sh, got: got, cas: cas})
+		rd = &q.reads[k]
 		if got {
-			view, valid = parseShard(v)
-			if !valid {
+			rd.view, rd.valid = parseShard(v)
+			if !rd.valid {
 				ix.metrics.Corrupt++
 			}
 		}
-		q.cacheShard = append(q.cacheShard, sh)
-		q.cacheVal = append(q.cacheVal, view)
-		q.cacheOK = append(q.cacheOK, valid)
-		q.cacheCAS = append(q.cacheCAS, cas)
-		q.cacheGot = append(q.cacheGot, got)
 	}
-	if !valid {
+	if !rd.valid {
 		return p, 0, true
 	}
+	view := &rd.view
 	e := view.find(blockTag(h, ix.level(i)))
 	if e < 0 {
 		return p, 0, true
@@ -346,23 +345,24 @@ func (ix *Index) queriedShard(sh int) (v []byte, cas uint32, found, ok bool) {
 	if !q.reusable {
 		return nil, 0, false, false
 	}
-	for k, s := range q.cacheShard {
-		if s != sh {
+	for k := range q.reads {
+		rd := &q.reads[k]
+		if rd.shard != sh {
 			continue
 		}
-		if q.cacheGot[k] && !q.cacheOK[k] {
+		if rd.got && !rd.valid {
 			return nil, 0, false, false // corrupt: read it again
 		}
-		return q.cacheVal[k].buf, q.cacheCAS[k], q.cacheGot[k], true
+		return rd.view.buf, rd.cas, rd.got, true
 	}
 	return nil, 0, false, false
 }
 
 // forgetShard drops shard sh from the shards the last Query read.
 func (ix *Index) forgetShard(sh int) {
-	for k, s := range ix.q.cacheShard {
-		if s == sh {
-			ix.q.cacheShard[k] = -1
+	for k := range ix.q.reads {
+		if ix.q.reads[k].shard == sh {
+			ix.q.reads[k].shard = -1
 		}
 	}
 }

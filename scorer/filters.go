@@ -109,7 +109,10 @@ func (*modelFilter) Type() string { return "model" }
 
 func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 	model, adapter := c.Req.Model, c.Req.Adapter
-	if model == "" && (adapter == "" || !f.requireAdapter) {
+	if f.requireAdapter && adapter != "" {
+		return f.filterAdapter(c, cand, model, adapter)
+	}
+	if model == "" {
 		return cand
 	}
 	// In place without keep's closure: an indirect call per host costs
@@ -117,11 +120,25 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 	// that names a model.
 	out := cand[:0]
 	for _, i := range cand {
+		if m := c.Hosts[i].Model; m == "" || m == model {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// filterAdapter is Filter for requests that name an adapter the filter
+// requires: a function of its own so that the common case, a model alone,
+// enters only the short loop above (in Wasm each request pays for the code
+// of the functions it enters).
+func (f *modelFilter) filterAdapter(c *Cycle, cand []int, model, adapter string) []int {
+	out := cand[:0]
+	for _, i := range cand {
 		h := &c.Hosts[i]
 		if model != "" && h.Model != "" && h.Model != model {
 			continue
 		}
-		if f.requireAdapter && adapter != "" && adapterState(h, adapter) == 0 {
+		if adapterState(h, adapter) == 0 {
 			continue
 		}
 		out = append(out, i)

@@ -168,30 +168,37 @@ type maxScorePicker struct {
 
 func (*maxScorePicker) Type() string { return "max_score" }
 func (p *maxScorePicker) Pick(c *Cycle, cand []int, scores []float64, order []int) []int {
-	var primary int
 	if p.roundRobinTies {
-		best := math.Inf(-1)
-		for _, h := range cand {
-			best = max(best, scores[h])
+		return p.pickRoundRobinTie(c, cand, scores, order)
+	}
+	return pickBestRandomTie(c, cand, scores, order)
+}
+
+// pickRoundRobinTie takes the best score, ties dealt out in turn. It is
+// its own function so that Pick, entered by every routed request, stays a
+// small dispatch: in Wasm a request pays for the code of each function it
+// enters, and the default profile breaks ties at random.
+func (p *maxScorePicker) pickRoundRobinTie(c *Cycle, cand []int, scores []float64, order []int) []int {
+	best := math.Inf(-1)
+	for _, h := range cand {
+		best = max(best, scores[h])
+	}
+	ties := 0
+	for _, h := range cand {
+		if scores[h] >= best-scoreEpsilon {
+			ties++
 		}
-		ties := 0
-		for _, h := range cand {
-			if scores[h] >= best-scoreEpsilon {
-				ties++
+	}
+	k := int(p.next.Add(1)-1) % ties
+	var primary int
+	for _, h := range cand {
+		if scores[h] >= best-scoreEpsilon {
+			if k == 0 {
+				primary = h
+				break
 			}
+			k--
 		}
-		k := int(p.next.Add(1)-1) % ties
-		for _, h := range cand {
-			if scores[h] >= best-scoreEpsilon {
-				if k == 0 {
-					primary = h
-					break
-				}
-				k--
-			}
-		}
-	} else {
-		return pickBestRandomTie(c, cand, scores, order)
 	}
 	order = append(order, primary)
 	return appendByScore(order, cand, scores, c.MaxPicks)

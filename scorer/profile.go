@@ -184,11 +184,17 @@ func (h *Handler) Run(req *Request, hosts []Host, s *Scratch) Result {
 	if maxPicks <= 0 {
 		maxPicks = 3
 	}
-	var r Result
-	if h.Prefill == nil {
-		r.Decode = h.Decode.run(req, hosts, maxPicks, RoleBoth, s)
-		return r
+	if h.Prefill != nil {
+		return h.runDisaggregated(req, hosts, maxPicks, s)
 	}
+	return Result{Decode: h.Decode.run(req, hosts, maxPicks, RoleBoth, s)}
+}
+
+// runDisaggregated is Run with a prefill profile. It is a function of its
+// own so that Run stays small for the common single-profile handler: in
+// Wasm each request pays for the code of the functions it enters.
+func (h *Handler) runDisaggregated(req *Request, hosts []Host, maxPicks int, s *Scratch) Result {
+	var r Result
 	r.Decode = h.Decode.run(req, hosts, maxPicks, RoleDecode, s)
 	p := r.Decode.Primary()
 	if p < 0 || req.Uncached(p) < h.PrefillThreshold {

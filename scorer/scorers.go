@@ -6,7 +6,7 @@ func init() {
 	Register("prefix_cache", KindScorer,
 		"affinity: the fraction of the request the index believes the host holds: matched over total tokens (unit tokens, the default) or blocks (unit blocks, as GIE counts); with scaleTokens, matched tokens over that scale (capped at 1)",
 		func(p *Params) Plugin {
-			return prefixScorer{
+			return &prefixScorer{
 				blocks: p.Enum("unit", "tokens", "tokens", "blocks") == "blocks",
 				scale:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
 			}
@@ -37,7 +37,7 @@ func init() {
 	Register("prefill_cost", KindScorer,
 		"distribution: estimated prefill work ahead of the request, in tokens: pending prompt tokens plus this request's uncached tokens (plus decodeWeight times decode tokens); the cheapest host scores 1, others cheapest/cost",
 		func(p *Params) Plugin {
-			return prefillCostScorer{
+			return &prefillCostScorer{
 				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
 				scaleTokens:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
 			}
@@ -71,6 +71,10 @@ func init() {
 // matched tokens minus extra prefill tokens, so a 1,000-token match is
 // worth 1,000 tokens of queue — whether the prompt is 2k or 60k long —
 // instead of the whole weight of the prefix scorer.
+//
+// Like prefillCostScorer it is held by pointer: a struct with fields called
+// through an interface by value goes through a generated (*T).Score
+// wrapper, one more function each request enters in Wasm.
 type prefixScorer struct {
 	blocks bool
 	scale  float64
@@ -78,7 +82,7 @@ type prefixScorer struct {
 
 func (prefixScorer) Type() string       { return "prefix_cache" }
 func (prefixScorer) Category() Category { return Affinity }
-func (p prefixScorer) Score(c *Cycle, cand []int, out []float64) {
+func (p *prefixScorer) Score(c *Cycle, cand []int, out []float64) {
 	total := c.Req.PromptTokens
 	if p.blocks {
 		total = c.Req.TotalBlocks
@@ -187,7 +191,7 @@ type prefillCostScorer struct{ decodeWeight, scaleTokens float64 }
 
 func (prefillCostScorer) Type() string       { return "prefill_cost" }
 func (prefillCostScorer) Category() Category { return Distribution }
-func (s prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
+func (s *prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 	best := math.Inf(1)
 	for _, h := range cand {
 		cost := tokenLoad(&c.Hosts[h], s.decodeWeight, 0) + float64(c.Req.Uncached(h))

@@ -289,12 +289,20 @@ func NewScratch(seed uint64) *Scratch {
 	return s
 }
 
+// init seeds a zero Scratch's random source on first use. The check is
+// inlined into Profile.run and the seeding is a function of its own: in
+// Wasm each request pays for every function it enters, and only the first
+// decision with this scratch seeds.
 func (s *Scratch) init() {
 	if !s.seeded {
-		s.pcg.Seed(rand.Uint64(), rand.Uint64())
-		s.rng = rand.New(&s.pcg)
-		s.seeded = true
+		s.seed()
 	}
+}
+
+func (s *Scratch) seed() {
+	s.pcg.Seed(rand.Uint64(), rand.Uint64())
+	s.rng = rand.New(&s.pcg)
+	s.seeded = true
 }
 
 func growFloats(s []float64, n int) []float64 {

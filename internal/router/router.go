@@ -158,10 +158,15 @@ func New(cfg Config) *Router {
 func (r *Router) Handler() *scorer.Handler { return r.handler }
 
 // Stats returns a copy of the counters.
+//
+// It unlocks without defer, as Feedback does: the copy cannot panic, and a
+// deferred call is a function of its own (a deferwrap) that every request
+// enters in Wasm.
 func (r *Router) Stats() Stats {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.stats
+	s := r.stats
+	r.mu.Unlock()
+	return s
 }
 
 // Register gives addr an index slot (the filter calls it for every
@@ -194,10 +199,22 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 }
 
 func (r *Router) localAt(slot int) *localLoad {
+	if slot >= len(r.local) {
+		r.growLocal(slot)
+	}
+	return &r.local[slot]
+}
+
+// growLocal extends the local table to hold slot. It runs only when a slot
+// is first seen; kept out of line (noinline) so that localAt, inlined into
+// Decide, add and release, does not carry the growth code into every
+// request's path: in Wasm each request pays for the code it enters.
+//
+//go:noinline
+func (r *Router) growLocal(slot int) {
 	for slot >= len(r.local) {
 		r.local = append(r.local, localLoad{})
 	}
-	return &r.local[slot]
 }
 
 // Decide picks the host(s) for one request among hosts (whose Slot and Gen
@@ -300,40 +317,49 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	res := r.handler.Run(req, hosts, r.scratch)
 	r.stats.Decisions++
 	t := Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
+	// One return: each return copies the Ticket and the Result, code a Wasm
+	// build would carry once per return site.
 	if t.Host < 0 {
 		r.stats.NoCandidate++
-		return t, res
-	}
-	h := &hosts[t.Host]
-	t.Address = h.Address
-	_, cached := req.Matched(t.Host)
-	if in.SessionKey != "" && req.PinnedAddress != h.Address {
-		r.sessions.Put(in.SessionKey, h.Address)
-	}
-	r.memory.store(in.Chain, h.Address)
-	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
-	if res.Disaggregated {
-		r.stats.Disaggregated++
-		t.Prefill = res.Prefill.Primary()
-		p := &hosts[t.Prefill]
-		t.PrefillAddress = p.Address
-		pb, pcached := req.Matched(t.Prefill)
-		t.PredictedCachedTokens = pcached
-		t.predictedRaw = tokensIn(in, pb)
-		// The prefill host computes the uncached prompt and holds its KV
-		// until the transfer; the decode host receives the whole prompt.
-		r.record(p, in.Chain, queried)
-		r.record(h, in.Chain, queried)
-		t.prefill = r.add(p, max(prompt-pcached, 0), 0, prompt)
-		t.decode = r.add(h, 0, out, prompt+out)
 	} else {
-		t.PredictedCachedTokens = cached
-		hb, _ := req.Matched(t.Host)
-		t.predictedRaw = tokensIn(in, hb)
-		r.record(h, in.Chain, queried)
-		t.decode = r.add(h, max(prompt-cached, 0), out, prompt+out)
+		h := &hosts[t.Host]
+		t.Address = h.Address
+		if in.SessionKey != "" && req.PinnedAddress != h.Address {
+			r.sessions.Put(in.SessionKey, h.Address)
+		}
+		r.memory.store(in.Chain, h.Address)
+		prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
+		if res.Disaggregated {
+			r.holdDisaggregated(&t, in, hosts, res.Prefill.Primary(), prompt, out, queried)
+		} else {
+			hb, cached := req.Matched(t.Host)
+			t.PredictedCachedTokens = cached
+			t.predictedRaw = tokensIn(in, hb)
+			r.record(h, in.Chain, queried)
+			t.decode = r.add(h, max(prompt-cached, 0), out, prompt+out)
+		}
 	}
 	return t, res
+}
+
+// holdDisaggregated books a prefill/decode split decision on t: the
+// prefill host computes the uncached prompt and holds its KV until the
+// transfer; the decode host receives the whole prompt. It is out of Decide
+// because most profiles never split: in Wasm each request pays for the
+// code of the functions it enters, so Decide keeps to the common path.
+func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, prefill, prompt, out int, queried bool) {
+	r.stats.Disaggregated++
+	h := &hosts[t.Host]
+	t.Prefill = prefill
+	p := &hosts[prefill]
+	t.PrefillAddress = p.Address
+	pb, pcached := r.req.Matched(prefill)
+	t.PredictedCachedTokens = pcached
+	t.predictedRaw = tokensIn(in, pb)
+	r.record(p, in.Chain, queried)
+	r.record(h, in.Chain, queried)
+	t.prefill = r.add(p, max(prompt-pcached, 0), 0, prompt)
+	t.decode = r.add(h, 0, out, prompt+out)
 }
 
 func tokensIn(in *Input, blocks int) int {
@@ -443,11 +469,13 @@ func (r *Router) FirstToken(t *Ticket) {
 // prompt); the comparison is the drift metric that tells an operator
 // whether the index's block size and capacity match the engines'.
 func (r *Router) Feedback(t *Ticket, cachedTokens int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if cachedTokens < 0 {
 		return
 	}
+	// Only arithmetic under the lock, nothing that can panic: unlocked
+	// without defer, whose wrapper would be one more function entered per
+	// response in Wasm.
+	r.mu.Lock()
 	r.stats.FeedbackRequests++
 	r.learnTrust(t, cachedTokens)
 	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
@@ -461,6 +489,7 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 	case t.PredictedCachedTokens+slack < cachedTokens:
 		r.stats.UnderPredicted++
 	}
+	r.mu.Unlock()
 }
 
 // learnTrust updates the host's confirmed-over-predicted ratio, an EWMA
