@@ -87,10 +87,11 @@ type admissionHeaders struct {
 	arrivedMs          int64
 }
 
+// readHeaders, admit and streamDone run only with admission on: their
+// callers test p.adm for nil, so that with admission off (the default) a
+// request enters none of them (in Wasm each request pays for every function
+// it enters, however early it returns).
 func (a *admitter) readHeaders(s *routerStream) {
-	if a == nil {
-		return
-	}
 	s.admHdr.priority, _ = proxywasm.GetHttpRequestHeader(PriorityHeader)
 	s.admHdr.deadline, _ = proxywasm.GetHttpRequestHeader(DeadlineHeader)
 	s.admHdr.arrivedMs = a.p.now().UnixMilli()
@@ -124,9 +125,6 @@ func newAdmitter(p *routerPlugin) *admitter {
 // stay paused (held, or answered with an error); action is then what
 // on_request_body returns.
 func (a *admitter) admit(s *routerStream, in *router.Input) (action types.Action, held bool) {
-	if a == nil {
-		return types.ActionContinue, false
-	}
 	p := a.p
 	cfg := a.ctl.Config()
 	prio, dl := s.admHdr.priority, s.admHdr.deadline
@@ -301,9 +299,6 @@ func (a *admitter) answer429(s *routerStream, why string) {
 
 // streamDone frees the place of a stream that ends while held.
 func (a *admitter) streamDone(s *routerStream) {
-	if a == nil {
-		return
-	}
 	for i, x := range a.toShed {
 		if x == s { // gone before its 429 went out
 			a.toShed = append(a.toShed[:i], a.toShed[i+1:]...)

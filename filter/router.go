@@ -296,6 +296,13 @@ func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
 	if name == p.lastProfile && name != "" {
 		return p.lastProfileCounter // one profile serves most requests: no map lookup
 	}
+	return p.switchProfile(name)
+}
+
+// switchProfile looks up (or defines) the counter of a profile other than
+// the last one. Out of line: one profile serves most requests, and in Wasm
+// each request pays for every part of a function it enters.
+func (p *routerPlugin) switchProfile(name string) proxywasm.MetricCounter {
 	c, ok := p.byProfile(name)
 	if !ok {
 		c = counterMetric("profile." + name + ".requests")
@@ -388,7 +395,9 @@ type routerStream struct {
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
 	p := s.plugin
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
-	p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
+	if p.adm != nil {
+		p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
+	}
 	// headers alias p.hostVal: valid in this callback only.
 	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal)
 	if err != nil {
@@ -564,26 +573,40 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
-	if clean := p.parser.withoutClientOnly(body); clean != nil {
-		if err := proxywasm.ReplaceHttpRequestBody(clean); err == nil {
-			_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(clean)))
-			p.stats.clientFieldsRemoved.Increment(uint64(p.parser.dropped))
-		} else {
-			proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
-			p.stats.badRequest.Increment(1)
-			return s.reject(&requestError{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"})
-		}
+	if clean := p.parser.withoutClientOnly(body); clean != nil && !s.forwardWithoutClientFields(clean) {
+		return s.reject(errClientFields)
 	}
 	in := router.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
 	}
-	if action, held := p.adm.admit(s, &in); held {
-		return action
+	if p.adm != nil {
+		if action, held := p.adm.admit(s, &in); held {
+			return action
+		}
 	}
 	s.decide(&in)
 	return types.ActionContinue
+}
+
+// errClientFields answers a request whose client-only P/D fields could not
+// be removed.
+var errClientFields = &requestError{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
+
+// forwardWithoutClientFields replaces the request body with clean (the body
+// without the P/D fields only the gateway may set) and reports whether it
+// could. Out of line: clients rarely send those fields.
+func (s *routerStream) forwardWithoutClientFields(clean []byte) bool {
+	p := s.plugin
+	if err := proxywasm.ReplaceHttpRequestBody(clean); err != nil {
+		proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
+		p.stats.badRequest.Increment(1)
+		return false
+	}
+	_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(clean)))
+	p.stats.clientFieldsRemoved.Increment(uint64(p.parser.dropped))
+	return true
 }
 
 // decideFromHeaders is the header-only mode (bodyRouting: false): no
@@ -622,8 +645,17 @@ func (s *routerStream) decide(in *router.Input) {
 	p.ix.UnpinClock()
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
-	defer p.syncStats()
+	// No defer: route cannot panic short of a bug, which the callback's
+	// guard catches, and syncStats catches up with the counters next time.
+	s.route(&res, nowMs)
+	p.syncStats()
+}
 
+// route writes the decision's destination header (and the optional ones)
+// and counts the dispatch.
+func (s *routerStream) route(res *scorer.Result, nowMs int64) {
+	p := s.plugin
+	t := &s.ticket
 	order := res.Decode.Order
 	if len(order) == 0 {
 		// Every candidate was filtered out: let Envoy's fallback policy pick.
@@ -648,7 +680,7 @@ func (s *routerStream) decide(in *router.Input) {
 		dest = string(p.dest)
 	}
 	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, dest); err != nil {
-		proxywasm.LogWarnf("kvroute.router: setting %s: %v", p.cfg.DestinationHeader, err)
+		p.destinationFailed(err)
 		return
 	}
 	if res.Disaggregated && t.PrefillAddress != "" {
@@ -665,8 +697,16 @@ func (s *routerStream) decide(in *router.Input) {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
 	}
 	if p.cfg.DebugHeader != "" {
-		s.explain(&res, t.PredictedCachedTokens)
+		s.explain(res, t.PredictedCachedTokens)
 	}
+}
+
+// destinationFailed logs a destination header the host would not take. Out
+// of line, like every rare branch of the request path: in Wasm each request
+// pays for every part of a function it enters, and a log call's arguments
+// are boxed into interfaces in place.
+func (p *routerPlugin) destinationFailed(err error) {
+	proxywasm.LogWarnf("kvroute.router: setting %s: %v", p.cfg.DestinationHeader, err)
 }
 
 // explain writes the debug header's decision explanation: addresses,
@@ -717,13 +757,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	latencyMs := float64((p.mono()-s.decidedAt)/time.Microsecond) / 1000
 	status, served := p.responseStatusAndPeer(s.primary)
 	if served != s.primary {
-		// override_host moved on: the primary refused the connection.
-		if _, known := p.pos[served]; known {
-			p.stats.fallbacksUsed.Increment(1)
-			if p.breakers.result(s.primary, false, p.now().UnixMilli()) {
-				p.stats.breakerOpened.Increment(1)
-			}
-		}
+		p.fellBack(s.primary, served)
 	}
 	ok := status > 0 && status < 500
 	if th := p.cfg.CircuitBreaker.LatencyThresholdMs; th > 0 && latencyMs > float64(th) {
@@ -732,8 +766,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	// The wall clock only when a breaker has something to record: a
 	// success while no host is failing changes nothing.
 	if (!ok || p.breakers.failing > 0) && p.breakers.result(served, ok, p.now().UnixMilli()) {
-		p.stats.breakerOpened.Increment(1)
-		proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
+		p.breakerOpened(served, status, latencyMs)
 	}
 	if i, known := p.hostIndex(served, s.ticket.Host); known {
 		h := &p.hosts[i]
@@ -743,14 +776,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 			h.LatencyEWMAMs = 0.8*h.LatencyEWMAMs + 0.2*latencyMs
 		}
 		if p.cfg.ORCA {
-			hostbuf.Lend(p.hostVal)
-			v, err := proxywasm.GetHttpResponseHeader(orcaHeader)
-			hostbuf.Lend(nil)
-			if err == nil {
-				if l := parseORCA(v); l.ok {
-					h.KVUsage, h.Waiting, h.Running = l.KVUsage, l.Waiting, l.Running
-				}
-			}
+			p.readORCA(h)
 		}
 	}
 	if s.explanation != "" {
@@ -760,6 +786,41 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 		p.rt.FirstToken(&s.ticket)
 	}
 	return types.ActionContinue
+}
+
+// The response path's rare branches live in their own functions so that
+// OnHttpResponseHeaders stays small: in Wasm each request pays for every
+// part of a function it enters, taken or not.
+
+// fellBack records that override_host moved on from primary to served: the
+// primary refused the connection.
+func (p *routerPlugin) fellBack(primary, served string) {
+	if _, known := p.pos[served]; !known {
+		return
+	}
+	p.stats.fallbacksUsed.Increment(1)
+	if p.breakers.result(primary, false, p.now().UnixMilli()) {
+		p.stats.breakerOpened.Increment(1)
+	}
+}
+
+// breakerOpened counts and logs a breaker that the response just opened.
+func (p *routerPlugin) breakerOpened(served string, status int, latencyMs float64) {
+	p.stats.breakerOpened.Increment(1)
+	proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
+}
+
+// readORCA takes the engine's load from the response's ORCA header.
+func (p *routerPlugin) readORCA(h *scorer.Host) {
+	hostbuf.Lend(p.hostVal)
+	v, err := proxywasm.GetHttpResponseHeader(orcaHeader)
+	hostbuf.Lend(nil)
+	if err != nil {
+		return
+	}
+	if l := parseORCA(v); l.ok {
+		h.KVUsage, h.Waiting, h.Running = l.KVUsage, l.Waiting, l.Running
+	}
 }
 
 // responseStatusAndPeer reads the response's :status (0 when unreadable)
@@ -854,7 +915,9 @@ func (s *routerStream) finish() {
 func (s *routerStream) OnHttpStreamDone() {
 	p := s.plugin
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
-	p.adm.streamDone(s)
+	if p.adm != nil {
+		p.adm.streamDone(s)
+	}
 	if !s.decided {
 		return
 	}
