@@ -32,22 +32,35 @@ func stripRoutingHeaders(destinationHeader string, buf []byte) (requestHeaders, 
 		return requestHeaders{}, err
 	}
 	h := requestHeaders{pairs: pairs, read: true, destination: destinationHeader}
-	var remove []string
+	strip := false
 	for _, kv := range pairs {
-		name := kv[0]
-		if headerNameIs(name, testPanicHeader) {
+		if headerNameIs(kv[0], testPanicHeader) {
 			h.testHook = kv[1]
 		}
-		if h.stripped(name) {
-			remove = append(remove, strings.ToLower(name))
+		strip = strip || h.stripped(kv[0])
+	}
+	if strip {
+		return h, h.removeStripped()
+	}
+	return h, nil
+}
+
+// removeStripped removes every header stripped reports from the request.
+// It is out of stripRoutingHeaders' line because few requests carry one: in
+// Wasm each request pays for every part of a function it enters.
+func (h *requestHeaders) removeStripped() error {
+	var remove []string
+	for _, kv := range h.pairs {
+		if h.stripped(kv[0]) {
+			remove = append(remove, strings.ToLower(kv[0]))
 		}
 	}
 	for _, name := range remove {
 		if err := proxywasm.RemoveHttpRequestHeader(name); err != nil {
-			return h, err
+			return err
 		}
 	}
-	return h, nil
+	return nil
 }
 
 // requestHeaders is the request's header map as stripRoutingHeaders read it.

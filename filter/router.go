@@ -401,7 +401,7 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	// headers alias p.hostVal: valid in this callback only.
 	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal)
 	if err != nil {
-		proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
+		logHeadersError(err)
 	}
 	testPanic(p.cfg.TestHooks, headers.testHook)
 
@@ -427,13 +427,11 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 		return types.ActionContinue
 	}
 	if endOfStream {
-		p.stats.badRequest.Increment(1)
-		return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
+		return s.emptyBody()
 	}
 	if cl, ok := headers.get("content-length"); ok {
 		if n, ok := decimal(cl); ok && n > int64(p.cfg.MaxBodyBytes) {
-			p.stats.tooLarge.Increment(1)
-			return s.reject(tooLarge(p.cfg.MaxBodyBytes))
+			return s.bodyTooLarge()
 		}
 	}
 	s.kind = kindOf(path)
@@ -442,6 +440,12 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	// allow_on_headers_stop_iteration for the body to arrive before the
 	// headers continue (and for our header change to reach the upstream).
 	return types.ActionPause
+}
+
+// logHeadersError logs request headers that could not be read, out of the
+// header callback's line (the log call boxes its argument in place).
+func logHeadersError(err error) {
+	proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
 }
 
 // pathOnly is :path without its query or fragment.
@@ -519,6 +523,21 @@ func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, e
 	return get(0, n)
 }
 
+// emptyBody and bodyTooLarge reject an inference request for its body. They
+// are kept out of the header and body callbacks so that the code every
+// routed request enters stays small (in Wasm a request pays for each part of
+// a function it touches).
+func (s *routerStream) emptyBody() types.Action {
+	s.plugin.stats.badRequest.Increment(1)
+	return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
+}
+
+func (s *routerStream) bodyTooLarge() types.Action {
+	p := s.plugin
+	p.stats.tooLarge.Increment(1)
+	return s.reject(tooLarge(p.cfg.MaxBodyBytes))
+}
+
 func tooLarge(limit int) *requestError {
 	return &requestError{Status: 413, Message: "the request body is larger than " + strconv.Itoa(limit) + " bytes (maxBodyBytes)"}
 }
@@ -540,9 +559,7 @@ func (s *routerStream) requestBody(bodySize int, endOfStream bool) types.Action 
 		return types.ActionContinue
 	}
 	if bodySize > p.cfg.MaxBodyBytes {
-		s.awaitingBody = false
-		p.stats.tooLarge.Increment(1)
-		return s.reject(tooLarge(p.cfg.MaxBodyBytes))
+		return s.bodyTooLarge()
 	}
 	if !endOfStream {
 		return types.ActionPause // buffer until the whole body is here
@@ -560,9 +577,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	p := s.plugin
 	body, err := p.readBody(bodySize)
 	if err != nil && bodySize > 0 {
-		proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
-		s.failOpen()
-		return types.ActionContinue
+		return s.unreadableBody(err)
 	}
 	req, perr := p.parser.parse(body, s.kind)
 	if perr != nil {
@@ -587,6 +602,15 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 		}
 	}
 	s.decide(&in)
+	return types.ActionContinue
+}
+
+// unreadableBody fails a request open when its body cannot be read. Out of
+// line: the log call's argument is boxed in place, and in Wasm every
+// request pays for every part of a function it enters.
+func (s *routerStream) unreadableBody(err error) types.Action {
+	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
+	s.failOpen()
 	return types.ActionContinue
 }
 
@@ -876,15 +900,22 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 			p.rt.FirstToken(&s.ticket)
 		} // else the whole response is here: finish takes everything back at once
 	}
+	if bodySize > 0 {
+		s.scanChunk(bodySize, endOfStream)
+	}
+	// Not deferred: a panic in scanChunk leaves finish to stream done.
 	if endOfStream {
-		defer s.finish()
+		s.finish()
 	}
-	if bodySize == 0 {
-		return types.ActionContinue
-	}
-	chunk, err := p.readBuffer(bodySize, proxywasm.GetHttpResponseBody)
+	return types.ActionContinue
+}
+
+// scanChunk reads a response body chunk for the engine's cached_tokens
+// report.
+func (s *routerStream) scanChunk(bodySize int, endOfStream bool) {
+	chunk, err := s.plugin.readBuffer(bodySize, proxywasm.GetHttpResponseBody)
 	if err != nil {
-		return types.ActionContinue
+		return
 	}
 	if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
 		s.cached, s.feedbackSet = n, true // the last report wins (final stream chunk)
@@ -892,7 +923,6 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	if !endOfStream {
 		s.tail.keep(chunk)
 	}
-	return types.ActionContinue
 }
 
 // finish gives the engine's feedback to the router and releases the
