@@ -137,7 +137,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
 		}
 	}
-	ix, err := index.New(sharedStore{emulated: emulatedHost}, index.Config{})
+	ix, err := index.New(&sharedStore{emulated: emulatedHost}, index.Config{})
 	if err != nil {
 		return nil, err
 	}

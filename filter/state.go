@@ -236,7 +236,7 @@ var stateGenBuf [8]byte
 
 // loadStateGen reads the current generation (0: never pushed).
 func loadStateGen() uint64 {
-	v, _, err := sharedStore{emulated: emulatedHost}.GetAppend(stateGenBuf[:0], stateGenKey)
+	v, _, err := (&sharedStore{emulated: emulatedHost}).GetAppend(stateGenBuf[:0], stateGenKey)
 	if err != nil || len(v) != 8 {
 		return 0
 	}

@@ -22,7 +22,10 @@ type sharedStore struct {
 	emulated bool
 }
 
-var _ index.AppendGetter = sharedStore{}
+// The index holds a *sharedStore: behind the interface, methods on a value
+// would be called through generated (*sharedStore) wrappers, two more
+// functions entered per request in Wasm.
+var _ index.AppendGetter = (*sharedStore)(nil)
 
 // emulatedHost is set by tests that run the filter on the SDK's proxytest
 // emulator, which keeps the slices and strings it is given where Envoy
@@ -30,7 +33,7 @@ var _ index.AppendGetter = sharedStore{}
 // destination header is handed over as a string of its own.
 var emulatedHost = false
 
-func (st sharedStore) Get(key string) ([]byte, uint32, error) {
+func (st *sharedStore) Get(key string) ([]byte, uint32, error) {
 	v, cas, err := proxywasm.GetSharedData(key)
 	if err != nil {
 		return nil, 0, getError(key, err)
@@ -59,7 +62,7 @@ func getError(key string, err error) error {
 // it fits, instead of into a fresh allocation per read. A new 8K-token
 // prompt reads about a dozen 1 KB shard values; the index reuses its
 // buffers request after request, so in Wasm those reads stop allocating.
-func (st sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
+func (st *sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
 	n := len(dst)
 	if cap(dst) > n {
 		hostbuf.Lend(dst[n:cap(dst)])
@@ -80,7 +83,7 @@ func (st sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) 
 	return dst, 0, getError(key, err)
 }
 
-func (st sharedStore) Set(key string, value []byte, cas uint32) error {
+func (st *sharedStore) Set(key string, value []byte, cas uint32) error {
 	if st.emulated && cas == ^uint32(0) {
 		cas = 0 // the emulator creates a missing key with any CAS and refuses 0 on an existing one
 	}
