@@ -76,9 +76,17 @@ func (b *breakers) open(addr string, nowMs int64) bool {
 // dispatched notes that a request went to addr; past the cool-down it is
 // the half-open probe.
 func (b *breakers) dispatched(addr string, nowMs int64) {
-	if b.opened == 0 {
-		return
+	if b.opened != 0 {
+		b.probe(addr, nowMs)
 	}
+}
+
+// probe marks the dispatch to addr as the half-open probe when it is one.
+// It is dispatched's path while some breaker is open, out of line
+// (noinline) so that the check every decision makes stays inlined and small.
+//
+//go:noinline
+func (b *breakers) probe(addr string, nowMs int64) {
 	if st := b.hosts[addr]; st != nil && st.openUntil != 0 && nowMs >= st.openUntil {
 		st.probing = true
 	}

@@ -254,14 +254,24 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	if stale {
 		p.stats.staleState.Increment(1)
 	}
-	if !p.breakers.anyOpen() {
-		// Every breaker closed (nearly always): no per-host lookups.
-		for i := range p.hosts {
-			h := &p.hosts[i]
-			h.Stale, h.BreakerOpen = stale, false
-		}
+	if p.breakers.anyOpen() {
+		p.markOpenBreakers(stale, nowMs)
 		return
 	}
+	// Every breaker closed (nearly always): no per-host lookups.
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		h.Stale, h.BreakerOpen = stale, false
+	}
+}
+
+// markOpenBreakers is prepare's per-host breaker lookup while some breaker
+// is open, out of line (noinline: inlined, its map lookups would be back in
+// prepare): in Wasm each request pays for every part of a function it
+// enters, and breakers are nearly always all closed.
+//
+//go:noinline
+func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	for i := range p.hosts {
 		h := &p.hosts[i]
 		h.Stale = stale
@@ -443,7 +453,10 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 }
 
 // logHeadersError logs request headers that could not be read, out of the
-// header callback's line (the log call boxes its argument in place).
+// header callback's line (noinline: the log call boxes its argument in
+// place, code every request would enter).
+//
+//go:noinline
 func logHeadersError(err error) {
 	proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
 }
@@ -728,7 +741,9 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 // destinationFailed logs a destination header the host would not take. Out
 // of line, like every rare branch of the request path: in Wasm each request
 // pays for every part of a function it enters, and a log call's arguments
-// are boxed into interfaces in place.
+// are boxed into interfaces in place (hence noinline).
+//
+//go:noinline
 func (p *routerPlugin) destinationFailed(err error) {
 	proxywasm.LogWarnf("kvroute.router: setting %s: %v", p.cfg.DestinationHeader, err)
 }
