@@ -120,7 +120,11 @@ func (b *breakers) result(addr string, ok bool, nowMs int64) (opened bool) {
 }
 
 // abandoned releases a probe whose request ended without an outcome (a
-// client reset), so the next request can probe.
+// client reset), so the next request can probe. It runs only for a stream
+// that ends before its first response byte: noinline keeps its map lookup
+// out of the stream-done callback every request enters.
+//
+//go:noinline
 func (b *breakers) abandoned(addr string) {
 	if st := b.hosts[addr]; st != nil {
 		st.probing = false

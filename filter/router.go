@@ -594,9 +594,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	}
 	req, perr := p.parser.parse(body, s.kind)
 	if perr != nil {
-		p.stats.parseErrors.Increment(1)
-		p.stats.badRequest.Increment(1)
-		return s.reject(perr)
+		return s.unparsable(perr)
 	}
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
@@ -625,6 +623,14 @@ func (s *routerStream) unreadableBody(err error) types.Action {
 	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
 	s.failOpen()
 	return types.ActionContinue
+}
+
+// unparsable rejects a body the parser refused. Out of routeBody's line: a
+// routed request never enters it.
+func (s *routerStream) unparsable(perr *requestError) types.Action {
+	s.plugin.stats.parseErrors.Increment(1)
+	s.plugin.stats.badRequest.Increment(1)
+	return s.reject(perr)
 }
 
 // errClientFields answers a request whose client-only P/D fields could not
