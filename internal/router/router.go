@@ -503,8 +503,8 @@ func (r *Router) learnTrust(t *Ticket, cached int) {
 	if slot < 0 || t.predictedRaw < 16 {
 		return
 	}
-	for slot >= len(r.trust) {
-		r.trust = append(r.trust, 0)
+	if slot >= len(r.trust) {
+		r.growTrust(slot)
 	}
 	// Comparisons rather than min and max: for floats those are runtime
 	// calls (NaN and signed-zero rules), code a Wasm build enters per
@@ -513,13 +513,24 @@ func (r *Router) learnTrust(t *Ticket, cached int) {
 	if ratio > 1 {
 		ratio = 1
 	}
-	if r.trust[slot] == 0 {
-		r.trust[slot] = ratio
+	tr := &r.trust[slot]
+	if *tr == 0 {
+		*tr = ratio
 	} else {
-		r.trust[slot] += 0.1 * (ratio - r.trust[slot])
+		*tr += 0.1 * (ratio - *tr)
 	}
-	if r.trust[slot] < 0.05 {
-		r.trust[slot] = 0.05 // never forget a host entirely
+	if *tr < 0.05 {
+		*tr = 0.05 // never forget a host entirely
+	}
+}
+
+// growTrust extends the trust table to hold slot. It runs once per slot,
+// so it is kept out of learnTrust's line (noinline), like growLocal.
+//
+//go:noinline
+func (r *Router) growTrust(slot int) {
+	for slot >= len(r.trust) {
+		r.trust = append(r.trust, 0)
 	}
 }
 
