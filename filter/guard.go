@@ -3,6 +3,8 @@ package filter
 import (
 	"fmt"
 
+	"github.com/kvroute/kvroute/filter/hostbuf"
+
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -51,6 +53,10 @@ func guard(counter interface{ Increment(uint64) }, where string, action *types.A
 	if r == nil {
 		return
 	}
+	// A panic between a hostbuf.Lend and its withdrawal would leave the
+	// buffer on offer, and the next host allocation could land in memory
+	// the filter reuses.
+	hostbuf.Lend(nil)
 	if _, ok := r.(trapPanic); ok {
 		panic(r)
 	}
