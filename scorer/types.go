@@ -257,9 +257,13 @@ func (c *Cycle) Note(reason string) { c.note = reason }
 
 // Floats returns a scratch slice of len(c.Hosts) float64s for a plugin's
 // temporary use during this call (contents undefined). It is overwritten by
-// the next call of Floats.
+// the next call of Floats. Profile.run sizes it with its other buffers, so
+// in a run this is a plain load (no allocation code inlined into every
+// plugin that calls it); a Cycle made by hand (tests) sizes it here.
 func (c *Cycle) Floats() []float64 {
-	c.s.tmp = growFloats(c.s.tmp, len(c.Hosts))
+	if len(c.s.tmp) != len(c.Hosts) {
+		c.s.size(len(c.Hosts), 0)
+	}
 	return c.s.tmp
 }
 
@@ -268,7 +272,7 @@ func (c *Cycle) Floats() []float64 {
 // Envoy worker VM has one) its own.
 type Scratch struct {
 	rng *rand.Rand
-	// cand, total and every raw slice are the same length, the host
+	// cand, total, tmp and every raw slice are the same length, the host
 	// count of the last run (see size).
 	cand    []int
 	order   []int
@@ -315,6 +319,7 @@ func (s *Scratch) seed() {
 func (s *Scratch) size(n, k int) {
 	s.cand = growInts(s.cand, n)
 	s.total = growFloats(s.total, n)
+	s.tmp = growFloats(s.tmp, n)
 	for len(s.raw) < k {
 		s.raw = append(s.raw, nil)
 	}
