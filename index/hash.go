@@ -148,7 +148,7 @@ func (h *Hasher) Reset(model, adapter, salt string) {
 	h.prev = h.seed
 	h.pend = seed[:0]
 	h.kind = 0
-	h.blkLen = h.cfg.blockSize(0)
+	h.blkLen = h.cfg.BlockChars // blockSize(0): level 0, without its division
 	h.total = 0
 	h.blocks = h.blocks[:0]
 	h.ends = h.ends[:0]
@@ -259,32 +259,34 @@ func (h *Hasher) element(tag byte, s string) {
 
 func (h *Hasher) write(p []byte) { h.writeString(bytesString(p)) }
 
+// writeString appends s to the prompt, hashing each block as soon as it
+// is complete. A block is completed and linked at one place, so a prompt
+// of many blocks makes no call per block beyond link's: in Wasm each call
+// and each function entered costs.
 func (h *Hasher) writeString(s string) {
-	if len(h.pend) > 0 {
-		// Complete the pending block, or add to it.
-		room := h.blkLen - len(h.pend)
-		if len(s) < room {
+	for len(s) > 0 {
+		n := h.blkLen - len(h.pend) // the bytes that complete the current block
+		if len(s) < n {
 			h.pend = append(h.pend, s...)
 			h.total += len(s)
 			return
 		}
-		h.pend = append(h.pend, s[:room]...)
-		h.total += room
-		s = s[room:]
-		h.finishBlock(bytesString(h.pend))
-		h.pend = h.pend[:0]
-	}
-	// Whole blocks inside s (most of a long prompt): hashed straight from
-	// s, without a copy into pend.
-	for h.blkLen <= len(s) {
-		n := h.blkLen
-		h.total += n
-		h.finishBlock(s[:n])
+		var block string
+		if len(h.pend) == 0 {
+			// A whole block inside s (most of a long prompt): hashed
+			// straight from s, without a copy into pend.
+			block = s[:n]
+		} else {
+			h.pend = append(h.pend, s[:n]...)
+			block = bytesString(h.pend)
+			h.pend = h.pend[:0] // block still views the bytes until it is linked below
+		}
 		s = s[n:]
-	}
-	if len(s) > 0 {
-		h.pend = append(h.pend, s...)
-		h.total += len(s)
+		h.total += n
+		h.prev = link(h.prev, block)
+		h.blocks = append(h.blocks, h.prev)
+		h.ends = append(h.ends, h.total) // ends[i]: bytes covered by blocks[0..i]
+		h.blkLen = h.cfg.blockSize(len(h.blocks))
 	}
 }
 
@@ -295,15 +297,6 @@ func link(prev uint64, block string) uint64 {
 	binary.LittleEndian.PutUint64(pair[:8], prev)
 	binary.LittleEndian.PutUint64(pair[8:], xxhash.Sum64String(block))
 	return xxhash.Sum64(pair[:])
-}
-
-// finishBlock links the complete block that ends at h.total into the
-// chain and moves on to the next block's size.
-func (h *Hasher) finishBlock(block string) {
-	h.prev = link(h.prev, block)
-	h.blocks = append(h.blocks, h.prev)
-	h.ends = append(h.ends, h.total)
-	h.blkLen = h.cfg.blockSize(len(h.blocks))
 }
 
 // bytesString views b as a string, for hashing it without a copy.

@@ -144,7 +144,7 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 		} else {
 			out = ix.growLoad(v, n, ref.Slot+1)
 		}
-		r := out[loadHeader+ref.Slot*loadRecord:]
+		r := out[loadHeader+ref.Slot*loadRecord:][:loadRecord] // known length: fewer bounds checks
 		if le.Uint32(r) != ref.Gen {
 			if !add {
 				// Releasing for an older incarnation whose counts were
@@ -238,8 +238,10 @@ func (ix *Index) Loads(dst []Load) []Load {
 	}
 	m := int(le.Uint16(v[4:]))
 	for s := 0; s < n && s < m; s++ {
-		r := v[loadHeader+s*loadRecord:]
-		if ix.table.recs[s].addrHash == 0 || le.Uint32(r) != ix.table.recs[s].gen {
+		// One record, of known length: its fields read without a bounds
+		// check each (code every routed request enters, in Wasm).
+		r := v[loadHeader+s*loadRecord:][:loadRecord]
+		if rec := &ix.table.recs[s]; rec.addrHash == 0 || le.Uint32(r) != rec.gen {
 			continue
 		}
 		dst[s] = Load{InFlight: le.Uint32(r[4:]), PrefillTokens: le.Uint32(r[8:]), DecodeTokens: le.Uint32(r[12:]), KVTokens: le.Uint32(r[16:])}

@@ -52,15 +52,17 @@ func (f *healthyFilter) ok(h *Host) bool {
 	return !h.BreakerOpen && !h.Unhealthy && !(f.dropStale && h.Stale)
 }
 
+// Filter compacts cand in place in one pass. When nobody is healthy
+// nothing was moved, so failing open can still return cand as it came.
+// One loop rather than a count then a copy: in Wasm each request pays for
+// the code it enters, and this filter runs on every request.
 func (f *healthyFilter) Filter(c *Cycle, cand []int) []int {
 	n := 0
 	for _, h := range cand {
 		if f.ok(&c.Hosts[h]) {
+			cand[n] = h
 			n++
 		}
-	}
-	if n == len(cand) {
-		return cand
 	}
 	if n == 0 && f.failOpen {
 		// Nobody healthy: a stale or breaker-open host may still answer,
@@ -69,13 +71,7 @@ func (f *healthyFilter) Filter(c *Cycle, cand []int) []int {
 		c.Note("no healthy host: failing open")
 		return cand
 	}
-	out := cand[:0] // in place without keep's closure (an indirect call per host in Wasm)
-	for _, h := range cand {
-		if f.ok(&c.Hosts[h]) {
-			out = append(out, h)
-		}
-	}
-	return out
+	return cand[:n]
 }
 
 type roleFilter struct {
@@ -93,14 +89,15 @@ func (f *roleFilter) Filter(c *Cycle, cand []int) []int {
 	if want == RoleBoth && f.auto {
 		return cand
 	}
-	out := cand[:0] // in place without keep's closure
+	n := 0 // in place without keep's closure, nor append's growth path
 	for _, h := range cand {
 		r := c.Hosts[h].Role
 		if want == RoleBoth && r == RoleBoth || want != RoleBoth && r.Serves(want) {
-			out = append(out, h)
+			cand[n] = h
+			n++
 		}
 	}
-	return out
+	return cand[:n]
 }
 
 type modelFilter struct{ requireAdapter bool }
@@ -118,13 +115,14 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 	// In place without keep's closure: an indirect call per host costs
 	// more than the test in Wasm, and this filter runs on every request
 	// that names a model.
-	out := cand[:0]
+	n := 0
 	for _, i := range cand {
 		if m := c.Hosts[i].Model; m == "" || m == model {
-			out = append(out, i)
+			cand[n] = i
+			n++
 		}
 	}
-	return out
+	return cand[:n]
 }
 
 // filterAdapter is Filter for requests that name an adapter the filter
@@ -172,10 +170,13 @@ func (f *saturationFilter) saturated(h *Host) bool {
 	return h.Waiting >= f.maxWaiting || h.KVUsage >= f.maxKVUsage
 }
 
+// Filter compacts cand in place in one pass; when every host is saturated
+// nothing was moved and cand is returned as it came.
 func (f *saturationFilter) Filter(c *Cycle, cand []int) []int {
 	n := 0
 	for _, h := range cand {
 		if !f.saturated(&c.Hosts[h]) {
+			cand[n] = h
 			n++
 		}
 	}
@@ -183,13 +184,7 @@ func (f *saturationFilter) Filter(c *Cycle, cand []int) []int {
 		return cand // all saturated: dropping everyone helps nobody
 	}
 	c.Note("saturated hosts skipped")
-	out := cand[:0] // in place without keep's closure
-	for _, h := range cand {
-		if !f.saturated(&c.Hosts[h]) {
-			out = append(out, h)
-		}
-	}
-	return out
+	return cand[:n]
 }
 
 // loadGuard is kvroute's imbalance guard, in the spirit of SGLang's two
@@ -246,17 +241,15 @@ func (g *loadGuard) Filter(c *Cycle, cand []int) []int {
 	if r := minL * g.rel; r > bound {
 		bound = r
 	}
-	out := cand[:0]
-	dropped := false
+	n := 0
 	for _, h := range cand {
 		if load[h] <= bound {
-			out = append(out, h)
-		} else {
-			dropped = true
+			cand[n] = h
+			n++
 		}
 	}
-	if dropped {
+	if n < len(cand) {
 		c.Note("imbalance guard")
 	}
-	return out
+	return cand[:n]
 }

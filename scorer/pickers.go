@@ -212,8 +212,7 @@ func (p *maxScorePicker) pickRoundRobinTie(c *Cycle, cand []int, scores []float6
 func pickBestRandomTie(c *Cycle, cand []int, v []float64, order []int) []int {
 	need := min(c.MaxPicks, len(cand))
 	if need > maxTop || len(order) > 0 {
-		order = append(order, argmaxRandomTie(c, cand, v))
-		return appendByScore(order, cand, v, c.MaxPicks)
+		return pickBestRandomTieSlow(c, cand, v, order)
 	}
 	var top [maxTop]int
 	var topS [maxTop]float64
@@ -244,6 +243,15 @@ func pickBestRandomTie(c *Cycle, cand []int, v []float64, order []int) []int {
 		}
 	}
 	return order
+}
+
+// pickBestRandomTieSlow is pickBestRandomTie in two passes, for more
+// picks than its fixed arrays hold or an order that already has entries.
+// It is a function of its own so that the common case does not carry its
+// calls: in Wasm each request pays for the code of the functions it enters.
+func pickBestRandomTieSlow(c *Cycle, cand []int, v []float64, order []int) []int {
+	order = append(order, argmaxRandomTie(c, cand, v))
+	return appendByScore(order, cand, v, c.MaxPicks)
 }
 
 type weightedRandomPicker struct{ temperature float64 }

@@ -76,7 +76,10 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 	c := &s.cycle
 	*c = Cycle{Req: req, Hosts: hosts, MaxPicks: maxPicks, Rand: s.rng, Role: role, s: s}
 
-	cand := growInts(s.cand, n)
+	if len(s.total) != n || len(s.raw) < len(p.Scorers) {
+		s.size(n, len(p.Scorers))
+	}
+	cand := s.cand
 	for i := range cand {
 		cand[i] = i
 	}
@@ -86,18 +89,12 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 		}
 		cand = f.Filter(c, cand)
 	}
-	s.cand = cand[:cap(cand)][:n] // keep the full buffer for next time
 
-	total := growFloats(s.total, n)
+	total := s.total
 	clear(total)
-	s.total = total
-	for len(s.raw) < len(p.Scorers) {
-		s.raw = append(s.raw, nil)
-	}
 	var wsum float64
 	for i, ws := range p.Scorers {
-		raw := growFloats(s.raw[i], n)
-		s.raw[i] = raw
+		raw := s.raw[i]
 		if len(cand) == 0 {
 			continue
 		}

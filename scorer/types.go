@@ -257,9 +257,13 @@ func (c *Cycle) Note(reason string) { c.note = reason }
 
 // Floats returns a scratch slice of len(c.Hosts) float64s for a plugin's
 // temporary use during this call (contents undefined). It is overwritten by
-// the next call of Floats.
+// the next call of Floats. Profile.run sizes it with its other buffers, so
+// in a run this is a plain load (no allocation code inlined into every
+// plugin that calls it); a Cycle made by hand (tests) sizes it here.
 func (c *Cycle) Floats() []float64 {
-	c.s.tmp = growFloats(c.s.tmp, len(c.Hosts))
+	if len(c.s.tmp) != len(c.Hosts) {
+		c.s.size(len(c.Hosts), 0)
+	}
 	return c.s.tmp
 }
 
@@ -267,7 +271,9 @@ func (c *Cycle) Floats() []float64 {
 // not allocate. It is not safe for concurrent use: give each goroutine (each
 // Envoy worker VM has one) its own.
 type Scratch struct {
-	rng     *rand.Rand
+	rng *rand.Rand
+	// cand, total, tmp and every raw slice are the same length, the host
+	// count of the last run (see size).
 	cand    []int
 	order   []int
 	total   []float64
@@ -303,6 +309,23 @@ func (s *Scratch) seed() {
 	s.pcg.Seed(rand.Uint64(), rand.Uint64())
 	s.rng = rand.New(&s.pcg)
 	s.seeded = true
+}
+
+// size makes the per-run buffers (cand, total and at least k raw score
+// slices) n hosts long. Profile.run calls it only when the fleet size or
+// the scorer count changed, so a steady decision neither stores the
+// buffers back (a write barrier each) nor enters the allocator's code: in
+// Wasm each request pays for the code it enters.
+func (s *Scratch) size(n, k int) {
+	s.cand = growInts(s.cand, n)
+	s.total = growFloats(s.total, n)
+	s.tmp = growFloats(s.tmp, n)
+	for len(s.raw) < k {
+		s.raw = append(s.raw, nil)
+	}
+	for i := range s.raw {
+		s.raw[i] = growFloats(s.raw[i], n)
+	}
 }
 
 func growFloats(s []float64, n int) []float64 {
