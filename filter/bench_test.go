@@ -40,16 +40,7 @@ import (
 func BenchmarkRouterInWasm(b *testing.B) {
 	module := wasmModule(b)
 	floor := floorModule(b)
-	var addrs []string
-	for i := 0; i < 16; i++ {
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			w.Header().Set("content-type", "application/json")
-			io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
-		}))
-		b.Cleanup(up.Close)
-		addrs = append(addrs, up.Listener.Addr().String())
-	}
+	addrs := jsonUpstreams(b, 16, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
 	clusters := map[string][]string{"engines": addrs}
 	start := func(cfg wasmhost.Config) (string, *wasmhost.Host) {
 		h, err := wasmhost.New(context.Background(), cfg)

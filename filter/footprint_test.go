@@ -3,9 +3,7 @@ package filter
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
@@ -161,16 +159,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles the module with function listeners")
 	}
-	var addrs []string
-	for i := 0; i < 16; i++ {
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			w.Header().Set("content-type", "application/json")
-			io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
-		}))
-		t.Cleanup(up.Close)
-		addrs = append(addrs, up.Listener.Addr().String())
-	}
+	addrs := jsonUpstreams(t, 16, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
 	module := wasmModule(t)
 	imports, sizes := wasmCodeSizes(t, module)
 	bytesOf := func(fns map[uint32]bool) (n int) {

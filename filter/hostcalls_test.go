@@ -2,9 +2,6 @@ package filter
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -18,16 +15,7 @@ import (
 // "Build" section has the costs). The budget is today's count for a
 // request whose system prompt the index already holds.
 func TestWasmHostCallBudget(t *testing.T) {
-	var addrs []string
-	for i := 0; i < 4; i++ {
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			w.Header().Set("content-type", "application/json")
-			io.WriteString(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":8}}}`)
-		}))
-		t.Cleanup(up.Close)
-		addrs = append(addrs, up.Listener.Addr().String())
-	}
+	addrs := jsonUpstreams(t, 4, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":8}}}`)
 	h, url := startRouter(t, addrs, 1, "")
 	system := strings.Repeat("You are a careful assistant for the host-call budget. ", 300)
 	send := func(i int) {

@@ -51,6 +51,23 @@ func startFleet(t testing.TB, opt simserver.Options) *simserver.Fleet {
 	return f
 }
 
+// jsonUpstreams starts n upstreams that read the request and answer body
+// (a JSON completion) and returns their addresses.
+func jsonUpstreams(t testing.TB, n int, body string) []string {
+	t.Helper()
+	var addrs []string
+	for i := 0; i < n; i++ {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("content-type", "application/json")
+			io.WriteString(w, body)
+		}))
+		t.Cleanup(up.Close)
+		addrs = append(addrs, up.Listener.Addr().String())
+	}
+	return addrs
+}
+
 func endpointsJSON(addrs []string) string {
 	var eps []string
 	for _, a := range addrs {
