@@ -87,28 +87,26 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 	}
 	var top byte // the bracket of the innermost open container, 0 outside all
 	i := skipSpace(b, 0)
+scan:
 	for key := false; ; {
 		// An object's key and ':' when b[i] starts a member (after '{' or
 		// a comma in an object: one copy of this code for both).
 		if key {
 			if i >= len(b) || b[i] != '"' {
-				return false, stack
+				break scan
 			}
 			if i, _ = scanString(b, i, nonASCII); i < 0 {
-				if i == badUTF8 {
-					rec.badUTF8 = true
-				}
-				return false, stack
+				break scan
 			}
 			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-				return false, stack
+				break scan
 			}
 			i = skipSpace(b, i+1)
 			key = false
 		}
 		// A value starts at b[i].
 		if i >= len(b) {
-			return false, stack
+			break scan
 		}
 		switch c := b[i]; {
 		case c == '{' || c == '[':
@@ -131,10 +129,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			start := i
 			var escaped bool
 			if i, escaped = scanString(b, i, nonASCII); i < 0 {
-				if i == badUTF8 {
-					rec.badUTF8 = true
-				}
-				return false, stack
+				break scan
 			}
 			if rec != nil && i-start >= minSpanString {
 				rec.spans = append(rec.spans, jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
@@ -148,7 +143,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			}
 			if j < len(b) && (b[j] == '.' || b[j]|0x20 == 'e') {
 				if j = skipNumber(b, i); j < 0 {
-					return false, stack
+					break scan
 				}
 			} else if top == '[' {
 				// An array of plain integers (a token-id prompt):
@@ -170,7 +165,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			i = j
 		case c == '-' || c == '0':
 			if i = skipNumber(b, i); i < 0 {
-				return false, stack
+				break scan
 			}
 		case c == 't' || c == 'f' || c == 'n':
 			lit := "null" // one comparison for the three literals
@@ -180,11 +175,11 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 				lit = "false"
 			}
 			if !hasLiteral(b, i, lit) {
-				return false, stack
+				break scan
 			}
 			i += len(lit)
 		default:
-			return false, stack
+			break scan
 		}
 		// After a value: close containers, or a comma and the next element.
 		for {
@@ -193,7 +188,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 				return i == len(b), stack
 			}
 			if i >= len(b) {
-				return false, stack
+				break scan
 			}
 			switch {
 			case b[i] == ',':
@@ -210,11 +205,18 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 				i++
 				continue
 			default:
-				return false, stack
+				break scan
 			}
 			break
 		}
 	}
+	// Every failure breaks out to here: one return, and one test for a
+	// string that is not UTF-8 (in Wasm each copy is code of a function
+	// every request enters). Only scanString ends at badUTF8.
+	if i == badUTF8 {
+		rec.badUTF8 = true
+	}
+	return false, stack
 }
 
 // skipSpace returns the index of the first byte from i that is not JSON
@@ -259,6 +261,7 @@ func skipString(b []byte, i int) int {
 // that the string is UTF-8, and returns badUTF8 when it is not.
 func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 	i++
+scan:
 	for {
 		// The next byte to look at: within 32 bytes (text with escapes,
 		// where one follows another every line) found here, 8 bytes per
@@ -285,7 +288,7 @@ func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 			i++
 		}
 		if i >= len(b) {
-			return -1, escaped
+			break scan
 		}
 		switch c := b[i]; {
 		case c == '"':
@@ -293,18 +296,18 @@ func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 		case c == '\\':
 			escaped = true
 			if i+1 >= len(b) {
-				return -1, escaped
+				break scan
 			}
 			switch c := b[i+1]; {
 			case simpleEscape[c]:
 				i += 2
 			case c == 'u':
 				if len(b)-i < 6 || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
-					return -1, escaped
+					break scan
 				}
 				i += 6
 			default:
-				return -1, escaped
+				break scan
 			}
 		case c >= utf8.RuneSelf: // only when checking UTF-8
 			// A run of multi-byte characters (text in most scripts other
@@ -318,9 +321,12 @@ func scanString(b []byte, i int, nonASCII uint64) (end int, escaped bool) {
 				return badUTF8, escaped
 			}
 		default: // a control character
-			return -1, escaped
+			break scan
 		}
 	}
+	// Every failure but badUTF8 breaks out to this one return (in Wasm
+	// each return is code of a function every request enters).
+	return -1, escaped
 }
 
 // mixedRun steps over UTF-8 text from b[i] (a byte above 0x7f) while it

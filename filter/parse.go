@@ -272,20 +272,19 @@ func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *reques
 	return r, err
 }
 
-func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *requestError) {
-	var r parsedRequest
+// parseBody is parse before the body goes. r is a named result so that it
+// is built in place: with a local returned at each of the dozen returns,
+// each one copied the whole struct, and in Wasm that was ~300 bytes of a
+// function every request enters.
+func (p *requestParser) parseBody(body []byte, kind apiKind) (r parsedRequest, _ *requestError) {
 	if len(body) == 0 {
 		return r, errEmptyBody
 	}
 	// One pass checks JSON and UTF-8 (in strings; everything else must be
-	// ASCII); a failed pass looks at UTF-8 again only to name the error as
-	// a separate utf8.Valid pass would have.
+	// ASCII); see scanError for a body it rejects.
 	p.spans.checkUTF8 = true
 	if !p.spans.scan(body) {
-		if p.spans.badUTF8 || !utf8.Valid(body) {
-			return r, errBodyNotUTF8
-		}
-		return r, errBodyNotJSON
+		return r, p.scanError(body)
 	}
 	// The walk starts inside the body's object, so the first value it
 	// looks up is the table's second entry (the first is that object).
@@ -392,6 +391,17 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (parsedRequest, *re
 	}
 	r.PromptTokens = p.hasher.PromptTokens()
 	return r, nil
+}
+
+// scanError names why the validating pass rejected body: a failed pass
+// looks at UTF-8 again only to name the error as a separate utf8.Valid pass
+// would have. Out of parseBody: in Wasm every request pays for each byte of
+// the functions it enters, and a valid body never comes here.
+func (p *requestParser) scanError(body []byte) *requestError {
+	if p.spans.badUTF8 || !utf8.Valid(body) {
+		return errBodyNotUTF8
+	}
+	return errBodyNotJSON
 }
 
 // maxTokensError is the error for a bad max_tokens or
@@ -577,7 +587,7 @@ var messageFields = [...]string{
 
 func (p *requestParser) message(m []byte, i int) *requestError {
 	if m[0] != '{' {
-		return messageError(i, "", "'%s' must be an object with 'role' and 'content'")
+		return messageError(i, messageNotObject)
 	}
 	// One pass over the message's members (the content may be most of the
 	// body).
@@ -595,7 +605,7 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	role, name, content := fields[messageRole], fields[messageName], fields[messageContent]
 	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
 	if jsonType(role) != gjson.String || len(role) == 2 {
-		return messageError(i, ".role", "'%s.role' must be a non-empty string")
+		return messageError(i, messageBadRole)
 	}
 	p.hasher.BeginMessage(p.doc.text(role))
 	if jsonType(name) == gjson.String {
@@ -618,11 +628,11 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	case jsonType(content) == gjson.Null:
 		// Absent or null: an assistant message with tool calls, or a refusal.
 	default:
-		return messageError(i, ".content", "'%s.content' must be a string or an array of content parts")
+		return messageError(i, messageBadContent)
 	}
 	if calls != nil && jsonType(calls) != gjson.Null {
 		if calls[0] != '[' {
-			return messageError(i, ".tool_calls", "'%s.tool_calls' must be an array")
+			return messageError(i, messageBadToolCalls)
 		}
 		p.toolCalls(calls)
 	}
@@ -632,14 +642,32 @@ func (p *requestParser) message(m []byte, i int) *requestError {
 	return nil
 }
 
-// messageError is the error about message i, or about its field (".role";
-// "" for the message itself); format names the message with its one %s.
-// Errors are built out of line, here and in partError: in Wasm a request
-// pays for every byte of each function it enters, and message is entered
-// for every message.
-func messageError(i int, field, format string) *requestError {
+// The ways a message can be wrong, by index in messageFaults: the field
+// at fault (".role"; "" for the message itself) and the error's format,
+// which names the message with its one %s.
+const (
+	messageNotObject = iota
+	messageBadRole
+	messageBadContent
+	messageBadToolCalls
+)
+
+var messageFaults = [...]struct{ field, format string }{
+	messageNotObject:    {"", "'%s' must be an object with 'role' and 'content'"},
+	messageBadRole:      {".role", "'%s.role' must be a non-empty string"},
+	messageBadContent:   {".content", "'%s.content' must be a string or an array of content parts"},
+	messageBadToolCalls: {".tool_calls", "'%s.tool_calls' must be an array"},
+}
+
+// messageError is the error of kind fault (see messageFaults) about
+// message i. Errors are built out of line, here and in partError, and
+// message names each by a small number: in Wasm a request pays for every
+// byte of each function it enters, and message is entered for every
+// message.
+func messageError(i, fault int) *requestError {
+	f := messageFaults[fault]
 	at := "messages[" + strconv.Itoa(i) + "]"
-	return badRequest(at+field, format, at)
+	return badRequest(at+f.field, f.format, at)
 }
 
 // toolCalls hashes an assistant message's tool calls, the array calls. Out
