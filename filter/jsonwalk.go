@@ -213,11 +213,11 @@ func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
 // (skipSpace(arr, 1) for the first) and where the next one starts, or ok
 // false past the last.
 func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
-	if i >= len(arr) || arr[i] == ']' {
-		return nil, i, false
+	e := -1 // the element's end
+	if i < len(arr) && arr[i] != ']' {
+		e = d.skip(arr, i)
 	}
-	e := d.skip(arr, i)
-	if e < 0 {
+	if e < 0 { // one return for both ends of the walk, as in member
 		return nil, i, false
 	}
 	next = skipSpace(arr, e)
@@ -323,12 +323,12 @@ func (d *jsonDoc) text(raw []byte) string {
 	} else {
 		escaped = hasBackslash(inner)
 	}
-	if !escaped {
-		return unsafeString(inner)
+	if escaped { // the text is the unescaped copy
+		start := len(d.unesc)
+		d.unesc = appendUnescaped(d.unesc, inner)
+		inner = d.unesc[start:]
 	}
-	start := len(d.unesc)
-	d.unesc = appendUnescaped(d.unesc, inner)
-	return unsafeString(d.unesc[start:])
+	return unsafeString(inner) // one return: in Wasm each is code of its own
 }
 
 // appendUnescaped appends to dst the text of the inner bytes of a valid
