@@ -319,13 +319,14 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		}
 		q.budget--
 		k := len(q.reads)
-		if k == len(q.cacheBuf) {
-			q.cacheBuf = append(q.cacheBuf, nil)
+		if k == len(q.cacheBuf) || k == cap(q.reads) {
+			q.addRead()
 		}
 		v, cas, got := ix.getInto(q.cacheBuf[k], ix.shardKeys[sh])
 		q.cacheBuf[k] = v
-		q.reads = append(q.reads, shardRead{shard: sh, got: got, cas: cas})
+		q.reads = q.reads[:k+1]
 		rd = &q.reads[k]
+		*rd = shardRead{shard: sh, got: got, cas: cas}
 		if got {
 			rd.view, rd.valid = parseShard(v)
 			if !rd.valid {
@@ -351,6 +352,23 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		p = t.dropExpired(p, age)
 	}
 	return p, age, true
+}
+
+// addRead makes room for one more shard read per query: a buffer in
+// cacheBuf and a record in reads. It runs only while the VM meets queries
+// reading more shards than any before, so it is out of presence (hence
+// noinline): in Wasm each request pays for the code of every function it
+// enters.
+//
+//go:noinline
+func (q *queryState) addRead() {
+	k := len(q.reads)
+	if k == len(q.cacheBuf) {
+		q.cacheBuf = append(q.cacheBuf, nil)
+	}
+	if k == cap(q.reads) {
+		q.reads = append(q.reads, shardRead{})[:k]
+	}
 }
 
 // queriedShard returns the value and CAS of shard sh as the last Query
