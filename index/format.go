@@ -154,10 +154,22 @@ func (t *slotTable) words() int { return (t.n + 63) / 64 }
 // shardEpoch must be ignored: slots removed or cleared after that write.
 // This is what makes a removed host's bits stop counting at once, without
 // touching the shards.
+//
+// The epoch test is inlined into presence, run for every probe; the slot
+// loop, needed only after a removal or clear the shard has not seen, stays
+// out of line (in Wasm each request pays for the code it enters).
 func (t *slotTable) staleMask(shardEpoch uint32) (m [maxWords]uint64) {
 	if t.maxGone <= shardEpoch {
 		return m
 	}
+	return t.staleSlots(shardEpoch)
+}
+
+// staleSlots is staleMask without its shortcut for shards written after
+// the last removal or clear.
+//
+//go:noinline
+func (t *slotTable) staleSlots(shardEpoch uint32) (m [maxWords]uint64) {
 	for i := 0; i < t.n; i++ {
 		if t.recs[i].clearEpoch > shardEpoch {
 			m[i/64] |= 1 << (i % 64)

@@ -351,13 +351,25 @@ func (ix *Index) getInto(buf []byte, key string) (v []byte, cas uint32, found bo
 func (ix *Index) counted(v []byte, cas uint32, err error) ([]byte, uint32, bool) {
 	ix.metrics.Reads++
 	if err != nil {
-		if err != ErrNotFound && !errors.Is(err, ErrNotFound) { // the sentinel itself is the common case
-			ix.metrics.StoreErrors++
+		if err != ErrNotFound { // the sentinel itself is the common case
+			ix.countReadError(err)
 		}
 		return v, 0, false
 	}
 	ix.metrics.BytesRead += uint64(len(v))
 	return v, cas, true
+}
+
+// countReadError books a read error other than the bare ErrNotFound
+// sentinel: a wrapped ErrNotFound is still a missing key. It is out of
+// counted (hence noinline) because in Wasm each request pays for the code
+// of every function it enters, and errors.Is is rarely needed.
+//
+//go:noinline
+func (ix *Index) countReadError(err error) {
+	if !errors.Is(err, ErrNotFound) {
+		ix.metrics.StoreErrors++
+	}
 }
 
 // createCAS is the CAS the index writes a key it found missing with.
@@ -383,6 +395,15 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 		ix.metrics.BytesWritten += uint64(len(v))
 		return false, nil
 	}
+	return ix.setFailed(err)
+}
+
+// setFailed books a failed set and reports whether to retry it (a CAS
+// mismatch). It is out of set (hence noinline) for the reason of
+// countReadError: writes rarely fail.
+//
+//go:noinline
+func (ix *Index) setFailed(err error) (retry bool, _ error) {
 	if err == ErrCASMismatch || errors.Is(err, ErrCASMismatch) {
 		ix.metrics.CASRetries++
 		return true, err

@@ -84,7 +84,7 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 	ix.refreshSlots()
 	t := &ix.table
 	if cap(m.Blocks) < t.n {
-		m.Blocks = make([]int, t.n, MaxSlots)
+		m.grow()
 	}
 	m.Blocks = m.Blocks[:t.n]
 	clear(m.Blocks)
@@ -115,10 +115,7 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 				if !ix.cfg.NoQueryHints {
 					q.hint = &ix.hints[blocks[0]%hintLines]
 					if q.hint.first != blocks[0] {
-						q.hint.first, q.hint.n = blocks[0], 0
-						if ix.useSharedHints(len(blocks)) {
-							ix.loadSharedHints(q.hint, blocks)
-						}
+						ix.assignHint(q.hint, blocks)
 					}
 				}
 				q.nfound = 0
@@ -136,6 +133,27 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 	m.BytesRead = int(ix.metrics.BytesRead - bytes0)
 	q.blocks, q.m = nil, nil
 	return nil
+}
+
+// grow gives m.Blocks room for every slot, on a Matches' first Query. It
+// is out of line (hence noinline) because in Wasm each request pays for
+// the code of every function it enters: Query's hot path stays small.
+//
+//go:noinline
+func (m *Matches) grow() {
+	m.Blocks = make([]int, 0, MaxSlots)
+}
+
+// assignHint gives the VM's hint line h to chain, on the first query of
+// a chain whose first block h did not hold: empty, then seeded from the
+// shared line. Out of line (hence noinline) for the reason of grow.
+//
+//go:noinline
+func (ix *Index) assignHint(h *hintLine, chain []uint64) {
+	h.first, h.n = chain[0], 0
+	if ix.useSharedHints(len(chain)) {
+		ix.loadSharedHints(h, chain)
+	}
 }
 
 // search settles the hosts in set, all holding block lo-1, whose answer
@@ -301,13 +319,14 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		}
 		q.budget--
 		k := len(q.reads)
-		if k == len(q.cacheBuf) {
-			q.cacheBuf = append(q.cacheBuf, nil)
+		if k == len(q.cacheBuf) || k == cap(q.reads) {
+			q.addRead()
 		}
 		v, cas, got := ix.getInto(q.cacheBuf[k], ix.shardKeys[sh])
 		q.cacheBuf[k] = v
-		q.reads = append(q.reads, shardRead{shard: sh, got: got, cas: cas})
+		q.reads = q.reads[:k+1]
 		rd = &q.reads[k]
+		*rd = shardRead{shard: sh, got: got, cas: cas}
 		if got {
 			rd.view, rd.valid = parseShard(v)
 			if !rd.valid {
@@ -324,12 +343,32 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		return p, 0, true
 	}
 	age = view.age(e)
-	p = and(view.bitmap(e), ix.table.active)
-	p = andNot(p, ix.table.staleMask(view.epoch))
-	if ix.table.anyHorz {
-		p = ix.table.dropExpired(p, age)
+	t := &ix.table
+	p = and(view.bitmap(e), t.active)
+	if t.maxGone > view.epoch { // rare: see staleMask
+		p = andNot(p, t.staleSlots(view.epoch))
+	}
+	if t.anyHorz {
+		p = t.dropExpired(p, age)
 	}
 	return p, age, true
+}
+
+// addRead makes room for one more shard read per query: a buffer in
+// cacheBuf and a record in reads. It runs only while the VM meets queries
+// reading more shards than any before, so it is out of presence (hence
+// noinline): in Wasm each request pays for the code of every function it
+// enters.
+//
+//go:noinline
+func (q *queryState) addRead() {
+	k := len(q.reads)
+	if k == len(q.cacheBuf) {
+		q.cacheBuf = append(q.cacheBuf, nil)
+	}
+	if k == cap(q.reads) {
+		q.reads = append(q.reads, shardRead{})[:k]
+	}
 }
 
 // queriedShard returns the value and CAS of shard sh as the last Query
