@@ -478,8 +478,8 @@ func pathOnly(path string) string {
 }
 
 // decimal reads a header's unsigned decimal number of up to 18 digits
-// (content-length). The header path reads it with this loop rather than
-// strconv.ParseInt: in Wasm, where each request pays for the code it
+// (content-length, :status). The header paths read it with this loop
+// rather than strconv: in Wasm, where each request pays for the code it
 // enters, ParseInt is three more functions for three digits.
 func decimal(v string) (int64, bool) {
 	if len(v) == 0 || len(v) > 18 {
@@ -886,11 +886,8 @@ func (p *routerPlugin) readORCA(h *scorer.Host) {
 func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served string) {
 	hostbuf.Lend(p.hostVal)
 	if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil && len(v) == 3 {
-		for i := 0; i < 3 && v[i] >= '0' && v[i] <= '9'; i++ {
-			status = status*10 + int(v[i]-'0')
-		}
-		if status < 100 {
-			status = 0
+		if n, ok := decimal(v); ok && n >= 100 {
+			status = int(n)
 		}
 	}
 	hostbuf.Lend(p.hostVal)
