@@ -25,7 +25,9 @@ import (
 // The "<size>/floor" sub-benchmarks run testdata/floor the same way: the
 // least a body-routing Go filter can do (buffer the body, read it, set the
 // destination header), so the figures also say what any such filter pays in
-// this host and what kvroute adds above it. At 8K tokens two more split
+// this host and what kvroute adds above it. "8Ktok/floor+cold" runs the
+// floor with as much generated code per request as the router enters
+// (coldFloorModule): the cost of touching that code, without kvroute. At 8K tokens two more split
 // kvroute's cost: "header-only" runs it with bodyRouting false (no body
 // buffered or parsed: session, load and fallbacks only), "pass-through"
 // sends the request to a path the router does not route (its callbacks
@@ -202,6 +204,18 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		if size.name != "8Ktok" {
 			continue
 		}
+		// The floor again, now also running as much generated straight-line
+		// code per request as kvroute.router enters (coldFloorModule): what
+		// touching that much code costs in this host, without kvroute.
+		b.Run(size.name+"/floor+cold", func(b *testing.B) {
+			module, added := coldFloorModule(b, 150)
+			url, h := start(wasmhost.Config{Module: module, VMID: "cold", Clusters: clusters, RouteCluster: "engines",
+				Filters: []wasmhost.Filter{{RootID: "floor", AllowOnHeadersStopIteration: true, Configuration: strings.Join(addrs, ",")}}})
+			tBase, tCold, cBase, cCold := alternate(b, url, h)
+			b.ReportMetric(float64(added)/1024, "added-wasm-KB")
+			b.ReportMetric(us(cCold-cBase), "cpu-us/req-overhead")
+			b.ReportMetric(us(tCold-tBase), "us/req-overhead")
+		})
 		split := func(name, url string, h *wasmhost.Host, reqPath string) {
 			b.Run(size.name+"/"+name, func(b *testing.B) {
 				path = reqPath

@@ -40,6 +40,14 @@ func onMemoryAllocate(size uint32) uint32 {
 	return uint32(uintptr(unsafe.Pointer(&scratch[0])))
 }
 
+// touch, when set, runs on every routed body: the cold-code variant the
+// benchmark generates (floor_test.go's coldFloorModule) sets it to run a
+// known amount of code per request. sink keeps its result alive.
+var (
+	touch func(body []byte) uint64
+	sink  uint64
+)
+
 var (
 	addrs []string
 	next  int
@@ -79,6 +87,9 @@ func onRequestBody(id, size, eos uint32) uint32 {
 	var p, n uint32
 	if proxyGetBufferBytes(0, 0, size, unsafe.Pointer(&p), unsafe.Pointer(&n)) != 0 || len(addrs) == 0 {
 		return 0
+	}
+	if touch != nil {
+		sink += touch(unsafe.Slice((*byte)(unsafe.Pointer(uintptr(p))), n))
 	}
 	a := addrs[next%len(addrs)]
 	next++
