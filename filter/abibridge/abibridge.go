@@ -15,7 +15,9 @@
 //     for stay reachable until the host call returns); a buffer the filter
 //     lent through filter/hostbuf is used instead of a fresh allocation.
 //   - callbacks.go.in adds //go:wasmexport wrappers for every proxy_on_*
-//     callback and proxy_abi_version_0_2_1.
+//     callback and proxy_abi_version_0_2_1. HTTP streams are dispatched
+//     from a table of the bridge's own instead of the SDK's maps, whose
+//     code every request would otherwise run.
 //
 // internal/wasmbuild copies the SDK from the module cache, unmodified, into
 // .wasmbuild/ (Go refuses overlays inside GOMODCACHE) and injects these files
