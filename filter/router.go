@@ -68,6 +68,8 @@ type routerPlugin struct {
 	// bodyBuf so that they cost no allocation. A value larger than it is
 	// allocated as usual.
 	hostVal []byte
+	// streams is what is left of the slab newStream hands streams out of.
+	streams []routerStream
 }
 
 // hostValSize holds a typical request header map (a few hundred bytes to
@@ -346,8 +348,24 @@ func (p *routerPlugin) byProfile(name string) (proxywasm.MetricCounter, bool) {
 	return c, ok
 }
 
+// streamSlab is how many streams newStream allocates at once.
+const streamSlab = 16
+
+// newStream hands out the next stream of a slab allocated streamSlab at a
+// time: one allocation per 16 streams instead of one each, so that the
+// context creation of a typical request enters none of the allocator's
+// code (in Wasm each request pays for every function it enters). A stream
+// is never handed out twice, so nothing that still holds one (admission's
+// queues, a late callback) can see it reused; a slab's memory goes when
+// none of its streams is referenced any more.
 func (p *routerPlugin) newStream(id uint32) types.HttpContext {
-	return &routerStream{plugin: p, id: id}
+	if len(p.streams) == 0 {
+		p.streams = make([]routerStream, streamSlab)
+	}
+	s := &p.streams[0]
+	p.streams = p.streams[1:]
+	s.plugin, s.id = p, id
+	return s
 }
 
 func (p *routerPlugin) onTick() {
@@ -409,46 +427,47 @@ type routerStream struct {
 }
 
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
+	// One defer and one return, as in OnHttpRequestBody: handleRequestHeaders'
+	// many returns would each carry a copy of the deferred call.
+	defer guard(&s.plugin.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
+	return s.handleRequestHeaders(endOfStream)
+}
+
+func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	p := s.plugin
-	defer guard(&p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
+	cfg := p.cfg // one nil check, not one per field read
 	if p.adm != nil {
 		p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
 	}
-	// headers alias p.hostVal: valid in this callback only.
-	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal)
-	if err != nil {
-		logHeadersError(err)
+	// The values alias p.hostVal: valid in this callback only.
+	headers := requestHeaders{destination: cfg.DestinationHeader, session: cfg.SessionHeader}
+	if err := stripRoutingHeaders(&headers, p.hostVal); err != nil {
+		headersError(&headers, err)
 	}
-	testPanic(p.cfg.TestHooks, headers.testHook)
+	testPanic(cfg.TestHooks, headers.testHook)
 
-	path, _ := headers.get(":path")
-	path = pathOnly(path)
-	method, _ := headers.get(":method")
-
-	if path == p.cfg.State.Path {
-		return s.stateHeaders(method, endOfStream)
+	path := pathOnly(headers.path)
+	if path == cfg.State.Path {
+		return s.stateHeaders(headers.method, endOfStream)
 	}
 	if !p.isInference(path) {
 		return s.otherPath()
 	}
-	if method != "POST" {
+	if headers.method != "POST" {
 		return s.badMethod(path)
 	}
-	if p.cfg.SessionHeader != "" {
-		key, _ := headers.get(p.cfg.SessionHeader)
-		s.sessionKey = strings.Clone(key) // outlives the header map's buffer
+	if headers.sessionKey != "" {
+		s.keepSessionKey(headers.sessionKey)
 	}
-	if !p.cfg.BodyRouting {
+	if !cfg.BodyRouting {
 		s.decideFromHeaders()
 		return types.ActionContinue
 	}
 	if endOfStream {
 		return s.emptyBody()
 	}
-	if cl, ok := headers.get("content-length"); ok {
-		if n, ok := decimal(cl); ok && n > int64(p.cfg.MaxBodyBytes) {
-			return s.bodyTooLarge()
-		}
+	if n, ok := decimal(headers.contentLength); ok && n > int64(cfg.MaxBodyBytes) {
+		return s.bodyTooLarge()
 	}
 	s.kind = kindOf(path)
 	s.awaitingBody = true
@@ -458,13 +477,26 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	return types.ActionPause
 }
 
-// logHeadersError logs request headers that could not be read, out of the
-// header callback's line (noinline: the log call boxes its argument in
-// place, code every request would enter).
+// keepSessionKey copies the session header's value, which outlives the
+// header map's buffer. Out of line (noinline): the copy's allocation is
+// code a request without the header would otherwise enter.
 //
 //go:noinline
-func logHeadersError(err error) {
+func (s *routerStream) keepSessionKey(key string) {
+	s.sessionKey = strings.Clone(key)
+}
+
+// headersError logs request headers that could not be read or stripped
+// and, when the map could not be read, asks the host for the values the
+// request path reads. Out of the header callback's line (noinline: the log
+// call boxes its argument in place, code every request would enter).
+//
+//go:noinline
+func headersError(h *requestHeaders, err error) {
 	proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
+	if !h.read {
+		h.askHost()
+	}
 }
 
 // pathOnly is :path without its query or fragment.
@@ -780,7 +812,7 @@ func (s *routerStream) explain(res *scorer.Result, predicted int) {
 func (s *routerStream) failOpen() {
 	p := s.plugin
 	p.stats.failedOpen.Increment(1)
-	if _, err := stripRoutingHeaders(p.cfg.DestinationHeader, nil); err != nil {
+	if err := stripRoutingHeaders(&requestHeaders{destination: p.cfg.DestinationHeader}, nil); err != nil {
 		return
 	}
 	if addr := p.leastLoaded(); addr != "" {
