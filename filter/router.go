@@ -561,13 +561,10 @@ func (p *routerPlugin) readBody(n int) ([]byte, error) {
 // readBuffer reads n bytes of a body buffer with get into p.bodyBuf. A
 // response chunk is only scanned for cached_tokens, so it shares the buffer.
 func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, error)) ([]byte, error) {
-	if n > p.cfg.MaxBodyBytes {
+	if cap(p.bodyBuf) < n && !p.growBodyBuf(n) {
 		// A response chunk larger than any request body the router takes:
 		// read it the ordinary way rather than keep a buffer that size.
 		return get(0, n)
-	}
-	if cap(p.bodyBuf) < n {
-		p.bodyBuf = make([]byte, n)
 	}
 	// Lend and withdraw around the one host call, without a defer (as every
 	// other lender does): the defer's wrapper would be one more function
@@ -576,6 +573,20 @@ func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, e
 	b, err := get(0, n)
 	hostbuf.Lend(nil)
 	return b, err
+}
+
+// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than
+// maxBodyBytes (the buffer never grows past it). Out of readBuffer's line
+// (noinline): it grows only until the largest body has been seen, and in
+// Wasm each request pays for every part of a function it enters.
+//
+//go:noinline
+func (p *routerPlugin) growBodyBuf(n int) bool {
+	if n > p.cfg.MaxBodyBytes {
+		return false
+	}
+	p.bodyBuf = make([]byte, n)
+	return true
 }
 
 // emptyBody and bodyTooLarge reject an inference request for its body. They
@@ -641,7 +652,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
-	if clean := p.parser.withoutClientOnly(body); clean != nil && !s.forwardWithoutClientFields(clean) {
+	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
 	}
 	in := router.Input{
@@ -679,11 +690,13 @@ func (s *routerStream) unparsable(perr *requestError) types.Action {
 // be removed.
 var errClientFields = &requestError{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
 
-// forwardWithoutClientFields replaces the request body with clean (the body
-// without the P/D fields only the gateway may set) and reports whether it
-// could. Out of line: clients rarely send those fields.
-func (s *routerStream) forwardWithoutClientFields(clean []byte) bool {
+// forwardWithoutClientFields replaces the request body with body without
+// the P/D fields only the gateway may set (which parse found in it) and
+// reports whether it could. Out of line, with the body's rewrite: clients
+// rarely send those fields.
+func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 	p := s.plugin
+	clean := p.parser.withoutClientOnly(body)
 	if err := proxywasm.ReplaceHttpRequestBody(clean); err != nil {
 		proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
 		p.stats.badRequest.Increment(1)
@@ -740,6 +753,7 @@ func (s *routerStream) decide(in *router.Input) {
 // and counts the dispatch.
 func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 	p := s.plugin
+	cfg := p.cfg // one nil check, not one per field read
 	t := &s.ticket
 	order := res.Decode.Order
 	if len(order) == 0 {
@@ -747,33 +761,27 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 		p.stats.noCandidate.Increment(1)
 		return
 	}
-	n := 1 + p.cfg.Fallbacks
-	if n > len(order) {
-		n = len(order)
-	}
-	p.dest = p.dest[:0]
-	for i := 0; i < n; i++ {
+	hosts := p.hosts
+	dest := p.dest[:0]
+	for i, h := range order[:min(1+cfg.Fallbacks, len(order))] {
 		if i > 0 {
-			p.dest = append(p.dest, ',')
+			dest = append(dest, ',')
 		}
-		p.dest = append(p.dest, p.hosts[order[i]].Address...)
+		dest = append(dest, hosts[h].Address...)
 	}
-	s.primary = p.hosts[order[0]].Address
+	p.dest = dest
+	s.primary = hosts[order[0]].Address
 	// The host copies the value: no string copy of p.dest (see emulatedHost).
-	dest := unsafeString(p.dest)
+	value := unsafeString(dest)
 	if emulatedHost {
-		dest = string(p.dest)
+		value = string(dest)
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, dest); err != nil {
+	if err := proxywasm.ReplaceHttpRequestHeader(cfg.DestinationHeader, value); err != nil {
 		p.destinationFailed(err)
 		return
 	}
-	if res.Disaggregated && t.PrefillAddress != "" {
-		// kvroute.pd (after the router in the chain) prefills there.
-		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, t.PrefillAddress)
-	}
-	if p.cfg.ORCA {
-		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
+	if res.Disaggregated && t.PrefillAddress != "" || cfg.ORCA {
+		s.optionalHeaders(res.Disaggregated)
 	}
 	p.breakers.dispatched(s.primary, nowMs)
 	p.stats.routed.Increment(1)
@@ -781,8 +789,23 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 	if t.PredictedCachedTokens > 0 {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
 	}
-	if p.cfg.DebugHeader != "" {
+	if cfg.DebugHeader != "" {
 		s.explain(res, t.PredictedCachedTokens)
+	}
+}
+
+// optionalHeaders writes the request headers a decision adds only in some
+// deployments: the prefill host of a disaggregated decision and the ORCA
+// format request. Out of route's line: in Wasm each request pays for every
+// part of a function it enters, and the default configuration needs
+// neither.
+func (s *routerStream) optionalHeaders(disaggregated bool) {
+	if addr := s.ticket.PrefillAddress; disaggregated && addr != "" {
+		// kvroute.pd (after the router in the chain) prefills there.
+		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, addr)
+	}
+	if s.plugin.cfg.ORCA {
+		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
 	}
 }
 
