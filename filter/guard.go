@@ -28,9 +28,17 @@ func (trapPanic) String() string { return "kvroute test hook: trap requested" }
 
 // testPanic acts on the test hook header, if the hook is enabled.
 func testPanic(enabled bool, value string) {
-	if !enabled {
-		return
+	if enabled {
+		hookPanic(value)
 	}
+}
+
+// hookPanic is testPanic's enabled path, out of its callers' line
+// (noinline): the panics box their values in place, code each request would
+// enter in Wasm while the hook is off, as it is in production.
+//
+//go:noinline
+func hookPanic(value string) {
 	switch value {
 	case "recover":
 		panic("kvroute test hook: panic requested")
@@ -49,10 +57,19 @@ func testPanic(enabled bool, value string) {
 // is passed by pointer: a MetricCounter value would be boxed into the
 // interface (a runtime call) at every callback, panic or not.
 func guard(counter interface{ Increment(uint64) }, where string, action *types.Action, failOpen func()) {
-	r := recover()
-	if r == nil {
-		return
+	// recover works only when called by the deferred function itself; the
+	// rest is out of line, as every callback enters guard and nearly none
+	// has anything to recover.
+	if r := recover(); r != nil {
+		recovered(r, counter, where, action, failOpen)
 	}
+}
+
+// recovered is guard's work once it has recovered r (noinline: inlined, it
+// would be back in the code every callback enters).
+//
+//go:noinline
+func recovered(r any, counter interface{ Increment(uint64) }, where string, action *types.Action, failOpen func()) {
 	// A panic between a hostbuf.Lend and its withdrawal would leave the
 	// buffer on offer, and the next host allocation could land in memory
 	// the filter reuses.

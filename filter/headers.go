@@ -1,11 +1,11 @@
 package filter
 
 import (
+	"encoding/binary"
+	"errors"
 	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
-
-	"github.com/kvroute/kvroute/filter/hostbuf"
 )
 
 // internalHeaderPrefix marks headers kvroute sets for its own use. A client
@@ -13,49 +13,102 @@ import (
 const internalHeaderPrefix = "x-kvroute-"
 
 // stripRoutingHeaders removes every client-supplied routing header from the
-// request: the destination header (with ORIGINAL_DST or override_host it
-// would let a client pick any address: an SSRF vector) and kvroute's internal
-// headers. It returns the request's headers as they are after the removal,
-// read in the one host call it needs anyway, so that the caller reads
-// :path, :method and the rest without a host call (and a copy into the VM)
-// for each.
+// request: the destination header h.destination (with ORIGINAL_DST or
+// override_host it would let a client pick any address: an SSRF vector) and
+// kvroute's internal headers. In the same pass over the request's header
+// map, read in the one host call it needs anyway, it picks out the values
+// the request path reads (see requestHeaders and pick), so that the caller
+// reads them without a host call (and a copy into the VM) for each.
 //
-// The map is read into buf when it fits (lent to the ABI bridge, see
-// filter/hostbuf): the names and values then alias buf and are valid until
-// buf is lent again, so a caller keeps a value beyond that with
-// strings.Clone. A nil buf makes the read allocate.
-func stripRoutingHeaders(destinationHeader string, buf []byte) (requestHeaders, error) {
-	hostbuf.Lend(buf)
-	pairs, err := proxywasm.GetHttpRequestHeaders()
-	hostbuf.Lend(nil)
+// The map is read into buf when it fits (see readRequestHeaderMap): the
+// values then alias buf and are valid until buf is lent again, so a caller
+// keeps one beyond that with strings.Clone. A nil buf makes the read
+// allocate. When the map cannot be read, h.read stays false and nothing is
+// picked.
+func stripRoutingHeaders(h *requestHeaders, buf []byte) error {
+	raw, err := readRequestHeaderMap(buf)
 	if err != nil {
-		return requestHeaders{}, err
+		return err
 	}
-	h := requestHeaders{pairs: pairs, read: true, destination: destinationHeader}
-	strip := false
-	for _, kv := range pairs {
-		if headerNameIs(kv[0], testPanicHeader) {
-			h.testHook = kv[1]
-		}
-		strip = strip || h.stripped(kv[0])
+	if err := h.pick(raw); err != nil {
+		return err
 	}
-	if strip {
-		return h, h.removeStripped()
+	if len(h.remove) > 0 {
+		return h.removeStripped()
 	}
-	return h, nil
+	return nil
 }
 
-// removeStripped removes every header stripped reports from the request.
-// It is out of stripRoutingHeaders' line because few requests carry one: in
-// Wasm each request pays for every part of a function it enters.
-func (h *requestHeaders) removeStripped() error {
-	var remove []string
-	for _, kv := range h.pairs {
-		if h.stripped(kv[0]) {
-			remove = append(remove, strings.ToLower(kv[0]))
+// pick reads raw, the request's header map in proxy-wasm's serialized
+// form, for the values requestHeaders holds and the headers to strip. That
+// form, the one the host hands the map over in, is a little-endian uint32
+// count, then every pair's name and value sizes (uint32 each), then every
+// name and value, each followed by a NUL. Read in place, it costs no
+// allocation, where the SDK's deserializer makes a slice per request (and
+// so brings the allocator's code into every request in Wasm).
+func (h *requestHeaders) pick(raw []byte) error {
+	if len(raw) < 4 {
+		return errHeaderMap
+	}
+	n := int(binary.LittleEndian.Uint32(raw))
+	if n > (len(raw)-4)/8 {
+		return errHeaderMap
+	}
+	sizes, data := raw[4:4+8*n], unsafeString(raw[4+8*n:])
+	// One loop over a table rather than an inlined comparison per header
+	// name: in Wasm each request pays for the code it enters.
+	picks := [...]struct {
+		name  string
+		value *string
+		found bool
+	}{
+		{name: ":path", value: &h.path},
+		{name: ":method", value: &h.method},
+		{name: "content-length", value: &h.contentLength},
+		{name: h.session, value: &h.sessionKey, found: h.session == ""},
+	}
+	for ; len(sizes) >= 8; sizes = sizes[8:] {
+		k := int(binary.LittleEndian.Uint32(sizes))
+		v := int(binary.LittleEndian.Uint32(sizes[4:]))
+		if k >= len(data) || v >= len(data)-k-1 { // each with its NUL
+			return errHeaderMap
+		}
+		name, value := data[:k], data[k+1:k+1+v]
+		data = data[k+v+2:]
+		if h.stripped(name) {
+			// The host will no longer answer for it: not picked.
+			h.strip(name, value)
+			continue
+		}
+		for i := range picks {
+			if pk := &picks[i]; !pk.found && headerNameIs(name, pk.name) {
+				*pk.value, pk.found = value, true
+			}
 		}
 	}
-	for _, name := range remove {
+	h.read = true
+	return nil
+}
+
+// errHeaderMap reports a header map the host serialized wrongly.
+var errHeaderMap = errors.New("malformed header map")
+
+// strip notes the header name for removal, and the test hook's value (an
+// internal header, so always stripped). Out of pick's line (noinline): few
+// requests carry one, and in Wasm each request pays for every part of a
+// function it enters.
+//
+//go:noinline
+func (h *requestHeaders) strip(name, value string) {
+	if headerNameIs(name, testPanicHeader) {
+		h.testHook = value
+	}
+	h.remove = append(h.remove, strings.ToLower(name))
+}
+
+// removeStripped removes the headers pick noted from the request.
+func (h *requestHeaders) removeStripped() error {
+	for _, name := range h.remove {
 		if err := proxywasm.RemoveHttpRequestHeader(name); err != nil {
 			return err
 		}
@@ -63,12 +116,20 @@ func (h *requestHeaders) removeStripped() error {
 	return nil
 }
 
-// requestHeaders is the request's header map as stripRoutingHeaders read it.
+// requestHeaders is what the request path reads of the request's headers.
+// The caller names the destination and session headers; stripRoutingHeaders
+// fills in the rest.
 type requestHeaders struct {
-	pairs       [][2]string
-	read        bool // pairs holds the map (false: reading it failed)
-	destination string
-	testHook    string // the test hook header's value, read before removal
+	destination string // the destination header's name
+	session     string // the session header's name ("" when off)
+
+	read bool // the map was read (false: nothing below was picked)
+	// The first value of :path, :method, content-length and the session
+	// header, as the host's get_header_map_value would answer after the
+	// removal ("" for a header absent or removed).
+	path, method, contentLength, sessionKey string
+	testHook                                string   // the test hook header's value, read before removal
+	remove                                  []string // the headers to strip, in lower case
 }
 
 // stripped reports whether stripRoutingHeaders removes the header name.
@@ -77,23 +138,41 @@ func (h *requestHeaders) stripped(name string) bool {
 		len(name) >= len(internalHeaderPrefix) && headerNameIs(name[:len(internalHeaderPrefix)], internalHeaderPrefix)
 }
 
-// get returns the first value of the header name, as the host's
-// get_header_map_value would after the removal; when the map could not be
-// read it asks the host.
-func (h *requestHeaders) get(name string) (string, bool) {
-	if !h.read {
-		v, err := proxywasm.GetHttpRequestHeader(name)
-		return v, err == nil
+// askHost fills in the picked values from the host, one call each, for a
+// request whose header map could not be read.
+func (h *requestHeaders) askHost() {
+	h.path, _ = proxywasm.GetHttpRequestHeader(":path")
+	h.method, _ = proxywasm.GetHttpRequestHeader(":method")
+	h.contentLength, _ = proxywasm.GetHttpRequestHeader("content-length")
+	if h.session != "" {
+		h.sessionKey, _ = proxywasm.GetHttpRequestHeader(h.session)
 	}
-	if h.stripped(name) {
-		return "", false
+}
+
+// appendHeaderMap appends pairs to b in the serialized form pick reads: how
+// a map the SDK returned as pairs (outside the Wasm build, or when the host
+// did not write it into the lent buffer) takes that form.
+func appendHeaderMap(b []byte, pairs [][2]string) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(pairs)))
+	for _, kv := range pairs {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(kv[0])))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(kv[1])))
 	}
-	for _, kv := range h.pairs {
-		if headerNameIs(kv[0], name) {
-			return kv[1], true
-		}
+	for _, kv := range pairs {
+		b = append(append(b, kv[0]...), 0)
+		b = append(append(b, kv[1]...), 0)
 	}
-	return "", false
+	return b
+}
+
+// sdkRequestHeaderMap reads the request's header map through the SDK, which
+// allocates it as pairs, and serializes it into buf.
+func sdkRequestHeaderMap(buf []byte) ([]byte, error) {
+	pairs, err := proxywasm.GetHttpRequestHeaders()
+	if err != nil {
+		return nil, err
+	}
+	return appendHeaderMap(buf[:0], pairs), nil
 }
 
 // headerNameIs reports whether two header names are equal, ignoring ASCII

@@ -246,21 +246,6 @@ func TestEscapedKeysCountAsDecoded(t *testing.T) {
 	}
 }
 
-// requestHeaders answers as the host would after stripRoutingHeaders: first
-// value, any case, and nothing for a header it removed.
-func TestRequestHeadersGet(t *testing.T) {
-	h := requestHeaders{read: true, destination: "x-gateway-destination-endpoint", pairs: [][2]string{
-		{":path", "/v1/completions"}, {"Content-Length", "12"}, {"content-length", "99"},
-		{"X-Gateway-Destination-Endpoint", "169.254.169.254:80"}, {"x-kvroute-prefill-host", "10.0.0.9:8000"},
-	}}
-	for name, want := range map[string]string{":path": "/v1/completions", "content-length": "12", "CONTENT-LENGTH": "12",
-		"x-gateway-destination-endpoint": "", "x-kvroute-prefill-host": "", "authorization": ""} {
-		if got, ok := h.get(name); got != want || ok != (want != "") {
-			t.Errorf("get(%q) = %q, %v; want %q", name, got, ok, want)
-		}
-	}
-}
-
 // rawWholeNumber reads what wholeNumber reads from gjson, for every kind of
 // JSON number, with or without its fast path.
 func TestRawWholeNumberMatchesGJSON(t *testing.T) {

@@ -68,6 +68,8 @@ type routerPlugin struct {
 	// bodyBuf so that they cost no allocation. A value larger than it is
 	// allocated as usual.
 	hostVal []byte
+	// streams is what is left of the slab newStream hands streams out of.
+	streams []routerStream
 }
 
 // hostValSize holds a typical request header map (a few hundred bytes to
@@ -346,8 +348,33 @@ func (p *routerPlugin) byProfile(name string) (proxywasm.MetricCounter, bool) {
 	return c, ok
 }
 
+// streamSlab is how many streams newStream allocates at once.
+const streamSlab = 16
+
+// newStream hands out the next stream of a slab allocated streamSlab at a
+// time: one allocation per 16 streams instead of one each, so that the
+// context creation of a typical request enters none of the allocator's
+// code (in Wasm each request pays for every function it enters). A stream
+// is never handed out twice, so nothing that still holds one (admission's
+// queues, a late callback) can see it reused; a slab's memory (about 7 KB)
+// goes when none of its streams is referenced any more, so a long stream
+// keeps at most 15 finished ones' worth alive.
 func (p *routerPlugin) newStream(id uint32) types.HttpContext {
-	return &routerStream{plugin: p, id: id}
+	if len(p.streams) == 0 {
+		p.newSlab()
+	}
+	s := &p.streams[0]
+	p.streams = p.streams[1:]
+	s.plugin, s.id = p, id
+	return s
+}
+
+// newSlab allocates the next slab of streams, out of newStream's line
+// (noinline): one stream in streamSlab needs it.
+//
+//go:noinline
+func (p *routerPlugin) newSlab() {
+	p.streams = make([]routerStream, streamSlab)
 }
 
 func (p *routerPlugin) onTick() {
@@ -409,46 +436,47 @@ type routerStream struct {
 }
 
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
+	// One defer and one return, as in OnHttpRequestBody: handleRequestHeaders'
+	// many returns would each carry a copy of the deferred call.
+	defer guard(&s.plugin.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
+	return s.handleRequestHeaders(endOfStream)
+}
+
+func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	p := s.plugin
-	defer guard(&p.stats.recoveredPanics, "kvroute.router on_request_headers", &action, s.failOpen)
+	cfg := p.cfg // one nil check, not one per field read
 	if p.adm != nil {
 		p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
 	}
-	// headers alias p.hostVal: valid in this callback only.
-	headers, err := stripRoutingHeaders(p.cfg.DestinationHeader, p.hostVal)
-	if err != nil {
-		logHeadersError(err)
+	// The values alias p.hostVal: valid in this callback only.
+	headers := requestHeaders{destination: cfg.DestinationHeader, session: cfg.SessionHeader}
+	if err := stripRoutingHeaders(&headers, p.hostVal); err != nil {
+		headersError(&headers, err)
 	}
-	testPanic(p.cfg.TestHooks, headers.testHook)
+	testPanic(cfg.TestHooks, headers.testHook)
 
-	path, _ := headers.get(":path")
-	path = pathOnly(path)
-	method, _ := headers.get(":method")
-
-	if path == p.cfg.State.Path {
-		return s.stateHeaders(method, endOfStream)
+	path := pathOnly(headers.path)
+	if path == cfg.State.Path {
+		return s.stateHeaders(headers.method, endOfStream)
 	}
 	if !p.isInference(path) {
 		return s.otherPath()
 	}
-	if method != "POST" {
+	if headers.method != "POST" {
 		return s.badMethod(path)
 	}
-	if p.cfg.SessionHeader != "" {
-		key, _ := headers.get(p.cfg.SessionHeader)
-		s.sessionKey = strings.Clone(key) // outlives the header map's buffer
+	if headers.sessionKey != "" {
+		s.keepSessionKey(headers.sessionKey)
 	}
-	if !p.cfg.BodyRouting {
+	if !cfg.BodyRouting {
 		s.decideFromHeaders()
 		return types.ActionContinue
 	}
 	if endOfStream {
 		return s.emptyBody()
 	}
-	if cl, ok := headers.get("content-length"); ok {
-		if n, ok := decimal(cl); ok && n > int64(p.cfg.MaxBodyBytes) {
-			return s.bodyTooLarge()
-		}
+	if n, ok := decimal(headers.contentLength); ok && n > int64(cfg.MaxBodyBytes) {
+		return s.bodyTooLarge()
 	}
 	s.kind = kindOf(path)
 	s.awaitingBody = true
@@ -458,13 +486,26 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 	return types.ActionPause
 }
 
-// logHeadersError logs request headers that could not be read, out of the
-// header callback's line (noinline: the log call boxes its argument in
-// place, code every request would enter).
+// keepSessionKey copies the session header's value, which outlives the
+// header map's buffer. Out of line (noinline): the copy's allocation is
+// code a request without the header would otherwise enter.
 //
 //go:noinline
-func logHeadersError(err error) {
+func (s *routerStream) keepSessionKey(key string) {
+	s.sessionKey = strings.Clone(key)
+}
+
+// headersError logs request headers that could not be read or stripped
+// and, when the map could not be read, asks the host for the values the
+// request path reads. Out of the header callback's line (noinline: the log
+// call boxes its argument in place, code every request would enter).
+//
+//go:noinline
+func headersError(h *requestHeaders, err error) {
 	proxywasm.LogWarnf("kvroute.router: reading request headers: %v", err)
+	if !h.read {
+		h.askHost()
+	}
 }
 
 // pathOnly is :path without its query or fragment.
@@ -529,13 +570,10 @@ func (p *routerPlugin) readBody(n int) ([]byte, error) {
 // readBuffer reads n bytes of a body buffer with get into p.bodyBuf. A
 // response chunk is only scanned for cached_tokens, so it shares the buffer.
 func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, error)) ([]byte, error) {
-	if n > p.cfg.MaxBodyBytes {
+	if cap(p.bodyBuf) < n && !p.growBodyBuf(n) {
 		// A response chunk larger than any request body the router takes:
 		// read it the ordinary way rather than keep a buffer that size.
 		return get(0, n)
-	}
-	if cap(p.bodyBuf) < n {
-		p.bodyBuf = make([]byte, n)
 	}
 	// Lend and withdraw around the one host call, without a defer (as every
 	// other lender does): the defer's wrapper would be one more function
@@ -544,6 +582,20 @@ func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, e
 	b, err := get(0, n)
 	hostbuf.Lend(nil)
 	return b, err
+}
+
+// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than
+// maxBodyBytes (the buffer never grows past it). Out of readBuffer's line
+// (noinline): it grows only until the largest body has been seen, and in
+// Wasm each request pays for every part of a function it enters.
+//
+//go:noinline
+func (p *routerPlugin) growBodyBuf(n int) bool {
+	if n > p.cfg.MaxBodyBytes {
+		return false
+	}
+	p.bodyBuf = make([]byte, n)
+	return true
 }
 
 // emptyBody and bodyTooLarge reject an inference request for its body. They
@@ -609,7 +661,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
-	if clean := p.parser.withoutClientOnly(body); clean != nil && !s.forwardWithoutClientFields(clean) {
+	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
 	}
 	in := router.Input{
@@ -647,11 +699,13 @@ func (s *routerStream) unparsable(perr *requestError) types.Action {
 // be removed.
 var errClientFields = &requestError{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
 
-// forwardWithoutClientFields replaces the request body with clean (the body
-// without the P/D fields only the gateway may set) and reports whether it
-// could. Out of line: clients rarely send those fields.
-func (s *routerStream) forwardWithoutClientFields(clean []byte) bool {
+// forwardWithoutClientFields replaces the request body with body without
+// the P/D fields only the gateway may set (which parse found in it) and
+// reports whether it could. Out of line, with the body's rewrite: clients
+// rarely send those fields.
+func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 	p := s.plugin
+	clean := p.parser.withoutClientOnly(body)
 	if err := proxywasm.ReplaceHttpRequestBody(clean); err != nil {
 		proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
 		p.stats.badRequest.Increment(1)
@@ -708,6 +762,7 @@ func (s *routerStream) decide(in *router.Input) {
 // and counts the dispatch.
 func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 	p := s.plugin
+	cfg := p.cfg // one nil check, not one per field read
 	t := &s.ticket
 	order := res.Decode.Order
 	if len(order) == 0 {
@@ -715,33 +770,27 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 		p.stats.noCandidate.Increment(1)
 		return
 	}
-	n := 1 + p.cfg.Fallbacks
-	if n > len(order) {
-		n = len(order)
-	}
-	p.dest = p.dest[:0]
-	for i := 0; i < n; i++ {
+	hosts := p.hosts
+	dest := p.dest[:0]
+	for i, h := range order[:min(1+cfg.Fallbacks, len(order))] {
 		if i > 0 {
-			p.dest = append(p.dest, ',')
+			dest = append(dest, ',')
 		}
-		p.dest = append(p.dest, p.hosts[order[i]].Address...)
+		dest = append(dest, hosts[h].Address...)
 	}
-	s.primary = p.hosts[order[0]].Address
+	p.dest = dest
+	s.primary = hosts[order[0]].Address
 	// The host copies the value: no string copy of p.dest (see emulatedHost).
-	dest := unsafeString(p.dest)
+	value := unsafeString(dest)
 	if emulatedHost {
-		dest = string(p.dest)
+		value = string(dest)
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, dest); err != nil {
+	if err := proxywasm.ReplaceHttpRequestHeader(cfg.DestinationHeader, value); err != nil {
 		p.destinationFailed(err)
 		return
 	}
-	if res.Disaggregated && t.PrefillAddress != "" {
-		// kvroute.pd (after the router in the chain) prefills there.
-		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, t.PrefillAddress)
-	}
-	if p.cfg.ORCA {
-		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
+	if res.Disaggregated && t.PrefillAddress != "" || cfg.ORCA {
+		s.optionalHeaders(res.Disaggregated)
 	}
 	p.breakers.dispatched(s.primary, nowMs)
 	p.stats.routed.Increment(1)
@@ -749,8 +798,23 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 	if t.PredictedCachedTokens > 0 {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
 	}
-	if p.cfg.DebugHeader != "" {
+	if cfg.DebugHeader != "" {
 		s.explain(res, t.PredictedCachedTokens)
+	}
+}
+
+// optionalHeaders writes the request headers a decision adds only in some
+// deployments: the prefill host of a disaggregated decision and the ORCA
+// format request. Out of route's line: in Wasm each request pays for every
+// part of a function it enters, and the default configuration needs
+// neither.
+func (s *routerStream) optionalHeaders(disaggregated bool) {
+	if addr := s.ticket.PrefillAddress; disaggregated && addr != "" {
+		// kvroute.pd (after the router in the chain) prefills there.
+		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, addr)
+	}
+	if s.plugin.cfg.ORCA {
+		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
 	}
 }
 
@@ -780,7 +844,7 @@ func (s *routerStream) explain(res *scorer.Result, predicted int) {
 func (s *routerStream) failOpen() {
 	p := s.plugin
 	p.stats.failedOpen.Increment(1)
-	if _, err := stripRoutingHeaders(p.cfg.DestinationHeader, nil); err != nil {
+	if err := stripRoutingHeaders(&requestHeaders{destination: p.cfg.DestinationHeader}, nil); err != nil {
 		return
 	}
 	if addr := p.leastLoaded(); addr != "" {

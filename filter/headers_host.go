@@ -1,0 +1,46 @@
+//go:build wasip1 && !tinygo
+
+package filter
+
+import (
+	"unsafe"
+
+	"github.com/kvroute/kvroute/filter/hostbuf"
+)
+
+// hostGetHeaderMapPairs is the host call behind the SDK's
+// GetHttpRequestHeaders, imported here so that the request path reads the
+// map in place (requestHeaders.pick) instead of through the SDK, which
+// allocates a slice of pairs for it per request.
+//
+//go:wasmimport env proxy_get_header_map_pairs
+func hostGetHeaderMapPairs(mapType uint32, retPtr, retSize *uint32) uint32
+
+// headerMapPtr and headerMapSize receive where the host wrote the map.
+// Package-level, as the ABI bridge's out-parameters are: they never live on
+// a goroutine stack that could move while the host holds their address.
+var headerMapPtr, headerMapSize uint32
+
+// mapTypeRequestHeaders is proxy-wasm's map type of the request headers.
+const mapTypeRequestHeaders = 0
+
+// readRequestHeaderMap returns the request's header map in its serialized
+// form, written by the host into buf (lent to the ABI bridge, see
+// filter/hostbuf). A map the host did not write there (an error, a map
+// larger than buf) is read again through the SDK, which allocates it and
+// returns the SDK's own error.
+func readRequestHeaderMap(buf []byte) ([]byte, error) {
+	if cap(buf) > 0 {
+		hostbuf.Lend(buf)
+		status := hostGetHeaderMapPairs(mapTypeRequestHeaders, &headerMapPtr, &headerMapSize)
+		hostbuf.Lend(nil)
+		ptr, size := headerMapPtr, headerMapSize
+		headerMapPtr, headerMapSize = 0, 0
+		// The bridge hands the host the start of the lent buffer (see
+		// hostbuf.Take): the map is in buf exactly when it starts there.
+		if status == 0 && ptr == uint32(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))) && int(size) <= cap(buf) {
+			return buf[:size], nil
+		}
+	}
+	return sdkRequestHeaderMap(nil)
+}
