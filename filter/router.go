@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -337,6 +338,14 @@ func (p *routerPlugin) mono() time.Duration {
 	}
 	return time.Since(p.born)
 }
+
+// millis is d in milliseconds, truncated to whole microseconds: exactly
+// float64(d/time.Microsecond)/1000 for any |d| below 2^53 ns (104 days),
+// computed in floating point because Wasm has no multiply-high: Go divides
+// an int64 by a constant with a multiply-high sequence spelled out in
+// 32-bit halves, where the float division and truncation are one
+// instruction each.
+func millis(d time.Duration) float64 { return math.Trunc(float64(d)/1e3) / 1e3 }
 
 // micros is d in whole microseconds, for the latency histograms.
 func micros(d time.Duration) uint64 { return uint64(max(d, 0) / time.Microsecond) }
@@ -809,7 +818,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	if !s.decided || s.primary == "" {
 		return types.ActionContinue
 	}
-	latencyMs := float64((p.mono()-s.decidedAt)/time.Microsecond) / 1000
+	latencyMs := millis(p.mono() - s.decidedAt)
 	status, served := p.responseStatusAndPeer(s.primary)
 	if served != s.primary {
 		p.fellBack(s.primary, served)
@@ -818,12 +827,17 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	if th := p.cfg.CircuitBreaker.LatencyThresholdMs; th > 0 && latencyMs > float64(th) {
 		ok = false
 	}
-	// The wall clock only when a breaker has something to record: a
-	// success while no host is failing changes nothing.
-	if (!ok || p.breakers.failing > 0) && p.breakers.result(served, ok, p.now().UnixMilli()) {
-		p.breakerOpened(served, status, latencyMs)
+	// A success while no host is failing changes nothing.
+	if !ok || p.breakers.failing > 0 {
+		p.breakerResult(served, ok, status, latencyMs)
 	}
-	if i, known := p.hostIndex(served, s.ticket.Host); known {
+	// The served host's position: the decision's, unless the candidates
+	// changed since or another host answered.
+	i := s.ticket.Host
+	if i < 0 || i >= len(p.hosts) || p.hosts[i].Address != served {
+		i = p.lookupHost(served)
+	}
+	if i >= 0 {
 		h := &p.hosts[i]
 		if h.LatencyEWMAMs == 0 {
 			h.LatencyEWMAMs = latencyMs
@@ -859,8 +873,17 @@ func (p *routerPlugin) fellBack(primary, served string) {
 	}
 }
 
-// breakerOpened counts and logs a breaker that the response just opened.
-func (p *routerPlugin) breakerOpened(served string, status int, latencyMs float64) {
+// breakerResult records a response's outcome with served's breaker, and
+// counts and logs the breaker when the outcome opens it. It reads the wall
+// clock, which only a breaker with something to record needs. Out of line
+// (noinline): inlined, the clock's conversion to milliseconds and the log
+// call's boxing would be code every response enters.
+//
+//go:noinline
+func (p *routerPlugin) breakerResult(served string, ok bool, status int, latencyMs float64) {
+	if !p.breakers.result(served, ok, p.now().UnixMilli()) {
+		return
+	}
 	p.stats.breakerOpened.Increment(1)
 	proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
 }
@@ -912,14 +935,18 @@ func (p *routerPlugin) otherPeer(v []byte) string {
 	return string(v)
 }
 
-// hostIndex is p.pos[addr], answered without the map lookup when the
-// ticket's host (its index at the decision) still has that address.
-func (p *routerPlugin) hostIndex(addr string, hint int) (int, bool) {
-	if hint >= 0 && hint < len(p.hosts) && p.hosts[hint].Address == addr {
-		return hint, true
+// lookupHost is the position of addr in p.hosts, -1 for a host outside
+// the candidate set. Out of line (noinline): the response path asks only
+// when the host that answered is not the decision's (a fallback, or the
+// candidates changed), and inlined, the map lookup's call would be code
+// every response enters.
+//
+//go:noinline
+func (p *routerPlugin) lookupHost(addr string) int {
+	if i, known := p.pos[addr]; known {
+		return i
 	}
-	i, known := p.pos[addr]
-	return i, known
+	return -1
 }
 
 // upstreamAddressPath is the property Envoy sets to the upstream host that
@@ -938,62 +965,72 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 			p.rt.FirstToken(&s.ticket)
 		} // else the whole response is here: finish takes everything back at once
 	}
+	// The engine's cached_tokens report, read from the chunk; the last one
+	// wins (a stream's final chunk).
 	if bodySize > 0 {
-		s.scanChunk(bodySize, endOfStream)
+		if chunk, err := p.readBuffer(bodySize, proxywasm.GetHttpResponseBody); err == nil {
+			if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
+				s.cached, s.feedbackSet = n, true
+			}
+			if !endOfStream {
+				s.tail.keep(chunk)
+			}
+		}
 	}
-	// Not deferred: a panic in scanChunk leaves finish to stream done.
-	if endOfStream {
+	// Not deferred: a panic in the scan leaves finish to stream done.
+	if endOfStream && !s.finished {
 		s.finish()
 	}
 	return types.ActionContinue
 }
 
-// scanChunk reads a response body chunk for the engine's cached_tokens
-// report.
-func (s *routerStream) scanChunk(bodySize int, endOfStream bool) {
-	chunk, err := s.plugin.readBuffer(bodySize, proxywasm.GetHttpResponseBody)
-	if err != nil {
-		return
-	}
-	if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
-		s.cached, s.feedbackSet = n, true // the last report wins (final stream chunk)
-	}
-	if !endOfStream {
-		s.tail.keep(chunk)
-	}
-}
-
-// finish gives the engine's feedback to the router and releases the
-// request's load, once: at the response's last body chunk, or at stream
-// done for a response that ended without one (headers only, a reset). A
-// one-chunk response so skips the separate first-token update: one
-// read-modify-write of the shared load counters instead of two.
+// finish gives the engine's feedback to the router, releases the request's
+// load and brings the metrics up to date with what the request changed
+// (syncStats). Callers check s.finished first: it runs once, at the
+// response's last body chunk, or at stream done for a response that ended
+// without one (headers only, a reset). A one-chunk response so skips the
+// separate first-token update (one read-modify-write of the shared load
+// counters instead of two), and the stream done that follows has nothing
+// left to do.
 func (s *routerStream) finish() {
-	if s.finished {
-		return
-	}
 	s.finished = true
 	p := s.plugin
 	if s.feedbackSet {
 		p.rt.Feedback(&s.ticket, s.cached)
 	}
 	p.rt.Release(&s.ticket)
+	p.syncStats()
 }
 
+// OnHttpStreamDone ends what the stream still holds: an admission place,
+// and for a routed response that ended without its last body chunk, the
+// feedback and load that finish gives back. A stream finish already ended,
+// as nearly every routed one is, leaves nothing to do: the callback then
+// enters no other function, and the guard (a deferred recover) sits in
+// streamDone with the work it protects. In Wasm each request pays for
+// every function it enters.
 func (s *routerStream) OnHttpStreamDone() {
+	if s.plugin.adm != nil || s.decided && !s.finished {
+		s.streamDone()
+	}
+}
+
+// streamDone is OnHttpStreamDone's work. A finished stream has had its
+// first byte (finish runs at the last body chunk or here), so only an
+// unfinished one can leave a half-open probe to release.
+func (s *routerStream) streamDone() {
 	p := s.plugin
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
 	if p.adm != nil {
 		p.adm.streamDone(s)
 	}
-	if !s.decided {
+	if !s.decided || s.finished {
 		return
 	}
 	s.finish()
 	if !s.firstByte && s.primary != "" {
 		p.breakers.abandoned(s.primary)
 	}
-	p.syncStats()
 }
 
 // cachedTokensKey is the field vLLM and SGLang report prefix-cache hits in
@@ -1003,40 +1040,50 @@ var cachedTokensKey = []byte(`"cached_tokens":`)
 
 const tailKeep = 64
 
-// cachedTokens finds the last cached_tokens value in tail+chunk. It scans
-// bytes instead of parsing JSON: a stream's chunks are SSE events, and the
-// field may straddle two chunks.
-func cachedTokens(tail, chunk []byte) (int, bool) {
-	found, val := false, 0
-	scan := func(b []byte) {
-		for {
-			i := indexBytes(b, cachedTokensKey)
-			if i < 0 {
-				return
-			}
-			b = b[i+len(cachedTokensKey):]
-			j := 0
-			for j < len(b) && b[j] == ' ' {
-				j++
-			}
-			k, n := j, 0
-			for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
-				n = n*10 + int(b[k]-'0')
-				k++
-			}
-			if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') { // a digit run followed by something: complete
-				found, val = true, n
-			}
+// cachedTokens finds the last complete cached_tokens value in tail+chunk:
+// a run of up to 18 digits after the key (and optional spaces) that
+// something other than a digit follows (a run that reaches the end may
+// continue in the next chunk). It scans bytes instead of parsing JSON: a
+// stream's chunks are SSE events, and the field may straddle two chunks. A
+// value found in chunk is the last one (a value across the seam starts
+// before it), so the seam is looked at only when chunk has none.
+func cachedTokens(tail, chunk []byte) (val int, found bool) {
+	for b := chunk; ; {
+		i := indexBytes(b, cachedTokensKey)
+		if i < 0 {
+			break
+		}
+		b = b[i+len(cachedTokensKey):]
+		j := 0
+		for j < len(b) && b[j] == ' ' {
+			j++
+		}
+		k, n := j, 0
+		for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
+			n = n*10 + int(b[k]-'0')
+			k++
+		}
+		if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') {
+			found, val = true, n
 		}
 	}
-	if len(tail) > 0 {
-		var buf [2 * tailKeep]byte
-		joined := append(buf[:0], tail...)
-		joined = append(joined, chunk[:min(len(chunk), tailKeep)]...)
-		scan(joined)
+	if !found && len(tail) > 0 {
+		return seamCachedTokens(tail, chunk)
 	}
-	scan(chunk)
 	return val, found
+}
+
+// seamCachedTokens finds a cached_tokens value across the seam of two
+// chunks: in tail joined with the head of chunk. Out of line (noinline):
+// only a stream whose usage is split across chunks needs it, and in Wasm
+// each response pays for every part of a function it enters.
+//
+//go:noinline
+func seamCachedTokens(tail, chunk []byte) (int, bool) {
+	var buf [2 * tailKeep]byte
+	joined := append(buf[:0], tail...)
+	joined = append(joined, chunk[:min(len(chunk), tailKeep)]...)
+	return cachedTokens(nil, joined)
 }
 
 // tailBuf holds the last tailKeep bytes of a response chunk in the stream

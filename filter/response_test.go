@@ -1,0 +1,107 @@
+package filter
+
+import (
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cachedTokensJoined is cachedTokens as it was written first: scan tail
+// joined with chunk's head, then chunk, the last value found winning. The
+// scan looks at the seam only when chunk has no value, which must not
+// change any answer.
+func cachedTokensJoined(tail, chunk []byte) (int, bool) {
+	found, val := false, 0
+	scan := func(b []byte) {
+		for {
+			i := indexBytes(b, cachedTokensKey)
+			if i < 0 {
+				return
+			}
+			b = b[i+len(cachedTokensKey):]
+			j := 0
+			for j < len(b) && b[j] == ' ' {
+				j++
+			}
+			k, n := j, 0
+			for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
+				n = n*10 + int(b[k]-'0')
+				k++
+			}
+			if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') {
+				found, val = true, n
+			}
+		}
+	}
+	if len(tail) > 0 {
+		joined := append(append([]byte(nil), tail...), chunk[:min(len(chunk), tailKeep)]...)
+		scan(joined)
+	}
+	scan(chunk)
+	return val, found
+}
+
+// TestCachedTokensMatchesJoinedScan splits response bodies with zero, one
+// or several cached_tokens fields (some cut short, some padded with
+// spaces) into chunks at random places, and checks that every chunk's
+// answer, with the previous chunk's tail, is the joined scan's.
+func TestCachedTokensMatchesJoinedScan(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	pieces := []string{
+		`data: {"choices":[{"text":"hi"}]}` + "\n\n",
+		`"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":48}}`,
+		`"cached_tokens": 1024}`,
+		`"cached_tokens":`,
+		`"cached_tokens":7`,
+		`"cached_tokens":  123456789012345678901,`,
+		`"cached_":12}`,
+		strings.Repeat("x", 70),
+		"data: [DONE]\n\n",
+		"9",
+		" ",
+	}
+	for round := 0; round < 20000; round++ {
+		var b strings.Builder
+		for n := rng.Intn(6); n >= 0; n-- {
+			b.WriteString(pieces[rng.Intn(len(pieces))])
+		}
+		body := []byte(b.String())
+		var tail tailBuf
+		for len(body) > 0 {
+			n := 1 + rng.Intn(len(body))
+			if rng.Intn(2) == 0 {
+				n = min(len(body), 1+rng.Intn(20))
+			}
+			chunk := body[:n]
+			body = body[n:]
+			gotN, gotOK := cachedTokens(tail.bytes(), chunk)
+			wantN, wantOK := cachedTokensJoined(tail.bytes(), chunk)
+			if gotOK != wantOK || gotOK && gotN != wantN {
+				t.Fatalf("cachedTokens(%q, %q) = %d, %v; joined scan: %d, %v", tail.bytes(), chunk, gotN, gotOK, wantN, wantOK)
+			}
+			tail.keep(chunk)
+		}
+	}
+}
+
+// TestMillisIsWholeMicroseconds checks the response latency's float
+// arithmetic against the integer division it replaces.
+func TestMillisIsWholeMicroseconds(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	check := func(d time.Duration) {
+		if got, want := millis(d), float64(d/time.Microsecond)/1000; got != want {
+			t.Fatalf("millis(%d) = %v, want %v", d, got, want)
+		}
+	}
+	for _, d := range []time.Duration{0, 1, 999, 1000, 1001, 1999, 2000, 1<<53 - 1, -1, -999, -1000, -1001, -(1<<53 - 1)} {
+		check(d)
+	}
+	for i := 0; i < 1_000_000; i++ {
+		d := time.Duration(rng.Int63n(1 << uint(1+rng.Intn(53))))
+		if i%2 == 1 {
+			d = -d
+		}
+		check(d)
+	}
+}
