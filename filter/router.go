@@ -47,8 +47,7 @@ type routerPlugin struct {
 	capacity  map[string]int
 	clearedAt map[string]int64
 
-	lastRouter router.Stats
-	lastIndex  index.Metrics
+	lastSynced [8]uint64 // the counts syncStats last turned into metrics
 	dest       []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
@@ -280,33 +279,21 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	}
 }
 
-// syncStats turns the router's and the index's cumulative counters into
-// metric increments.
+// syncStats turns the index's and the router's cumulative counters into
+// metric increments. One loop over arrays rather than eight inlined copies
+// of the test and the call: in Wasm each request pays for the code it
+// enters.
 func (p *routerPlugin) syncStats() {
-	if n := p.ix.CASRetries(); n > p.lastIndex.CASRetries {
-		p.stats.casRetries.Increment(n - p.lastIndex.CASRetries)
-		p.lastIndex.CASRetries = n
-	}
 	rs := p.rt.Stats()
-	// One loop over a table rather than seven inlined copies of the test
-	// and the call: in Wasm each request pays for the code it enters.
-	for _, m := range [...]struct {
-		c           *proxywasm.MetricCounter
-		now, before uint64
-	}{
-		{&p.stats.feedback, rs.FeedbackRequests, p.lastRouter.FeedbackRequests},
-		{&p.stats.overPredicted, rs.OverPredicted, p.lastRouter.OverPredicted},
-		{&p.stats.underPredicted, rs.UnderPredicted, p.lastRouter.UnderPredicted},
-		{&p.stats.confirmedCached, rs.ConfirmedCachedTokens, p.lastRouter.ConfirmedCachedTokens},
-		{&p.stats.indexErrors, rs.IndexErrors, p.lastRouter.IndexErrors},
-		{&p.stats.loadErrors, rs.LoadErrors, p.lastRouter.LoadErrors},
-		{&p.stats.disaggregated, rs.Disaggregated, p.lastRouter.Disaggregated},
-	} {
-		if m.now > m.before {
-			m.c.Increment(m.now - m.before)
+	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
+		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated}
+	for i, c := range [len(p.lastSynced)]*proxywasm.MetricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
+		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated} {
+		if now[i] > p.lastSynced[i] {
+			c.Increment(now[i] - p.lastSynced[i])
 		}
 	}
-	p.lastRouter = rs
+	p.lastSynced = now
 }
 
 func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
@@ -1095,7 +1082,11 @@ type tailBuf struct {
 
 func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
 
-// keep replaces the tail with the end of chunk.
+// keep replaces the tail with the end of chunk. Out of line (noinline):
+// only a response in several chunks keeps a tail, and in Wasm each
+// response pays for every part of a function it enters.
+//
+//go:noinline
 func (t *tailBuf) keep(chunk []byte) {
 	if len(chunk) > tailKeep {
 		chunk = chunk[len(chunk)-tailKeep:]
