@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
 // cachedTokensJoined is cachedTokens as it was written first: scan tail
@@ -103,5 +105,41 @@ func TestMillisIsWholeMicroseconds(t *testing.T) {
 			d = -d
 		}
 		check(d)
+	}
+}
+
+// TestResponsesTimedOnlyWhenRead checks that the response path measures the
+// time to first byte exactly when something reads it: the latency scorer
+// (through the hosts' EWMA) or the breaker's latency threshold.
+func TestResponsesTimedOnlyWhenRead(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = nil })
+	for _, c := range []struct {
+		name, cfg string
+		timed     bool
+	}{
+		{"default", `}`, false},
+		{"latency threshold", `,"circuitBreaker":{"latencyThresholdMs":2000}}`, true},
+		{"latency scorer", `,"strategy":"fast","profiles":{"fast":{"scorers":[{"plugin":"latency"}],"picker":"max_score"}}}`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			host, p := newHost(t, RootRouter, threeEndpoints+c.cfg, types.OnPluginStartStatusOK)
+			if p.timeResponses != c.timed {
+				t.Fatalf("timeResponses = %v, want %v", p.timeResponses, c.timed)
+			}
+			id, _ := post(host, completion)
+			primary := strings.Split(destination(host, id), ",")[0]
+			now = now.Add(40 * time.Millisecond)
+			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			host.CompleteHttpContext(id)
+			want := 0.0
+			if c.timed {
+				want = 40
+			}
+			if got := p.hosts[p.pos[primary]].LatencyEWMAMs; got != want {
+				t.Errorf("latency EWMA of %s = %v ms, want %v", primary, got, want)
+			}
+		})
 	}
 }

@@ -56,6 +56,11 @@ type routerPlugin struct {
 	// clock drives both now and mono.
 	born    time.Time
 	stepped bool
+	// timeResponses says something reads a response's time to first byte:
+	// the breaker's latency threshold, or the latency scorer (through the
+	// hosts' LatencyEWMAMs). Otherwise, as with every preset, the response
+	// path reads no clock.
+	timeResponses bool
 	// lastProfile and its counter spare profileCounter a map lookup.
 	lastProfile        string
 	lastProfileCounter proxywasm.MetricCounter
@@ -145,6 +150,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix})
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
+	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || scoresLatency(cfg.Handler)
 	static := make([]candidate, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
@@ -158,6 +164,23 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		routerStarted(p)
 	}
 	return p, nil
+}
+
+// scoresLatency reports whether a profile of h scores hosts by their
+// response time: the latency scorer is the one plugin that reads
+// scorer.Host.LatencyEWMAMs.
+func scoresLatency(h *scorer.Handler) bool {
+	for _, prof := range [...]*scorer.Profile{h.Decode, h.Prefill} {
+		if prof == nil {
+			continue
+		}
+		for _, ws := range prof.Scorers {
+			if ws.Scorer.Type() == "latency" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // candidate is one host as configuration or pushed state describes it.
@@ -811,7 +834,12 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	if !s.decided || s.primary == "" {
 		return types.ActionContinue
 	}
-	latencyMs := millis(p.mono() - s.decidedAt)
+	// The time to first byte only when something reads it (see
+	// timeResponses): otherwise no clock is read.
+	var latencyMs float64
+	if p.timeResponses {
+		latencyMs = millis(p.mono() - s.decidedAt)
+	}
 	status, served := p.responseStatusAndPeer(s.primary)
 	if served != s.primary {
 		p.fellBack(s.primary, served)
@@ -822,24 +850,10 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	}
 	// A success while no host is failing changes nothing.
 	if !ok || p.breakers.failing > 0 {
-		p.breakerResult(served, ok, status, latencyMs)
+		s.breakerResult(served, ok, status, latencyMs)
 	}
-	// The served host's position: the decision's, unless the candidates
-	// changed since or another host answered.
-	i := s.ticket.Host
-	if i < 0 || i >= len(p.hosts) || p.hosts[i].Address != served {
-		i = p.lookupHost(served)
-	}
-	if i >= 0 {
-		h := &p.hosts[i]
-		if h.LatencyEWMAMs == 0 {
-			h.LatencyEWMAMs = latencyMs
-		} else {
-			h.LatencyEWMAMs = 0.8*h.LatencyEWMAMs + 0.2*latencyMs
-		}
-		if p.cfg.ORCA {
-			p.readORCA(h)
-		}
+	if p.timeResponses || p.cfg.ORCA {
+		p.learnHost(served, s.ticket.Host, latencyMs)
 	}
 	if s.explanation != "" {
 		_ = proxywasm.ReplaceHttpResponseHeader(p.cfg.DebugHeader, s.explanation)
@@ -868,17 +882,47 @@ func (p *routerPlugin) fellBack(primary, served string) {
 
 // breakerResult records a response's outcome with served's breaker, and
 // counts and logs the breaker when the outcome opens it. It reads the wall
-// clock, which only a breaker with something to record needs. Out of line
-// (noinline): inlined, the clock's conversion to milliseconds and the log
-// call's boxing would be code every response enters.
+// clock, which only a breaker with something to record needs, and the
+// response time for the log line when the response was not timed. Out of
+// line (noinline): inlined, the clock's conversion to milliseconds and the
+// log call's boxing would be code every response enters.
 //
 //go:noinline
-func (p *routerPlugin) breakerResult(served string, ok bool, status int, latencyMs float64) {
+func (s *routerStream) breakerResult(served string, ok bool, status int, latencyMs float64) {
+	p := s.plugin
 	if !p.breakers.result(served, ok, p.now().UnixMilli()) {
 		return
 	}
 	p.stats.breakerOpened.Increment(1)
+	if !p.timeResponses {
+		latencyMs = millis(p.mono() - s.decidedAt)
+	}
 	proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
+}
+
+// learnHost takes what a response tells about the host that served it:
+// its time to first byte into the host's latency EWMA (when responses are
+// timed) and its ORCA load report (with orca on). hint is the primary's
+// position at the decision.
+func (p *routerPlugin) learnHost(served string, hint int, latencyMs float64) {
+	i := hint
+	if i < 0 || i >= len(p.hosts) || p.hosts[i].Address != served {
+		// Another host answered, or the candidates changed since.
+		if i = p.lookupHost(served); i < 0 {
+			return
+		}
+	}
+	h := &p.hosts[i]
+	if p.timeResponses {
+		if h.LatencyEWMAMs == 0 {
+			h.LatencyEWMAMs = latencyMs
+		} else {
+			h.LatencyEWMAMs = 0.8*h.LatencyEWMAMs + 0.2*latencyMs
+		}
+	}
+	if p.cfg.ORCA {
+		p.readORCA(h)
+	}
 }
 
 // readORCA takes the engine's load from the response's ORCA header.
@@ -929,10 +973,10 @@ func (p *routerPlugin) otherPeer(v []byte) string {
 }
 
 // lookupHost is the position of addr in p.hosts, -1 for a host outside
-// the candidate set. Out of line (noinline): the response path asks only
-// when the host that answered is not the decision's (a fallback, or the
-// candidates changed), and inlined, the map lookup's call would be code
-// every response enters.
+// the candidate set. Out of line (noinline): learnHost asks only when the
+// host that answered is not the decision's (a fallback, or the candidates
+// changed), and inlined, the map lookup's call would be code every
+// response it learns from enters.
 //
 //go:noinline
 func (p *routerPlugin) lookupHost(addr string) int {
