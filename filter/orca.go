@@ -46,7 +46,10 @@ func parseORCA(v string) orcaLoad {
 	}
 	switch {
 	case strings.HasPrefix(v, "TEXT "):
-		for _, kv := range strings.Split(v[len("TEXT "):], ",") {
+		// Cut rather than Split: no slice allocated per response.
+		for rest, more := v[len("TEXT "):], true; more; {
+			var kv string
+			kv, rest, more = strings.Cut(rest, ",")
 			name, val, found := strings.Cut(strings.TrimSpace(kv), "=")
 			if !found {
 				continue

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -46,8 +47,7 @@ type routerPlugin struct {
 	capacity  map[string]int
 	clearedAt map[string]int64
 
-	lastRouter router.Stats
-	lastIndex  index.Metrics
+	lastSynced [8]uint64 // the counts syncStats last turned into metrics
 	dest       []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
@@ -56,6 +56,11 @@ type routerPlugin struct {
 	// clock drives both now and mono.
 	born    time.Time
 	stepped bool
+	// timeResponses says something reads a response's time to first byte:
+	// the breaker's latency threshold, or the latency scorer (through the
+	// hosts' LatencyEWMAMs). Otherwise, as with every preset, the response
+	// path reads no clock.
+	timeResponses bool
 	// lastProfile and its counter spare profileCounter a map lookup.
 	lastProfile        string
 	lastProfileCounter proxywasm.MetricCounter
@@ -147,6 +152,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix})
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
+	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || scoresLatency(cfg.Handler)
 	static := make([]candidate, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
@@ -160,6 +166,23 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		routerStarted(p)
 	}
 	return p, nil
+}
+
+// scoresLatency reports whether a profile of h scores hosts by their
+// response time: the latency scorer is the one plugin that reads
+// scorer.Host.LatencyEWMAMs.
+func scoresLatency(h *scorer.Handler) bool {
+	for _, prof := range [...]*scorer.Profile{h.Decode, h.Prefill} {
+		if prof == nil {
+			continue
+		}
+		for _, ws := range prof.Scorers {
+			if ws.Scorer.Type() == "latency" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // candidate is one host as configuration or pushed state describes it.
@@ -281,33 +304,21 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	}
 }
 
-// syncStats turns the router's and the index's cumulative counters into
-// metric increments.
+// syncStats turns the index's and the router's cumulative counters into
+// metric increments. One loop over arrays rather than eight inlined copies
+// of the test and the call: in Wasm each request pays for the code it
+// enters.
 func (p *routerPlugin) syncStats() {
-	if n := p.ix.CASRetries(); n > p.lastIndex.CASRetries {
-		p.stats.casRetries.Increment(n - p.lastIndex.CASRetries)
-		p.lastIndex.CASRetries = n
-	}
 	rs := p.rt.Stats()
-	// One loop over a table rather than seven inlined copies of the test
-	// and the call: in Wasm each request pays for the code it enters.
-	for _, m := range [...]struct {
-		c           *proxywasm.MetricCounter
-		now, before uint64
-	}{
-		{&p.stats.feedback, rs.FeedbackRequests, p.lastRouter.FeedbackRequests},
-		{&p.stats.overPredicted, rs.OverPredicted, p.lastRouter.OverPredicted},
-		{&p.stats.underPredicted, rs.UnderPredicted, p.lastRouter.UnderPredicted},
-		{&p.stats.confirmedCached, rs.ConfirmedCachedTokens, p.lastRouter.ConfirmedCachedTokens},
-		{&p.stats.indexErrors, rs.IndexErrors, p.lastRouter.IndexErrors},
-		{&p.stats.loadErrors, rs.LoadErrors, p.lastRouter.LoadErrors},
-		{&p.stats.disaggregated, rs.Disaggregated, p.lastRouter.Disaggregated},
-	} {
-		if m.now > m.before {
-			m.c.Increment(m.now - m.before)
+	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
+		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated}
+	for i, c := range [len(p.lastSynced)]*proxywasm.MetricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
+		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated} {
+		if now[i] > p.lastSynced[i] {
+			c.Increment(now[i] - p.lastSynced[i])
 		}
 	}
-	p.lastRouter = rs
+	p.lastSynced = now
 }
 
 func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
@@ -335,10 +346,24 @@ func (p *routerPlugin) switchProfile(name string) proxywasm.MetricCounter {
 // Wasm, where time.Now makes two (wall and monotonic).
 func (p *routerPlugin) mono() time.Duration {
 	if p.stepped {
-		return p.now().Sub(p.born)
+		return p.steppedMono()
 	}
 	return time.Since(p.born)
 }
+
+// steppedMono is mono under a test clock. Out of line (noinline): inlined,
+// the clock's call and Time.Sub would be code every reading enters in Wasm.
+//
+//go:noinline
+func (p *routerPlugin) steppedMono() time.Duration { return p.now().Sub(p.born) }
+
+// millis is d in milliseconds, truncated to whole microseconds: exactly
+// float64(d/time.Microsecond)/1000 for any |d| below 2^53 ns (104 days),
+// computed in floating point because Wasm has no multiply-high: Go divides
+// an int64 by a constant with a multiply-high sequence spelled out in
+// 32-bit halves, where the float division and truncation are one
+// instruction each.
+func millis(d time.Duration) float64 { return math.Trunc(float64(d)/1e3) / 1e3 }
 
 // micros is d in whole microseconds, for the latency histograms.
 func micros(d time.Duration) uint64 { return uint64(max(d, 0) / time.Microsecond) }
@@ -873,7 +898,12 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	if !s.decided || s.primary == "" {
 		return types.ActionContinue
 	}
-	latencyMs := float64((p.mono()-s.decidedAt)/time.Microsecond) / 1000
+	// The time to first byte only when something reads it (see
+	// timeResponses): otherwise no clock is read.
+	var latencyMs float64
+	if p.timeResponses {
+		latencyMs = millis(p.mono() - s.decidedAt)
+	}
 	status, served := p.responseStatusAndPeer(s.primary)
 	if served != s.primary {
 		p.fellBack(s.primary, served)
@@ -882,21 +912,12 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 	if th := p.cfg.CircuitBreaker.LatencyThresholdMs; th > 0 && latencyMs > float64(th) {
 		ok = false
 	}
-	// The wall clock only when a breaker has something to record: a
-	// success while no host is failing changes nothing.
-	if (!ok || p.breakers.failing > 0) && p.breakers.result(served, ok, p.now().UnixMilli()) {
-		p.breakerOpened(served, status, latencyMs)
+	// A success while no host is failing changes nothing.
+	if !ok || p.breakers.failing > 0 {
+		s.breakerResult(served, ok, status, latencyMs)
 	}
-	if i, known := p.hostIndex(served, s.ticket.Host); known {
-		h := &p.hosts[i]
-		if h.LatencyEWMAMs == 0 {
-			h.LatencyEWMAMs = latencyMs
-		} else {
-			h.LatencyEWMAMs = 0.8*h.LatencyEWMAMs + 0.2*latencyMs
-		}
-		if p.cfg.ORCA {
-			p.readORCA(h)
-		}
+	if p.timeResponses || p.cfg.ORCA {
+		p.learnHost(served, s.ticket.Host, latencyMs)
 	}
 	if s.explanation != "" {
 		_ = proxywasm.ReplaceHttpResponseHeader(p.cfg.DebugHeader, s.explanation)
@@ -923,10 +944,49 @@ func (p *routerPlugin) fellBack(primary, served string) {
 	}
 }
 
-// breakerOpened counts and logs a breaker that the response just opened.
-func (p *routerPlugin) breakerOpened(served string, status int, latencyMs float64) {
+// breakerResult records a response's outcome with served's breaker, and
+// counts and logs the breaker when the outcome opens it. It reads the wall
+// clock, which only a breaker with something to record needs, and the
+// response time for the log line when the response was not timed. Out of
+// line (noinline): inlined, the clock's conversion to milliseconds and the
+// log call's boxing would be code every response enters.
+//
+//go:noinline
+func (s *routerStream) breakerResult(served string, ok bool, status int, latencyMs float64) {
+	p := s.plugin
+	if !p.breakers.result(served, ok, p.now().UnixMilli()) {
+		return
+	}
 	p.stats.breakerOpened.Increment(1)
+	if !p.timeResponses {
+		latencyMs = millis(p.mono() - s.decidedAt)
+	}
 	proxywasm.LogWarnf("kvroute.router: circuit breaker opened for %s (status %d, %.0f ms)", served, status, latencyMs)
+}
+
+// learnHost takes what a response tells about the host that served it:
+// its time to first byte into the host's latency EWMA (when responses are
+// timed) and its ORCA load report (with orca on). hint is the primary's
+// position at the decision.
+func (p *routerPlugin) learnHost(served string, hint int, latencyMs float64) {
+	i := hint
+	if i < 0 || i >= len(p.hosts) || p.hosts[i].Address != served {
+		// Another host answered, or the candidates changed since.
+		if i = p.lookupHost(served); i < 0 {
+			return
+		}
+	}
+	h := &p.hosts[i]
+	if p.timeResponses {
+		if h.LatencyEWMAMs == 0 {
+			h.LatencyEWMAMs = latencyMs
+		} else {
+			h.LatencyEWMAMs = 0.8*h.LatencyEWMAMs + 0.2*latencyMs
+		}
+	}
+	if p.cfg.ORCA {
+		p.readORCA(h)
+	}
 }
 
 // readORCA takes the engine's load from the response's ORCA header.
@@ -976,14 +1036,18 @@ func (p *routerPlugin) otherPeer(v []byte) string {
 	return string(v)
 }
 
-// hostIndex is p.pos[addr], answered without the map lookup when the
-// ticket's host (its index at the decision) still has that address.
-func (p *routerPlugin) hostIndex(addr string, hint int) (int, bool) {
-	if hint >= 0 && hint < len(p.hosts) && p.hosts[hint].Address == addr {
-		return hint, true
+// lookupHost is the position of addr in p.hosts, -1 for a host outside
+// the candidate set. Out of line (noinline): learnHost asks only when the
+// host that answered is not the decision's (a fallback, or the candidates
+// changed), and inlined, the map lookup's call would be code every
+// response it learns from enters.
+//
+//go:noinline
+func (p *routerPlugin) lookupHost(addr string) int {
+	if i, known := p.pos[addr]; known {
+		return i
 	}
-	i, known := p.pos[addr]
-	return i, known
+	return -1
 }
 
 // upstreamAddressPath is the property Envoy sets to the upstream host that
@@ -1002,62 +1066,72 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 			p.rt.FirstToken(&s.ticket)
 		} // else the whole response is here: finish takes everything back at once
 	}
+	// The engine's cached_tokens report, read from the chunk; the last one
+	// wins (a stream's final chunk).
 	if bodySize > 0 {
-		s.scanChunk(bodySize, endOfStream)
+		if chunk, err := p.readBuffer(bodySize, proxywasm.GetHttpResponseBody); err == nil {
+			if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
+				s.cached, s.feedbackSet = n, true
+			}
+			if !endOfStream {
+				s.tail.keep(chunk)
+			}
+		}
 	}
-	// Not deferred: a panic in scanChunk leaves finish to stream done.
-	if endOfStream {
+	// Not deferred: a panic in the scan leaves finish to stream done.
+	if endOfStream && !s.finished {
 		s.finish()
 	}
 	return types.ActionContinue
 }
 
-// scanChunk reads a response body chunk for the engine's cached_tokens
-// report.
-func (s *routerStream) scanChunk(bodySize int, endOfStream bool) {
-	chunk, err := s.plugin.readBuffer(bodySize, proxywasm.GetHttpResponseBody)
-	if err != nil {
-		return
-	}
-	if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
-		s.cached, s.feedbackSet = n, true // the last report wins (final stream chunk)
-	}
-	if !endOfStream {
-		s.tail.keep(chunk)
-	}
-}
-
-// finish gives the engine's feedback to the router and releases the
-// request's load, once: at the response's last body chunk, or at stream
-// done for a response that ended without one (headers only, a reset). A
-// one-chunk response so skips the separate first-token update: one
-// read-modify-write of the shared load counters instead of two.
+// finish gives the engine's feedback to the router, releases the request's
+// load and brings the metrics up to date with what the request changed
+// (syncStats). Callers check s.finished first: it runs once, at the
+// response's last body chunk, or at stream done for a response that ended
+// without one (headers only, a reset). A one-chunk response so skips the
+// separate first-token update (one read-modify-write of the shared load
+// counters instead of two), and the stream done that follows has nothing
+// left to do.
 func (s *routerStream) finish() {
-	if s.finished {
-		return
-	}
 	s.finished = true
 	p := s.plugin
 	if s.feedbackSet {
 		p.rt.Feedback(&s.ticket, s.cached)
 	}
 	p.rt.Release(&s.ticket)
+	p.syncStats()
 }
 
+// OnHttpStreamDone ends what the stream still holds: an admission place,
+// and for a routed response that ended without its last body chunk, the
+// feedback and load that finish gives back. A stream finish already ended,
+// as nearly every routed one is, leaves nothing to do: the callback then
+// enters no other function, and the guard (a deferred recover) sits in
+// streamDone with the work it protects. In Wasm each request pays for
+// every function it enters.
 func (s *routerStream) OnHttpStreamDone() {
+	if s.plugin.adm != nil || s.decided && !s.finished {
+		s.streamDone()
+	}
+}
+
+// streamDone is OnHttpStreamDone's work. A finished stream has had its
+// first byte (finish runs at the last body chunk or here), so only an
+// unfinished one can leave a half-open probe to release.
+func (s *routerStream) streamDone() {
 	p := s.plugin
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_stream_done", nil, nil)
 	if p.adm != nil {
 		p.adm.streamDone(s)
 	}
-	if !s.decided {
+	if !s.decided || s.finished {
 		return
 	}
 	s.finish()
 	if !s.firstByte && s.primary != "" {
 		p.breakers.abandoned(s.primary)
 	}
-	p.syncStats()
 }
 
 // cachedTokensKey is the field vLLM and SGLang report prefix-cache hits in
@@ -1067,40 +1141,50 @@ var cachedTokensKey = []byte(`"cached_tokens":`)
 
 const tailKeep = 64
 
-// cachedTokens finds the last cached_tokens value in tail+chunk. It scans
-// bytes instead of parsing JSON: a stream's chunks are SSE events, and the
-// field may straddle two chunks.
-func cachedTokens(tail, chunk []byte) (int, bool) {
-	found, val := false, 0
-	scan := func(b []byte) {
-		for {
-			i := indexBytes(b, cachedTokensKey)
-			if i < 0 {
-				return
-			}
-			b = b[i+len(cachedTokensKey):]
-			j := 0
-			for j < len(b) && b[j] == ' ' {
-				j++
-			}
-			k, n := j, 0
-			for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
-				n = n*10 + int(b[k]-'0')
-				k++
-			}
-			if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') { // a digit run followed by something: complete
-				found, val = true, n
-			}
+// cachedTokens finds the last complete cached_tokens value in tail+chunk:
+// a run of up to 18 digits after the key (and optional spaces) that
+// something other than a digit follows (a run that reaches the end may
+// continue in the next chunk). It scans bytes instead of parsing JSON: a
+// stream's chunks are SSE events, and the field may straddle two chunks. A
+// value found in chunk is the last one (a value across the seam starts
+// before it), so the seam is looked at only when chunk has none.
+func cachedTokens(tail, chunk []byte) (val int, found bool) {
+	for b := chunk; ; {
+		i := indexBytes(b, cachedTokensKey)
+		if i < 0 {
+			break
+		}
+		b = b[i+len(cachedTokensKey):]
+		j := 0
+		for j < len(b) && b[j] == ' ' {
+			j++
+		}
+		k, n := j, 0
+		for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
+			n = n*10 + int(b[k]-'0')
+			k++
+		}
+		if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') {
+			found, val = true, n
 		}
 	}
-	if len(tail) > 0 {
-		var buf [2 * tailKeep]byte
-		joined := append(buf[:0], tail...)
-		joined = append(joined, chunk[:min(len(chunk), tailKeep)]...)
-		scan(joined)
+	if !found && len(tail) > 0 {
+		return seamCachedTokens(tail, chunk)
 	}
-	scan(chunk)
 	return val, found
+}
+
+// seamCachedTokens finds a cached_tokens value across the seam of two
+// chunks: in tail joined with the head of chunk. Out of line (noinline):
+// only a stream whose usage is split across chunks needs it, and in Wasm
+// each response pays for every part of a function it enters.
+//
+//go:noinline
+func seamCachedTokens(tail, chunk []byte) (int, bool) {
+	var buf [2 * tailKeep]byte
+	joined := append(buf[:0], tail...)
+	joined = append(joined, chunk[:min(len(chunk), tailKeep)]...)
+	return cachedTokens(nil, joined)
 }
 
 // tailBuf holds the last tailKeep bytes of a response chunk in the stream
@@ -1112,7 +1196,11 @@ type tailBuf struct {
 
 func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
 
-// keep replaces the tail with the end of chunk.
+// keep replaces the tail with the end of chunk. Out of line (noinline):
+// only a response in several chunks keeps a tail, and in Wasm each
+// response pays for every part of a function it enters.
+//
+//go:noinline
 func (t *tailBuf) keep(chunk []byte) {
 	if len(chunk) > tailKeep {
 		chunk = chunk[len(chunk)-tailKeep:]

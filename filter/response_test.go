@@ -1,0 +1,203 @@
+package filter
+
+import (
+	"math/rand"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// cachedTokensJoined is cachedTokens as it was written first: scan tail
+// joined with chunk's head, then chunk, the last value found winning. The
+// scan looks at the seam only when chunk has no value, which must not
+// change any answer.
+func cachedTokensJoined(tail, chunk []byte) (int, bool) {
+	found, val := false, 0
+	scan := func(b []byte) {
+		for {
+			i := indexBytes(b, cachedTokensKey)
+			if i < 0 {
+				return
+			}
+			b = b[i+len(cachedTokensKey):]
+			j := 0
+			for j < len(b) && b[j] == ' ' {
+				j++
+			}
+			k, n := j, 0
+			for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
+				n = n*10 + int(b[k]-'0')
+				k++
+			}
+			if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') {
+				found, val = true, n
+			}
+		}
+	}
+	if len(tail) > 0 {
+		joined := append(append([]byte(nil), tail...), chunk[:min(len(chunk), tailKeep)]...)
+		scan(joined)
+	}
+	scan(chunk)
+	return val, found
+}
+
+// TestCachedTokensMatchesJoinedScan splits response bodies with zero, one
+// or several cached_tokens fields (some cut short, some padded with
+// spaces) into chunks at random places, and checks that every chunk's
+// answer, with the previous chunk's tail, is the joined scan's.
+func TestCachedTokensMatchesJoinedScan(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	pieces := []string{
+		`data: {"choices":[{"text":"hi"}]}` + "\n\n",
+		`"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":48}}`,
+		`"cached_tokens": 1024}`,
+		`"cached_tokens":`,
+		`"cached_tokens":7`,
+		`"cached_tokens":  123456789012345678901,`,
+		`"cached_":12}`,
+		strings.Repeat("x", 70),
+		"data: [DONE]\n\n",
+		"9",
+		" ",
+	}
+	for round := 0; round < 20000; round++ {
+		var b strings.Builder
+		for n := rng.Intn(6); n >= 0; n-- {
+			b.WriteString(pieces[rng.Intn(len(pieces))])
+		}
+		body := []byte(b.String())
+		var tail tailBuf
+		for len(body) > 0 {
+			n := 1 + rng.Intn(len(body))
+			if rng.Intn(2) == 0 {
+				n = min(len(body), 1+rng.Intn(20))
+			}
+			chunk := body[:n]
+			body = body[n:]
+			gotN, gotOK := cachedTokens(tail.bytes(), chunk)
+			wantN, wantOK := cachedTokensJoined(tail.bytes(), chunk)
+			if gotOK != wantOK || gotOK && gotN != wantN {
+				t.Fatalf("cachedTokens(%q, %q) = %d, %v; joined scan: %d, %v", tail.bytes(), chunk, gotN, gotOK, wantN, wantOK)
+			}
+			tail.keep(chunk)
+		}
+	}
+}
+
+// TestMillisIsWholeMicroseconds checks the response latency's float
+// arithmetic against the integer division it replaces.
+func TestMillisIsWholeMicroseconds(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	check := func(d time.Duration) {
+		if got, want := millis(d), float64(d/time.Microsecond)/1000; got != want {
+			t.Fatalf("millis(%d) = %v, want %v", d, got, want)
+		}
+	}
+	for _, d := range []time.Duration{0, 1, 999, 1000, 1001, 1999, 2000, 1<<53 - 1, -1, -999, -1000, -1001, -(1<<53 - 1)} {
+		check(d)
+	}
+	for i := 0; i < 1_000_000; i++ {
+		d := time.Duration(rng.Int63n(1 << uint(1+rng.Intn(53))))
+		if i%2 == 1 {
+			d = -d
+		}
+		check(d)
+	}
+}
+
+// TestResponsesTimedOnlyWhenRead checks that the response path measures the
+// time to first byte exactly when something reads it: the latency scorer
+// (through the hosts' EWMA) or the breaker's latency threshold.
+func TestResponsesTimedOnlyWhenRead(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = nil })
+	for _, c := range []struct {
+		name, cfg string
+		timed     bool
+	}{
+		{"default", `}`, false},
+		{"latency threshold", `,"circuitBreaker":{"latencyThresholdMs":2000}}`, true},
+		{"latency scorer", `,"strategy":"fast","profiles":{"fast":{"scorers":[{"plugin":"latency"}],"picker":"max_score"}}}`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			host, p := newHost(t, RootRouter, threeEndpoints+c.cfg, types.OnPluginStartStatusOK)
+			if p.timeResponses != c.timed {
+				t.Fatalf("timeResponses = %v, want %v", p.timeResponses, c.timed)
+			}
+			id, _ := post(host, completion)
+			primary := strings.Split(destination(host, id), ",")[0]
+			now = now.Add(40 * time.Millisecond)
+			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			host.CompleteHttpContext(id)
+			want := 0.0
+			if c.timed {
+				want = 40
+			}
+			if got := p.hosts[p.pos[primary]].LatencyEWMAMs; got != want {
+				t.Errorf("latency EWMA of %s = %v ms, want %v", primary, got, want)
+			}
+		})
+	}
+}
+
+// TestParseORCATextMatchesSplit checks the TEXT form's comma walk against
+// the strings.Split it replaces, and that it allocates nothing.
+func TestParseORCATextMatchesSplit(t *testing.T) {
+	split := func(v string) orcaLoad {
+		var l orcaLoad
+		v = strings.TrimSpace(v)
+		if !strings.HasPrefix(v, "TEXT ") {
+			return l
+		}
+		for _, kv := range strings.Split(v[len("TEXT "):], ",") {
+			name, val, found := strings.Cut(strings.TrimSpace(kv), "=")
+			if !found {
+				continue
+			}
+			x, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			if err != nil {
+				continue
+			}
+			switch strings.TrimPrefix(strings.TrimSpace(name), "named_metrics.") {
+			case "kv_cache_usage_perc":
+				if x >= 0 && x <= 1 {
+					l.KVUsage, l.ok = x, true
+				}
+			case "num_requests_waiting":
+				if x >= 0 {
+					l.Waiting, l.ok = int(x), true
+				}
+			case "num_requests_running":
+				if x >= 0 {
+					l.Running, l.ok = int(x), true
+				}
+			}
+		}
+		return l
+	}
+	rng := rand.New(rand.NewSource(1))
+	parts := []string{"named_metrics.kv_cache_usage_perc=0.4", "kv_cache_usage_perc=1.5", " named_metrics.num_requests_waiting = 2.0 ",
+		"num_requests_running=7", "num_requests_running=-1", "cpu_utilization=0.3", "=", "x", "", " ", "num_requests_waiting=abc"}
+	for i := 0; i < 20000; i++ {
+		var b strings.Builder
+		b.WriteString("TEXT ")
+		for n := rng.Intn(5); n >= 0; n-- {
+			b.WriteString(parts[rng.Intn(len(parts))])
+			if n > 0 || rng.Intn(4) == 0 {
+				b.WriteByte(',')
+			}
+		}
+		if got, want := parseORCA(b.String()), split(b.String()); got != want {
+			t.Fatalf("parseORCA(%q) = %+v, want %+v", b.String(), got, want)
+		}
+	}
+	v := "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0, named_metrics.num_requests_running=3"
+	if n := testing.AllocsPerRun(100, func() { parseORCA(v) }); n != 0 {
+		t.Errorf("parseORCA allocates %v times per TEXT report, want 0", n)
+	}
+}
