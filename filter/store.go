@@ -49,9 +49,23 @@ func getError(key string, err error) error {
 	// The SDK returns the sentinel itself: compare before errors.Is, whose
 	// type assertions are not free in Wasm (a miss costs one per decision:
 	// the state generation of a gateway without pushed state).
-	if err == types.ErrorStatusNotFound || errors.Is(err, types.ErrorStatusNotFound) {
+	if err == types.ErrorStatusNotFound {
 		// The index asks for keys that are not there on every new
 		// prompt's blocks: no formatting (fmt is slow in Wasm) on this path.
+		return index.ErrNotFound
+	}
+	return otherGetError(key, err)
+}
+
+// otherGetError is getError for anything but the bare not-found sentinel.
+// It is out of line (hence noinline) because a routed request meets a
+// missing key on every decision and other errors almost never: in Wasm
+// each request pays for the code of every function it enters, and
+// errors.Is and fmt are most of this code.
+//
+//go:noinline
+func otherGetError(key string, err error) error {
+	if errors.Is(err, types.ErrorStatusNotFound) {
 		return index.ErrNotFound
 	}
 	return fmt.Errorf("shared data %s: %w", key, err)
@@ -69,29 +83,45 @@ func (st *sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error)
 	}
 	v, cas, err := proxywasm.GetSharedData(key)
 	hostbuf.Lend(nil)
-	switch {
-	case err == nil:
-		switch {
-		case len(v) > 0 && cap(dst) > n && &v[0] == &dst[n : n+1][0]:
-			return dst[:n+len(v)], cas, nil // the host wrote into dst
-		case n == 0 && len(v) > 0 && !st.emulated:
-			return v, cas, nil // too large for dst: the bridge allocated it for us
-		}
-		// The emulator's own storage (never hand it out), or an empty value.
-		return append(dst, v...), cas, nil
+	if err != nil {
+		return dst, 0, getError(key, err)
 	}
-	return dst, 0, getError(key, err)
+	if len(v) > 0 && cap(dst) > n && &v[0] == &dst[n : n+1][0] {
+		return dst[:n+len(v)], cas, nil // the host wrote into dst
+	}
+	return st.appendValue(dst, v), cas, nil
+}
+
+// appendValue is GetAppend when the host did not write into dst: the value
+// did not fit (the bridge allocated it), is empty, or is the emulator's
+// own storage. Out of line (hence noinline) for the reason of
+// otherGetError: once the index's buffers have grown, reads fit.
+//
+//go:noinline
+func (st *sharedStore) appendValue(dst, v []byte) []byte {
+	if len(dst) == 0 && len(v) > 0 && !st.emulated {
+		return v // the bridge allocated it for us
+	}
+	// The emulator's own storage (never hand it out), or an empty value.
+	return append(dst, v...)
 }
 
 func (st *sharedStore) Set(key string, value []byte, cas uint32) error {
 	if st.emulated && cas == ^uint32(0) {
 		cas = 0 // the emulator creates a missing key with any CAS and refuses 0 on an existing one
 	}
-	err := proxywasm.SetSharedData(key, value, cas)
-	switch {
-	case err == nil:
-		return nil
-	case err == types.ErrorStatusCasMismatch || errors.Is(err, types.ErrorStatusCasMismatch):
+	if err := proxywasm.SetSharedData(key, value, cas); err != nil {
+		return setError(key, err)
+	}
+	return nil
+}
+
+// setError maps a failed shared-data set to the index's errors. Out of
+// Set (hence noinline) for the reason of otherGetError: sets rarely fail.
+//
+//go:noinline
+func setError(key string, err error) error {
+	if err == types.ErrorStatusCasMismatch || errors.Is(err, types.ErrorStatusCasMismatch) {
 		return index.ErrCASMismatch // the index retries; nothing to format
 	}
 	return fmt.Errorf("shared data %s: %w", key, err)
