@@ -55,7 +55,7 @@ func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens in
 		}
 	}
 	t := LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens), kv: clampU32(kvTokens)}
-	if err := ix.updateLoad(ref, t, true); err != nil {
+	if err := ix.updateLoad(ref, &t, true); err != nil {
 		return LoadTicket{}, err
 	}
 	return t, nil
@@ -77,7 +77,7 @@ func (ix *Index) PrefillDone(t *LoadTicket) error {
 		return nil
 	}
 	part := LoadTicket{ref: t.ref, prefill: t.prefill}
-	if err := ix.updateLoad(t.ref, part, false); err != nil {
+	if err := ix.updateLoad(t.ref, &part, false); err != nil {
 		return err
 	}
 	t.prefill = 0
@@ -91,7 +91,7 @@ func (ix *Index) Release(t *LoadTicket) error {
 	if !t.Active() {
 		return nil
 	}
-	if err := ix.updateLoad(t.ref, *t, false); err != nil {
+	if err := ix.updateLoad(t.ref, t, false); err != nil {
 		return err
 	}
 	t.inflight, t.prefill, t.decode, t.kv = 0, 0, 0, 0
@@ -108,7 +108,9 @@ func clampU32(n int) uint32 {
 	return uint32(n)
 }
 
-func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
+// updateLoad adds d's counts to ref's record of the load counters (add)
+// or subtracts them, under CAS.
+func (ix *Index) updateLoad(ref HostRef, d *LoadTicket, add bool) error {
 	if ref.Slot < 0 || ref.Slot >= MaxSlots {
 		return ErrStaleHost
 	}
@@ -119,30 +121,19 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 	reuse := add && ix.loadFresh
 	ix.loadFresh = false
 	for attempt := 0; attempt < ix.cfg.CASRetries*4; attempt++ {
-		var v []byte
-		var cas uint32
-		var found bool
-		if attempt == 0 && reuse {
-			v, cas, found = ix.loadBuf, ix.loadCAS, ix.loadFound
-		} else {
+		v, cas, found := ix.loadBuf, ix.loadCAS, ix.loadFound
+		if attempt > 0 || !reuse {
 			v, cas, found = ix.getInto(ix.loadBuf, ix.loadKey)
 			ix.loadBuf = v
 		}
-		n := 0
-		if found {
-			if ok := validLoad(v); ok {
-				n = int(le.Uint16(v[4:]))
-			} else {
-				ix.metrics.Corrupt++
-			}
-		}
-		out := v
-		if ref.Slot < n {
+		var out []byte
+		if found && validLoad(v) && ref.Slot < int(le.Uint16(v[4:])) {
 			// The slot is there: edit the value read (this update's own
 			// copy) in place, to the same bytes a rebuild would give.
 			v[3], v[6], v[7] = 0, 0, 0
+			out = v
 		} else {
-			out = ix.growLoad(v, n, ref.Slot+1)
+			out = ix.growLoad(v, found, ref.Slot+1)
 		}
 		r := out[loadHeader+ref.Slot*loadRecord:][:loadRecord] // known length: fewer bounds checks
 		if le.Uint32(r) != ref.Gen {
@@ -178,14 +169,23 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 	return ErrContended
 }
 
-// growLoad builds in ix.enc a load value of size slots from the n slots
-// of v, the new slots zero. It is out of updateLoad because it runs only
-// the first time a slot is counted: in Wasm each request pays for the
-// code of every function it enters, so the hot path stays small (hence
-// noinline: inlined, its appends would be most of updateLoad's code).
+// growLoad builds in ix.enc a load value of size slots from the slots of
+// v (none when v was not found or is corrupt, which it counts), the new
+// slots zero. It is out of updateLoad because it runs only the first time
+// a slot is counted: in Wasm each request pays for the code of every
+// function it enters, so the hot path stays small (hence noinline:
+// inlined, its appends would be most of updateLoad's code).
 //
 //go:noinline
-func (ix *Index) growLoad(v []byte, n, size int) []byte {
+func (ix *Index) growLoad(v []byte, found bool, size int) []byte {
+	n := 0
+	if found {
+		if validLoad(v) {
+			n = int(le.Uint16(v[4:]))
+		} else {
+			ix.metrics.Corrupt++
+		}
+	}
 	ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
 	ix.enc = le.AppendUint16(ix.enc, uint16(size))
 	ix.enc = append(ix.enc, 0, 0)

@@ -24,6 +24,17 @@ func (ix *Index) Record(ref HostRef, blocks []uint64, m *Matches) error {
 	if start >= len(blocks) {
 		return nil
 	}
+	return ix.recordFrom(ref, blocks, start, m)
+}
+
+// recordFrom is Record once it has blocks to write: chain[start:], plus
+// the shared hint. It is out of Record (hence noinline) because a repeated
+// prompt, whose blocks the host holds and refreshed recently, writes
+// nothing: in Wasm each request pays for the code of every function it
+// enters, and the write path is most of Record's.
+//
+//go:noinline
+func (ix *Index) recordFrom(ref HostRef, blocks []uint64, start int, m *Matches) error {
 	ix.tableFresh = m != nil && m.table == ix.table.epoch && m.length == len(blocks)
 	ix.q.reusable = ix.tableFresh && m.query == ix.metrics.Queries && m.chain == blocks[0]
 	err := ix.mark(ref, blocks, start, true)
