@@ -200,15 +200,29 @@ func parseShard(v []byte) (shardView, bool) {
 	return shardView{buf: v, words: w, n: n, epoch: le.Uint32(v[4:]), stride: stride}, true
 }
 
-// find returns the index of the entry tagged tag, or -1. Entries are kept
-// sorted by tag, so this is a binary search (a linear scan of 64 entries
-// costs microseconds inside Wasm, and Record runs one per block).
-func (s *shardView) find(tag uint32) int {
+// holders returns the bitmap of the entry tagged tag, masked by active,
+// and the entry's age; ok is false when no entry has that tag. Entries
+// are kept sorted by tag, so this is a binary search (a linear scan of 64
+// entries costs microseconds inside Wasm, and Record runs one per block).
+// Lookup, bitmap and mask are one function because presence, which every
+// probe of a query runs, needs all three: in Wasm each function entered
+// costs its own code, and an unmasked bitmap would be one more copy.
+func (s *shardView) holders(tag uint32, active *[maxWords]uint64) (p [maxWords]uint64, age uint32, ok bool) {
 	i := searchTag(s.buf, s.stride, s.n, tag)
-	if i < s.n && le.Uint32(s.buf[shardHeader+i*s.stride:]) == tag {
-		return i
+	if i >= s.n {
+		return p, 0, false
 	}
-	return -1
+	r := s.buf[shardHeader+i*s.stride:]
+	if le.Uint32(r) != tag {
+		return p, 0, false
+	}
+	for w := range p {
+		if w == s.words {
+			break
+		}
+		p[w] = le.Uint64(r[8+8*w:]) & active[w]
+	}
+	return p, le.Uint32(r[4:]), true
 }
 
 // sorted reports whether the tags are strictly increasing.

@@ -45,20 +45,20 @@ func (ix *Index) AddLoad(ref HostRef, prefillTokens, decodeTokens int) (LoadTick
 
 // AddLoadKV is AddLoad that also counts kvTokens, the KV cache tokens the
 // request will occupy until it finishes (prompt plus max tokens).
-func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens int) (LoadTicket, error) {
+func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens int) (t LoadTicket, err error) {
 	// The slot table is the authority on generations: a ref it accepts
 	// owns the slot, and counts stored under any other generation belong
 	// to a previous host (or a bad value) and are reset.
 	if ix.table.check(ref) != nil {
-		if err := ix.recheck(ref); err != nil {
-			return LoadTicket{}, err
+		err = ix.recheck(ref)
+	}
+	if err == nil {
+		t = LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens), kv: clampU32(kvTokens)}
+		if err = ix.updateLoad(ref, &t, true); err != nil {
+			t = LoadTicket{}
 		}
 	}
-	t := LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens), kv: clampU32(kvTokens)}
-	if err := ix.updateLoad(ref, &t, true); err != nil {
-		return LoadTicket{}, err
-	}
-	return t, nil
+	return t, err // one return: each would copy the ticket
 }
 
 // recheck reads the slot table again and checks ref against it: the table
@@ -123,8 +123,7 @@ func (ix *Index) updateLoad(ref HostRef, d *LoadTicket, add bool) error {
 	for attempt := 0; attempt < ix.cfg.CASRetries*4; attempt++ {
 		v, cas, found := ix.loadBuf, ix.loadCAS, ix.loadFound
 		if attempt > 0 || !reuse {
-			v, cas, found = ix.getInto(ix.loadBuf, ix.loadKey)
-			ix.loadBuf = v
+			v, cas, found = ix.getInto(&ix.loadBuf, ix.loadKey)
 		}
 		var out []byte
 		if found && validLoad(v) && ref.Slot < int(le.Uint16(v[4:])) {
@@ -226,17 +225,16 @@ func (ix *Index) Loads(dst []Load) []Load {
 	}
 	dst = dst[:n]
 	clear(dst)
-	v, cas, found := ix.getInto(ix.loadBuf, ix.loadKey)
-	ix.loadBuf = v
+	v, cas, found := ix.getInto(&ix.loadBuf, ix.loadKey)
 	ix.loadFresh, ix.loadCAS, ix.loadFound = true, cas, found
-	if !found {
-		return dst
+	m := 0 // the slots the value holds
+	if found {
+		if validLoad(v) {
+			m = int(le.Uint16(v[4:]))
+		} else {
+			ix.metrics.Corrupt++
+		}
 	}
-	if !validLoad(v) {
-		ix.metrics.Corrupt++
-		return dst
-	}
-	m := int(le.Uint16(v[4:]))
 	for s := 0; s < n && s < m; s++ {
 		// One record, of known length: its fields read without a bounds
 		// check each (code every routed request enters, in Wasm).

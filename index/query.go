@@ -322,8 +322,7 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		if k == len(q.cacheBuf) || k == cap(q.reads) {
 			q.addRead()
 		}
-		v, cas, got := ix.getInto(q.cacheBuf[k], ix.shardKeys[sh])
-		q.cacheBuf[k] = v
+		v, cas, got := ix.getInto(&q.cacheBuf[k], ix.shardKeys[sh])
 		q.reads = q.reads[:k+1]
 		rd = &q.reads[k]
 		*rd = shardRead{shard: sh, got: got, cas: cas}
@@ -337,16 +336,13 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 	if !rd.valid {
 		return p, 0, true
 	}
-	view := &rd.view
-	e := view.find(blockTag(h, ix.level(i)))
-	if e < 0 {
+	t := &ix.table
+	p, age, found := rd.view.holders(blockTag(h, ix.level(i)), &t.active)
+	if !found {
 		return p, 0, true
 	}
-	age = view.age(e)
-	t := &ix.table
-	p = and(view.bitmap(e), t.active)
-	if t.maxGone > view.epoch { // rare: see staleMask
-		p = andNot(p, t.staleSlots(view.epoch))
+	if t.maxGone > rd.view.epoch { // rare: see staleMask
+		p = andNot(p, t.staleSlots(rd.view.epoch))
 	}
 	if t.anyHorz {
 		p = t.dropExpired(p, age)

@@ -123,8 +123,7 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			v, cas, found, reused = ix.queriedShard(sh)
 		}
 		if !reused {
-			v, cas, found = ix.getInto(ix.shardBuf, key)
-			ix.shardBuf = v
+			v, cas, found = ix.getInto(&ix.shardBuf, key)
 		}
 		var view shardView
 		ok := false

@@ -71,7 +71,7 @@ func TestCreateRaceIsDetected(t *testing.T) {
 	clk := &fakeClock{ms: 1}
 	a := newTestIndex(t, st, clk, Config{})
 	b := newTestIndex(t, st, clk, Config{})
-	_, cas, found := a.get("k")
+	_, cas, found := a.getInto(new([]byte), "k")
 	if found || cas != 0 {
 		t.Fatal("key exists")
 	}
@@ -245,4 +245,23 @@ func appendWorkload(t *testing.T, seed uint64, st Store) []string {
 		t.Fatalf("seed %d: the workload missed a path (overflows, corrupt values, evictions): %+v", seed, mt)
 	}
 	return out
+}
+
+// getAppender, the index's AppendGetter over a Store with only Get, answers
+// as GetAppend must: appended to dst, dst untouched on a miss.
+func TestGetAppenderAppendsGet(t *testing.T) {
+	m := &MemStore{}
+	m.Set("k", []byte("value"), 0)
+	g := &getAppender{getOnlyStore{m}}
+	_, wantCAS, _ := m.Get("k")
+	if v, cas, err := g.GetAppend(nil, "k"); err != nil || string(v) != "value" || cas != wantCAS {
+		t.Fatalf("GetAppend(nil, k) = %q, %d, %v; want value, %d", v, cas, err, wantCAS)
+	}
+	dst := append(make([]byte, 0, 16), "kept:"...)
+	if v, _, err := g.GetAppend(dst, "k"); err != nil || string(v) != "kept:value" {
+		t.Fatalf("GetAppend(kept:, k) = %q, %v; want kept:value", v, err)
+	}
+	if v, cas, err := g.GetAppend(dst, "missing"); err != ErrNotFound || string(v) != "kept:" || cas != 0 {
+		t.Fatalf("GetAppend(kept:, missing) = %q, %d, %v; want kept:, 0, ErrNotFound", v, cas, err)
+	}
 }
