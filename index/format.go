@@ -178,6 +178,15 @@ func (t *slotTable) staleSlots(shardEpoch uint32) (m [maxWords]uint64) {
 	return m
 }
 
+// dropStale clears from p the slots removed or cleared after shardEpoch,
+// for presence, where the test for any such slot stays inline and this
+// rare work out of line (hence noinline).
+//
+//go:noinline
+func (t *slotTable) dropStale(p [maxWords]uint64, shardEpoch uint32) [maxWords]uint64 {
+	return andNot(p, t.staleSlots(shardEpoch))
+}
+
 // shardView is a parsed shard value, read in place.
 type shardView struct {
 	buf    []byte
@@ -187,17 +196,28 @@ type shardView struct {
 	stride int
 }
 
-func parseShard(v []byte) (shardView, bool) {
-	if len(v) < shardHeader || v[0] != shardMagic0 || v[1] != shardMagic1 || v[2] != formatVersion {
-		return shardView{}, false
+func parseShard(v []byte) (s shardView, ok bool) {
+	ok = s.parse(v)
+	return s, ok
+}
+
+// parse sets s to the shard value v and reports whether v is one (s is
+// then empty). It fills s in place, for presence: returning a view costs
+// a copy of it at each call site in Wasm.
+func (s *shardView) parse(v []byte) bool {
+	var view shardView // one store into s: each costs a write barrier
+	ok := len(v) >= shardHeader && v[0] == shardMagic0 && v[1] == shardMagic1 && v[2] == formatVersion
+	if ok {
+		w := int(v[3])
+		n := int(le.Uint16(v[8:]))
+		stride := 8 + 8*w
+		ok = w <= maxWords && (n == 0 || w > 0) && len(v) == shardHeader+n*stride
+		if ok {
+			view = shardView{buf: v, words: w, n: n, epoch: le.Uint32(v[4:]), stride: stride}
+		}
 	}
-	w := int(v[3])
-	n := int(le.Uint16(v[8:]))
-	stride := 8 + 8*w
-	if w > maxWords || (n > 0 && w == 0) || len(v) != shardHeader+n*stride {
-		return shardView{}, false
-	}
-	return shardView{buf: v, words: w, n: n, epoch: le.Uint32(v[4:]), stride: stride}, true
+	*s = view
+	return ok
 }
 
 // holders returns the bitmap of the entry tagged tag, masked by active,

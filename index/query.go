@@ -325,12 +325,12 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		v, cas, got := ix.getInto(&q.cacheBuf[k], ix.shardKeys[sh])
 		q.reads = q.reads[:k+1]
 		rd = &q.reads[k]
-		*rd = shardRead{shard: sh, got: got, cas: cas}
-		if got {
-			rd.view, rd.valid = parseShard(v)
-			if !rd.valid {
-				ix.metrics.Corrupt++
-			}
+		rd.shard, rd.got, rd.cas = sh, got, cas
+		// A missing key's empty value does not parse either: the view is
+		// then empty, and only a found value is counted corrupt.
+		rd.valid = rd.view.parse(v)
+		if got && !rd.valid {
+			ix.metrics.Corrupt++
 		}
 	}
 	if !rd.valid {
@@ -342,7 +342,7 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 		return p, 0, true
 	}
 	if t.maxGone > rd.view.epoch { // rare: see staleMask
-		p = andNot(p, t.staleSlots(rd.view.epoch))
+		p = t.dropStale(p, rd.view.epoch)
 	}
 	if t.anyHorz {
 		p = t.dropExpired(p, age)
