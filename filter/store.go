@@ -76,20 +76,23 @@ func otherGetError(key string, err error) error {
 // it fits, instead of into a fresh allocation per read. A new 8K-token
 // prompt reads about a dozen 1 KB shard values; the index reuses its
 // buffers request after request, so in Wasm those reads stop allocating.
-func (st *sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
+func (st *sharedStore) GetAppend(dst []byte, key string) (v []byte, cas uint32, err error) {
 	n := len(dst)
 	if cap(dst) > n {
 		hostbuf.Lend(dst[n:cap(dst)])
 	}
-	v, cas, err := proxywasm.GetSharedData(key)
+	v, cas, err = proxywasm.GetSharedData(key)
 	hostbuf.Lend(nil)
-	if err != nil {
-		return dst, 0, getError(key, err)
+	// One return: in Wasm each return site copies the three results out.
+	switch {
+	case err != nil:
+		v, cas, err = dst, 0, getError(key, err)
+	case len(v) > 0 && cap(dst) > n && &v[0] == &dst[n : n+1][0]:
+		v = dst[:n+len(v)] // the host wrote into dst
+	default:
+		v = st.appendValue(dst, v)
 	}
-	if len(v) > 0 && cap(dst) > n && &v[0] == &dst[n : n+1][0] {
-		return dst[:n+len(v)], cas, nil // the host wrote into dst
-	}
-	return st.appendValue(dst, v), cas, nil
+	return v, cas, err
 }
 
 // appendValue is GetAppend when the host did not write into dst: the value

@@ -228,21 +228,20 @@ func (s *shardView) parse(v []byte) bool {
 // probe of a query runs, needs all three: in Wasm each function entered
 // costs its own code, and an unmasked bitmap would be one more copy.
 func (s *shardView) holders(tag uint32, active *[maxWords]uint64) (p [maxWords]uint64, age uint32, ok bool) {
-	i := searchTag(s.buf, s.stride, s.n, tag)
-	if i >= s.n {
-		return p, 0, false
-	}
-	r := s.buf[shardHeader+i*s.stride:]
-	if le.Uint32(r) != tag {
-		return p, 0, false
-	}
-	for w := range p {
-		if w == s.words {
-			break
+	// One return: in Wasm each return site copies the bitmap out.
+	if i := searchTag(s.buf, s.stride, s.n, tag); i < s.n {
+		r := s.buf[shardHeader+i*s.stride:]
+		if ok = le.Uint32(r) == tag; ok {
+			for w := range p {
+				if w == s.words {
+					break
+				}
+				p[w] = le.Uint64(r[8+8*w:]) & active[w]
+			}
+			age = le.Uint32(r[4:])
 		}
-		p[w] = le.Uint64(r[8+8*w:]) & active[w]
 	}
-	return p, le.Uint32(r[4:]), true
+	return p, age, ok
 }
 
 // sorted reports whether the tags are strictly increasing.

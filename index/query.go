@@ -160,21 +160,21 @@ func (ix *Index) assignHint(h *hintLine, chain []uint64) {
 // lies in [lo, hi].
 func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 	for !isZero(set) {
-		if lo >= hi {
-			ix.assign(set, lo)
-			return
+		if lo < hi {
+			mid := ix.probeAt(lo, hi)
+			p, age, ok := ix.presence(mid)
+			if ok {
+				above := and(set, p)
+				ix.setAge(above, age)
+				ix.search(mid+1, hi, above)
+				set = andNot(set, p)
+				hi = mid
+				continue
+			}
+			// Out of read budget: keep what is proven.
 		}
-		mid := ix.probeAt(lo, hi)
-		p, age, ok := ix.presence(mid)
-		if !ok { // out of read budget: keep what is proven
-			ix.assign(set, lo)
-			return
-		}
-		above := and(set, p)
-		ix.setAge(above, age)
-		ix.search(mid+1, hi, above)
-		set = andNot(set, p)
-		hi = mid
+		ix.assign(set, lo) // one call site: each copies the set in Wasm
+		return
 	}
 }
 
@@ -303,7 +303,6 @@ func (ix *Index) setAge(set [maxWords]uint64, age uint32) {
 // entry's age; ok is false when the read budget is spent.
 func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 	q := &ix.q
-	h := q.blocks[i]
 	sh := ix.shardAt(q.blocks, i)
 	var rd *shardRead
 	for k := range q.reads {
@@ -312,11 +311,7 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 			break
 		}
 	}
-	if rd == nil {
-		if q.budget <= 0 {
-			q.truncated = true
-			return p, 0, false
-		}
+	if rd == nil && q.budget > 0 {
 		q.budget--
 		k := len(q.reads)
 		if k == len(q.cacheBuf) || k == cap(q.reads) {
@@ -333,21 +328,24 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 			ix.metrics.Corrupt++
 		}
 	}
-	if !rd.valid {
-		return p, 0, true
+	// One return: in Wasm each return site copies the bitmap out.
+	ok = rd != nil
+	if !ok {
+		q.truncated = true // out of read budget
+	} else if rd.valid {
+		t := &ix.table
+		var found bool
+		p, age, found = rd.view.holders(blockTag(q.blocks[i], ix.level(i)), &t.active)
+		if found {
+			if t.maxGone > rd.view.epoch { // rare: see staleMask
+				p = t.dropStale(p, rd.view.epoch)
+			}
+			if t.anyHorz {
+				p = t.dropExpired(p, age)
+			}
+		}
 	}
-	t := &ix.table
-	p, age, found := rd.view.holders(blockTag(h, ix.level(i)), &t.active)
-	if !found {
-		return p, 0, true
-	}
-	if t.maxGone > rd.view.epoch { // rare: see staleMask
-		p = t.dropStale(p, rd.view.epoch)
-	}
-	if t.anyHorz {
-		p = t.dropExpired(p, age)
-	}
-	return p, age, true
+	return p, age, ok
 }
 
 // addRead makes room for one more shard read per query: a buffer in
