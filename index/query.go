@@ -219,12 +219,12 @@ type hintLine struct {
 }
 
 // remember replaces the line's answers with found (distinct answers
-// between 1 and N-1 of the query of chain).
+// between 1 and N-1 of the query of chain, at most hintsPerLine).
 func (h *hintLine) remember(found []int32, chain []uint64) {
-	h.n = copy(h.at[:], found)
-	for k := 0; k < h.n; k++ {
-		h.last[k] = chain[h.at[k]-1]
+	for k, L := range found {
+		h.at[k], h.last[k] = L, chain[L-1]
 	}
+	h.n = len(found)
 }
 
 // probeAt picks the block to probe for hosts whose answer lies in
