@@ -338,36 +338,26 @@ func (ix *Index) level(i int) int {
 func (ix *Index) getInto(buf *[]byte, key string) ([]byte, uint32, bool) {
 	v, cas, err := ix.appender.GetAppend((*buf)[:0], key)
 	ix.metrics.Reads++
-	if err != nil {
-		return ix.readFailed(buf, err)
+	found := err == nil
+	if found {
+		ix.metrics.BytesRead += uint64(len(v))
+	} else {
+		ix.readFailed(err)
+		v, cas = (*buf)[:0], 0 // keep the buffer for the next read
 	}
-	ix.metrics.BytesRead += uint64(len(v))
 	*buf = v
-	return v, cas, true
+	return v, cas, found
 }
 
-// readFailed is getInto's answer to a failed read: the emptied buffer,
-// kept for the next read, and the error booked. Out of line (hence
-// noinline): most reads of a routed request find their key, and in Wasm
-// each request pays for the code of every function it enters.
+// readFailed books a failed read as a store error unless the key is
+// missing (ErrNotFound, bare as the stores return it, or wrapped). It is
+// out of getInto (hence noinline) because most reads of a routed request
+// find their key: in Wasm each request pays for the code of every
+// function it enters.
 //
 //go:noinline
-func (ix *Index) readFailed(buf *[]byte, err error) ([]byte, uint32, bool) {
-	if err != ErrNotFound { // the sentinel itself is the common case
-		ix.countReadError(err)
-	}
-	*buf = (*buf)[:0]
-	return *buf, 0, false
-}
-
-// countReadError books a read error other than the bare ErrNotFound
-// sentinel: a wrapped ErrNotFound is still a missing key. It is out of
-// readFailed (hence noinline) because in Wasm each request pays for the code
-// of every function it enters, and errors.Is is rarely needed.
-//
-//go:noinline
-func (ix *Index) countReadError(err error) {
-	if !errors.Is(err, ErrNotFound) {
+func (ix *Index) readFailed(err error) {
+	if err != ErrNotFound && !errors.Is(err, ErrNotFound) {
 		ix.metrics.StoreErrors++
 	}
 }
@@ -400,7 +390,7 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 
 // setFailed books a failed set and reports whether to retry it (a CAS
 // mismatch). It is out of set (hence noinline) for the reason of
-// countReadError: writes rarely fail.
+// readFailed: writes rarely fail.
 //
 //go:noinline
 func (ix *Index) setFailed(err error) (retry bool, _ error) {
