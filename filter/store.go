@@ -113,10 +113,11 @@ func (st *sharedStore) Set(key string, value []byte, cas uint32) error {
 	if st.emulated && cas == ^uint32(0) {
 		cas = 0 // the emulator creates a missing key with any CAS and refuses 0 on an existing one
 	}
-	if err := proxywasm.SetSharedData(key, value, cas); err != nil {
-		return setError(key, err)
+	err := proxywasm.SetSharedData(key, value, cas)
+	if err != nil {
+		err = setError(key, err)
 	}
-	return nil
+	return err // one return: in Wasm each return site costs code
 }
 
 // setError maps a failed shared-data set to the index's errors. Out of

@@ -379,13 +379,14 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 	if cas == 0 {
 		cas = createCAS
 	}
-	err = ix.store.Set(key, v, cas)
-	if err == nil {
+	// One return: in Wasm each return site costs code.
+	if err = ix.store.Set(key, v, cas); err == nil {
 		ix.metrics.Writes++
 		ix.metrics.BytesWritten += uint64(len(v))
-		return false, nil
+	} else {
+		retry = ix.setFailed(err)
 	}
-	return ix.setFailed(err)
+	return retry, err
 }
 
 // setFailed books a failed set and reports whether to retry it (a CAS
@@ -393,13 +394,13 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 // readFailed: writes rarely fail.
 //
 //go:noinline
-func (ix *Index) setFailed(err error) (retry bool, _ error) {
+func (ix *Index) setFailed(err error) (retry bool) {
 	if err == ErrCASMismatch || errors.Is(err, ErrCASMismatch) {
 		ix.metrics.CASRetries++
-		return true, err
+		return true
 	}
 	ix.metrics.StoreErrors++
-	return false, err
+	return false
 }
 
 // slotsRecheckMs bounds how long a VM trusts the stamp alone: after it,

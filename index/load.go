@@ -88,14 +88,13 @@ func (ix *Index) PrefillDone(t *LoadTicket) error {
 // succeeded the ticket is empty. On error the ticket keeps its counts, so
 // the caller may call Release again.
 func (ix *Index) Release(t *LoadTicket) error {
-	if !t.Active() {
-		return nil
+	var err error // one return: in Wasm each return site costs code
+	if t.Active() {
+		if err = ix.updateLoad(t.ref, t, false); err == nil {
+			t.inflight, t.prefill, t.decode, t.kv = 0, 0, 0, 0
+		}
 	}
-	if err := ix.updateLoad(t.ref, t, false); err != nil {
-		return err
-	}
-	t.inflight, t.prefill, t.decode, t.kv = 0, 0, 0, 0
-	return nil
+	return err
 }
 
 func clampU32(n int) uint32 {

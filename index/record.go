@@ -21,10 +21,11 @@ func (ix *Index) Record(ref HostRef, blocks []uint64, m *Matches) error {
 			}
 		}
 	}
-	if start >= len(blocks) {
-		return nil
+	var err error // one return: in Wasm each return site costs code
+	if start < len(blocks) {
+		err = ix.recordFrom(ref, blocks, start, m)
 	}
-	return ix.recordFrom(ref, blocks, start, m)
+	return err
 }
 
 // recordFrom is Record once it has blocks to write: chain[start:], plus
