@@ -49,9 +49,23 @@ func getError(key string, err error) error {
 	// The SDK returns the sentinel itself: compare before errors.Is, whose
 	// type assertions are not free in Wasm (a miss costs one per decision:
 	// the state generation of a gateway without pushed state).
-	if err == types.ErrorStatusNotFound || errors.Is(err, types.ErrorStatusNotFound) {
+	if err == types.ErrorStatusNotFound {
 		// The index asks for keys that are not there on every new
 		// prompt's blocks: no formatting (fmt is slow in Wasm) on this path.
+		return index.ErrNotFound
+	}
+	return otherGetError(key, err)
+}
+
+// otherGetError is getError for anything but the bare not-found sentinel.
+// It is out of line (hence noinline) because a routed request meets a
+// missing key on every decision and other errors almost never: in Wasm
+// each request pays for the code of every function it enters, and
+// errors.Is and fmt are most of this code.
+//
+//go:noinline
+func otherGetError(key string, err error) error {
+	if errors.Is(err, types.ErrorStatusNotFound) {
 		return index.ErrNotFound
 	}
 	return fmt.Errorf("shared data %s: %w", key, err)
@@ -62,25 +76,37 @@ func getError(key string, err error) error {
 // it fits, instead of into a fresh allocation per read. A new 8K-token
 // prompt reads about a dozen 1 KB shard values; the index reuses its
 // buffers request after request, so in Wasm those reads stop allocating.
-func (st *sharedStore) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
+func (st *sharedStore) GetAppend(dst []byte, key string) (v []byte, cas uint32, err error) {
 	n := len(dst)
 	if cap(dst) > n {
 		hostbuf.Lend(dst[n:cap(dst)])
 	}
-	v, cas, err := proxywasm.GetSharedData(key)
+	v, cas, err = proxywasm.GetSharedData(key)
 	hostbuf.Lend(nil)
+	// One return: in Wasm each return site copies the three results out.
 	switch {
-	case err == nil:
-		switch {
-		case len(v) > 0 && cap(dst) > n && &v[0] == &dst[n : n+1][0]:
-			return dst[:n+len(v)], cas, nil // the host wrote into dst
-		case n == 0 && len(v) > 0 && !st.emulated:
-			return v, cas, nil // too large for dst: the bridge allocated it for us
-		}
-		// The emulator's own storage (never hand it out), or an empty value.
-		return append(dst, v...), cas, nil
+	case err != nil:
+		v, cas, err = dst, 0, getError(key, err)
+	case len(v) > 0 && cap(dst) > n && &v[0] == &dst[n : n+1][0]:
+		v = dst[:n+len(v)] // the host wrote into dst
+	default:
+		v = st.appendValue(dst, v)
 	}
-	return dst, 0, getError(key, err)
+	return v, cas, err
+}
+
+// appendValue is GetAppend when the host did not write into dst: the value
+// did not fit (the bridge allocated it), is empty, or is the emulator's
+// own storage. Out of line (hence noinline) for the reason of
+// otherGetError: once the index's buffers have grown, reads fit.
+//
+//go:noinline
+func (st *sharedStore) appendValue(dst, v []byte) []byte {
+	if len(dst) == 0 && len(v) > 0 && !st.emulated {
+		return v // the bridge allocated it for us
+	}
+	// The emulator's own storage (never hand it out), or an empty value.
+	return append(dst, v...)
 }
 
 func (st *sharedStore) Set(key string, value []byte, cas uint32) error {
@@ -88,10 +114,18 @@ func (st *sharedStore) Set(key string, value []byte, cas uint32) error {
 		cas = 0 // the emulator creates a missing key with any CAS and refuses 0 on an existing one
 	}
 	err := proxywasm.SetSharedData(key, value, cas)
-	switch {
-	case err == nil:
-		return nil
-	case err == types.ErrorStatusCasMismatch || errors.Is(err, types.ErrorStatusCasMismatch):
+	if err != nil {
+		err = setError(key, err)
+	}
+	return err // one return: in Wasm each return site costs code
+}
+
+// setError maps a failed shared-data set to the index's errors. Out of
+// Set (hence noinline) for the reason of otherGetError: sets rarely fail.
+//
+//go:noinline
+func setError(key string, err error) error {
+	if err == types.ErrorStatusCasMismatch || errors.Is(err, types.ErrorStatusCasMismatch) {
 		return index.ErrCASMismatch // the index retries; nothing to format
 	}
 	return fmt.Errorf("shared data %s: %w", key, err)

@@ -178,6 +178,15 @@ func (t *slotTable) staleSlots(shardEpoch uint32) (m [maxWords]uint64) {
 	return m
 }
 
+// dropStale clears from p the slots removed or cleared after shardEpoch,
+// for presence, where the test for any such slot stays inline and this
+// rare work out of line (hence noinline).
+//
+//go:noinline
+func (t *slotTable) dropStale(p [maxWords]uint64, shardEpoch uint32) [maxWords]uint64 {
+	return andNot(p, t.staleSlots(shardEpoch))
+}
+
 // shardView is a parsed shard value, read in place.
 type shardView struct {
 	buf    []byte
@@ -187,28 +196,52 @@ type shardView struct {
 	stride int
 }
 
-func parseShard(v []byte) (shardView, bool) {
-	if len(v) < shardHeader || v[0] != shardMagic0 || v[1] != shardMagic1 || v[2] != formatVersion {
-		return shardView{}, false
-	}
-	w := int(v[3])
-	n := int(le.Uint16(v[8:]))
-	stride := 8 + 8*w
-	if w > maxWords || (n > 0 && w == 0) || len(v) != shardHeader+n*stride {
-		return shardView{}, false
-	}
-	return shardView{buf: v, words: w, n: n, epoch: le.Uint32(v[4:]), stride: stride}, true
+func parseShard(v []byte) (s shardView, ok bool) {
+	ok = s.parse(v)
+	return s, ok
 }
 
-// find returns the index of the entry tagged tag, or -1. Entries are kept
-// sorted by tag, so this is a binary search (a linear scan of 64 entries
-// costs microseconds inside Wasm, and Record runs one per block).
-func (s *shardView) find(tag uint32) int {
-	i := searchTag(s.buf, s.stride, s.n, tag)
-	if i < s.n && le.Uint32(s.buf[shardHeader+i*s.stride:]) == tag {
-		return i
+// parse sets s to the shard value v and reports whether v is one (s is
+// then empty). It fills s in place, for presence: returning a view costs
+// a copy of it at each call site in Wasm.
+func (s *shardView) parse(v []byte) bool {
+	var view shardView // one store into s: each costs a write barrier
+	ok := len(v) >= shardHeader && v[0] == shardMagic0 && v[1] == shardMagic1 && v[2] == formatVersion
+	if ok {
+		w := int(v[3])
+		n := int(le.Uint16(v[8:]))
+		stride := 8 + 8*w
+		ok = w <= maxWords && (n == 0 || w > 0) && len(v) == shardHeader+n*stride
+		if ok {
+			view = shardView{buf: v, words: w, n: n, epoch: le.Uint32(v[4:]), stride: stride}
+		}
 	}
-	return -1
+	*s = view
+	return ok
+}
+
+// holders returns the bitmap of the entry tagged tag, masked by active,
+// and the entry's age; ok is false when no entry has that tag. Entries
+// are kept sorted by tag, so this is a binary search (a linear scan of 64
+// entries costs microseconds inside Wasm, and Record runs one per block).
+// Lookup, bitmap and mask are one function because presence, which every
+// probe of a query runs, needs all three: in Wasm each function entered
+// costs its own code, and an unmasked bitmap would be one more copy.
+func (s *shardView) holders(tag uint32, active *[maxWords]uint64) (p [maxWords]uint64, age uint32, ok bool) {
+	// One return: in Wasm each return site copies the bitmap out.
+	if i := searchTag(s.buf, s.stride, s.n, tag); i < s.n {
+		r := s.buf[shardHeader+i*s.stride:]
+		if ok = le.Uint32(r) == tag; ok {
+			for w := range p {
+				if w == s.words {
+					break
+				}
+				p[w] = le.Uint64(r[8+8*w:]) & active[w]
+			}
+			age = le.Uint32(r[4:])
+		}
+	}
+	return p, age, ok
 }
 
 // sorted reports whether the tags are strictly increasing.

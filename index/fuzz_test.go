@@ -102,10 +102,25 @@ func FuzzShardCodec(f *testing.F) {
 		}
 		// Writers keep entries sorted by tag; an unsorted value (written
 		// by something else) may be misread but never panics.
+		all := [maxWords]uint64{^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0)}
+		some := [maxWords]uint64{0x5555555555555555, 0, ^uint64(0), 1}
 		for i := range es {
-			got := v.find(es[i].tag)
-			if sorted && (got < 0 || es[got].tag != es[i].tag) {
-				t.Fatalf("find(%#x) = %d in a sorted shard", es[i].tag, got)
+			p, age, found := v.holders(es[i].tag, &all)
+			q, _, _ := v.holders(es[i].tag, &some)
+			if !sorted {
+				continue
+			}
+			// A repeated tag (not strictly sorted, but in order) answers
+			// with its first entry.
+			first := es[i]
+			for j := i; j > 0 && es[j-1].tag == first.tag; j-- {
+				first = es[j-1]
+			}
+			if !found || p != first.bits || age != first.age {
+				t.Fatalf("holders(%#x) = %x, %d, %v in a sorted shard; want %x, %d", first.tag, p, age, found, first.bits, first.age)
+			}
+			if q != and(first.bits, some) {
+				t.Fatalf("holders(%#x) masked = %x, want %x", first.tag, q, and(first.bits, some))
 			}
 		}
 		w := v.words

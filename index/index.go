@@ -186,7 +186,7 @@ type Metrics struct {
 type Index struct {
 	cfg       Config
 	store     Store
-	appender  AppendGetter // store's AppendGetter, nil if it has none
+	appender  AppendGetter // store's AppendGetter, or a getAppender over its Get
 	shardBits uint
 	shardKeys []string
 	slotsKey  string
@@ -259,6 +259,9 @@ func New(store Store, cfg Config) (*Index, error) {
 		loadKey:   cfg.Namespace + "/load",
 	}
 	ix.appender, _ = store.(AppendGetter)
+	if ix.appender == nil {
+		ix.appender = &getAppender{store}
+	}
 	ix.shardKeys = make([]string, cfg.Shards)
 	for i := range ix.shardKeys {
 		ix.shardKeys[i] = cfg.Namespace + "/b/" + strconv.FormatUint(uint64(i), 36)
@@ -320,54 +323,41 @@ func (ix *Index) level(i int) int {
 	return l
 }
 
-// get reads key, counting bytes; found is false for a missing key or a
-// store error (counted).
-func (ix *Index) get(key string) (v []byte, cas uint32, found bool) {
-	v, cas, err := ix.store.Get(key)
-	if err != nil {
-		v = nil
-	}
-	return ix.counted(v, cas, err)
-}
-
-// getInto is get reading into buf[:0] when the store can (AppendGetter),
-// else into a fresh slice from Get. The caller keeps the returned slice as
-// its buffer for the next read (it grows as needed), so it must be done
-// with the value before reading into the same buffer again.
-func (ix *Index) getInto(buf []byte, key string) (v []byte, cas uint32, found bool) {
-	if ix.appender == nil {
-		return ix.get(key)
-	}
-	v, cas, err := ix.appender.GetAppend(buf[:0], key)
-	if err != nil {
-		v = buf[:0] // keep the buffer for the next read
-	}
-	return ix.counted(v, cas, err)
-}
-
-// counted books one read's outcome in the metrics. On an error it returns
-// v as given (get passes nil, getInto the caller's emptied buffer), 0 and
-// false.
-func (ix *Index) counted(v []byte, cas uint32, err error) ([]byte, uint32, bool) {
+// getInto reads key into (*buf)[:0] (a Store without AppendGetter
+// returns a fresh slice instead: see getAppender), keeps the result in
+// *buf as the buffer for the next read (it grows as needed), and books the
+// read in the metrics. It returns the value, its CAS and whether the key
+// was found: false for a missing key or a store error (counted), the value
+// then empty. The caller must be done with the value before reading into
+// the same buffer again.
+//
+// Reading, booking and keeping the buffer are one function because every
+// read of a routed request comes through here: in Wasm each function
+// entered, and each call site's copying of arguments and results, costs
+// code.
+func (ix *Index) getInto(buf *[]byte, key string) ([]byte, uint32, bool) {
+	v, cas, err := ix.appender.GetAppend((*buf)[:0], key)
 	ix.metrics.Reads++
-	if err != nil {
-		if err != ErrNotFound { // the sentinel itself is the common case
-			ix.countReadError(err)
-		}
-		return v, 0, false
+	found := err == nil
+	if found {
+		ix.metrics.BytesRead += uint64(len(v))
+	} else {
+		ix.readFailed(err)
+		v, cas = (*buf)[:0], 0 // keep the buffer for the next read
 	}
-	ix.metrics.BytesRead += uint64(len(v))
-	return v, cas, true
+	*buf = v
+	return v, cas, found
 }
 
-// countReadError books a read error other than the bare ErrNotFound
-// sentinel: a wrapped ErrNotFound is still a missing key. It is out of
-// counted (hence noinline) because in Wasm each request pays for the code
-// of every function it enters, and errors.Is is rarely needed.
+// readFailed books a failed read as a store error unless the key is
+// missing (ErrNotFound, bare as the stores return it, or wrapped). It is
+// out of getInto (hence noinline) because most reads of a routed request
+// find their key: in Wasm each request pays for the code of every
+// function it enters.
 //
 //go:noinline
-func (ix *Index) countReadError(err error) {
-	if !errors.Is(err, ErrNotFound) {
+func (ix *Index) readFailed(err error) {
+	if err != ErrNotFound && !errors.Is(err, ErrNotFound) {
 		ix.metrics.StoreErrors++
 	}
 }
@@ -389,27 +379,28 @@ func (ix *Index) set(key string, v []byte, cas uint32) (retry bool, err error) {
 	if cas == 0 {
 		cas = createCAS
 	}
-	err = ix.store.Set(key, v, cas)
-	if err == nil {
+	// One return: in Wasm each return site costs code.
+	if err = ix.store.Set(key, v, cas); err == nil {
 		ix.metrics.Writes++
 		ix.metrics.BytesWritten += uint64(len(v))
-		return false, nil
+	} else {
+		retry = ix.setFailed(err)
 	}
-	return ix.setFailed(err)
+	return retry, err
 }
 
 // setFailed books a failed set and reports whether to retry it (a CAS
 // mismatch). It is out of set (hence noinline) for the reason of
-// countReadError: writes rarely fail.
+// readFailed: writes rarely fail.
 //
 //go:noinline
-func (ix *Index) setFailed(err error) (retry bool, _ error) {
+func (ix *Index) setFailed(err error) (retry bool) {
 	if err == ErrCASMismatch || errors.Is(err, ErrCASMismatch) {
 		ix.metrics.CASRetries++
-		return true, err
+		return true
 	}
 	ix.metrics.StoreErrors++
-	return false, err
+	return false
 }
 
 // slotsRecheckMs bounds how long a VM trusts the stamp alone: after it,
@@ -429,8 +420,7 @@ const slotsRecheckMs = 1000
 func (ix *Index) refreshSlots() {
 	now := ix.now()
 	if ix.tableOK && now >= ix.tableAt && now-ix.tableAt < slotsRecheckMs {
-		v, _, found := ix.getInto(ix.stampBuf, ix.stampKey)
-		ix.stampBuf = v
+		v, _, found := ix.getInto(&ix.stampBuf, ix.stampKey)
 		if found {
 			if seq, ok := parseStamp(v); ok && seq == ix.table.seq {
 				return
@@ -451,8 +441,7 @@ func (ix *Index) reloadSlots() {
 	}
 	// Repair a stamp that fell behind the table (its writer died between
 	// the two sets), so that other VMs see the table before their recheck.
-	v, _, found := ix.getInto(ix.stampBuf, ix.stampKey)
-	ix.stampBuf = v
+	v, _, found := ix.getInto(&ix.stampBuf, ix.stampKey)
 	if seq, ok := parseStamp(v); !found || !ok || int32(seq-ix.table.seq) < 0 {
 		ix.writeStamp(ix.table.seq)
 	}
@@ -464,8 +453,7 @@ func (ix *Index) reloadSlots() {
 // and most reads skip decoding (a few microseconds in Wasm at 64 hosts).
 func (ix *Index) readSlots() (cas uint32) {
 	ix.tableAt = ix.now()
-	v, cas, found := ix.getInto(ix.tableBuf, ix.slotsKey)
-	ix.tableBuf = v
+	v, cas, found := ix.getInto(&ix.tableBuf, ix.slotsKey)
 	if !found {
 		ix.table.reset()
 		ix.tableCAS, ix.tableOK = 0, false
@@ -485,8 +473,7 @@ func (ix *Index) readSlots() (cas uint32) {
 
 // stampSeq returns the seq in the stamp (0 when missing or bad).
 func (ix *Index) stampSeq() uint32 {
-	v, _, found := ix.getInto(ix.stampBuf, ix.stampKey)
-	ix.stampBuf = v
+	v, _, found := ix.getInto(&ix.stampBuf, ix.stampKey)
 	if !found {
 		return 0
 	}
@@ -498,8 +485,7 @@ func (ix *Index) stampSeq() uint32 {
 // one (two writers may finish their stamps out of order).
 func (ix *Index) writeStamp(seq uint32) {
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
-		v, cas, found := ix.getInto(ix.stampBuf, ix.stampKey)
-		ix.stampBuf = v
+		v, cas, found := ix.getInto(&ix.stampBuf, ix.stampKey)
 		if found {
 			if cur, ok := parseStamp(v); ok && int32(cur-seq) >= 0 {
 				return

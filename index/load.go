@@ -45,20 +45,20 @@ func (ix *Index) AddLoad(ref HostRef, prefillTokens, decodeTokens int) (LoadTick
 
 // AddLoadKV is AddLoad that also counts kvTokens, the KV cache tokens the
 // request will occupy until it finishes (prompt plus max tokens).
-func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens int) (LoadTicket, error) {
+func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens int) (t LoadTicket, err error) {
 	// The slot table is the authority on generations: a ref it accepts
 	// owns the slot, and counts stored under any other generation belong
 	// to a previous host (or a bad value) and are reset.
 	if ix.table.check(ref) != nil {
-		if err := ix.recheck(ref); err != nil {
-			return LoadTicket{}, err
+		err = ix.recheck(ref)
+	}
+	if err == nil {
+		t = LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens), kv: clampU32(kvTokens)}
+		if err = ix.updateLoad(ref, &t, true); err != nil {
+			t = LoadTicket{}
 		}
 	}
-	t := LoadTicket{ref: ref, inflight: 1, prefill: clampU32(prefillTokens), decode: clampU32(decodeTokens), kv: clampU32(kvTokens)}
-	if err := ix.updateLoad(ref, t, true); err != nil {
-		return LoadTicket{}, err
-	}
-	return t, nil
+	return t, err // one return: each would copy the ticket
 }
 
 // recheck reads the slot table again and checks ref against it: the table
@@ -77,7 +77,7 @@ func (ix *Index) PrefillDone(t *LoadTicket) error {
 		return nil
 	}
 	part := LoadTicket{ref: t.ref, prefill: t.prefill}
-	if err := ix.updateLoad(t.ref, part, false); err != nil {
+	if err := ix.updateLoad(t.ref, &part, false); err != nil {
 		return err
 	}
 	t.prefill = 0
@@ -88,14 +88,13 @@ func (ix *Index) PrefillDone(t *LoadTicket) error {
 // succeeded the ticket is empty. On error the ticket keeps its counts, so
 // the caller may call Release again.
 func (ix *Index) Release(t *LoadTicket) error {
-	if !t.Active() {
-		return nil
+	var err error // one return: in Wasm each return site costs code
+	if t.Active() {
+		if err = ix.updateLoad(t.ref, t, false); err == nil {
+			t.inflight, t.prefill, t.decode, t.kv = 0, 0, 0, 0
+		}
 	}
-	if err := ix.updateLoad(t.ref, *t, false); err != nil {
-		return err
-	}
-	t.inflight, t.prefill, t.decode, t.kv = 0, 0, 0, 0
-	return nil
+	return err
 }
 
 func clampU32(n int) uint32 {
@@ -108,7 +107,9 @@ func clampU32(n int) uint32 {
 	return uint32(n)
 }
 
-func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
+// updateLoad adds d's counts to ref's record of the load counters (add)
+// or subtracts them, under CAS.
+func (ix *Index) updateLoad(ref HostRef, d *LoadTicket, add bool) error {
 	if ref.Slot < 0 || ref.Slot >= MaxSlots {
 		return ErrStaleHost
 	}
@@ -119,30 +120,18 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 	reuse := add && ix.loadFresh
 	ix.loadFresh = false
 	for attempt := 0; attempt < ix.cfg.CASRetries*4; attempt++ {
-		var v []byte
-		var cas uint32
-		var found bool
-		if attempt == 0 && reuse {
-			v, cas, found = ix.loadBuf, ix.loadCAS, ix.loadFound
-		} else {
-			v, cas, found = ix.getInto(ix.loadBuf, ix.loadKey)
-			ix.loadBuf = v
+		v, cas, found := ix.loadBuf, ix.loadCAS, ix.loadFound
+		if attempt > 0 || !reuse {
+			v, cas, found = ix.getInto(&ix.loadBuf, ix.loadKey)
 		}
-		n := 0
-		if found {
-			if ok := validLoad(v); ok {
-				n = int(le.Uint16(v[4:]))
-			} else {
-				ix.metrics.Corrupt++
-			}
-		}
-		out := v
-		if ref.Slot < n {
+		var out []byte
+		if found && validLoad(v) && ref.Slot < int(le.Uint16(v[4:])) {
 			// The slot is there: edit the value read (this update's own
 			// copy) in place, to the same bytes a rebuild would give.
 			v[3], v[6], v[7] = 0, 0, 0
+			out = v
 		} else {
-			out = ix.growLoad(v, n, ref.Slot+1)
+			out = ix.growLoad(v, found, ref.Slot+1)
 		}
 		r := out[loadHeader+ref.Slot*loadRecord:][:loadRecord] // known length: fewer bounds checks
 		if le.Uint32(r) != ref.Gen {
@@ -178,14 +167,23 @@ func (ix *Index) updateLoad(ref HostRef, d LoadTicket, add bool) error {
 	return ErrContended
 }
 
-// growLoad builds in ix.enc a load value of size slots from the n slots
-// of v, the new slots zero. It is out of updateLoad because it runs only
-// the first time a slot is counted: in Wasm each request pays for the
-// code of every function it enters, so the hot path stays small (hence
-// noinline: inlined, its appends would be most of updateLoad's code).
+// growLoad builds in ix.enc a load value of size slots from the slots of
+// v (none when v was not found or is corrupt, which it counts), the new
+// slots zero. It is out of updateLoad because it runs only the first time
+// a slot is counted: in Wasm each request pays for the code of every
+// function it enters, so the hot path stays small (hence noinline:
+// inlined, its appends would be most of updateLoad's code).
 //
 //go:noinline
-func (ix *Index) growLoad(v []byte, n, size int) []byte {
+func (ix *Index) growLoad(v []byte, found bool, size int) []byte {
+	n := 0
+	if found {
+		if validLoad(v) {
+			n = int(le.Uint16(v[4:]))
+		} else {
+			ix.metrics.Corrupt++
+		}
+	}
 	ix.enc = append(ix.enc[:0], loadMagic0, loadMagic1, formatVersion, 0)
 	ix.enc = le.AppendUint16(ix.enc, uint16(size))
 	ix.enc = append(ix.enc, 0, 0)
@@ -226,17 +224,16 @@ func (ix *Index) Loads(dst []Load) []Load {
 	}
 	dst = dst[:n]
 	clear(dst)
-	v, cas, found := ix.getInto(ix.loadBuf, ix.loadKey)
-	ix.loadBuf = v
+	v, cas, found := ix.getInto(&ix.loadBuf, ix.loadKey)
 	ix.loadFresh, ix.loadCAS, ix.loadFound = true, cas, found
-	if !found {
-		return dst
+	m := 0 // the slots the value holds
+	if found {
+		if validLoad(v) {
+			m = int(le.Uint16(v[4:]))
+		} else {
+			ix.metrics.Corrupt++
+		}
 	}
-	if !validLoad(v) {
-		ix.metrics.Corrupt++
-		return dst
-	}
-	m := int(le.Uint16(v[4:]))
 	for s := 0; s < n && s < m; s++ {
 		// One record, of known length: its fields read without a bounds
 		// check each (code every routed request enters, in Wasm).

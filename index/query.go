@@ -160,21 +160,21 @@ func (ix *Index) assignHint(h *hintLine, chain []uint64) {
 // lies in [lo, hi].
 func (ix *Index) search(lo, hi int, set [maxWords]uint64) {
 	for !isZero(set) {
-		if lo >= hi {
-			ix.assign(set, lo)
-			return
+		if lo < hi {
+			mid := ix.probeAt(lo, hi)
+			p, age, ok := ix.presence(mid)
+			if ok {
+				above := and(set, p)
+				ix.setAge(above, age)
+				ix.search(mid+1, hi, above)
+				set = andNot(set, p)
+				hi = mid
+				continue
+			}
+			// Out of read budget: keep what is proven.
 		}
-		mid := ix.probeAt(lo, hi)
-		p, age, ok := ix.presence(mid)
-		if !ok { // out of read budget: keep what is proven
-			ix.assign(set, lo)
-			return
-		}
-		above := and(set, p)
-		ix.setAge(above, age)
-		ix.search(mid+1, hi, above)
-		set = andNot(set, p)
-		hi = mid
+		ix.assign(set, lo) // one call site: each copies the set in Wasm
+		return
 	}
 }
 
@@ -219,12 +219,12 @@ type hintLine struct {
 }
 
 // remember replaces the line's answers with found (distinct answers
-// between 1 and N-1 of the query of chain).
+// between 1 and N-1 of the query of chain, at most hintsPerLine).
 func (h *hintLine) remember(found []int32, chain []uint64) {
-	h.n = copy(h.at[:], found)
-	for k := 0; k < h.n; k++ {
-		h.last[k] = chain[h.at[k]-1]
+	for k, L := range found {
+		h.at[k], h.last[k] = L, chain[L-1]
 	}
+	h.n = len(found)
 }
 
 // probeAt picks the block to probe for hosts whose answer lies in
@@ -303,7 +303,6 @@ func (ix *Index) setAge(set [maxWords]uint64, age uint32) {
 // entry's age; ok is false when the read budget is spent.
 func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 	q := &ix.q
-	h := q.blocks[i]
 	sh := ix.shardAt(q.blocks, i)
 	var rd *shardRead
 	for k := range q.reads {
@@ -312,46 +311,41 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 			break
 		}
 	}
-	if rd == nil {
-		if q.budget <= 0 {
-			q.truncated = true
-			return p, 0, false
-		}
+	if rd == nil && q.budget > 0 {
 		q.budget--
 		k := len(q.reads)
 		if k == len(q.cacheBuf) || k == cap(q.reads) {
 			q.addRead()
 		}
-		v, cas, got := ix.getInto(q.cacheBuf[k], ix.shardKeys[sh])
-		q.cacheBuf[k] = v
+		v, cas, got := ix.getInto(&q.cacheBuf[k], ix.shardKeys[sh])
 		q.reads = q.reads[:k+1]
 		rd = &q.reads[k]
-		*rd = shardRead{shard: sh, got: got, cas: cas}
-		if got {
-			rd.view, rd.valid = parseShard(v)
-			if !rd.valid {
-				ix.metrics.Corrupt++
+		rd.shard, rd.got, rd.cas = sh, got, cas
+		// A missing key's empty value does not parse either: the view is
+		// then empty, and only a found value is counted corrupt.
+		rd.valid = rd.view.parse(v)
+		if got && !rd.valid {
+			ix.metrics.Corrupt++
+		}
+	}
+	// One return: in Wasm each return site copies the bitmap out.
+	ok = rd != nil
+	if !ok {
+		q.truncated = true // out of read budget
+	} else if rd.valid {
+		t := &ix.table
+		var found bool
+		p, age, found = rd.view.holders(blockTag(q.blocks[i], ix.level(i)), &t.active)
+		if found {
+			if t.maxGone > rd.view.epoch { // rare: see staleMask
+				p = t.dropStale(p, rd.view.epoch)
+			}
+			if t.anyHorz {
+				p = t.dropExpired(p, age)
 			}
 		}
 	}
-	if !rd.valid {
-		return p, 0, true
-	}
-	view := &rd.view
-	e := view.find(blockTag(h, ix.level(i)))
-	if e < 0 {
-		return p, 0, true
-	}
-	age = view.age(e)
-	t := &ix.table
-	p = and(view.bitmap(e), t.active)
-	if t.maxGone > view.epoch { // rare: see staleMask
-		p = andNot(p, t.staleSlots(view.epoch))
-	}
-	if t.anyHorz {
-		p = t.dropExpired(p, age)
-	}
-	return p, age, true
+	return p, age, ok
 }
 
 // addRead makes room for one more shard read per query: a buffer in

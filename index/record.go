@@ -21,9 +21,21 @@ func (ix *Index) Record(ref HostRef, blocks []uint64, m *Matches) error {
 			}
 		}
 	}
-	if start >= len(blocks) {
-		return nil
+	var err error // one return: in Wasm each return site costs code
+	if start < len(blocks) {
+		err = ix.recordFrom(ref, blocks, start, m)
 	}
+	return err
+}
+
+// recordFrom is Record once it has blocks to write: chain[start:], plus
+// the shared hint. It is out of Record (hence noinline) because a repeated
+// prompt, whose blocks the host holds and refreshed recently, writes
+// nothing: in Wasm each request pays for the code of every function it
+// enters, and the write path is most of Record's.
+//
+//go:noinline
+func (ix *Index) recordFrom(ref HostRef, blocks []uint64, start int, m *Matches) error {
 	ix.tableFresh = m != nil && m.table == ix.table.epoch && m.length == len(blocks)
 	ix.q.reusable = ix.tableFresh && m.query == ix.metrics.Queries && m.chain == blocks[0]
 	err := ix.mark(ref, blocks, start, true)
@@ -112,8 +124,7 @@ func (ix *Index) updateShard(ref HostRef, sh int, chain []uint64, lo, hi int, no
 			v, cas, found, reused = ix.queriedShard(sh)
 		}
 		if !reused {
-			v, cas, found = ix.getInto(ix.shardBuf, key)
-			ix.shardBuf = v
+			v, cas, found = ix.getInto(&ix.shardBuf, key)
 		}
 		var view shardView
 		ok := false

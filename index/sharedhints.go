@@ -139,8 +139,7 @@ type sharedState struct {
 // readShared copies key into ix.shared, counting a corrupt value.
 func (ix *Index) readShared(key string) {
 	sh := &ix.shared
-	v, cas, found := ix.getInto(ix.stampBuf, key)
-	ix.stampBuf = v // parsed below, not kept
+	v, cas, found := ix.getInto(&ix.stampBuf, key) // parsed below, not kept
 	sh.key, sh.known, sh.cas, sh.casOK = key, true, cas, true
 	if !found {
 		sh.cas, sh.line = 0, sharedLine{}

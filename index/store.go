@@ -45,6 +45,23 @@ type AppendGetter interface {
 	GetAppend(dst []byte, key string) (value []byte, cas uint32, err error)
 }
 
+// getAppender is AppendGetter over a Store without one, so that the index
+// reads every key through one call (see Index.getInto). Into an empty dst,
+// as the index reads, it returns the fresh slice Get made instead of
+// copying it again.
+type getAppender struct{ s Store }
+
+func (g *getAppender) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
+	v, cas, err := g.s.Get(key)
+	if err != nil {
+		return dst, 0, err
+	}
+	if len(dst) == 0 {
+		return v, cas, nil
+	}
+	return append(dst, v...), cas, nil
+}
+
 var (
 	// ErrNotFound reports a key that has never been set. Envoy cannot
 	// delete shared-data keys, so a key once set stays found.

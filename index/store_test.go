@@ -71,7 +71,7 @@ func TestCreateRaceIsDetected(t *testing.T) {
 	clk := &fakeClock{ms: 1}
 	a := newTestIndex(t, st, clk, Config{})
 	b := newTestIndex(t, st, clk, Config{})
-	_, cas, found := a.get("k")
+	_, cas, found := a.getInto(new([]byte), "k")
 	if found || cas != 0 {
 		t.Fatal("key exists")
 	}
@@ -245,4 +245,83 @@ func appendWorkload(t *testing.T, seed uint64, st Store) []string {
 		t.Fatalf("seed %d: the workload missed a path (overflows, corrupt values, evictions): %+v", seed, mt)
 	}
 	return out
+}
+
+// getAppender, the index's AppendGetter over a Store with only Get, answers
+// as GetAppend must: appended to dst, dst untouched on a miss.
+func TestGetAppenderAppendsGet(t *testing.T) {
+	m := &MemStore{}
+	m.Set("k", []byte("value"), 0)
+	g := &getAppender{getOnlyStore{m}}
+	_, wantCAS, _ := m.Get("k")
+	if v, cas, err := g.GetAppend(nil, "k"); err != nil || string(v) != "value" || cas != wantCAS {
+		t.Fatalf("GetAppend(nil, k) = %q, %d, %v; want value, %d", v, cas, err, wantCAS)
+	}
+	dst := append(make([]byte, 0, 16), "kept:"...)
+	if v, _, err := g.GetAppend(dst, "k"); err != nil || string(v) != "kept:value" {
+		t.Fatalf("GetAppend(kept:, k) = %q, %v; want kept:value", v, err)
+	}
+	if v, cas, err := g.GetAppend(dst, "missing"); err != ErrNotFound || string(v) != "kept:" || cas != 0 {
+		t.Fatalf("GetAppend(kept:, missing) = %q, %d, %v; want kept:, 0, ErrNotFound", v, cas, err)
+	}
+}
+
+// errStore wraps MemStore's errors, as an adapter formatting them would,
+// and fails every key in broken with an error of its own.
+type errStore struct {
+	m      *MemStore
+	broken map[string]bool
+}
+
+var errBroken = errors.New("broken key")
+
+func (s errStore) Get(key string) ([]byte, uint32, error) {
+	if s.broken[key] {
+		return nil, 0, errBroken
+	}
+	v, cas, err := s.m.Get(key)
+	if err != nil {
+		err = fmt.Errorf("get %s: %w", key, err)
+	}
+	return v, cas, err
+}
+
+func (s errStore) Set(key string, value []byte, cas uint32) error {
+	if s.broken[key] {
+		return errBroken
+	}
+	if err := s.m.Set(key, value, cas); err != nil {
+		return fmt.Errorf("set %s: %w", key, err)
+	}
+	return nil
+}
+
+// Reads and writes book their failures by kind: a missing key (even
+// wrapped) is no store error, a wrapped CAS mismatch is retried, anything
+// else is a store error; a failed read leaves the caller an empty buffer.
+func TestReadAndWriteFailuresAreBookedByKind(t *testing.T) {
+	st := errStore{m: &MemStore{}, broken: map[string]bool{"bad": true}}
+	ix := newTestIndex(t, st, &fakeClock{ms: 1}, Config{})
+	buf := []byte("old")
+	if v, cas, found := ix.getInto(&buf, "missing"); found || cas != 0 || len(v) != 0 || len(buf) != 0 {
+		t.Fatalf("missing key: %q, %d, %v (buffer %q)", v, cas, found, buf)
+	}
+	if m := ix.Metrics(); m.StoreErrors != 0 || m.Reads != 1 {
+		t.Fatalf("a wrapped ErrNotFound was booked as a store error: %+v", m)
+	}
+	if _, _, found := ix.getInto(&buf, "bad"); found || ix.Metrics().StoreErrors != 1 {
+		t.Fatalf("a broken key: found %v, metrics %+v", found, ix.Metrics())
+	}
+	if retry, err := ix.set("k", []byte("v"), 0); retry || err != nil {
+		t.Fatalf("create: retry %v, %v", retry, err)
+	}
+	if retry, err := ix.set("k", []byte("w"), 12345); !retry || !errors.Is(err, ErrCASMismatch) || ix.Metrics().CASRetries != 1 {
+		t.Fatalf("stale CAS: retry %v, %v, metrics %+v", retry, err, ix.Metrics())
+	}
+	if retry, err := ix.set("bad", []byte("v"), 0); retry || err != errBroken || ix.Metrics().StoreErrors != 2 {
+		t.Fatalf("broken key: retry %v, %v, metrics %+v", retry, err, ix.Metrics())
+	}
+	if m := ix.Metrics(); m.Writes != 1 || m.BytesWritten != 1 {
+		t.Fatalf("writes booked: %+v", m)
+	}
 }

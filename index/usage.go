@@ -34,8 +34,7 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 	nowB := now / bt
 	rec := ix.table.recs[ref.Slot]
 	for attempt := 0; attempt < ix.cfg.CASRetries; attempt++ {
-		v, cas, found := ix.getInto(ix.usageBuf, key)
-		ix.usageBuf = v
+		v, cas, found := ix.getInto(&ix.usageBuf, key)
 		// The histogram is edited in place in the value read: a
 		// request touches a few buckets of 256, and decoding and encoding
 		// all of them cost more than the shared-data round trip in Wasm.
