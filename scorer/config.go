@@ -695,6 +695,7 @@ func (b *builder) profile(spec *ProfileSpec) *Profile {
 			prof.FilterNames = append(prof.FilterNames, name)
 		}
 	}
+	prof.screen = newScreen(prof.Filters)
 	var affinity []string
 	spreads := false
 	var wsum float64

@@ -81,18 +81,28 @@ type roleFilter struct {
 
 func (*roleFilter) Type() string { return "role" }
 
-func (f *roleFilter) Filter(c *Cycle, cand []int) []int {
-	want := f.role
+// wants returns the role f picks hosts for in c, and whether it keeps
+// every host (auto, outside a disaggregated handler).
+func (f *roleFilter) wants(c *Cycle) (want Role, all bool) {
+	want = f.role
 	if f.auto {
 		want = c.Role
 	}
-	if want == RoleBoth && f.auto {
+	return want, f.auto && want == RoleBoth
+}
+
+// roleKeeps reports whether the role filter keeps a host of role r when it
+// picks for want. A configured role "both" keeps only aggregated hosts.
+func roleKeeps(want, r Role) bool { return r == want || r == RoleBoth }
+
+func (f *roleFilter) Filter(c *Cycle, cand []int) []int {
+	want, all := f.wants(c)
+	if all {
 		return cand
 	}
 	n := 0 // in place without keep's closure, nor append's growth path
 	for _, h := range cand {
-		r := c.Hosts[h].Role
-		if want == RoleBoth && r == RoleBoth || want != RoleBoth && r.Serves(want) {
+		if roleKeeps(want, c.Hosts[h].Role) {
 			cand[n] = h
 			n++
 		}
@@ -117,13 +127,17 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 	// that names a model.
 	n := 0
 	for _, i := range cand {
-		if m := c.Hosts[i].Model; m == "" || m == model {
+		if servesModel(c.Hosts[i].Model, model) {
 			cand[n] = i
 			n++
 		}
 	}
 	return cand[:n]
 }
+
+// servesModel reports whether a host declaring model m serves requests for
+// model: hosts that declare none serve any.
+func servesModel(m, model string) bool { return m == "" || m == model }
 
 // filterAdapter is Filter for requests that name an adapter the filter
 // requires: a function of its own so that the common case, a model alone,

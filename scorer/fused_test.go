@@ -37,9 +37,9 @@ func TestAppendByScoreMatchesSelection(t *testing.T) {
 	}
 }
 
-// pickBestRandomTie picks what argmaxRandomTie then appendByScore pick, and
+// maxScorePicker.Pick picks what argmaxRandomTie then appendByScore pick, and
 // draws exactly the same random numbers (the seeded simulator depends on it).
-func TestPickBestRandomTieMatchesTwoPasses(t *testing.T) {
+func TestMaxScorePickMatchesTwoPasses(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	vals := []float64{0, 0.5, 0.5, 0.5 + scoreEpsilon/2, 1, math.NaN(), math.Inf(-1), -1}
 	for iter := 0; iter < 20000; iter++ {
@@ -59,7 +59,7 @@ func TestPickBestRandomTieMatchesTwoPasses(t *testing.T) {
 		ca := &Cycle{MaxPicks: maxPicks, Rand: ra}
 		cb := &Cycle{MaxPicks: maxPicks, Rand: rb}
 		want := appendByScore([]int{argmaxRandomTie(ca, cand, scores)}, cand, scores, maxPicks)
-		got := pickBestRandomTie(cb, cand, scores, nil)
+		got := (&maxScorePicker{}).Pick(cb, cand, scores, nil)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("scores %v cand %v max %d: got %v, want %v", scores, cand, maxPicks, got, want)
 		}

@@ -11,7 +11,10 @@ func init() {
 	Register("max_score", KindPicker,
 		"the highest total score, ties broken at random; fallbacks by descending score",
 		func(p *Params) Plugin {
-			return &maxScorePicker{roundRobinTies: p.Enum("tieBreak", "random", "random", "round_robin") == "round_robin"}
+			if p.Enum("tieBreak", "random", "random", "round_robin") == "round_robin" {
+				return &maxScoreRoundRobinPicker{}
+			}
+			return &maxScorePicker{}
 		})
 	Register("weighted_random", KindPicker,
 		"samples the primary with probability softmax(score / temperature); fallbacks by descending score",
@@ -35,9 +38,10 @@ func init() {
 }
 
 // NeedsScores marks pickers that rank by the profile's scores.
-func (*maxScorePicker) NeedsScores() bool      { return true }
-func (weightedRandomPicker) NeedsScores() bool { return true }
-func (powerOfTwoPicker) NeedsScores() bool     { return true }
+func (*maxScorePicker) NeedsScores() bool           { return true }
+func (*maxScoreRoundRobinPicker) NeedsScores() bool { return true }
+func (weightedRandomPicker) NeedsScores() bool      { return true }
+func (powerOfTwoPicker) NeedsScores() bool          { return true }
 
 const scoreEpsilon = 1e-9
 
@@ -132,7 +136,9 @@ func appendByLeast(order, cand []int, cost []float64, max int) []int {
 func argmaxRandomTie(c *Cycle, cand []int, v []float64) int {
 	m := newTieMax()
 	for _, h := range cand {
-		m.add(c, h, v[h])
+		if m.add(h, v[h]) {
+			m.tie(c, h)
+		}
 	}
 	return m.pick
 }
@@ -146,39 +152,86 @@ type tieMax struct {
 
 func newTieMax() tieMax { return tieMax{pick: -1, best: math.Inf(-1)} }
 
-func (m *tieMax) add(c *Cycle, h int, s float64) {
-	switch {
-	case s > m.best+scoreEpsilon:
+// add takes candidate h with score s and reports whether s ties with the
+// best so far, which the caller then settles with tie. The draw is the
+// caller's call so that add, making none, inlines into the pickers' loops:
+// in Wasm a call per candidate costs more than the comparisons.
+func (m *tieMax) add(h int, s float64) (tied bool) {
+	if s > m.best+scoreEpsilon {
 		m.pick, m.best, m.ties = h, s, 1
-	case s >= m.best-scoreEpsilon:
-		m.ties++
-		if c.Rand.IntN(m.ties) == 0 {
-			m.pick = h
-		}
+		return false
+	}
+	return s >= m.best-scoreEpsilon
+}
+
+// tie counts h as one more candidate tied with the best and keeps it with
+// probability 1/ties.
+func (m *tieMax) tie(c *Cycle, h int) {
+	m.ties++
+	if c.Rand.IntN(m.ties) == 0 {
+		m.pick = h
 	}
 }
 
-// maxScorePicker takes the best total score. Ties are broken at random, or
-// in turn (tieBreak round_robin), which is what sticky_session needs: with
-// no session pin every host ties and new sessions are dealt out evenly.
-type maxScorePicker struct {
-	roundRobinTies bool
-	next           atomic.Uint64
-}
+// maxScorePicker takes the best total score, ties broken at random.
+// tieBreak round_robin builds a maxScoreRoundRobinPicker instead: two types
+// rather than one with a flag, so that the Pick every routed request enters
+// is the picking itself, not a dispatch in front of it (in Wasm each
+// request pays for the code of every function it enters).
+type maxScorePicker struct{}
 
 func (*maxScorePicker) Type() string { return "max_score" }
-func (p *maxScorePicker) Pick(c *Cycle, cand []int, scores []float64, order []int) []int {
-	if p.roundRobinTies {
-		return p.pickRoundRobinTie(c, cand, scores, order)
+
+// Pick is argmaxRandomTie followed by appendByScore in one pass: it draws
+// the same random numbers for the same ties, and keeps the best
+// min(MaxPicks, len(cand)) candidates by score (ties in candidate order) on
+// the way. The fallbacks are those without the primary: what appendByScore
+// would choose among the others.
+func (*maxScorePicker) Pick(c *Cycle, cand []int, v []float64, order []int) []int {
+	need := min(c.MaxPicks, len(cand))
+	if need > maxTop || len(order) > 0 {
+		return pickBestRandomTieSlow(c, cand, v, order)
 	}
-	return pickBestRandomTie(c, cand, scores, order)
+	var top [maxTop]int
+	var topS [maxTop]float64
+	k := 0
+	m := newTieMax()
+	for _, h := range cand {
+		s := v[h]
+		if m.add(h, s) {
+			m.tie(c, h)
+		}
+		if !(s > math.Inf(-1)) || k == need && !(s > topS[k-1]) {
+			continue
+		}
+		j := k
+		if k < need {
+			k++
+		} else {
+			j = need - 1
+		}
+		for j > 0 && topS[j-1] < s {
+			top[j], topS[j] = top[j-1], topS[j-1]
+			j--
+		}
+		top[j], topS[j] = h, s
+	}
+	order = append(order, m.pick)
+	for i := 0; i < k && len(order) < need; i++ {
+		if top[i] != m.pick {
+			order = append(order, top[i])
+		}
+	}
+	return order
 }
 
-// pickRoundRobinTie takes the best score, ties dealt out in turn. It is
-// its own function so that Pick, entered by every routed request, stays a
-// small dispatch: in Wasm a request pays for the code of each function it
-// enters, and the default profile breaks ties at random.
-func (p *maxScorePicker) pickRoundRobinTie(c *Cycle, cand []int, scores []float64, order []int) []int {
+// maxScoreRoundRobinPicker takes the best total score, ties dealt out in
+// turn, which is what sticky_session needs: with no session pin every host
+// ties and new sessions are dealt out evenly.
+type maxScoreRoundRobinPicker struct{ next atomic.Uint64 }
+
+func (*maxScoreRoundRobinPicker) Type() string { return "max_score" }
+func (p *maxScoreRoundRobinPicker) Pick(c *Cycle, cand []int, scores []float64, order []int) []int {
 	best := math.Inf(-1)
 	for _, h := range cand {
 		best = max(best, scores[h])
@@ -204,48 +257,7 @@ func (p *maxScorePicker) pickRoundRobinTie(c *Cycle, cand []int, scores []float6
 	return appendByScore(order, cand, scores, c.MaxPicks)
 }
 
-// pickBestRandomTie is argmaxRandomTie followed by appendByScore in one
-// pass: it draws the same random numbers for the same ties, and keeps the
-// best min(MaxPicks, len(cand)) candidates by score (ties in candidate order)
-// on the way. The fallbacks are those without the primary: what
-// appendByScore would choose among the others.
-func pickBestRandomTie(c *Cycle, cand []int, v []float64, order []int) []int {
-	need := min(c.MaxPicks, len(cand))
-	if need > maxTop || len(order) > 0 {
-		return pickBestRandomTieSlow(c, cand, v, order)
-	}
-	var top [maxTop]int
-	var topS [maxTop]float64
-	k := 0
-	m := newTieMax()
-	for _, h := range cand {
-		s := v[h]
-		m.add(c, h, s)
-		if !(s > math.Inf(-1)) || k == need && !(s > topS[k-1]) {
-			continue
-		}
-		j := k
-		if k < need {
-			k++
-		} else {
-			j = need - 1
-		}
-		for j > 0 && topS[j-1] < s {
-			top[j], topS[j] = top[j-1], topS[j-1]
-			j--
-		}
-		top[j], topS[j] = h, s
-	}
-	order = append(order, m.pick)
-	for i := 0; i < k && len(order) < need; i++ {
-		if top[i] != m.pick {
-			order = append(order, top[i])
-		}
-	}
-	return order
-}
-
-// pickBestRandomTieSlow is pickBestRandomTie in two passes, for more
+// pickBestRandomTieSlow is maxScorePicker.Pick in two passes, for more
 // picks than its fixed arrays hold or an order that already has entries.
 // It is a function of its own so that the common case does not carry its
 // calls: in Wasm each request pays for the code of the functions it enters.

@@ -30,6 +30,10 @@ type Profile struct {
 	// (cached_tokens): an index that over-believes a host stops pulling
 	// traffic there. Peer emulations leave it off; they have no such loop.
 	TrustFeedback bool
+
+	// screen stands for the leading per-host filters (see screen); the
+	// builder prepares it.
+	screen screen
 }
 
 // Decision is the outcome of one profile run. Its slices belong to the
@@ -83,7 +87,11 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 	for i := range cand {
 		cand[i] = i
 	}
-	for _, f := range p.Filters {
+	filters := p.Filters
+	if p.screen.filters > 0 && p.screen.keepsAll(c, cand) {
+		filters = filters[p.screen.filters:]
+	}
+	for _, f := range filters {
 		if len(cand) == 0 {
 			break
 		}
@@ -176,15 +184,24 @@ type Result struct {
 
 // Run decides for one request. The two decisions use separate scratch
 // buffers so both stay valid.
+//
+// A handler without a prefill profile decides what its Decode profile's
+// Run with Picks decides; a caller that makes a decision per request may
+// call that directly, and so enter one function less.
 func (h *Handler) Run(req *Request, hosts []Host, s *Scratch) Result {
-	maxPicks := h.MaxPicks
-	if maxPicks <= 0 {
-		maxPicks = 3
-	}
 	if h.Prefill != nil {
-		return h.runDisaggregated(req, hosts, maxPicks, s)
+		return h.runDisaggregated(req, hosts, h.Picks(), s)
 	}
-	return Result{Decode: h.Decode.run(req, hosts, maxPicks, RoleBoth, s)}
+	return Result{Decode: h.Decode.run(req, hosts, h.Picks(), RoleBoth, s)}
+}
+
+// Picks is the primary plus fallbacks each profile picks: MaxPicks, or 3
+// when unset.
+func (h *Handler) Picks() int {
+	if h.MaxPicks <= 0 {
+		return 3
+	}
+	return h.MaxPicks
 }
 
 // runDisaggregated is Run with a prefill profile. It is a function of its

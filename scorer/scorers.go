@@ -44,10 +44,10 @@ func init() {
 		})
 	Register("session_affinity", KindScorer,
 		"affinity: 1 for the host the request's session is pinned to, 0 for the others",
-		func(p *Params) Plugin { return sessionScorer{} })
+		func(p *Params) Plugin { return &addressScorer{typ: "session_affinity"} })
 	Register("prefix_memory", KindScorer,
 		"affinity: 1 for the host that last served a request with the same leading prompt prefix (the router's memory, which outlives the index's), 0 for the others",
-		func(p *Params) Plugin { return prefixMemoryScorer{} })
+		func(p *Params) Plugin { return &addressScorer{typ: "prefix_memory", memory: true} })
 	Register("prefix_home", KindScorer,
 		"affinity: 1 for the request's home host, the candidate that rendezvous hashing of the prompt-prefix hash ranks first, 0 for the others; keeps a prefix group together when the index has forgotten it",
 		func(p *Params) Plugin { return prefixHomeScorer{} })
@@ -200,16 +200,26 @@ func (s *prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 			best = cost
 		}
 	}
-	if s.scaleTokens > 0 {
-		for _, h := range cand {
-			v := 1 - (out[h]-best)/s.scaleTokens
-			if v < 0 || v == 0 { // max(0, v): +0 for -0 too; NaN kept
-				v = 0
-			}
-			out[h] = v
-		}
+	if s.scaleTokens <= 0 {
+		costRatios(cand, out, best)
 		return
 	}
+	for _, h := range cand {
+		v := 1 - (out[h]-best)/s.scaleTokens
+		if v < 0 || v == 0 { // max(0, v): +0 for -0 too; NaN kept
+			v = 0
+		}
+		out[h] = v
+	}
+}
+
+// costRatios turns the costs in out into the ratio scores, cheapest/cost.
+// It is a function of its own because the default profile scores with
+// scaleTokens: in Wasm each request pays for the code of every function it
+// enters, so Score keeps to that path (hence noinline).
+//
+//go:noinline
+func costRatios(cand []int, out []float64, best float64) {
 	for _, h := range cand {
 		if out[h] <= 0 || best <= 0 && out[h] <= best {
 			out[h] = 1
@@ -223,14 +233,33 @@ func (s *prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 	}
 }
 
-type sessionScorer struct{}
+// addressScorer scores 1 for the host at an address the router looked up
+// for the request, 0 for the others. session_affinity reads the session
+// table's pin (PinnedAddress). prefix_memory reads the router's prefix
+// memory (PrefixAddress): session affinity without a session. The router
+// remembers, per leading-prefix hash, which host served it last; the index
+// forgets a prefix when the host's capacity estimate says it was evicted,
+// and this memory keeps sending the group where its other requests went, so
+// a conversation whose history was evicted is recomputed in one place
+// instead of wherever load is lowest.
+//
+// One type for both, so the default profile, which weighs both, enters one
+// copy of the loop: in Wasm each request pays for the code of every
+// function it enters.
+type addressScorer struct {
+	typ    string
+	memory bool // PrefixAddress rather than PinnedAddress
+}
 
-func (sessionScorer) Type() string       { return "session_affinity" }
-func (sessionScorer) Category() Category { return Affinity }
-func (sessionScorer) Score(c *Cycle, cand []int, out []float64) {
-	pin := c.Req.PinnedAddress
+func (s *addressScorer) Type() string     { return s.typ }
+func (*addressScorer) Category() Category { return Affinity }
+func (s *addressScorer) Score(c *Cycle, cand []int, out []float64) {
+	addr := c.Req.PinnedAddress
+	if s.memory {
+		addr = c.Req.PrefixAddress
+	}
 	for _, h := range cand {
-		if pin != "" && c.Hosts[h].Address == pin {
+		if addr != "" && c.Hosts[h].Address == addr {
 			out[h] = 1
 		} else {
 			out[h] = 0
@@ -263,27 +292,6 @@ func (prefixHomeScorer) Score(c *Cycle, cand []int, out []float64) {
 	}
 	if home >= 0 {
 		out[home] = 1
-	}
-}
-
-// prefixMemoryScorer is session affinity without a session: the router
-// remembers, per leading-prefix hash (about the first kilobyte of the
-// prompt), which host served it last. The index forgets a prefix when the
-// host's capacity estimate says it was evicted; this memory keeps sending
-// the group where its other requests went, so a conversation whose history
-// was evicted is recomputed in one place instead of wherever load is lowest.
-type prefixMemoryScorer struct{}
-
-func (prefixMemoryScorer) Type() string       { return "prefix_memory" }
-func (prefixMemoryScorer) Category() Category { return Affinity }
-func (prefixMemoryScorer) Score(c *Cycle, cand []int, out []float64) {
-	addr := c.Req.PrefixAddress
-	for _, h := range cand {
-		if addr != "" && c.Hosts[h].Address == addr {
-			out[h] = 1
-		} else {
-			out[h] = 0
-		}
 	}
 }
 

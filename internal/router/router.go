@@ -230,16 +230,19 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	defer r.mu.Unlock()
 	n := len(hosts)
 	req := &r.req
-	req.Reset(n)
-	req.Model, req.Adapter, req.SessionKey = in.Model, in.Adapter, in.SessionKey
-	req.PromptTokens, req.MaxTokens = in.PromptTokens, in.MaxTokens
-	req.TotalBlocks = len(in.Chain)
-	if len(in.Chain) > 0 {
-		k := in.PrefixBlocks
-		if k <= 0 {
-			k = DefaultPrefixBlocks
-		}
-		req.PrefixHash = in.Chain[min(k, len(in.Chain))-1]
+	if cap(req.MatchedBlocks) < n || cap(req.MatchedTokens) < n {
+		r.growRequest(n)
+	}
+	mb, mt := req.MatchedBlocks[:n], req.MatchedTokens[:n]
+	clear(mb)
+	clear(mt)
+	// The whole request in one store: Request.Reset and then each field
+	// would write every string and slice header twice.
+	*req = scorer.Request{
+		Model: in.Model, Adapter: in.Adapter, SessionKey: in.SessionKey,
+		PromptTokens: in.PromptTokens, MaxTokens: in.MaxTokens,
+		PrefixHash: prefixHash(in), TotalBlocks: len(in.Chain),
+		MatchedBlocks: mb, MatchedTokens: mt,
 	}
 
 	queried := false
@@ -274,7 +277,6 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	if r.handler.Decode.TrustFeedback {
 		trust = r.trust
 	}
-	mb, mt := req.MatchedBlocks[:n], req.MatchedTokens[:n]
 	for i := range hosts {
 		h := &hosts[i]
 		slot := h.Slot
@@ -310,11 +312,18 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 		}
 	}
 	if in.SessionKey != "" {
-		req.PinnedAddress, _ = r.sessions.Get(in.SessionKey)
+		req.PinnedAddress = r.pinned(in.SessionKey)
 	}
 	req.PrefixAddress = r.memory.lookup(in.Chain)
 
-	res := r.handler.Run(req, hosts, r.scratch)
+	// The common single-profile handler's decision without Handler.Run
+	// around it: one function less entered per request in Wasm.
+	var res scorer.Result
+	if hd := r.handler; hd.Prefill == nil {
+		res.Decode = hd.Decode.Run(req, hosts, hd.Picks(), r.scratch)
+	} else {
+		res = hd.Run(req, hosts, r.scratch)
+	}
 	r.stats.Decisions++
 	t := Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
 	// One return: each return copies the Ticket and the Result, code a Wasm
@@ -324,8 +333,8 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 	} else {
 		h := &hosts[t.Host]
 		t.Address = h.Address
-		if in.SessionKey != "" && req.PinnedAddress != h.Address {
-			r.sessions.Put(in.SessionKey, h.Address)
+		if in.SessionKey != "" {
+			r.pin(in.SessionKey, h.Address)
 		}
 		r.memory.store(in.Chain, h.Address)
 		prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
@@ -335,12 +344,38 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 			hb, cached := req.Matched(t.Host)
 			t.PredictedCachedTokens = cached
 			t.predictedRaw = tokensIn(in, hb)
-			r.record(h, in.Chain, queried)
-			t.decode = r.add(h, max(prompt-cached, 0), out, prompt+out)
+			r.book(&t.decode, h, in.Chain, queried, max(prompt-cached, 0), out, prompt+out)
 		}
 	}
 	return t, res
 }
+
+// pinned returns the address the session table holds for key ("" when
+// none). It and pin are out of Decide's line (noinline) because most
+// requests carry no session key: in Wasm each request pays for the code of
+// the functions it enters, and these are interface calls with strings.
+//
+//go:noinline
+func (r *Router) pinned(key string) string {
+	addr, _ := r.sessions.Get(key)
+	return addr
+}
+
+// pin pins key's session to addr unless the decision kept the pin.
+//
+//go:noinline
+func (r *Router) pin(key, addr string) {
+	if r.req.PinnedAddress != addr {
+		r.sessions.Put(key, addr)
+	}
+}
+
+// growRequest gives the request's per-candidate slices room for n hosts.
+// It runs only when the fleet grows, so it is out of Decide's line
+// (noinline), like growLocal.
+//
+//go:noinline
+func (r *Router) growRequest(n int) { r.req.Reset(n) }
 
 // holdDisaggregated books a prefill/decode split decision on t: the
 // prefill host computes the uncached prompt and holds its KV until the
@@ -356,10 +391,21 @@ func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, pr
 	pb, pcached := r.req.Matched(prefill)
 	t.PredictedCachedTokens = pcached
 	t.predictedRaw = tokensIn(in, pb)
-	r.record(p, in.Chain, queried)
-	r.record(h, in.Chain, queried)
-	t.prefill = r.add(p, max(prompt-pcached, 0), 0, prompt)
-	t.decode = r.add(h, 0, out, prompt+out)
+	r.book(&t.prefill, p, in.Chain, queried, max(prompt-pcached, 0), 0, prompt)
+	r.book(&t.decode, h, in.Chain, queried, 0, out, prompt+out)
+}
+
+// prefixHash is the request's consistent-hashing key: the hash of its
+// first PrefixBlocks blocks (0 without a chain).
+func prefixHash(in *Input) uint64 {
+	if len(in.Chain) == 0 {
+		return 0
+	}
+	k := in.PrefixBlocks
+	if k <= 0 {
+		k = DefaultPrefixBlocks
+	}
+	return in.Chain[min(k, len(in.Chain))-1]
 }
 
 func tokensIn(in *Input, blocks int) int {
@@ -375,24 +421,27 @@ func tokensIn(in *Input, blocks int) int {
 	return int(int64(in.PromptTokens) * int64(min(blocks, len(in.Chain))) / int64(len(in.Chain)))
 }
 
-func (r *Router) record(h *scorer.Host, chain []uint64, queried bool) {
-	if r.ix == nil || h.Slot < 0 || len(chain) == 0 {
+// book records in the index that h now holds the request's chain (as
+// far as it matched, with the query's matches) and counts the request's
+// load on h, keeping in hd, whose slot is -1 until then, what to take
+// back. One function for both, as every booked host gets both: in Wasm
+// each request pays for every function it enters. hd is filled in place
+// rather than returned: each return of a struct copies it.
+func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, prefill, decode, kv int) {
+	if h.Slot < 0 {
 		return
 	}
-	var m *index.Matches
-	if queried {
-		m = &r.matches
+	ref := index.HostRef{Slot: h.Slot, Gen: h.Gen}
+	if r.ix != nil && len(chain) > 0 {
+		var m *index.Matches
+		if queried {
+			m = &r.matches
+		}
+		if err := r.ix.Record(ref, chain, m); err != nil {
+			r.stats.IndexErrors++
+		}
 	}
-	if err := r.ix.Record(index.HostRef{Slot: h.Slot, Gen: h.Gen}, chain, m); err != nil {
-		r.stats.IndexErrors++
-	}
-}
-
-func (r *Router) add(h *scorer.Host, prefill, decode, kv int) hold {
-	if h.Slot < 0 {
-		return hold{slot: -1}
-	}
-	hd := hold{slot: h.Slot, kv: int64(kv)}
+	hd.slot, hd.kv = h.Slot, int64(kv)
 	l := r.localAt(h.Slot)
 	l.kv += hd.kv
 	if r.ix == nil {
@@ -400,13 +449,12 @@ func (r *Router) add(h *scorer.Host, prefill, decode, kv int) hold {
 		l.inflight++
 		l.prefill += hd.prefill
 		l.decode += hd.decode
-		return hd
+		return
 	}
 	var err error
-	if hd.ix, err = r.ix.AddLoad(index.HostRef{Slot: h.Slot, Gen: h.Gen}, prefill, decode); err != nil {
+	if hd.ix, err = r.ix.AddLoad(ref, prefill, decode); err != nil {
 		r.stats.LoadErrors++
 	}
-	return hd
 }
 
 // prefillDone takes back a hold's pending prefill tokens.
@@ -477,7 +525,12 @@ func (r *Router) Feedback(t *Ticket, cachedTokens int) {
 	// response in Wasm.
 	r.mu.Lock()
 	r.stats.FeedbackRequests++
-	r.learnTrust(t, cachedTokens)
+	if r.handler.Decode.TrustFeedback {
+		// Only Decide under this profile reads the trust it learns: for
+		// other profiles the learning would be code entered per response
+		// for nothing.
+		r.learnTrust(t, cachedTokens)
+	}
 	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 	r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
 	// Engines count hits in their own blocks (16 tokens in vLLM): allow

@@ -294,3 +294,36 @@ func TestPrefixMemoryTable(t *testing.T) {
 		t.Fatal("prefix memory allocates")
 	}
 }
+
+// The request the profile sees is rebuilt whole for each decision, on a
+// fleet that grows and shrinks: one entry per host, matches only on hosts
+// that recorded the prompt, no session pin or field left from the last one.
+func TestDecideRebuildsRequest(t *testing.T) {
+	ix := newIndex(t)
+	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1})
+	hs := registered(t, r, 6)
+	holds := map[string]bool{} // hosts that recorded chain 3
+	warm := &Input{Model: "m", SessionKey: "s1", PromptTokens: 1000, Chain: chain(3, 10)}
+	tk, _ := r.Decide(warm, hs[:2])
+	r.Release(&tk)
+	holds[tk.Address] = true
+	for _, n := range []int{2, 6, 1, 4} {
+		in := &Input{PromptTokens: 500, Chain: chain(3, 5), PrefixBlocks: 2}
+		tk, _ := r.Decide(in, hs[:n])
+		r.Release(&tk)
+		req := &r.req
+		if len(req.MatchedBlocks) != n || len(req.MatchedTokens) != n {
+			t.Fatalf("%d hosts: %d and %d matches", n, len(req.MatchedBlocks), len(req.MatchedTokens))
+		}
+		for i := range n {
+			if b := req.MatchedBlocks[i]; !holds[hs[i].Address] && b != 0 {
+				t.Fatalf("%d hosts: host %d matches %d blocks, holds none", n, i, b)
+			}
+		}
+		holds[tk.Address] = true
+		if req.Model != "" || req.SessionKey != "" || req.PinnedAddress != "" || req.PromptTokens != 500 ||
+			req.TotalBlocks != 5 || req.PrefixHash != in.Chain[1] {
+			t.Fatalf("%d hosts: request %+v", n, req)
+		}
+	}
+}
