@@ -152,7 +152,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix})
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
-	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || scoresLatency(cfg.Handler)
+	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
 	static := make([]candidate, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
@@ -166,23 +166,6 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		routerStarted(p)
 	}
 	return p, nil
-}
-
-// scoresLatency reports whether a profile of h scores hosts by their
-// response time: the latency scorer is the one plugin that reads
-// scorer.Host.LatencyEWMAMs.
-func scoresLatency(h *scorer.Handler) bool {
-	for _, prof := range [...]*scorer.Profile{h.Decode, h.Prefill} {
-		if prof == nil {
-			continue
-		}
-		for _, ws := range prof.Scorers {
-			if ws.Scorer.Type() == "latency" {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // candidate is one host as configuration or pushed state describes it.

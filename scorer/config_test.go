@@ -192,3 +192,28 @@ func TestPresetsAreValidConfigs(t *testing.T) {
 		t.Fatalf("unknown preset error: %v", err)
 	}
 }
+
+// TestReadsLatency checks what the filter relies on to skip timing
+// responses: only a profile with the latency scorer reads host latency.
+func TestReadsLatency(t *testing.T) {
+	for _, name := range PresetNames() {
+		h, err := NewHandler(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.ReadsLatency() {
+			t.Errorf("preset %s reads latency; the filter would time every response", name)
+		}
+	}
+	cfg, err := ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"scorers": ["queue", "latency"]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.ReadsLatency() {
+		t.Error("a profile with the latency scorer does not report that it reads latency")
+	}
+}

@@ -195,6 +195,24 @@ func (h *Handler) Run(req *Request, hosts []Host, s *Scratch) Result {
 	return Result{Decode: h.Decode.run(req, hosts, h.Picks(), RoleBoth, s)}
 }
 
+// ReadsLatency reports whether a profile of h scores hosts by their
+// latency (Host.LatencyEWMAMs). The filter times responses only when
+// something reads the result: without a latency scorer or a latency
+// breaker, a response reads no clock.
+func (h *Handler) ReadsLatency() bool {
+	for _, prof := range [...]*Profile{h.Decode, h.Prefill} {
+		if prof == nil {
+			continue
+		}
+		for _, ws := range prof.Scorers {
+			if _, ok := ws.Scorer.(latencyScorer); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Picks is the primary plus fallbacks each profile picks: MaxPicks, or 3
 // when unset.
 func (h *Handler) Picks() int {
