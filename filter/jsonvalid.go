@@ -145,22 +145,8 @@ scan:
 				if j = skipNumber(b, i); j < 0 {
 					break scan
 				}
-			} else if top == '[' {
-				// An array of plain integers (a token-id prompt):
-				// ",<integer>" after ",<integer>" here, one loop
-				// iteration per element. Anything else (space, a
-				// fraction, a zero, the end) is left at its comma to
-				// the general path.
-				for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
-					k := j + 2
-					for k < len(b) && b[k] >= '0' && b[k] <= '9' {
-						k++
-					}
-					if k < len(b) && (b[k] == '.' || b[k]|0x20 == 'e') {
-						break
-					}
-					j = k
-				}
+			} else if top == '[' && j+1 < len(b) && b[j] == ',' {
+				j = integerRun(b, j)
 			}
 			i = j
 		case c == '-' || c == '0':
@@ -217,6 +203,26 @@ scan:
 		rec.badUTF8 = true
 	}
 	return false, stack
+}
+
+// integerRun returns the index after the elements ",<integer>" that
+// follow one another from b[j] in an array of plain integers (a token-id
+// prompt), one loop iteration per element. Anything else (space, a
+// fraction, a zero, the end) is left at its comma to the general path.
+// Out of scanJSONWith: in Wasm a request pays for every byte of the
+// functions it enters, and a chat body holds no such array.
+func integerRun(b []byte, j int) int {
+	for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
+		k := j + 2
+		for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+			k++
+		}
+		if k < len(b) && (b[k] == '.' || b[k]|0x20 == 'e') {
+			break
+		}
+		j = k
+	}
+	return j
 }
 
 // skipSpace returns the index of the first byte from i that is not JSON
@@ -302,7 +308,7 @@ scan:
 			case simpleEscape[c]:
 				i += 2
 			case c == 'u':
-				if len(b)-i < 6 || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+				if len(b)-i < 6 || !isHex4(b[i+2:i+6]) {
 					break scan
 				}
 				i += 6
@@ -584,14 +590,21 @@ func needsLook(x uint64) uint64 {
 	return ((y-0x21*ones)&^y | (z-ones)&^z) & highs
 }
 
-// isHex reports whether c is a hex digit. A table lookup: scanString
-// inlines it four times, and in Wasm each copy of the range tests was ~30
-// instructions of a function every request enters.
-func isHex(c byte) bool { return hexDigit[c] }
+// isHex4 reports whether the four bytes of h are hex digits: four table
+// lookups ANDed, after one length test that spares their bounds checks.
+// scanString inlines it, and in Wasm a bounds check and a branch per digit
+// were ~40 instructions each of a function every request enters.
+func isHex4(h []byte) bool {
+	if len(h) != 4 {
+		return false
+	}
+	return hexDigit[h[0]]&hexDigit[h[1]]&hexDigit[h[2]]&hexDigit[h[3]] != 0
+}
 
-var hexDigit = func() (t [256]bool) {
+// hexDigit is 1 for the hex digits, 0 for every other byte.
+var hexDigit = func() (t [256]uint8) {
 	for _, c := range "0123456789abcdefABCDEF" {
-		t[c] = true
+		t[c] = 1
 	}
 	return t
 }()

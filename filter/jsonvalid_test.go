@@ -84,7 +84,7 @@ func FuzzWalkerMatchesGJSON(f *testing.F) {
 		v := b[i:skipJSONValue(b, i)]
 		compare(t, nil, v, gjson.ParseBytes(v))
 		// The same walk through the span table of the validating pass.
-		doc := &jsonDoc{body: b, spans: spans.spans}
+		doc := &jsonDoc{jsonSpans: spans, base: cap(b)}
 		compare(t, doc, b[i:doc.skip(b, i)], gjson.ParseBytes(v))
 	})
 }
@@ -366,7 +366,7 @@ func TestUnescapeMatchesGJSON(t *testing.T) {
 		if !scanJSON(body, &spans) {
 			t.Fatalf("test body rejected: %s", body)
 		}
-		d := &jsonDoc{body: body, spans: spans.spans}
+		d := &jsonDoc{jsonSpans: spans, base: cap(body)}
 		var got []string
 		for pos := skipSpace(body, 1); ; {
 			v, next, ok := d.element(body, pos)

@@ -19,12 +19,18 @@ import (
 // bytes at a time.
 
 // jsonDoc is a validated body with the span table its validating pass
-// built (see jsonSpans). A nil *jsonDoc walks by scanning alone; so does a
-// value outside the table (short strings, numbers, literals).
+// built (see jsonSpans): the pass fills the doc's own table, so that a
+// parser that reuses one doc stores no pointer per body (in Wasm each
+// pointer stored into the heap is a write barrier's code). A nil *jsonDoc
+// walks by scanning alone; so does a value outside the table (short
+// strings, numbers, literals).
 type jsonDoc struct {
-	body  []byte
-	spans []jsonSpan
-	next  int // index in spans of the value after the last one found: walks go mostly forward
+	jsonSpans
+	// base is the cap of the body: a view v of it starts at offset
+	// base-cap(v). An offset rather than the body, which the doc would
+	// keep from the garbage collector after the request.
+	base int
+	next int // index in spans of the value after the last one found: walks go mostly forward
 
 	// unesc holds the unescaped text of the escaped strings read so far
 	// (see text): appended to, never overwritten, so every string text
@@ -34,12 +40,12 @@ type jsonDoc struct {
 }
 
 // find returns the span table entry of the value starting at v[0]. v must
-// be a view of d.body (so cap tells its offset).
+// be a view of the doc's body (so cap tells its offset).
 func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 	if d == nil || len(d.spans) == 0 {
 		return jsonSpan{}, false
 	}
-	pos := int32(cap(d.body) - cap(v))
+	pos := int32(d.base - cap(v))
 	if n := d.next; n < len(d.spans) && d.spans[n].start == pos {
 		d.next = n + 1
 		return d.spans[n], true
@@ -51,7 +57,7 @@ func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 // the value starting at v[0] is the table's next entry, which it is for
 // every long string and container of a walk that goes forward.
 func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
-	if d != nil && d.next < len(d.spans) && d.spans[d.next].start == int32(cap(d.body)-cap(v)) {
+	if d != nil && d.next < len(d.spans) && d.spans[d.next].start == int32(d.base-cap(v)) {
 		d.next++
 		return d.spans[d.next-1], true
 	}
@@ -62,7 +68,7 @@ func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
 // string that the walk has just stepped over, and finds it here without a
 // call to find.
 func (d *jsonDoc) lastSpan(v []byte) (jsonSpan, bool) {
-	if d != nil && d.next > 0 && d.next <= len(d.spans) && d.spans[d.next-1].start == int32(cap(d.body)-cap(v)) {
+	if d != nil && d.next > 0 && d.next <= len(d.spans) && d.spans[d.next-1].start == int32(d.base-cap(v)) {
 		return d.spans[d.next-1], true
 	}
 	return jsonSpan{}, false
