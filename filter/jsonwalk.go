@@ -101,8 +101,9 @@ var numberByte = [256]bool{'0': true, '1': true, '2': true, '3': true, '4': true
 func skipJSONValue(b []byte, i int) int { return (*jsonDoc)(nil).skip(b, i) }
 
 func (d *jsonDoc) skip(b []byte, i int) int {
+	e := -1 // the value's end: one return, as in member
 	if i >= len(b) {
-		return -1
+		return e
 	}
 	switch c := b[i]; {
 	case c == '"' || c == '{' || c == '[':
@@ -111,31 +112,33 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		// copy of the lookups for strings and containers: in Wasm each
 		// inlined copy is code every request enters.
 		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
+			e = i + int(s.end-s.start)
 		}
-		if c == '"' {
-			if e := shortString(b, i); e > 0 {
-				return e
+		if e < 0 && c == '"' {
+			e = shortString(b, i)
+		}
+		if e < 0 {
+			if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+				e = i + int(s.end-s.start)
 			}
 		}
-		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
+		if e < 0 {
+			if c == '"' {
+				e = skipString(b, i)
+			} else {
+				e = skipContainer(b, i)
+			}
 		}
-		if c == '"' {
-			return skipString(b, i)
-		}
-		return skipContainer(b, i)
 	case c == '-' || (c >= '0' && c <= '9'):
 		// Valid JSON: the number ends at the first byte no number holds.
-		for i++; i < len(b) && numberByte[b[i]]; i++ {
+		for e = i + 1; e < len(b) && numberByte[b[e]]; e++ {
 		}
-		return i
 	case c == 't' || c == 'n':
-		return i + 4
+		e = i + 4
 	case c == 'f':
-		return i + 5
+		e = i + 5
 	}
-	return -1
+	return e
 }
 
 // skipContainer returns the index after the object or array starting at
@@ -330,11 +333,21 @@ func (d *jsonDoc) text(raw []byte) string {
 		escaped = hasBackslash(inner)
 	}
 	if escaped { // the text is the unescaped copy
-		start := len(d.unesc)
-		d.unesc = appendUnescaped(d.unesc, inner)
-		inner = d.unesc[start:]
+		inner = d.unescape(inner)
 	}
 	return unsafeString(inner) // one return: in Wasm each is code of its own
+}
+
+// unescape returns the text of the inner bytes of a valid JSON string with
+// escapes, appended to the doc's buffer. Out of text, which every request
+// enters for keys and short values without escapes (not inlined there:
+// it is ~500 bytes of Wasm).
+//
+//go:noinline
+func (d *jsonDoc) unescape(inner []byte) []byte {
+	start := len(d.unesc)
+	d.unesc = appendUnescaped(d.unesc, inner)
+	return d.unesc[start:]
 }
 
 // appendUnescaped appends to dst the text of the inner bytes of a valid
