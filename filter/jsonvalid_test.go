@@ -26,6 +26,10 @@ var jsonCases = []string{
 	// runs of integers in arrays (the validator's token-id loop)
 	`[1,2,3]`, `[12,345,6789,0,10]`, `[1,2.5,3]`, `[1,2e3,4]`, `[1,2E-3]`, `[1, 2 ,3]`, `{"p":[7,8,9],"q":1}`, `[[1,2],[3,4]]`,
 	`[1,01]`, `[1,2,]`, `[1,2x]`, `[1,2.]`, `[1,2e]`, `[1,2,-]`, `[1,23`, `{"a":1,2}`, `[1,2}`,
+	// literals (compared as a word), and \u escapes (four hex digits at once)
+	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
+	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,
+	`"\u00E9\uABcd"`, `"\u0"`, `"\u00e"`, `"\uzzzz"`, `"\u00g0"`, `"\u00e9`, `"\u`,
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {

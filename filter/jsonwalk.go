@@ -188,9 +188,7 @@ func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
 	k, v, e := -1, 0, -1 // the key's end, and the value's start and end
 	if i < len(obj) && obj[i] == '"' {
-		if k = shortString(obj, i); k < 0 {
-			k = skipString(obj, i)
-		}
+		k = d.skip(obj, i) // a key is never in the table: skip scans it
 	}
 	if k >= 0 {
 		v = skipSpace(obj, skipSpace(obj, k)+1) // past ':'

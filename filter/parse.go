@@ -178,8 +178,8 @@ var requestFields = [...]string{
 // fieldOf returns the index of key in fields, or -1. The parser matches
 // keys with this one loop rather than with a comparison per key inlined
 // where it reads them: in Wasm a request pays for every byte of each
-// function it enters, and those copies made parse and message
-// kilobytes larger.
+// function it enters, and those copies made parse and chat kilobytes
+// larger.
 func fieldOf(key string, fields []string) int {
 	for n, f := range fields {
 		if is(key, f) {
@@ -361,7 +361,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 	p.hasher.Reset(r.Model, r.Adapter, salt)
 	var err *requestError
 	if kind == apiChat {
-		err = p.chat(fields[fieldMessages], fields[fieldTools])
+		err = p.chat(&fields)
 	} else {
 		err = p.notChat(kind, &fields)
 	}
@@ -373,7 +373,10 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 }
 
 // adapter maps r's model, when it names a configured LoRA adapter, to the
-// adapter's base model.
+// adapter's base model. Not inlined: parse enters it only when adapters
+// are configured.
+//
+//go:noinline
 func (p *requestParser) adapter(r *parsedRequest) {
 	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
 		r.Model, r.Adapter = base, r.Model
@@ -406,7 +409,7 @@ func (p *requestParser) notChat(kind apiKind, fields *[firstClientOnly][]byte) *
 	if kind == apiUnknown {
 		switch {
 		case fields[fieldMessages] != nil:
-			return p.chat(fields[fieldMessages], fields[fieldTools])
+			return p.chat(fields)
 		case fields[fieldPrompt] != nil:
 			kind = apiCompletions
 		case fields[fieldInput] != nil:
@@ -423,8 +426,10 @@ func (p *requestParser) notChat(kind apiKind, fields *[firstClientOnly][]byte) *
 
 // scanError names why the validating pass rejected body: a failed pass
 // looks at UTF-8 again only to name the error as a separate utf8.Valid pass
-// would have. Out of parse: in Wasm every request pays for each byte of
-// the functions it enters, and a valid body never comes here.
+// would have. Out of parse (not inlined): in Wasm every request pays for
+// each byte of the functions it enters, and a valid body never comes here.
+//
+//go:noinline
 func (p *requestParser) scanError(body []byte) *requestError {
 	if p.doc.badUTF8 || !utf8.Valid(body) {
 		return errBodyNotUTF8
@@ -455,14 +460,22 @@ func rawWholeNumber(v []byte) (int64, bool) {
 		plain = c >= '0' && c <= '9'
 		n = n*10 + int64(c-'0')
 	}
-	if !plain { // one call site: each inlined gjson.ParseBytes is code a request enters
-		return wholeNumber(gjson.ParseBytes(v))
+	if !plain {
+		return parsedWholeNumber(v)
 	}
 	if len(d) < len(v) {
 		n = -n
 	}
 	return n, true
 }
+
+// parsedWholeNumber is rawWholeNumber for a number that is not a plain
+// integer: through gjson. Not inlined: gjson.ParseBytes and its result (ten
+// words passed by value) were ~250 bytes of rawWholeNumber, which every
+// request with a max_tokens enters.
+//
+//go:noinline
+func parsedWholeNumber(v []byte) (int64, bool) { return wholeNumber(gjson.ParseBytes(v)) }
 
 // wholeNumber reads a JSON integer (1e3 and 2.0 are accepted as whole).
 func wholeNumber(v gjson.Result) (int64, bool) {
@@ -563,9 +576,12 @@ func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 	return nil
 }
 
-// chat hashes tools and messages in request order, as a chat template lays
-// them out.
-func (p *requestParser) chat(msgs, tools []byte) *requestError {
+// chat hashes the body's tools and messages (fields are its top-level
+// members, see parse) in request order, as a chat template lays them out.
+// Each message is read here rather than in a function of its own: in Wasm
+// each function a request enters, and each call, costs.
+func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
+	msgs, tools := fields[fieldMessages], fields[fieldTools]
 	if tools != nil && jsonType(tools) != gjson.Null {
 		if tools[0] != '[' {
 			return errBadTools
@@ -585,7 +601,31 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 			break
 		}
 		i = next
-		if err := p.message(m, n); err != nil {
+		if m[0] != '{' {
+			return messageError(n, messageNotObject)
+		}
+		// One pass over the message's members (the content may be most
+		// of the body).
+		var fields [len(messageFields)][]byte
+		for pos := skipSpace(m, 1); ; {
+			k, v, next, ok := p.doc.member(m, pos)
+			if !ok {
+				break
+			}
+			pos = next
+			if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
+				fields[f] = v
+			}
+		}
+		role, content := fields[messageRole], fields[messageContent]
+		if jsonType(role) != gjson.String || len(role) == 2 {
+			return messageError(n, messageBadRole)
+		}
+		p.hasher.BeginMessage(p.doc.text(role))
+		if fields[messageName] == nil && fields[messageToolCalls] == nil && fields[messageToolCallID] == nil &&
+			jsonType(content) == gjson.String {
+			p.hasher.Text(p.doc.text(content))
+		} else if err := p.messageRest(&fields, n); err != nil {
 			return err
 		}
 	}
@@ -595,7 +635,7 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 	return nil
 }
 
-// The members of a message that message reads, by index in messageFields:
+// The members of a message that chat reads, by index in messageFields:
 // raw keys, quotes included (an escaped key is not one of them).
 const (
 	messageRole = iota
@@ -613,41 +653,10 @@ var messageFields = [...]string{
 	messageToolCallID: `"tool_call_id"`,
 }
 
-func (p *requestParser) message(m []byte, i int) *requestError {
-	if m[0] != '{' {
-		return messageError(i, messageNotObject)
-	}
-	// One pass over the message's members (the content may be most of the
-	// body).
-	var fields [len(messageFields)][]byte
-	for pos := skipSpace(m, 1); ; {
-		k, v, next, ok := p.doc.member(m, pos)
-		if !ok {
-			break
-		}
-		pos = next
-		if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
-			fields[f] = v
-		}
-	}
-	role, content := fields[messageRole], fields[messageContent]
-	if jsonType(role) != gjson.String || len(role) == 2 {
-		return messageError(i, messageBadRole)
-	}
-	p.hasher.BeginMessage(p.doc.text(role))
-	if fields[messageName] == nil && fields[messageToolCalls] == nil && fields[messageToolCallID] == nil &&
-		jsonType(content) == gjson.String {
-		p.hasher.Text(p.doc.text(content))
-		return nil
-	}
-	return p.messageRest(&fields, i)
-}
-
-// messageRest is message after the role for a message that is more than
-// a role and a string content: a name, content parts, tool calls. Out of
-// message, which every message enters: in Wasm a request pays for each
-// byte of the functions it enters, and most messages are a role and a
-// string.
+// messageRest is chat's reading of message i after the role, for a
+// message that is more than a role and a string content: a name, content
+// parts, tool calls. Out of chat: in Wasm a request pays for each byte of
+// the functions it enters, and most messages are a role and a string.
 func (p *requestParser) messageRest(fields *[len(messageFields)][]byte, i int) *requestError {
 	name, content := fields[messageName], fields[messageContent]
 	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
@@ -704,9 +713,8 @@ var messageFaults = [...]struct{ field, format string }{
 
 // messageError is the error of kind fault (see messageFaults) about
 // message i. Errors are built out of line, here and in partError, and
-// message names each by a small number: in Wasm a request pays for every
-// byte of each function it enters, and message is entered for every
-// message.
+// chat names each by a small number: in Wasm a request pays for every
+// byte of each function it enters, and chat reads every message.
 func messageError(i, fault int) *requestError {
 	f := messageFaults[fault]
 	at := "messages[" + strconv.Itoa(i) + "]"
@@ -714,7 +722,7 @@ func messageError(i, fault int) *requestError {
 }
 
 // toolCalls hashes an assistant message's tool calls, the array calls. Out
-// of message (which every message enters) with its gjson lookups.
+// of messageRest with its gjson lookups.
 func (p *requestParser) toolCalls(calls []byte) {
 	for _, c := range gjson.ParseBytes(calls).Array() {
 		fn := c.Get("function")

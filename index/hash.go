@@ -268,8 +268,8 @@ func (h *Hasher) write(p []byte) { h.writeString(bytesString(p)) }
 
 // writeString appends s to the prompt, hashing each block as soon as it
 // is complete. A block is completed and linked at one place, so a prompt
-// of many blocks makes no call per block beyond link's: in Wasm each call
-// and each function entered costs.
+// of many blocks makes no call per block beyond xxhash's two: in Wasm each
+// call and each function entered costs.
 func (h *Hasher) writeString(s string) {
 	for len(s) > 0 {
 		n := h.blkLen - len(h.pend) // the bytes that complete the current block
@@ -290,7 +290,13 @@ func (h *Hasher) writeString(s string) {
 		}
 		s = s[n:]
 		h.total += n
-		h.prev = link(h.prev, block)
+		// The link to the previous block: xxhash64 of the previous hash
+		// and the block's own xxhash64, 8 bytes each, little endian.
+		// Written out here rather than called: a call per block.
+		var pair [16]byte
+		binary.LittleEndian.PutUint64(pair[:8], h.prev)
+		binary.LittleEndian.PutUint64(pair[8:], xxhash.Sum64String(block))
+		h.prev = xxhash.Sum64(pair[:])
 		b := len(h.blocks)
 		if b == cap(h.blocks) || b == cap(h.ends) {
 			h.growBlocks()
@@ -318,15 +324,6 @@ func (h *Hasher) put(head []byte, s string) { h.pend = append(append(h.pend, hea
 //go:noinline
 func (h *Hasher) growBlocks() {
 	h.blocks, h.ends = slices.Grow(h.blocks, 1), slices.Grow(h.ends, 1)
-}
-
-// link returns the hash of the block that follows prev: xxhash64 of prev
-// and the block's own xxhash64, 8 bytes each, little endian.
-func link(prev uint64, block string) uint64 {
-	var pair [16]byte
-	binary.LittleEndian.PutUint64(pair[:8], prev)
-	binary.LittleEndian.PutUint64(pair[8:], xxhash.Sum64String(block))
-	return xxhash.Sum64(pair[:])
 }
 
 // bytesString views b as a string, for hashing it without a copy.
