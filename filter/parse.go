@@ -621,11 +621,13 @@ func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
 		if jsonType(role) != gjson.String || len(role) == 2 {
 			return messageError(n, messageBadRole)
 		}
-		p.hasher.BeginMessage(p.doc.text(role))
 		if fields[messageName] == nil && fields[messageToolCalls] == nil && fields[messageToolCallID] == nil &&
 			jsonType(content) == gjson.String {
-			p.hasher.Text(p.doc.text(content))
-		} else if err := p.messageRest(&fields, n); err != nil {
+			p.hasher.Message(p.doc.text(role), p.doc.text(content))
+			continue
+		}
+		p.hasher.BeginMessage(p.doc.text(role))
+		if err := p.messageRest(&fields, n); err != nil {
 			return err
 		}
 	}

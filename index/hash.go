@@ -172,10 +172,13 @@ func (h *Hasher) writeKind(k byte) {
 }
 
 // Message appends one chat message whose content is a plain string.
-// It is BeginMessage(role) followed by Text(content).
+// It is BeginMessage(role) followed by Text(content), written out: the
+// filter hashes most messages with it, and in Wasm each function a request
+// enters, and each call, costs.
 func (h *Hasher) Message(role, content string) {
-	h.BeginMessage(role)
-	h.Text(content)
+	h.setKind(kindChat)
+	h.element(tagMessage, role)
+	h.element(tagText, content)
 }
 
 // BeginMessage starts a chat message. Follow it with its content parts
