@@ -337,7 +337,7 @@ scan:
 			case simpleEscape[c]:
 				i += 2
 			case c == 'u':
-				if len(b)-i < 6 || !isHex4(b[i+2:i+6]) {
+				if !isHex4(b[i+2:]) {
 					break scan
 				}
 				i += 6
@@ -610,12 +610,12 @@ func needsLook(x uint64) uint64 {
 	return ((y-0x21*ones)&^y | (z-ones)&^z) & highs
 }
 
-// isHex4 reports whether the four bytes of h are hex digits: four table
+// isHex4 reports whether h starts with four hex digits: four table
 // lookups ANDed, after one length test that spares their bounds checks.
 // scanString inlines it, and in Wasm a bounds check and a branch per digit
 // were ~40 instructions each of a function every request enters.
 func isHex4(h []byte) bool {
-	if len(h) != 4 {
+	if len(h) < 4 {
 		return false
 	}
 	return hexDigit[h[0]]&hexDigit[h[1]]&hexDigit[h[2]]&hexDigit[h[3]] != 0

@@ -84,8 +84,9 @@ var (
 	errBadMessages   = badRequest("messages", "'messages' must be an array of message objects")
 	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
 
-	errBadMaxTokens           = maxTokensError("max_tokens")
-	errBadMaxCompletionTokens = maxTokensError("max_completion_tokens")
+	// By field, from fieldMaxTokens on: built once, where an array
+	// literal in parse was built at each request.
+	errBadMaxTokens = [...]*requestError{maxTokensError("max_tokens"), maxTokensError("max_completion_tokens")}
 )
 
 // body renders the OpenAI error object.
@@ -341,7 +342,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 		r.Stream = t == gjson.True
 	}
 	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
-	for f, bad := range [...]*requestError{errBadMaxTokens, errBadMaxCompletionTokens} {
+	for f, bad := range &errBadMaxTokens {
 		if v := fields[fieldMaxTokens+f]; v != nil && jsonType(v) != gjson.Null {
 			n, ok := rawWholeNumber(v)
 			if !ok || n < 0 || n > maxMaxTokens {
@@ -581,12 +582,11 @@ func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 // Each message is read here rather than in a function of its own: in Wasm
 // each function a request enters, and each call, costs.
 func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
-	msgs, tools := fields[fieldMessages], fields[fieldTools]
-	if tools != nil && jsonType(tools) != gjson.Null {
-		if tools[0] != '[' {
-			return errBadTools
+	msgs := fields[fieldMessages]
+	if tools := fields[fieldTools]; tools != nil && jsonType(tools) != gjson.Null {
+		if err := p.tools(tools); err != nil {
+			return err
 		}
-		p.hasher.Field("tools", unsafeString(tools))
 	}
 	if msgs == nil {
 		return errNoMessages
@@ -634,6 +634,16 @@ func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
 	if n == 0 {
 		return errEmptyMessages
 	}
+	return nil
+}
+
+// tools hashes the body's "tools", a value other than null. Out of chat:
+// few requests send tools.
+func (p *requestParser) tools(tools []byte) *requestError {
+	if tools[0] != '[' {
+		return errBadTools
+	}
+	p.hasher.Field("tools", unsafeString(tools))
 	return nil
 }
 
