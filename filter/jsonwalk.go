@@ -320,9 +320,15 @@ func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
 	if len(raw) < minSpanString { // never in the table
-		// shortString stops at the first backslash: the walk calls it
-		// anyway, where hasBackslash would be one more function entered.
-		escaped = shortString(raw, 0) != len(raw)
+		// A byte loop over a few dozen bytes at most (keys, roles,
+		// names): no call, where text is called for every key and
+		// short value a request reads.
+		for _, c := range inner {
+			if c == '\\' {
+				escaped = true
+				break
+			}
+		}
 	} else if s, ok := d.lastSpan(raw); ok {
 		escaped = s.escaped
 	} else if s, ok := d.find(raw); ok {
