@@ -280,11 +280,11 @@ func (p *requestParser) dropClientOnly(body []byte) []byte {
 }
 
 // parse validates body for kind and feeds its prompt to the hasher. r is
-// a named result so that it is built in place: with a local returned at each of the dozen returns,
-// each one copied the whole struct, and in Wasm that was ~300 bytes of a
-// function every request enters. For the same reason what few requests
-// send (a LoRA adapter, "user" and "cache_salt", an endpoint to sniff, a
-// prompt other than messages) is read out of line.
+// a named result so that it is built in place: with a local returned at
+// each of the dozen returns, each one copied the whole struct, and in Wasm
+// that was ~300 bytes of a function every request enters. For the same
+// reason what few requests send (a LoRA adapter, "user" and "cache_salt",
+// an endpoint to sniff, a prompt other than messages) is read out of line.
 func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *requestError) {
 	if len(body) == 0 {
 		return r, errEmptyBody
@@ -606,7 +606,7 @@ func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
 		}
 		// One pass over the message's members (the content may be most
 		// of the body).
-		var fields [len(messageFields)][]byte
+		var msg [len(messageFields)][]byte // its members, by index in messageFields
 		for pos := skipSpace(m, 1); ; {
 			k, v, next, ok := p.doc.member(m, pos)
 			if !ok {
@@ -614,20 +614,20 @@ func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
 			}
 			pos = next
 			if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
-				fields[f] = v
+				msg[f] = v
 			}
 		}
-		role, content := fields[messageRole], fields[messageContent]
+		role, content := msg[messageRole], msg[messageContent]
 		if jsonType(role) != gjson.String || len(role) == 2 {
 			return messageError(n, messageBadRole)
 		}
-		if fields[messageName] == nil && fields[messageToolCalls] == nil && fields[messageToolCallID] == nil &&
+		if msg[messageName] == nil && msg[messageToolCalls] == nil && msg[messageToolCallID] == nil &&
 			jsonType(content) == gjson.String {
 			p.hasher.Message(p.doc.text(role), p.doc.text(content))
 			continue
 		}
 		p.hasher.BeginMessage(p.doc.text(role))
-		if err := p.messageRest(&fields, n); err != nil {
+		if err := p.messageRest(&msg, n); err != nil {
 			return err
 		}
 	}
