@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/bits"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -108,6 +109,9 @@ scan:
 		if i >= len(b) {
 			break scan
 		}
+		if rec != nil && len(rec.spans) == cap(rec.spans) {
+			rec.grow() // room for the span this value may add
+		}
 		switch c := b[i]; {
 		case c == '{' || c == '[':
 			open := i
@@ -118,8 +122,7 @@ scan:
 			}
 			e := int32(open) // the stack entry
 			if rec != nil {
-				e = int32(len(rec.spans))
-				rec.spans = append(rec.spans, jsonSpan{start: int32(open), end: -1})
+				e = rec.add(jsonSpan{start: int32(open), end: -1})
 			}
 			stack = append(stack, e)
 			top = c
@@ -132,7 +135,7 @@ scan:
 				break scan
 			}
 			if rec != nil && i-start >= minSpanString {
-				rec.spans = append(rec.spans, jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
+				rec.add(jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
 			}
 		case c >= '1' && c <= '9':
 			// A plain integer (token ids, max_tokens) ends here without
@@ -145,22 +148,8 @@ scan:
 				if j = skipNumber(b, i); j < 0 {
 					break scan
 				}
-			} else if top == '[' {
-				// An array of plain integers (a token-id prompt):
-				// ",<integer>" after ",<integer>" here, one loop
-				// iteration per element. Anything else (space, a
-				// fraction, a zero, the end) is left at its comma to
-				// the general path.
-				for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
-					k := j + 2
-					for k < len(b) && b[k] >= '0' && b[k] <= '9' {
-						k++
-					}
-					if k < len(b) && (b[k] == '.' || b[k]|0x20 == 'e') {
-						break
-					}
-					j = k
-				}
+			} else if top == '[' && j+1 < len(b) && b[j] == ',' {
+				j = integerRun(b, j)
 			}
 			i = j
 		case c == '-' || c == '0':
@@ -168,16 +157,20 @@ scan:
 				break scan
 			}
 		case c == 't' || c == 'f' || c == 'n':
-			lit := "null" // one comparison for the three literals
-			if c == 't' {
-				lit = "true"
-			} else if c == 'f' {
-				lit = "false"
-			}
-			if !hasLiteral(b, i, lit) {
+			// true, false or null: one comparison of four bytes as a
+			// word (and false's 'e'), where a comparison of strings in
+			// Wasm is a call to the runtime and ~100 instructions here.
+			if len(b)-i < 4 {
 				break scan
 			}
-			i += len(lit)
+			switch w := binary.LittleEndian.Uint32(b[i:]); {
+			case w == wordTrue || w == wordNull:
+				i += 4
+			case w == wordFals && len(b)-i > 4 && b[i+4] == 'e':
+				i += 5
+			default:
+				break scan
+			}
 		default:
 			break scan
 		}
@@ -219,6 +212,45 @@ scan:
 	return false, stack
 }
 
+// add appends sp to the table, which has room for it (see grow), and
+// returns its index. Not an append: in Go's Wasm port an append is ~170
+// instructions (the call that grows the array, the write barrier that
+// stores it), and scanJSONWith, which every request enters, had two.
+func (s *jsonSpans) add(sp jsonSpan) int32 {
+	n := len(s.spans)
+	s.spans = s.spans[:n+1]
+	s.spans[n] = sp
+	return int32(n)
+}
+
+// grow makes room in the table for one more span. scanJSONWith calls it,
+// before each value that may add one, only when the table is full: its
+// array is kept for the next body, so after the first few bodies never.
+// Not inlined: see add.
+//
+//go:noinline
+func (s *jsonSpans) grow() { s.spans = slices.Grow(s.spans, 1) }
+
+// integerRun returns the index after the elements ",<integer>" that
+// follow one another from b[j] in an array of plain integers (a token-id
+// prompt), one loop iteration per element. Anything else (space, a
+// fraction, a zero, the end) is left at its comma to the general path.
+// Out of scanJSONWith: in Wasm a request pays for every byte of the
+// functions it enters, and a chat body holds no such array.
+func integerRun(b []byte, j int) int {
+	for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
+		k := j + 2
+		for k < len(b) && b[k] >= '0' && b[k] <= '9' {
+			k++
+		}
+		if k < len(b) && (b[k] == '.' || b[k]|0x20 == 'e') {
+			break
+		}
+		j = k
+	}
+	return j
+}
+
 // skipSpace returns the index of the first byte from i that is not JSON
 // whitespace, or len(b). A table lookup per byte: the parser inlines it a
 // few dozen times, and in Wasm each copy of a switch was ~60 instructions of
@@ -232,9 +264,12 @@ func skipSpace(b []byte, i int) int {
 
 var jsonSpace = [256]bool{' ': true, '\t': true, '\n': true, '\r': true}
 
-func hasLiteral(b []byte, i int, lit string) bool {
-	return len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit
-}
+// The literals' first four bytes as a little-endian word.
+const (
+	wordTrue = 't' | 'r'<<8 | 'u'<<16 | 'e'<<24
+	wordFals = 'f' | 'a'<<8 | 'l'<<16 | 's'<<24
+	wordNull = 'n' | 'u'<<8 | 'l'<<16 | 'l'<<24
+)
 
 // plainStringByte marks bytes a string may hold as they are: everything but
 // the quote, the backslash and control characters.
@@ -302,7 +337,7 @@ scan:
 			case simpleEscape[c]:
 				i += 2
 			case c == 'u':
-				if len(b)-i < 6 || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+				if !isHex4(b[i+2:]) {
 					break scan
 				}
 				i += 6
@@ -529,18 +564,9 @@ func plainRunASCII(b []byte, i int) int {
 		}
 		r = r[128:]
 	}
-	for len(r) >= 64 {
-		w := r[:64]
-		x0, x1 := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
-		x2, x3 := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
-		x4, x5 := binary.LittleEndian.Uint64(w[32:]), binary.LittleEndian.Uint64(w[40:])
-		x6, x7 := binary.LittleEndian.Uint64(w[48:]), binary.LittleEndian.Uint64(w[56:])
-		if (stopASCII(x0)|stopASCII(x1)|stopASCII(x2)|stopASCII(x3)|
-			stopASCII(x4)|stopASCII(x5)|stopASCII(x6)|stopASCII(x7))&highBits != 0 {
-			break
-		}
-		r = r[64:]
-	}
+	// The last 127 bytes, or the 128 that hold the byte, 8 per step: no
+	// 64-byte steps in between, which would save a few steps once per
+	// string and cost ~700 bytes of a function every request enters.
 	for len(r) >= 8 {
 		if m := stopASCII(binary.LittleEndian.Uint64(r)) & highBits; m != 0 {
 			return len(b) - len(r) + bits.TrailingZeros64(m)>>3
@@ -584,14 +610,21 @@ func needsLook(x uint64) uint64 {
 	return ((y-0x21*ones)&^y | (z-ones)&^z) & highs
 }
 
-// isHex reports whether c is a hex digit. A table lookup: scanString
-// inlines it four times, and in Wasm each copy of the range tests was ~30
-// instructions of a function every request enters.
-func isHex(c byte) bool { return hexDigit[c] }
+// isHex4 reports whether h starts with four hex digits: four table
+// lookups ANDed, after one length test that spares their bounds checks.
+// scanString inlines it, and in Wasm a bounds check and a branch per digit
+// were ~40 instructions each of a function every request enters.
+func isHex4(h []byte) bool {
+	if len(h) < 4 {
+		return false
+	}
+	return hexDigit[h[0]]&hexDigit[h[1]]&hexDigit[h[2]]&hexDigit[h[3]] != 0
+}
 
-var hexDigit = func() (t [256]bool) {
+// hexDigit is 1 for the hex digits, 0 for every other byte.
+var hexDigit = func() (t [256]uint8) {
 	for _, c := range "0123456789abcdefABCDEF" {
-		t[c] = true
+		t[c] = 1
 	}
 	return t
 }()

@@ -26,6 +26,10 @@ var jsonCases = []string{
 	// runs of integers in arrays (the validator's token-id loop)
 	`[1,2,3]`, `[12,345,6789,0,10]`, `[1,2.5,3]`, `[1,2e3,4]`, `[1,2E-3]`, `[1, 2 ,3]`, `{"p":[7,8,9],"q":1}`, `[[1,2],[3,4]]`,
 	`[1,01]`, `[1,2,]`, `[1,2x]`, `[1,2.]`, `[1,2e]`, `[1,2,-]`, `[1,23`, `{"a":1,2}`, `[1,2}`,
+	// literals (compared as a word), and \u escapes (four hex digits at once)
+	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
+	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,
+	`"\u00E9\uABcd"`, `"\u0"`, `"\u00e"`, `"\uzzzz"`, `"\u00g0"`, `"\u00e9`, `"\u`,
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {
@@ -84,7 +88,7 @@ func FuzzWalkerMatchesGJSON(f *testing.F) {
 		v := b[i:skipJSONValue(b, i)]
 		compare(t, nil, v, gjson.ParseBytes(v))
 		// The same walk through the span table of the validating pass.
-		doc := &jsonDoc{body: b, spans: spans.spans}
+		doc := &jsonDoc{jsonSpans: spans, base: cap(b)}
 		compare(t, doc, b[i:doc.skip(b, i)], gjson.ParseBytes(v))
 	})
 }
@@ -366,7 +370,7 @@ func TestUnescapeMatchesGJSON(t *testing.T) {
 		if !scanJSON(body, &spans) {
 			t.Fatalf("test body rejected: %s", body)
 		}
-		d := &jsonDoc{body: body, spans: spans.spans}
+		d := &jsonDoc{jsonSpans: spans, base: cap(body)}
 		var got []string
 		for pos := skipSpace(body, 1); ; {
 			v, next, ok := d.element(body, pos)

@@ -19,12 +19,18 @@ import (
 // bytes at a time.
 
 // jsonDoc is a validated body with the span table its validating pass
-// built (see jsonSpans). A nil *jsonDoc walks by scanning alone; so does a
-// value outside the table (short strings, numbers, literals).
+// built (see jsonSpans): the pass fills the doc's own table, so that a
+// parser that reuses one doc stores no pointer per body (in Wasm each
+// pointer stored into the heap is a write barrier's code). A nil *jsonDoc
+// walks by scanning alone; so does a value outside the table (short
+// strings, numbers, literals).
 type jsonDoc struct {
-	body  []byte
-	spans []jsonSpan
-	next  int // index in spans of the value after the last one found: walks go mostly forward
+	jsonSpans
+	// base is the cap of the body: a view v of it starts at offset
+	// base-cap(v). An offset rather than the body, which the doc would
+	// keep from the garbage collector after the request.
+	base int
+	next int // index in spans of the value after the last one found: walks go mostly forward
 
 	// unesc holds the unescaped text of the escaped strings read so far
 	// (see text): appended to, never overwritten, so every string text
@@ -34,12 +40,12 @@ type jsonDoc struct {
 }
 
 // find returns the span table entry of the value starting at v[0]. v must
-// be a view of d.body (so cap tells its offset).
+// be a view of the doc's body (so cap tells its offset).
 func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 	if d == nil || len(d.spans) == 0 {
 		return jsonSpan{}, false
 	}
-	pos := int32(cap(d.body) - cap(v))
+	pos := int32(d.base - cap(v))
 	if n := d.next; n < len(d.spans) && d.spans[n].start == pos {
 		d.next = n + 1
 		return d.spans[n], true
@@ -51,7 +57,7 @@ func (d *jsonDoc) find(v []byte) (jsonSpan, bool) {
 // the value starting at v[0] is the table's next entry, which it is for
 // every long string and container of a walk that goes forward.
 func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
-	if d != nil && d.next < len(d.spans) && d.spans[d.next].start == int32(cap(d.body)-cap(v)) {
+	if d != nil && d.next < len(d.spans) && d.spans[d.next].start == int32(d.base-cap(v)) {
 		d.next++
 		return d.spans[d.next-1], true
 	}
@@ -62,7 +68,7 @@ func (d *jsonDoc) nextSpan(v []byte) (jsonSpan, bool) {
 // string that the walk has just stepped over, and finds it here without a
 // call to find.
 func (d *jsonDoc) lastSpan(v []byte) (jsonSpan, bool) {
-	if d != nil && d.next > 0 && d.next <= len(d.spans) && d.spans[d.next-1].start == int32(cap(d.body)-cap(v)) {
+	if d != nil && d.next > 0 && d.next <= len(d.spans) && d.spans[d.next-1].start == int32(d.base-cap(v)) {
 		return d.spans[d.next-1], true
 	}
 	return jsonSpan{}, false
@@ -95,8 +101,9 @@ var numberByte = [256]bool{'0': true, '1': true, '2': true, '3': true, '4': true
 func skipJSONValue(b []byte, i int) int { return (*jsonDoc)(nil).skip(b, i) }
 
 func (d *jsonDoc) skip(b []byte, i int) int {
+	e := -1 // the value's end: one return, as in member
 	if i >= len(b) {
-		return -1
+		return e
 	}
 	switch c := b[i]; {
 	case c == '"' || c == '{' || c == '[':
@@ -105,31 +112,33 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		// copy of the lookups for strings and containers: in Wasm each
 		// inlined copy is code every request enters.
 		if s, ok := d.nextSpan(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
+			e = i + int(s.end-s.start)
 		}
-		if c == '"' {
-			if e := shortString(b, i); e > 0 {
-				return e
+		if e < 0 && c == '"' {
+			e = shortString(b, i)
+		}
+		if e < 0 {
+			if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
+				e = i + int(s.end-s.start)
 			}
 		}
-		if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
-			return i + int(s.end-s.start)
+		if e < 0 {
+			if c == '"' {
+				e = skipString(b, i)
+			} else {
+				e = skipContainer(b, i)
+			}
 		}
-		if c == '"' {
-			return skipString(b, i)
-		}
-		return skipContainer(b, i)
 	case c == '-' || (c >= '0' && c <= '9'):
 		// Valid JSON: the number ends at the first byte no number holds.
-		for i++; i < len(b) && numberByte[b[i]]; i++ {
+		for e = i + 1; e < len(b) && numberByte[b[e]]; e++ {
 		}
-		return i
 	case c == 't' || c == 'n':
-		return i + 4
+		e = i + 4
 	case c == 'f':
-		return i + 5
+		e = i + 5
 	}
-	return -1
+	return e
 }
 
 // skipContainer returns the index after the object or array starting at
@@ -179,9 +188,7 @@ func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
 	k, v, e := -1, 0, -1 // the key's end, and the value's start and end
 	if i < len(obj) && obj[i] == '"' {
-		if k = shortString(obj, i); k < 0 {
-			k = skipString(obj, i)
-		}
+		k = d.skip(obj, i) // a key is never in the table: skip scans it
 	}
 	if k >= 0 {
 		v = skipSpace(obj, skipSpace(obj, k)+1) // past ':'
@@ -313,9 +320,15 @@ func (d *jsonDoc) text(raw []byte) string {
 	inner := raw[1 : len(raw)-1]
 	escaped := false
 	if len(raw) < minSpanString { // never in the table
-		// shortString stops at the first backslash: the walk calls it
-		// anyway, where hasBackslash would be one more function entered.
-		escaped = shortString(raw, 0) != len(raw)
+		// A byte loop over a few dozen bytes at most (keys, roles,
+		// names): no call, where text is called for every key and
+		// short value a request reads.
+		for _, c := range inner {
+			if c == '\\' {
+				escaped = true
+				break
+			}
+		}
 	} else if s, ok := d.lastSpan(raw); ok {
 		escaped = s.escaped
 	} else if s, ok := d.find(raw); ok {
@@ -324,11 +337,21 @@ func (d *jsonDoc) text(raw []byte) string {
 		escaped = hasBackslash(inner)
 	}
 	if escaped { // the text is the unescaped copy
-		start := len(d.unesc)
-		d.unesc = appendUnescaped(d.unesc, inner)
-		inner = d.unesc[start:]
+		inner = d.unescape(inner)
 	}
 	return unsafeString(inner) // one return: in Wasm each is code of its own
+}
+
+// unescape returns the text of the inner bytes of a valid JSON string with
+// escapes, appended to the doc's buffer. Out of text, which every request
+// enters for keys and short values without escapes (not inlined there:
+// it is ~500 bytes of Wasm).
+//
+//go:noinline
+func (d *jsonDoc) unescape(inner []byte) []byte {
+	start := len(d.unesc)
+	d.unesc = appendUnescaped(d.unesc, inner)
+	return d.unesc[start:]
 }
 
 // appendUnescaped appends to dst the text of the inner bytes of a valid

@@ -84,8 +84,9 @@ var (
 	errBadMessages   = badRequest("messages", "'messages' must be an array of message objects")
 	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
 
-	errBadMaxTokens           = maxTokensError("max_tokens")
-	errBadMaxCompletionTokens = maxTokensError("max_completion_tokens")
+	// By field, from fieldMaxTokens on: built once, where an array
+	// literal in parse was built at each request.
+	errBadMaxTokens = [...]*requestError{maxTokensError("max_tokens"), maxTokensError("max_completion_tokens")}
 )
 
 // body renders the OpenAI error object.
@@ -118,11 +119,10 @@ type requestParser struct {
 	hasher *index.Hasher
 	ids    []uint32
 
-	// The span table of the body being parsed (see jsonSpans), so that
+	// The body being parsed with its span table (see jsonSpans), so that
 	// walking the messages, a message and its content does not rescan the
-	// prompt at each level.
-	spans jsonSpans
-	doc   jsonDoc // its unesc buffer is kept for the next body
+	// prompt at each level. Its buffers are kept for the next body.
+	doc jsonDoc
 
 	// models holds the model names seen, so that a parsed request owns its
 	// Model without a copy per request: the body it came from is reused
@@ -131,19 +131,14 @@ type requestParser struct {
 	models map[string]string
 	last   string // the last model returned by owned: most bodies name it again
 
-	// Top-level members of the last body, and how many must not reach an
-	// engine (see clientOnly).
-	members []memberSpan
+	// How many top-level members of the last body must not reach an
+	// engine (see firstClientOnly), and the buffer withoutClientOnly
+	// builds the body without them in.
 	dropped int
 	out     []byte
 }
 
-type memberSpan struct {
-	start, end int // body[start:end] is `"key": value`
-	drop       bool
-}
-
-// The top-level members parseBody looks at, by index in requestFields.
+// The top-level members parse looks at, by index in requestFields.
 const (
 	fieldModel = iota
 	fieldStream
@@ -184,8 +179,8 @@ var requestFields = [...]string{
 // fieldOf returns the index of key in fields, or -1. The parser matches
 // keys with this one loop rather than with a comparison per key inlined
 // where it reads them: in Wasm a request pays for every byte of each
-// function it enters, and those copies made parseBody and message
-// kilobytes larger.
+// function it enters, and those copies made parse and chat kilobytes
+// larger.
 func fieldOf(key string, fields []string) int {
 	for n, f := range fields {
 		if is(key, f) {
@@ -243,81 +238,92 @@ func (p *requestParser) remember(s string) string {
 	return m
 }
 
-// withoutClientOnly returns body without the members parse marked, or nil
-// when there is nothing to remove. The result is reused by the next call.
+// withoutClientOnly returns body, which parse has just accepted, without
+// its client-only members (see firstClientOnly), or nil when it has none.
+// The result is reused by the next call. Small enough to be inlined: a
+// body without such members, nearly every one, enters no function here.
 func (p *requestParser) withoutClientOnly(body []byte) []byte {
 	if p.dropped == 0 {
 		return nil
 	}
+	return p.dropClientOnly(body)
+}
+
+// dropClientOnly is withoutClientOnly for a body with client-only
+// members. It finds them by walking the members again, as parse did:
+// parse only counts them, so that the many bodies without any record no
+// member list (in Wasm every request pays for each byte of the functions
+// it enters, an append's included).
+func (p *requestParser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
-	for _, m := range p.members {
-		if m.drop {
-			continue
-		}
-		if !first {
-			out = append(out, ',')
-		}
-		out = append(out, body[m.start:m.end]...)
-		first = false
-	}
-	p.out = append(out, '}')
-	return p.out
-}
-
-// parse validates body for kind and feeds its prompt to the hasher.
-func (p *requestParser) parse(body []byte, kind apiKind) (parsedRequest, *requestError) {
-	r, err := p.parseBody(body, kind)
-	p.doc.body = nil // the body goes after this request (no defer: in Wasm a call to the runtime and back)
-	return r, err
-}
-
-// parseBody is parse before the body goes. r is a named result so that it
-// is built in place: with a local returned at each of the dozen returns,
-// each one copied the whole struct, and in Wasm that was ~300 bytes of a
-// function every request enters.
-func (p *requestParser) parseBody(body []byte, kind apiKind) (r parsedRequest, _ *requestError) {
-	if len(body) == 0 {
-		return r, errEmptyBody
-	}
-	// One pass checks JSON and UTF-8 (in strings; everything else must be
-	// ASCII); see scanError for a body it rejects.
-	p.spans.checkUTF8 = true
-	if !p.spans.scan(body) {
-		return r, p.scanError(body)
-	}
-	// The walk starts inside the body's object, so the first value it
-	// looks up is the table's second entry (the first is that object).
-	p.doc = jsonDoc{body: body, spans: p.spans.spans, next: 1, unesc: p.doc.unesc[:0]}
-	if body[skipSpace(body, 0)] != '{' {
-		return r, errBodyNotObject
-	}
-	// One pass over the top-level members with the span walker (see
-	// jsonwalk.go). A repeated key keeps its last value, as Python's json
-	// module (vLLM, SGLang) does.
-	var fields [firstClientOnly][]byte
-	p.members, p.dropped = p.members[:0], 0
 	obj := body[skipSpace(body, 0):]
 	for i := skipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
 			break
 		}
+		// obj[i:end] is the member: `"key": value`.
+		start, end := i, cap(obj)-cap(v)+len(v)
 		i = next
-		// Offsets in body of this member (k and v are views of body).
-		m := memberSpan{start: cap(body) - cap(k), end: cap(body) - cap(v) + len(v)}
+		if fieldOf(p.doc.text(k), requestFields[:]) >= firstClientOnly {
+			continue
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		out = append(out, obj[start:end]...)
+		first = false
+	}
+	p.out = append(out, '}')
+	return p.out
+}
+
+// parse validates body for kind and feeds its prompt to the hasher. r is
+// a named result so that it is built in place: with a local returned at
+// each of the dozen returns, each one copied the whole struct, and in Wasm
+// that was ~300 bytes of a function every request enters. For the same
+// reason what few requests send (a LoRA adapter, "user" and "cache_salt",
+// an endpoint to sniff, a prompt other than messages) is read out of line.
+func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *requestError) {
+	if len(body) == 0 {
+		return r, errEmptyBody
+	}
+	// One pass checks JSON and UTF-8 (in strings; everything else must be
+	// ASCII); see scanError for a body it rejects.
+	p.doc.checkUTF8 = true
+	if !p.doc.scan(body) {
+		return r, p.scanError(body)
+	}
+	// The walk starts inside the body's object, so the first value it
+	// looks up is the table's second entry (the first is that object).
+	p.doc.base, p.doc.next = cap(body), 1
+	p.doc.unesc = p.doc.unesc[:0]
+	obj := body[skipSpace(body, 0):]
+	if obj[0] != '{' {
+		return r, errBodyNotObject
+	}
+	// One pass over the top-level members with the span walker (see
+	// jsonwalk.go). A repeated key keeps its last value, as Python's json
+	// module (vLLM, SGLang) does.
+	var fields [firstClientOnly][]byte
+	p.dropped = 0
+	for i := skipSpace(obj, 1); ; {
+		k, v, next, ok := p.doc.member(obj, i)
+		if !ok {
+			break
+		}
+		i = next
 		// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
 		// "model", and an escaped kv_transfer_params must go too.
 		switch f := fieldOf(p.doc.text(k), requestFields[:]); {
 		case f >= firstClientOnly:
-			m.drop = true
 			p.dropped++
 		case f >= 0:
 			fields[f] = v
 		}
-		p.members = append(p.members, m)
 	}
-	model, stream, user, salt := fields[fieldModel], fields[fieldStream], fields[fieldUser], fields[fieldSalt]
+	model, stream := fields[fieldModel], fields[fieldStream]
 	if model == nil {
 		return r, errNoModel
 	}
@@ -326,21 +332,17 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (r parsedRequest, _
 	}
 	r.Model = p.owned(p.doc.text(model))
 	if len(p.cfg.LoRAAdapters) > 0 { // no map operation when there is nothing to find
-		if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
-			r.Model, r.Adapter = base, r.Model
-		}
+		p.adapter(&r)
 	}
 	if stream != nil {
-		switch jsonType(stream) {
-		case gjson.True:
-			r.Stream = true
-		case gjson.False:
-		default:
+		t := jsonType(stream)
+		if t != gjson.True && t != gjson.False {
 			return r, errBadStream
 		}
+		r.Stream = t == gjson.True
 	}
 	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
-	for f, bad := range [...]*requestError{errBadMaxTokens, errBadMaxCompletionTokens} {
+	for f, bad := range &errBadMaxTokens {
 		if v := fields[fieldMaxTokens+f]; v != nil && jsonType(v) != gjson.Null {
 			n, ok := rawWholeNumber(v)
 			if !ok || n < 0 || n > maxMaxTokens {
@@ -349,42 +351,20 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (r parsedRequest, _
 			r.MaxTokens = int(n)
 		}
 	}
-	if user != nil && jsonType(user) != gjson.Null {
-		if jsonType(user) != gjson.String {
-			return r, errBadUser
+	salt := ""
+	if fields[fieldUser] != nil || fields[fieldSalt] != nil {
+		var err *requestError
+		if salt, err = p.identity(&r, &fields); err != nil {
+			return r, err
 		}
-		r.SessionKey = strings.Clone(p.doc.text(user)) // kept by session affinity
-	}
-	saltText := ""
-	if salt != nil {
-		if jsonType(salt) != gjson.String {
-			return r, errBadSalt
-		}
-		saltText = p.doc.text(salt)
 	}
 
-	p.hasher.Reset(r.Model, r.Adapter, saltText)
-	messages, prompt, input := fields[fieldMessages], fields[fieldPrompt], fields[fieldInput]
-	if kind == apiUnknown {
-		switch {
-		case messages != nil:
-			kind = apiChat
-		case prompt != nil:
-			kind = apiCompletions
-		case input != nil:
-			kind = apiEmbeddings
-		default:
-			return r, errNoPrompt
-		}
-	}
+	p.hasher.Reset(r.Model, r.Adapter, salt)
 	var err *requestError
-	switch kind {
-	case apiChat:
-		err = p.chat(messages, fields[fieldTools])
-	case apiCompletions:
-		err = p.prompt(prompt, "prompt")
-	case apiEmbeddings:
-		err = p.prompt(input, "input")
+	if kind == apiChat {
+		err = p.chat(&fields)
+	} else {
+		err = p.notChat(kind, &fields)
 	}
 	if err != nil {
 		return r, err
@@ -393,12 +373,66 @@ func (p *requestParser) parseBody(body []byte, kind apiKind) (r parsedRequest, _
 	return r, nil
 }
 
+// adapter maps r's model, when it names a configured LoRA adapter, to the
+// adapter's base model. Not inlined: parse enters it only when adapters
+// are configured.
+//
+//go:noinline
+func (p *requestParser) adapter(r *parsedRequest) {
+	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
+		r.Model, r.Adapter = base, r.Model
+	}
+}
+
+// identity reads the body's "user" (into r) and "cache_salt" (returned),
+// either of which may be absent.
+func (p *requestParser) identity(r *parsedRequest, fields *[firstClientOnly][]byte) (string, *requestError) {
+	user, salt := fields[fieldUser], fields[fieldSalt]
+	if user != nil && jsonType(user) != gjson.Null {
+		if jsonType(user) != gjson.String {
+			return "", errBadUser
+		}
+		r.SessionKey = strings.Clone(p.doc.text(user)) // kept by session affinity
+	}
+	if salt == nil {
+		return "", nil
+	}
+	if jsonType(salt) != gjson.String {
+		return "", errBadSalt
+	}
+	return p.doc.text(salt), nil
+}
+
+// notChat hashes the prompt of a body that is not a chat: a completions
+// "prompt", an embeddings "input", or for an unknown endpoint whichever
+// of "messages", "prompt" and "input" the body holds first in that order.
+func (p *requestParser) notChat(kind apiKind, fields *[firstClientOnly][]byte) *requestError {
+	if kind == apiUnknown {
+		switch {
+		case fields[fieldMessages] != nil:
+			return p.chat(fields)
+		case fields[fieldPrompt] != nil:
+			kind = apiCompletions
+		case fields[fieldInput] != nil:
+			kind = apiEmbeddings
+		default:
+			return errNoPrompt
+		}
+	}
+	if kind == apiEmbeddings {
+		return p.prompt(fields[fieldInput], "input")
+	}
+	return p.prompt(fields[fieldPrompt], "prompt")
+}
+
 // scanError names why the validating pass rejected body: a failed pass
 // looks at UTF-8 again only to name the error as a separate utf8.Valid pass
-// would have. Out of parseBody: in Wasm every request pays for each byte of
-// the functions it enters, and a valid body never comes here.
+// would have. Out of parse (not inlined): in Wasm every request pays for
+// each byte of the functions it enters, and a valid body never comes here.
+//
+//go:noinline
 func (p *requestParser) scanError(body []byte) *requestError {
-	if p.spans.badUTF8 || !utf8.Valid(body) {
+	if p.doc.badUTF8 || !utf8.Valid(body) {
 		return errBodyNotUTF8
 	}
 	return errBodyNotJSON
@@ -427,14 +461,22 @@ func rawWholeNumber(v []byte) (int64, bool) {
 		plain = c >= '0' && c <= '9'
 		n = n*10 + int64(c-'0')
 	}
-	if !plain { // one call site: each inlined gjson.ParseBytes is code a request enters
-		return wholeNumber(gjson.ParseBytes(v))
+	if !plain {
+		return parsedWholeNumber(v)
 	}
 	if len(d) < len(v) {
 		n = -n
 	}
 	return n, true
 }
+
+// parsedWholeNumber is rawWholeNumber for a number that is not a plain
+// integer: through gjson. Not inlined: gjson.ParseBytes and its result (ten
+// words passed by value) were ~250 bytes of rawWholeNumber, which every
+// request with a max_tokens enters.
+//
+//go:noinline
+func parsedWholeNumber(v []byte) (int64, bool) { return wholeNumber(gjson.ParseBytes(v)) }
 
 // wholeNumber reads a JSON integer (1e3 and 2.0 are accepted as whole).
 func wholeNumber(v gjson.Result) (int64, bool) {
@@ -535,14 +577,16 @@ func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
 	return nil
 }
 
-// chat hashes tools and messages in request order, as a chat template lays
-// them out.
-func (p *requestParser) chat(msgs, tools []byte) *requestError {
-	if tools != nil && jsonType(tools) != gjson.Null {
-		if tools[0] != '[' {
-			return errBadTools
+// chat hashes the body's tools and messages (fields are its top-level
+// members, see parse) in request order, as a chat template lays them out.
+// Each message is read here rather than in a function of its own: in Wasm
+// each function a request enters, and each call, costs.
+func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
+	msgs := fields[fieldMessages]
+	if tools := fields[fieldTools]; tools != nil && jsonType(tools) != gjson.Null {
+		if err := p.tools(tools); err != nil {
+			return err
 		}
-		p.hasher.Field("tools", unsafeString(tools))
 	}
 	if msgs == nil {
 		return errNoMessages
@@ -557,7 +601,33 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 			break
 		}
 		i = next
-		if err := p.message(m, n); err != nil {
+		if m[0] != '{' {
+			return messageError(n, messageNotObject)
+		}
+		// One pass over the message's members (the content may be most
+		// of the body).
+		var msg [len(messageFields)][]byte // its members, by index in messageFields
+		for pos := skipSpace(m, 1); ; {
+			k, v, next, ok := p.doc.member(m, pos)
+			if !ok {
+				break
+			}
+			pos = next
+			if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
+				msg[f] = v
+			}
+		}
+		role, content := msg[messageRole], msg[messageContent]
+		if jsonType(role) != gjson.String || len(role) == 2 {
+			return messageError(n, messageBadRole)
+		}
+		if msg[messageName] == nil && msg[messageToolCalls] == nil && msg[messageToolCallID] == nil &&
+			jsonType(content) == gjson.String {
+			p.hasher.Message(p.doc.text(role), p.doc.text(content))
+			continue
+		}
+		p.hasher.BeginMessage(p.doc.text(role))
+		if err := p.messageRest(&msg, n); err != nil {
 			return err
 		}
 	}
@@ -567,7 +637,17 @@ func (p *requestParser) chat(msgs, tools []byte) *requestError {
 	return nil
 }
 
-// The members of a message that message reads, by index in messageFields:
+// tools hashes the body's "tools", a value other than null. Out of chat:
+// few requests send tools.
+func (p *requestParser) tools(tools []byte) *requestError {
+	if tools[0] != '[' {
+		return errBadTools
+	}
+	p.hasher.Field("tools", unsafeString(tools))
+	return nil
+}
+
+// The members of a message that chat reads, by index in messageFields:
 // raw keys, quotes included (an escaped key is not one of them).
 const (
 	messageRole = iota
@@ -585,29 +665,13 @@ var messageFields = [...]string{
 	messageToolCallID: `"tool_call_id"`,
 }
 
-func (p *requestParser) message(m []byte, i int) *requestError {
-	if m[0] != '{' {
-		return messageError(i, messageNotObject)
-	}
-	// One pass over the message's members (the content may be most of the
-	// body).
-	var fields [len(messageFields)][]byte
-	for pos := skipSpace(m, 1); ; {
-		k, v, next, ok := p.doc.member(m, pos)
-		if !ok {
-			break
-		}
-		pos = next
-		if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
-			fields[f] = v
-		}
-	}
-	role, name, content := fields[messageRole], fields[messageName], fields[messageContent]
+// messageRest is chat's reading of message i after the role, for a
+// message that is more than a role and a string content: a name, content
+// parts, tool calls. Out of chat: in Wasm a request pays for each byte of
+// the functions it enters, and most messages are a role and a string.
+func (p *requestParser) messageRest(fields *[len(messageFields)][]byte, i int) *requestError {
+	name, content := fields[messageName], fields[messageContent]
 	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
-	if jsonType(role) != gjson.String || len(role) == 2 {
-		return messageError(i, messageBadRole)
-	}
-	p.hasher.BeginMessage(p.doc.text(role))
 	if jsonType(name) == gjson.String {
 		p.hasher.Field("name", p.doc.text(name))
 	}
@@ -661,9 +725,8 @@ var messageFaults = [...]struct{ field, format string }{
 
 // messageError is the error of kind fault (see messageFaults) about
 // message i. Errors are built out of line, here and in partError, and
-// message names each by a small number: in Wasm a request pays for every
-// byte of each function it enters, and message is entered for every
-// message.
+// chat names each by a small number: in Wasm a request pays for every
+// byte of each function it enters, and chat reads every message.
 func messageError(i, fault int) *requestError {
 	f := messageFaults[fault]
 	at := "messages[" + strconv.Itoa(i) + "]"
@@ -671,7 +734,7 @@ func messageError(i, fault int) *requestError {
 }
 
 // toolCalls hashes an assistant message's tool calls, the array calls. Out
-// of message (which every message enters) with its gjson lookups.
+// of messageRest with its gjson lookups.
 func (p *requestParser) toolCalls(calls []byte) {
 	for _, c := range gjson.ParseBytes(calls).Array() {
 		fn := c.Get("function")

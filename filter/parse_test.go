@@ -246,6 +246,56 @@ func TestEscapedKeysCountAsDecoded(t *testing.T) {
 	}
 }
 
+// withoutClientOnly walks the members again after parse (which only counts
+// the client-only ones): the body it forwards is the accepted body's other
+// members, byte for byte and in order, wherever the dropped ones were and
+// however long the values around them (long ones are in the span table,
+// which the chat walk has gone past).
+func TestWithoutClientOnlyKeepsTheOtherMembers(t *testing.T) {
+	long := strings.Repeat("a long system prompt ", 20)
+	keep := []string{
+		`"model" : "m"`,
+		`"messages":[ {"role":"system","content":"` + long + `"}, {"role":"user","content":"hi"} ]`,
+		`"stream":true`,
+		`"metadata":{"note":"` + long + `","n":[1,2,3]}`,
+	}
+	drop := []string{
+		`"kv_transfer_params":{"remote_host":"169.254.169.254","blob":"` + long + `"}`,
+		`"bootstrap_host" :"10.0.0.1"`,
+		`"bootstrap_p\u006frt": 8998`,
+		`"bootstrap_room":7`,
+	}
+	for _, order := range [][]string{
+		{drop[0], keep[0], keep[1], drop[1], keep[2], drop[2], keep[3], drop[3]},
+		{keep[0], drop[1], drop[0], keep[1], keep[2], keep[3]},
+		{keep[0], keep[1], keep[2], keep[3], drop[3]},
+	} {
+		body := "{ " + strings.Join(order, " ,\n ") + " }"
+		var want []string
+		dropped := 0
+		for _, m := range order {
+			if slices.Contains(drop, m) {
+				dropped++
+			} else {
+				want = append(want, m)
+			}
+		}
+		p := newParser(t, `{}`)
+		if _, err := p.parse([]byte(body), apiChat); err != nil {
+			t.Fatalf("%s: %s", body, err.Message)
+		}
+		got := p.withoutClientOnly([]byte(body))
+		if p.dropped != dropped || string(got) != "{"+strings.Join(want, ",")+"}" {
+			t.Errorf("%s:\ndropped %d, forwarded %s", body, p.dropped, got)
+		}
+	}
+	p := newParser(t, `{}`)
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	if _, err := p.parse(body, apiChat); err != nil || p.withoutClientOnly(body) != nil {
+		t.Errorf("a body without client-only members: err %v, forwarded %s", err, p.withoutClientOnly(body))
+	}
+}
+
 // rawWholeNumber reads what wholeNumber reads from gjson, for every kind of
 // JSON number, with or without its fast path.
 func TestRawWholeNumberMatchesGJSON(t *testing.T) {

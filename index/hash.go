@@ -2,6 +2,7 @@ package index
 
 import (
 	"encoding/binary"
+	"slices"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -139,14 +140,14 @@ func (h *Hasher) Config() HashConfig { return h.cfg }
 func (h *Hasher) Reset(model, adapter, salt string) {
 	// The seed is XXH64 (seed 0) of each string preceded by its length
 	// as 4 bytes, little endian; pend serves as the scratch buffer.
-	seed := h.pend[:0]
+	h.pend = h.pend[:0]
 	for _, s := range [3]string{model, adapter, salt} {
-		seed = binary.LittleEndian.AppendUint32(seed, uint32(len(s)))
-		seed = append(seed, s...)
+		binary.LittleEndian.PutUint32(h.scr[:4], uint32(len(s)))
+		h.put(h.scr[:4], s)
 	}
-	h.seed = xxhash.Sum64(seed)
+	h.seed = xxhash.Sum64(h.pend)
 	h.prev = h.seed
-	h.pend = seed[:0]
+	h.pend = h.pend[:0]
 	h.kind = 0
 	h.blkLen = h.cfg.BlockChars // blockSize(0): level 0, without its division
 	h.total = 0
@@ -155,20 +156,29 @@ func (h *Hasher) Reset(model, adapter, salt string) {
 }
 
 // setKind writes the one-byte prompt kind the first time a field arrives,
-// so a chat, a text prompt and a token prompt never share blocks.
+// so a chat, a text prompt and a token prompt never share blocks. Small
+// enough to be inlined: the fields after the first make no call for it.
 func (h *Hasher) setKind(k byte) {
 	if h.kind == 0 {
-		h.kind = k
-		h.scr[0] = k
-		h.write(h.scr[:1])
+		h.writeKind(k)
 	}
 }
 
+// writeKind is setKind for the first field.
+func (h *Hasher) writeKind(k byte) {
+	h.kind = k
+	h.scr[0] = k
+	h.write(h.scr[:1])
+}
+
 // Message appends one chat message whose content is a plain string.
-// It is BeginMessage(role) followed by Text(content).
+// It is BeginMessage(role) followed by Text(content), written out: the
+// filter hashes most messages with it, and in Wasm each function a request
+// enters, and each call, costs.
 func (h *Hasher) Message(role, content string) {
-	h.BeginMessage(role)
-	h.Text(content)
+	h.setKind(kindChat)
+	h.element(tagMessage, role)
+	h.element(tagText, content)
 }
 
 // BeginMessage starts a chat message. Follow it with its content parts
@@ -249,7 +259,7 @@ func (h *Hasher) element(tag byte, s string) {
 	if k := 1 + n + len(s); len(h.pend)+k < h.blkLen {
 		// A short element that leaves the block incomplete (a role, a
 		// name, a short message): what writeString would do, in one go.
-		h.pend = append(append(h.pend, h.scr[:1+n]...), s...)
+		h.put(h.scr[:1+n], s)
 		h.total += k
 		return
 	}
@@ -261,13 +271,13 @@ func (h *Hasher) write(p []byte) { h.writeString(bytesString(p)) }
 
 // writeString appends s to the prompt, hashing each block as soon as it
 // is complete. A block is completed and linked at one place, so a prompt
-// of many blocks makes no call per block beyond link's: in Wasm each call
-// and each function entered costs.
+// of many blocks makes no call per block beyond xxhash's two: in Wasm each
+// call and each function entered costs.
 func (h *Hasher) writeString(s string) {
 	for len(s) > 0 {
 		n := h.blkLen - len(h.pend) // the bytes that complete the current block
 		if len(s) < n {
-			h.pend = append(h.pend, s...)
+			h.put(nil, s)
 			h.total += len(s)
 			return
 		}
@@ -277,26 +287,46 @@ func (h *Hasher) writeString(s string) {
 			// straight from s, without a copy into pend.
 			block = s[:n]
 		} else {
-			h.pend = append(h.pend, s[:n]...)
+			h.put(nil, s[:n])
 			block = bytesString(h.pend)
 			h.pend = h.pend[:0] // block still views the bytes until it is linked below
 		}
 		s = s[n:]
 		h.total += n
-		h.prev = link(h.prev, block)
-		h.blocks = append(h.blocks, h.prev)
-		h.ends = append(h.ends, h.total) // ends[i]: bytes covered by blocks[0..i]
-		h.blkLen = h.cfg.blockSize(len(h.blocks))
+		// The link to the previous block: xxhash64 of the previous hash
+		// and the block's own xxhash64, 8 bytes each, little endian.
+		// Written out here rather than called: a call per block.
+		var pair [16]byte
+		binary.LittleEndian.PutUint64(pair[:8], h.prev)
+		binary.LittleEndian.PutUint64(pair[8:], xxhash.Sum64String(block))
+		h.prev = xxhash.Sum64(pair[:])
+		b := len(h.blocks)
+		if b == cap(h.blocks) || b == cap(h.ends) {
+			h.growBlocks()
+		}
+		h.blocks, h.ends = h.blocks[:b+1], h.ends[:b+1]
+		h.blocks[b], h.ends[b] = h.prev, h.total // ends[i]: bytes covered by blocks[0..i]
+		h.blkLen = h.cfg.blockSize(b + 1)
 	}
 }
 
-// link returns the hash of the block that follows prev: xxhash64 of prev
-// and the block's own xxhash64, 8 bytes each, little endian.
-func link(prev uint64, block string) uint64 {
-	var pair [16]byte
-	binary.LittleEndian.PutUint64(pair[:8], prev)
-	binary.LittleEndian.PutUint64(pair[8:], xxhash.Sum64String(block))
-	return xxhash.Sum64(pair[:])
+// put appends head and s to pend. One function for the appends to pend of
+// Reset, element and writeString, which a request enters for every element
+// and block: in Go's Wasm port an append is ~170 instructions (the call
+// that grows the array, the write barrier that stores it, the copy), and
+// each one inlined where it is used was code a request paid for. Two
+// pieces in one call: an element is its header and its text, and a seed
+// string its length and its bytes.
+//
+//go:noinline
+func (h *Hasher) put(head []byte, s string) { h.pend = append(append(h.pend, head...), s...) }
+
+// growBlocks makes room in blocks and ends for one more block each. Not
+// inlined: see put.
+//
+//go:noinline
+func (h *Hasher) growBlocks() {
+	h.blocks, h.ends = slices.Grow(h.blocks, 1), slices.Grow(h.ends, 1)
 }
 
 // bytesString views b as a string, for hashing it without a copy.

@@ -10,33 +10,42 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// link is xxhash of the previous hash and the block's hash, 8 bytes each,
-// little endian, for every block length around xxhash's 8-, 32- and
-// 64-byte steps; the chain depends on what came before.
-func TestLinkIsTheDefinition(t *testing.T) {
+// A block's hash is xxhash of the previous hash (the seed for the first
+// block) and the block's own xxhash, 8 bytes each, little endian: checked
+// for every block length around xxhash's 8-, 32- and 64-byte steps, with
+// two blocks of equal bytes, which must not hash alike (the chain depends
+// on what came before).
+func TestBlockLinkIsTheDefinition(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	buf := make([]byte, 300)
 	rng.Read(buf)
-	for _, prev := range []uint64{0, 1, 0x9E3779B185EBCA87, 1<<64 - 1, rng.Uint64()} {
-		for size := 0; size <= len(buf); size++ {
-			block := string(buf[:size])
-			var pair []byte
-			pair = binary.LittleEndian.AppendUint64(pair, prev)
-			pair = binary.LittleEndian.AppendUint64(pair, xxhash.Sum64String(block))
-			if got, want := link(prev, block), xxhash.Sum64(pair); got != want {
-				t.Fatalf("link(%#x, %d bytes) = %#x, want %#x", prev, size, got, want)
-			}
-		}
+	link := func(prev uint64, block []byte) uint64 {
+		var pair []byte
+		pair = binary.LittleEndian.AppendUint64(pair, prev)
+		pair = binary.LittleEndian.AppendUint64(pair, xxhash.Sum64(block))
+		return xxhash.Sum64(pair)
 	}
-	if link(1, "block") == link(2, "block") {
-		t.Fatal("link ignores the previous hash")
+	for size := 1; size <= len(buf); size++ {
+		h := NewHasher(HashConfig{BlockChars: size, LevelBlocks: -1})
+		h.Reset("m", "", "")
+		// The canonical bytes: the kind byte 't' and the text, which
+		// makes them two equal blocks of size bytes.
+		block := append([]byte{kindText}, buf[:size-1]...)
+		h.Text(string(block[1:]) + string(block))
+		b0 := link(h.Seed(), block)
+		if got, want := h.Blocks(), []uint64{b0, link(b0, block)}; !slices.Equal(got, want) {
+			t.Fatalf("%d-byte blocks: %#x, want %#x", size, got, want)
+		}
+		if h.Blocks()[0] == h.Blocks()[1] {
+			t.Fatalf("%d-byte blocks: equal blocks hash alike: the link ignores the previous hash", size)
+		}
 	}
 }
 
 // refHasher is the Hasher's definition written out plainly: the canonical
 // bytes of the whole prompt in one buffer, cut into blocks by HashConfig
-// and each block linked to the previous block's hash as link defines,
-// written out with plain xxhash calls. The Hasher must agree with it for any sequence of calls
+// and each block linked to the previous block's hash (see
+// TestBlockLinkIsTheDefinition), written out with plain xxhash calls. The Hasher must agree with it for any sequence of calls
 // and any configuration, whichever of its paths (the digest, or whole
 // blocks hashed straight from a string) each byte takes.
 type refHasher struct {
