@@ -44,3 +44,37 @@ func readRequestHeaderMap(buf []byte) ([]byte, error) {
 	}
 	return sdkRequestHeaderMap(nil)
 }
+
+// hostGetProperty is the host call behind the SDK's GetProperty, imported
+// so that reading upstream.address on every response neither serializes
+// the path nor allocates (the SDK does both per call, and the allocation
+// is the only one a routed response would make).
+//
+//go:wasmimport env proxy_get_property
+func hostGetProperty(path *byte, pathSize uint32, retPtr, retSize *uint32) uint32
+
+// upstreamAddressKey is upstreamAddressPath as the ABI takes a property
+// path: its segments joined by NUL.
+var upstreamAddressKey = []byte("upstream\x00address")
+
+// propertyPtr and propertySize receive where the host wrote a property;
+// package-level for the reason headerMapPtr is.
+var propertyPtr, propertySize uint32
+
+// readUpstreamAddress returns Envoy's upstream.address property (the host
+// that served the request), written by the host into buf. Anything else
+// (not set, an error, larger than buf) is read again through the SDK,
+// which returns its own error.
+func readUpstreamAddress(buf []byte) ([]byte, error) {
+	if cap(buf) > 0 {
+		hostbuf.Lend(buf)
+		status := hostGetProperty(unsafe.SliceData(upstreamAddressKey), uint32(len(upstreamAddressKey)), &propertyPtr, &propertySize)
+		hostbuf.Lend(nil)
+		ptr, size := propertyPtr, propertySize
+		propertyPtr, propertySize = 0, 0
+		if status == 0 && ptr == uint32(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))) && int(size) <= cap(buf) {
+			return buf[:size], nil
+		}
+	}
+	return sdkUpstreamAddress()
+}

@@ -9,3 +9,9 @@ package filter
 func readRequestHeaderMap(buf []byte) ([]byte, error) {
 	return sdkRequestHeaderMap(buf)
 }
+
+// readUpstreamAddress returns Envoy's upstream.address property through
+// the SDK (see the Wasm build's version for why it differs there).
+func readUpstreamAddress([]byte) ([]byte, error) {
+	return sdkUpstreamAddress()
+}

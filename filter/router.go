@@ -997,9 +997,8 @@ func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served
 			status = int(n)
 		}
 	}
-	hostbuf.Lend(p.hostVal)
-	v, err := proxywasm.GetProperty(upstreamAddressPath)
 	hostbuf.Lend(nil)
+	v, err := readUpstreamAddress(p.hostVal)
 	if err != nil || len(v) == 0 || string(v) == primary {
 		return status, primary
 	}
@@ -1031,6 +1030,16 @@ func (p *routerPlugin) lookupHost(addr string) int {
 		return i
 	}
 	return -1
+}
+
+// sdkUpstreamAddress reads upstream.address through the SDK: outside the
+// official Go Wasm build, and when the in-place read cannot serve.
+// Out of line (noinline): in Wasm only a response without the property
+// gets here.
+//
+//go:noinline
+func sdkUpstreamAddress() ([]byte, error) {
+	return proxywasm.GetProperty(upstreamAddressPath)
 }
 
 // upstreamAddressPath is the property Envoy sets to the upstream host that
