@@ -1088,10 +1088,11 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 func (s *routerStream) finish() {
 	s.finished = true
 	p := s.plugin
+	cached := -1 // Finish's "no feedback"
 	if s.feedbackSet {
-		p.rt.Feedback(&s.ticket, s.cached)
+		cached = s.cached
 	}
-	p.rt.Release(&s.ticket)
+	p.rt.Finish(&s.ticket, cached)
 	p.syncStats()
 }
 

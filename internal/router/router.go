@@ -9,6 +9,7 @@
 //	r.FirstToken(&t)              // prefill done: its tokens stop counting as pending
 //	r.Feedback(&t, cached)        // the engine's cached_tokens vs the prediction
 //	r.Release(&t)                 // stream end (or reset): every counter returns
+//	r.Finish(&t, cached)          // or both at once (cached < 0: no feedback)
 //
 // The prefix matches and the load counters live in the index (shared data,
 // seen by every Envoy worker). The KV footprint of requests in flight, which
@@ -159,7 +160,7 @@ func (r *Router) Handler() *scorer.Handler { return r.handler }
 
 // Stats returns a copy of the counters.
 //
-// It unlocks without defer, as Feedback does: the copy cannot panic, and a
+// It unlocks without defer: the copy cannot panic, and a
 // deferred call is a function of its own (a deferwrap) that every request
 // enters in Wasm.
 func (r *Router) Stats() Stats {
@@ -515,35 +516,9 @@ func (r *Router) FirstToken(t *Ticket) {
 // the request and compares it with the prediction. The index needs no
 // correction for this host (it has just computed and now holds the whole
 // prompt); the comparison is the drift metric that tells an operator
-// whether the index's block size and capacity match the engines'.
-func (r *Router) Feedback(t *Ticket, cachedTokens int) {
-	if cachedTokens < 0 {
-		return
-	}
-	// Only arithmetic under the lock, nothing that can panic: unlocked
-	// without defer, whose wrapper would be one more function entered per
-	// response in Wasm.
-	r.mu.Lock()
-	r.stats.FeedbackRequests++
-	if r.handler.Decode.TrustFeedback {
-		// Only Decide under this profile reads the trust it learns: for
-		// other profiles the learning would be code entered per response
-		// for nothing.
-		r.learnTrust(t, cachedTokens)
-	}
-	r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
-	r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
-	// Engines count hits in their own blocks (16 tokens in vLLM): allow
-	// one such block either way.
-	const slack = 16
-	switch {
-	case t.PredictedCachedTokens > cachedTokens+slack:
-		r.stats.OverPredicted++
-	case t.PredictedCachedTokens+slack < cachedTokens:
-		r.stats.UnderPredicted++
-	}
-	r.mu.Unlock()
-}
+// whether the index's block size and capacity match the engines'. A
+// negative count (none reported) is ignored.
+func (r *Router) Feedback(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, false) }
 
 // learnTrust updates the host's confirmed-over-predicted ratio, an EWMA
 // over requests with a prediction of at least one engine block, capped at 1
@@ -589,10 +564,43 @@ func (r *Router) growTrust(slot int) {
 
 // Release returns every counter the request still holds. Call it when the
 // stream ends, completed or reset. Idempotent.
-func (r *Router) Release(t *Ticket) {
+func (r *Router) Release(t *Ticket) { r.end(t, -1, true) }
+
+// Finish is Feedback(t, cachedTokens) and then Release(t), under one lock
+// acquisition: the stream end of a request, with the engine's cached-token
+// count, or a negative one when none was reported.
+func (r *Router) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, true) }
+
+// end is Feedback, Release and Finish in one function: the filter ends
+// each routed response with Finish, and in Wasm each response pays for the
+// functions it enters, so feedback and release are one function with one
+// lock acquisition rather than two of each. The unlock is deferred: the
+// index's release can panic (shared data is a host call), and a lock left
+// held would deadlock the next Decide.
+func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if t.done {
+	if cachedTokens >= 0 {
+		r.stats.FeedbackRequests++
+		if r.handler.Decode.TrustFeedback {
+			// Only Decide under this profile reads the trust it
+			// learns: for other profiles the learning would be code
+			// entered per response for nothing.
+			r.learnTrust(t, cachedTokens)
+		}
+		r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
+		r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
+		// Engines count hits in their own blocks (16 tokens in vLLM):
+		// allow one such block either way.
+		const slack = 16
+		switch {
+		case t.PredictedCachedTokens > cachedTokens+slack:
+			r.stats.OverPredicted++
+		case t.PredictedCachedTokens+slack < cachedTokens:
+			r.stats.UnderPredicted++
+		}
+	}
+	if !release || t.done {
 		return
 	}
 	t.done = true

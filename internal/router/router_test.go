@@ -327,3 +327,49 @@ func TestDecideRebuildsRequest(t *testing.T) {
 		}
 	}
 }
+
+// Finish(t, cached) is Feedback(t, cached) then Release(t), and a negative
+// count is no feedback: two routers fed the same requests, one ending them
+// with Finish and one with Feedback and Release, keep the same decisions,
+// stats and load (trust feedback on, so feedback steers later decisions).
+func TestFinishIsFeedbackThenRelease(t *testing.T) {
+	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
+		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.1}]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs [2]*Router
+	var hss [2][]scorer.Host
+	for k := range rs {
+		rs[k] = New(Config{Handler: h, Index: newIndex(t), Seed: 7})
+		hss[k] = registered(t, rs[k], 6)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 2000; i++ {
+		in := &Input{PromptTokens: 100 + rng.IntN(4000), MaxTokens: rng.IntN(300), Chain: chain(uint64(rng.IntN(10)), 1+rng.IntN(20))}
+		cached := rng.IntN(4000) - 500 // about one in nine without feedback
+		var tks [2]Ticket
+		for k, r := range rs {
+			tks[k], _ = r.Decide(in, hss[k])
+		}
+		if tks[0].Host != tks[1].Host || tks[0].PredictedCachedTokens != tks[1].PredictedCachedTokens {
+			t.Fatalf("request %d: decisions differ: %+v vs %+v", i, tks[0], tks[1])
+		}
+		rs[0].Finish(&tks[0], cached)
+		rs[0].Finish(&tks[0], -1) // idempotent release
+		rs[1].Feedback(&tks[1], cached)
+		rs[1].Release(&tks[1])
+	}
+	if a, b := rs[0].Stats(), rs[1].Stats(); a != b || a.FeedbackRequests == 0 || a.FeedbackRequests == a.Decisions {
+		t.Fatalf("stats differ or feedback not exercised:\n%+v\n%+v", a, b)
+	}
+	for k := range rs {
+		if l := sumLoad(rs[k], hss[k]); !idle(l) {
+			t.Fatalf("router %d: load left after every request ended: %+v", k, l)
+		}
+	}
+}
