@@ -226,13 +226,19 @@ func (r *Router) growLocal(slot int) {
 //
 // An index error does not fail the decision: it goes on without prefix
 // matches and is counted.
-func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) {
+func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Result) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := len(hosts)
+	maxSlot := -1
+	for i := range hosts {
+		if s := hosts[i].Slot; s > maxSlot {
+			maxSlot = s
+		}
+	}
 	req := &r.req
-	if cap(req.MatchedBlocks) < n || cap(req.MatchedTokens) < n {
-		r.growRequest(n)
+	if cap(req.MatchedBlocks) < n || cap(req.MatchedTokens) < n || maxSlot >= len(r.local) {
+		r.grow(n, maxSlot)
 	}
 	mb, mt := req.MatchedBlocks[:n], req.MatchedTokens[:n]
 	clear(mb)
@@ -258,17 +264,8 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 		r.loads = r.ix.Loads(r.loads)
 	}
 	// One pass over the hosts with the invariants hoisted: which counters
-	// feed the hosts, whether matches (and trust) apply. The local table is
-	// grown once to the largest slot instead of per host.
-	maxSlot := -1
-	for i := range hosts {
-		if s := hosts[i].Slot; s > maxSlot {
-			maxSlot = s
-		}
-	}
-	if maxSlot >= 0 {
-		r.localAt(maxSlot)
-	}
+	// feed the hosts, whether matches (and trust) apply. The local table
+	// was grown above to the largest slot, once instead of per host.
 	local, loads := r.local, r.loads
 	var blocks []int
 	if queried {
@@ -319,16 +316,16 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (Ticket, scorer.Result) 
 
 	// The common single-profile handler's decision without Handler.Run
 	// around it: one function less entered per request in Wasm.
-	var res scorer.Result
 	if hd := r.handler; hd.Prefill == nil {
 		res.Decode = hd.Decode.Run(req, hosts, hd.Picks(), r.scratch)
 	} else {
 		res = hd.Run(req, hosts, r.scratch)
 	}
 	r.stats.Decisions++
-	t := Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
-	// One return: each return copies the Ticket and the Result, code a Wasm
-	// build would carry once per return site.
+	t = Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
+	// One return, and named results filled in place: each return of
+	// values copies the Ticket and the Result, code a Wasm build would
+	// carry once per return site.
 	if t.Host < 0 {
 		r.stats.NoCandidate++
 	} else {
@@ -371,12 +368,18 @@ func (r *Router) pin(key, addr string) {
 	}
 }
 
-// growRequest gives the request's per-candidate slices room for n hosts.
-// It runs only when the fleet grows, so it is out of Decide's line
-// (noinline), like growLocal.
+// grow gives the request's per-candidate slices room for n hosts and the
+// local table room for slot maxSlot. It runs only when the fleet grows, so
+// it is out of Decide's line (noinline), like growLocal, and one call site
+// for both growths: each call site is code in a Wasm build.
 //
 //go:noinline
-func (r *Router) growRequest(n int) { r.req.Reset(n) }
+func (r *Router) grow(n, maxSlot int) {
+	if cap(r.req.MatchedBlocks) < n || cap(r.req.MatchedTokens) < n {
+		r.req.Reset(n)
+	}
+	r.growLocal(maxSlot) // a no-op below len(r.local)
+}
 
 // holdDisaggregated books a prefill/decode split decision on t: the
 // prefill host computes the uncached prompt and holds its KV until the
