@@ -29,7 +29,6 @@ func plugin(t *testing.T, typ, params string) Plugin {
 
 func cycle(hosts []Host, req *Request) *Cycle {
 	s := NewScratch(7)
-	s.init()
 	if req == nil {
 		req = newReq(len(hosts), 0, 0)
 	}

@@ -72,17 +72,16 @@ func (p *Profile) Run(req *Request, hosts []Host, maxPicks int, s *Scratch) Deci
 }
 
 func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Scratch) Decision {
-	s.init()
 	n := len(hosts)
+	if !s.seeded || len(s.total) != n || len(s.raw) < len(p.Scorers) {
+		s.prepare(n, len(p.Scorers))
+	}
 	if maxPicks < 1 {
 		maxPicks = 1
 	}
 	c := &s.cycle
 	*c = Cycle{Req: req, Hosts: hosts, MaxPicks: maxPicks, Rand: s.rng, Role: role, s: s}
 
-	if len(s.total) != n || len(s.raw) < len(p.Scorers) {
-		s.size(n, len(p.Scorers))
-	}
 	cand := s.cand
 	for i := range cand {
 		cand[i] = i

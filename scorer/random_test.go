@@ -22,7 +22,6 @@ func TestTiesBrokenUniformly(t *testing.T) {
 			}
 		}
 		s := NewScratch(11)
-		s.init()
 		c := &Cycle{MaxPicks: 1, Rand: s.rng}
 		count := make([]int, len(scores))
 		for range n {

@@ -295,13 +295,19 @@ func NewScratch(seed uint64) *Scratch {
 	return s
 }
 
-// init seeds a zero Scratch's random source on first use. The check is
-// inlined into Profile.run and the seeding is a function of its own: in
-// Wasm each request pays for every function it enters, and only the first
-// decision with this scratch seeds.
-func (s *Scratch) init() {
+// prepare seeds a zero Scratch's random source on first use and sizes the
+// per-run buffers for n hosts and k scorers. Profile.run checks whether
+// either is needed and calls it only then (the first decision, a change of
+// fleet size or scorer count): in Wasm each request pays for every
+// function it enters, and one rare call site is less code than two.
+//
+//go:noinline
+func (s *Scratch) prepare(n, k int) {
 	if !s.seeded {
 		s.seed()
+	}
+	if len(s.total) != n || len(s.raw) < k {
+		s.size(n, k)
 	}
 }
 
