@@ -165,7 +165,9 @@ func (m *tieMax) add(h int, s float64) (tied bool) {
 }
 
 // tie counts h as one more candidate tied with the best and keeps it with
-// probability 1/ties.
+// probability 1/ties. maxScorePicker.Pick, which every max_score decision
+// enters, has its body written out; the two must draw alike
+// (TestMaxScorePickMatchesTwoPasses checks it with the same seed).
 func (m *tieMax) tie(c *Cycle, h int) {
 	m.ties++
 	if c.Rand.IntN(m.ties) == 0 {
@@ -199,7 +201,13 @@ func (*maxScorePicker) Pick(c *Cycle, cand []int, v []float64, order []int) []in
 	for _, h := range cand {
 		s := v[h]
 		if m.add(h, s) {
-			m.tie(c, h)
+			// tie's body, written out: routed requests tie (a
+			// fresh fleet scores alike), and a call here is one
+			// more function entered per request in Wasm.
+			m.ties++
+			if c.Rand.IntN(m.ties) == 0 {
+				m.pick = h
+			}
 		}
 		if !(s > math.Inf(-1)) || k == need && !(s > topS[k-1]) {
 			continue
