@@ -186,7 +186,7 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 		if slot < 0 {
 			slot = len(r.addrs)
 			r.addrs = append(r.addrs, addr)
-			r.localAt(slot)
+			r.growLocal(slot)
 		}
 		h.Address, h.Slot, h.Gen = addr, slot, 1
 		return nil
@@ -199,17 +199,12 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 	return nil
 }
 
-func (r *Router) localAt(slot int) *localLoad {
-	if slot >= len(r.local) {
-		r.growLocal(slot)
-	}
-	return &r.local[slot]
-}
-
 // growLocal extends the local table to hold slot. It runs only when a slot
-// is first seen; kept out of line (noinline) so that localAt, inlined into
-// Decide, add and release, does not carry the growth code into every
-// request's path: in Wasm each request pays for the code it enters.
+// is first seen (Register, or Decide through grow for every host it is
+// given), so book, prefillDone and release index the table directly: a slot
+// they see was booked by a Decide that grew the table to it, and the table
+// never shrinks. Out of line (noinline) so that no request's path carries
+// the growth code: in Wasm each request pays for the code it enters.
 //
 //go:noinline
 func (r *Router) growLocal(slot int) {
@@ -446,7 +441,7 @@ func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, pr
 		}
 	}
 	hd.slot, hd.kv = h.Slot, int64(kv)
-	l := r.localAt(h.Slot)
+	l := &r.local[h.Slot] // Decide grew the table to every host's slot
 	l.kv += hd.kv
 	if r.ix == nil {
 		hd.inflight, hd.prefill, hd.decode = 1, int64(prefill), int64(decode)
@@ -467,7 +462,7 @@ func (r *Router) prefillDone(hd *hold) {
 		return
 	}
 	if r.ix == nil {
-		r.localAt(hd.slot).prefill -= hd.prefill
+		r.local[hd.slot].prefill -= hd.prefill
 		hd.prefill = 0
 		return
 	}
@@ -481,7 +476,7 @@ func (r *Router) release(hd *hold) {
 	if hd.slot < 0 {
 		return
 	}
-	l := r.localAt(hd.slot)
+	l := &r.local[hd.slot]
 	l.kv -= hd.kv
 	l.inflight -= hd.inflight
 	l.prefill -= hd.prefill
