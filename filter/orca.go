@@ -21,6 +21,25 @@ type orcaLoad struct {
 	ok               bool
 }
 
+// set records one named metric of an ORCA report; unknown names and
+// out-of-range values change nothing.
+func (l *orcaLoad) set(name string, x float64) {
+	switch name {
+	case "kv_cache_usage_perc":
+		if x >= 0 && x <= 1 {
+			l.KVUsage, l.ok = x, true
+		}
+	case "num_requests_waiting":
+		if x >= 0 {
+			l.Waiting, l.ok = int(x), true
+		}
+	case "num_requests_running":
+		if x >= 0 {
+			l.Running, l.ok = int(x), true
+		}
+	}
+}
+
 // parseORCA reads vLLM's endpoint-load-metrics value in TEXT
 // ("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0")
 // or JSON ("JSON {"named_metrics": {...}}") form. Unknown metrics are
@@ -28,22 +47,6 @@ type orcaLoad struct {
 func parseORCA(v string) orcaLoad {
 	var l orcaLoad
 	v = strings.TrimSpace(v)
-	set := func(name string, x float64) {
-		switch name {
-		case "kv_cache_usage_perc":
-			if x >= 0 && x <= 1 {
-				l.KVUsage, l.ok = x, true
-			}
-		case "num_requests_waiting":
-			if x >= 0 {
-				l.Waiting, l.ok = int(x), true
-			}
-		case "num_requests_running":
-			if x >= 0 {
-				l.Running, l.ok = int(x), true
-			}
-		}
-	}
 	switch {
 	case strings.HasPrefix(v, "TEXT "):
 		// Cut rather than Split: no slice allocated per response.
@@ -58,7 +61,7 @@ func parseORCA(v string) orcaLoad {
 			if err != nil {
 				continue
 			}
-			set(strings.TrimPrefix(strings.TrimSpace(name), "named_metrics."), x)
+			l.set(strings.TrimPrefix(strings.TrimSpace(name), "named_metrics."), x)
 		}
 	case strings.HasPrefix(v, "JSON "):
 		doc := v[len("JSON "):]
@@ -67,7 +70,7 @@ func parseORCA(v string) orcaLoad {
 		}
 		gjson.Get(doc, "named_metrics").ForEach(func(k, val gjson.Result) bool {
 			if val.Type == gjson.Number {
-				set(k.String(), val.Num)
+				l.set(k.String(), val.Num)
 			}
 			return true
 		})

@@ -10,38 +10,18 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
-// cachedTokensJoined is cachedTokens as it was written first: scan tail
-// joined with chunk's head, then chunk, the last value found winning. The
-// scan looks at the seam only when chunk has no value, which must not
-// change any answer.
-func cachedTokensJoined(tail, chunk []byte) (int, bool) {
-	found, val := false, 0
-	scan := func(b []byte) {
-		for {
-			i := indexBytes(b, cachedTokensKey)
-			if i < 0 {
-				return
-			}
-			b = b[i+len(cachedTokensKey):]
-			j := 0
-			for j < len(b) && b[j] == ' ' {
-				j++
-			}
-			k, n := j, 0
-			for k < len(b) && b[k] >= '0' && b[k] <= '9' && k-j < 18 {
-				n = n*10 + int(b[k]-'0')
-				k++
-			}
-			if k > j && k < len(b) && (b[k] < '0' || b[k] > '9') {
-				found, val = true, n
-			}
-		}
-	}
+// cachedTokensJoined is the answer the seam logic must give: a whole-buffer
+// scan (cachedTokens without a tail) of tail joined with chunk's head, then
+// of chunk, the last value found winning. cachedTokens looks at the seam
+// only when chunk has no value, which must not change any answer.
+func cachedTokensJoined(tail, chunk []byte) (val int, found bool) {
 	if len(tail) > 0 {
 		joined := append(append([]byte(nil), tail...), chunk[:min(len(chunk), tailKeep)]...)
-		scan(joined)
+		val, found = cachedTokens(nil, joined)
 	}
-	scan(chunk)
+	if v, ok := cachedTokens(nil, chunk); ok {
+		val, found = v, true
+	}
 	return val, found
 }
 
@@ -163,20 +143,7 @@ func TestParseORCATextMatchesSplit(t *testing.T) {
 			if err != nil {
 				continue
 			}
-			switch strings.TrimPrefix(strings.TrimSpace(name), "named_metrics.") {
-			case "kv_cache_usage_perc":
-				if x >= 0 && x <= 1 {
-					l.KVUsage, l.ok = x, true
-				}
-			case "num_requests_waiting":
-				if x >= 0 {
-					l.Waiting, l.ok = int(x), true
-				}
-			case "num_requests_running":
-				if x >= 0 {
-					l.Running, l.ok = int(x), true
-				}
-			}
+			l.set(strings.TrimPrefix(strings.TrimSpace(name), "named_metrics."), x)
 		}
 		return l
 	}
