@@ -1,0 +1,119 @@
+package filter
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/v8host"
+)
+
+// BenchmarkRouterInV8 is BenchmarkRouterInWasm on V8, the engine Envoy runs
+// by default (internal/v8host: node with Liftoff off, as Envoy sets it): the
+// same 16 hosts, chat requests and sizes, blocks of 25 requests sent
+// alternately to the host's plain listener (no filter, bodies streamed) and
+// its filtered one. CPU is the node process's (proxy and VM; the client and
+// the upstreams run in the test binary), read over each block plus a 5 ms
+// pause; vm-callbacks-us is the time inside the VM's callbacks, host
+// functions included. "<size>/floor" runs testdata/floor, the least a
+// body-routing filter does, the same way.
+//
+// Run it with a fixed count: go test -run '^$' -bench BenchmarkRouterInV8 -benchtime 500x ./filter/
+func BenchmarkRouterInV8(b *testing.B) {
+	needV8(b)
+	floorPath := filepath.Join(b.TempDir(), "floor.wasm")
+	if err := os.WriteFile(floorPath, floorModule(b), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	addrs := jsonUpstreams(b, 16, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	start := func(module, rootID, config string) *v8host.Host {
+		h, err := v8host.Start(v8host.Config{Module: module, RootID: rootID, Configuration: config, Upstreams: addrs})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(h.Close)
+		return h
+	}
+	router := start(v8Module(b), RootRouter, "{"+endpointsJSON(addrs)+"}")
+	floor := start(floorPath, "floor", strings.Join(addrs, ","))
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
+	send := func(url, body string) {
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	stats := func(h *v8host.Host) v8host.Stats {
+		s, err := h.StatsWithSamples()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	for _, size := range []struct {
+		name  string
+		bytes int
+	}{{"1Ktok", 4 << 10}, {"8Ktok", 32 << 10}, {"32Ktok", 128 << 10}, {"220KB", 220 << 10}} {
+		system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", size.bytes/55)
+		body := func(i int) string { return chatBody(system, fmt.Sprintf("question number %d", i)) }
+		// run sends n requests to url and returns the node process's CPU
+		// time over them, read after a settle pause (on_log and on_delete may
+		// run after the client has its response).
+		run := func(h *v8host.Host, url string, from, n int) time.Duration {
+			time.Sleep(5 * time.Millisecond)
+			c0 := stats(h).CPU
+			for j := range n {
+				send(url, body(from+j))
+			}
+			time.Sleep(5 * time.Millisecond)
+			return stats(h).CPU - c0
+		}
+		measure := func(b *testing.B, h *v8host.Host) {
+			for i := range 20 {
+				send(h.Plain, body(i))
+				send(h.Filtered, body(i))
+			}
+			b.SetBytes(int64(len(body(0))))
+			before := stats(h)
+			var plain, filtered time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i += 25 {
+				n := min(25, b.N-i)
+				plain += run(h, h.Plain, i, n)
+				filtered += run(h, h.Filtered, i, n)
+			}
+			b.StopTimer()
+			after := stats(h)
+			n := time.Duration(b.N)
+			b.ReportMetric(us(plain/n), "cpu-us/req-nofilter")
+			b.ReportMetric(us(filtered/n), "cpu-us/req-filter")
+			b.ReportMetric(us((filtered-plain)/n), "cpu-us/req-overhead")
+			b.ReportMetric(us((after.Callbacks-before.Callbacks)/n), "vm-callbacks-us")
+			b.ReportMetric(us((after.PerCallback["request_body"]-before.PerCallback["request_body"])/n), "vm-body-us")
+			if m, ok := after.Metrics["kvroute.router.decision_us"]; ok {
+				s := append([]float64(nil), m.Samples[len(before.Metrics["kvroute.router.decision_us"].Samples):]...)
+				sort.Float64s(s)
+				if len(s) > 0 {
+					b.ReportMetric(s[len(s)/2], "vm-decide-us")
+				}
+			}
+			if after.Traps != 0 {
+				b.Fatalf("the VM trapped: %v", after.LastErrors)
+			}
+		}
+		b.Run(size.name, func(b *testing.B) { measure(b, router) })
+		b.Run(size.name+"/floor", func(b *testing.B) { measure(b, floor) })
+	}
+}
