@@ -63,14 +63,14 @@ type Stats struct {
 	CPU time.Duration
 	// Callbacks is the time inside the VM's callbacks (host functions
 	// included), in all and per callback ("request_body", ...).
-	Callbacks      time.Duration
-	PerCallback    map[string]time.Duration
-	Traps          int
-	FailedVMs      int
-	Logs           map[string]int
-	LastErrors     []string
-	Unknown        []string
-	Metrics        map[string]Metric
+	Callbacks   time.Duration
+	PerCallback map[string]time.Duration
+	Traps       int
+	FailedVMs   int
+	Logs        map[string]int
+	LastErrors  []string
+	Unknown     []string
+	Metrics     map[string]Metric
 }
 
 // Metric is one of the module's metrics. Samples are filled by
