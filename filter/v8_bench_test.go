@@ -22,26 +22,33 @@ import (
 // the upstreams run in the test binary), read over each block plus a 5 ms
 // pause; vm-callbacks-us is the time inside the VM's callbacks, host
 // functions included. "<size>/floor" runs testdata/floor, the least a
-// body-routing filter does, the same way.
+// body-routing filter does, the same way; at 8K tokens "floor+cold" adds
+// as much generated code per request as the router enters, and "hostcalls"
+// times the router's host function calls.
 //
 // Run it with a fixed count: go test -run '^$' -bench BenchmarkRouterInV8 -benchtime 500x ./filter/
 func BenchmarkRouterInV8(b *testing.B) {
 	needV8(b)
-	floorPath := filepath.Join(b.TempDir(), "floor.wasm")
-	if err := os.WriteFile(floorPath, floorModule(b), 0o644); err != nil {
-		b.Fatal(err)
-	}
 	addrs := jsonUpstreams(b, 16, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
-	start := func(module, rootID, config string) *v8host.Host {
-		h, err := v8host.Start(v8host.Config{Module: module, RootID: rootID, Configuration: config, Upstreams: addrs})
+	writeModule := func(name string, m []byte) string {
+		path := filepath.Join(b.TempDir(), name)
+		if err := os.WriteFile(path, m, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		return path
+	}
+	floorPath := writeModule("floor.wasm", floorModule(b))
+	start := func(module, rootID, config string, timeHostCalls bool) *v8host.Host {
+		h, err := v8host.Start(v8host.Config{Module: module, RootID: rootID, Configuration: config, Upstreams: addrs, TimeHostCalls: timeHostCalls})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(h.Close)
 		return h
 	}
-	router := start(v8Module(b), RootRouter, "{"+endpointsJSON(addrs)+"}")
-	floor := start(floorPath, "floor", strings.Join(addrs, ","))
+	routerConfig := "{" + endpointsJSON(addrs) + "}"
+	router := start(v8Module(b), RootRouter, routerConfig, false)
+	floor := start(floorPath, "floor", strings.Join(addrs, ","), false)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
 	send := func(url, body string) {
 		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
@@ -109,11 +116,27 @@ func BenchmarkRouterInV8(b *testing.B) {
 					b.ReportMetric(s[len(s)/2], "vm-decide-us")
 				}
 			}
+			if after.HostCallCount > 0 {
+				b.ReportMetric(us((after.HostCalls-before.HostCalls)/n), "vm-hostcalls-us")
+				b.ReportMetric(float64(after.HostCallCount-before.HostCallCount)/float64(b.N), "hostcalls/req")
+			}
 			if after.Traps != 0 {
 				b.Fatalf("the VM trapped: %v", after.LastErrors)
 			}
 		}
 		b.Run(size.name, func(b *testing.B) { measure(b, router) })
 		b.Run(size.name+"/floor", func(b *testing.B) { measure(b, floor) })
+		if size.name != "8Ktok" {
+			continue
+		}
+		// The floor with as much generated code per request as the router
+		// enters (coldFloorModule), and the router with its host function
+		// calls timed (JavaScript here, C++ in Envoy).
+		b.Run(size.name+"/floor+cold", func(b *testing.B) {
+			m, added := coldFloorModule(b, 150)
+			measure(b, start(writeModule("cold.wasm", m), "floor", strings.Join(addrs, ","), false))
+			b.ReportMetric(float64(added)/1024, "added-wasm-KB")
+		})
+		b.Run(size.name+"/hostcalls", func(b *testing.B) { measure(b, start(v8Module(b), RootRouter, routerConfig, true)) })
 	}
 }

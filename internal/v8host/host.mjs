@@ -33,7 +33,7 @@ function casValue() {
 
 // stats is what the admin listener serves.
 const stats = {
-  callbackNs: 0, callbacks: {}, traps: 0, unknownProperties: [], logs: { debug: 0, info: 0, warn: 0, error: 0 },
+  callbackNs: 0, callbacks: {}, hostCallNs: 0, hostCalls: 0, hostCallsByName: {}, traps: 0, unknownProperties: [], logs: { debug: 0, info: 0, warn: 0, error: 0 },
   lastErrors: [], metrics: {},
 };
 const logLevels = ['trace', 'debug', 'info', 'warn', 'error', 'critical'];
@@ -55,27 +55,78 @@ class VM {
       this.view().setUint32(neventsPtr, 0, true);
       return 0;
     };
-    this.instance = new WebAssembly.Instance(module, { env: this.hostFunctions(), wasi_snapshot_preview1: wasiImports });
+    const env = this.hostFunctions();
+    if (spec.timeHostCalls) timeEach(env);
+    this.instance = new WebAssembly.Instance(module, { env, wasi_snapshot_preview1: wasiImports });
     this.ex = this.instance.exports;
     wasi.initialize(this.instance);
   }
 
-  bytes() { return new Uint8Array(this.ex.memory.buffer); }
-  view() { return new DataView(this.ex.memory.buffer); }
-  string(ptr, len) { return td.decode(this.bytes().subarray(ptr, ptr + len)); }
-  copy(ptr, len) { return this.bytes().slice(ptr, ptr + len); }
-
-  // give hands bytes to the module as Envoy does: memory from
-  // proxy_on_memory_allocate, its address and length at the out-pointers.
-  give(data, ptrPtr, lenPtr) {
-    let ptr = 0;
-    if (data.length > 0) {
-      ptr = this.ex.proxy_on_memory_allocate(data.length);
-      this.bytes().set(data, ptr);
+  // mem is a Buffer over the module's memory, renewed when the memory grows
+  // (growing detaches the old ArrayBuffer); view is a DataView over it.
+  mem() {
+    if (this.memBuffer !== this.ex.memory.buffer) {
+      this.memBuffer = this.ex.memory.buffer;
+      this.buf = Buffer.from(this.memBuffer);
+      this.dv = new DataView(this.memBuffer);
     }
+    return this.buf;
+  }
+  view() {
+    this.mem();
+    return this.dv;
+  }
+  string(ptr, len) { return this.mem().toString('utf8', ptr, ptr + len); }
+  copy(ptr, len) { return Buffer.from(this.mem().subarray(ptr, ptr + len)); }
+
+  // alloc asks the module for n bytes, as Envoy does before every host
+  // call that returns data, and stores their address and length at the
+  // out-pointers. The host functions below write straight into it.
+  alloc(n, ptrPtr, lenPtr) {
+    const ptr = n > 0 ? this.ex.proxy_on_memory_allocate(n) : 0;
     const v = this.view();
     v.setUint32(ptrPtr, ptr, true);
-    v.setUint32(lenPtr, data.length, true);
+    v.setUint32(lenPtr, n, true);
+    return ptr;
+  }
+
+  // give hands bytes (a Buffer or Uint8Array) to the module.
+  give(data, ptrPtr, lenPtr) {
+    const ptr = this.alloc(data.length, ptrPtr, lenPtr);
+    if (data.length > 0) this.mem().set(data, ptr);
+    return Status.OK;
+  }
+
+  giveString(str, ptrPtr, lenPtr) {
+    const n = Buffer.byteLength(str);
+    const ptr = this.alloc(n, ptrPtr, lenPtr);
+    if (n > 0) this.mem().write(str, ptr, n, 'utf8');
+    return Status.OK;
+  }
+
+  // givePairs serializes a header map as the ABI does, in place: a count,
+  // every pair's key and value lengths, then each key and value
+  // NUL-terminated.
+  givePairs(pairs, ptrPtr, lenPtr) {
+    const lens = new Array(pairs.length * 2);
+    let size = 4 + 8 * pairs.length;
+    for (let i = 0; i < pairs.length; i++) {
+      lens[2 * i] = Buffer.byteLength(pairs[i][0]);
+      lens[2 * i + 1] = Buffer.byteLength(pairs[i][1]);
+      size += lens[2 * i] + lens[2 * i + 1] + 2;
+    }
+    const ptr = this.alloc(size, ptrPtr, lenPtr);
+    const m = this.mem();
+    const v = this.dv;
+    v.setUint32(ptr, pairs.length, true);
+    let o = ptr + 4;
+    for (let i = 0; i < lens.length; i++, o += 4) v.setUint32(o, lens[i], true);
+    for (let i = 0; i < pairs.length; i++) {
+      o += m.write(pairs[i][0], o, 'utf8');
+      m[o++] = 0;
+      o += m.write(pairs[i][1], o, 'utf8');
+      m[o++] = 0;
+    }
     return Status.OK;
   }
 
@@ -135,7 +186,7 @@ class VM {
           if (!stats.unknownProperties.includes(shown)) stats.unknownProperties.push(shown);
           return Status.NotFound;
         }
-        return vm.give(typeof v === 'string' ? te.encode(v) : v, retPtr, retLen);
+        return typeof v === 'string' ? vm.giveString(v, retPtr, retLen) : vm.give(v, retPtr, retLen);
       },
       proxy_send_local_response(code, _dPtr, _dLen, bodyPtr, bodyLen, hdrPtr, hdrLen) {
         if (!vm.stream) return Status.BadArgument;
@@ -161,7 +212,7 @@ class VM {
         if (!h) return Status.BadArgument;
         const key = vm.string(keyPtr, keyLen).toLowerCase();
         const e = h.find(([k]) => k === key);
-        return e ? vm.give(te.encode(e[1]), retPtr, retLen) : Status.NotFound;
+        return e ? vm.giveString(e[1], retPtr, retLen) : Status.NotFound;
       },
       proxy_replace_header_map_value(type, keyPtr, keyLen, valPtr, valLen) {
         const h = vm.headerMap(type);
@@ -185,7 +236,7 @@ class VM {
       },
       proxy_get_header_map_pairs(type, retPtr, retLen) {
         const h = vm.headerMap(type);
-        return vm.give(h ? encodePairs(h) : encodePairs([]), retPtr, retLen);
+        return vm.givePairs(h || [], retPtr, retLen);
       },
       proxy_set_header_map_pairs(type, ptr, len) {
         const h = vm.headerMap(type);
@@ -198,7 +249,7 @@ class VM {
         const s = vm.stream;
         if (type === BufferType.RequestBody && s) data = s.reqBuffer;
         else if (type === BufferType.ResponseBody && s) data = s.respBuffer;
-        else if (type === BufferType.VMConfiguration) data = new Uint8Array(0);
+        else if (type === BufferType.VMConfiguration) data = Buffer.alloc(0);
         else if (type === BufferType.PluginConfiguration && vm.rootConfig) data = vm.rootConfig;
         if (!data) return Status.NotFound;
         return vm.give(data.subarray(Math.min(start, data.length), Math.min(data.length, start + max)), retPtr, retLen);
@@ -262,7 +313,7 @@ class VM {
   }
 
   start() {
-    const config = te.encode(spec.configuration);
+    const config = Buffer.from(spec.configuration);
     this.call('context_create', null, 1, 0);
     this.call('vm_start', null, 1, 0);
     this.rootConfig = config;
@@ -273,34 +324,30 @@ class VM {
   }
 }
 
+// timeEach wraps every host function to add its time to stats.hostCallNs
+// (Config.TimeHostCalls: it costs two clock reads per call).
+function timeEach(fns) {
+  for (const [name, fn] of Object.entries(fns)) {
+    fns[name] = (...args) => {
+      const t0 = process.hrtime.bigint();
+      try {
+        return fn(...args);
+      } finally {
+        const d = Number(process.hrtime.bigint() - t0);
+        stats.hostCallNs += d;
+        stats.hostCalls++;
+        const by = stats.hostCallsByName[name] || (stats.hostCallsByName[name] = { ns: 0, calls: 0 });
+        by.ns += d;
+        by.calls++;
+      }
+    };
+  }
+}
+
 function le64(n) {
   const b = new Uint8Array(8);
   new DataView(b.buffer).setBigUint64(0, BigInt(n), true);
   return b;
-}
-
-// encodePairs serializes a header map as the ABI does: a count, every
-// pair's key and value lengths, then each key and value NUL-terminated.
-function encodePairs(pairs) {
-  const enc = pairs.map(([k, v]) => [te.encode(k), te.encode(v)]);
-  let size = 4 + 8 * enc.length;
-  for (const [k, v] of enc) size += k.length + v.length + 2;
-  const out = new Uint8Array(size);
-  const view = new DataView(out.buffer);
-  view.setUint32(0, enc.length, true);
-  let o = 4;
-  for (const [k, v] of enc) {
-    view.setUint32(o, k.length, true);
-    view.setUint32(o + 4, v.length, true);
-    o += 8;
-  }
-  for (const [k, v] of enc) {
-    out.set(k, o);
-    o += k.length + 1;
-    out.set(v, o);
-    o += v.length + 1;
-  }
-  return out;
 }
 
 function decodePairs(b) {

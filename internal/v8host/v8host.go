@@ -38,8 +38,12 @@ type Config struct {
 	DestinationHeader string
 	// Workers is the number of VMs; default 1.
 	Workers int
-	// Verbose copies the module's warnings and errors to the test log.
+	// Verbose copies the module's warnings and errors to node's stderr
+	// (Host.Stderr).
 	Verbose bool
+	// TimeHostCalls times every host function call (Stats.HostCalls); it
+	// costs two clock reads per call, so benchmarks leave it off.
+	TimeHostCalls bool
 }
 
 // Host is a running V8 host (a node process).
@@ -65,6 +69,10 @@ type Stats struct {
 	// included), in all and per callback ("request_body", ...).
 	Callbacks   time.Duration
 	PerCallback map[string]time.Duration
+	// HostCalls and HostCallCount are the time inside host functions and
+	// their number (Config.TimeHostCalls only).
+	HostCalls     time.Duration
+	HostCallCount int
 	Traps       int
 	FailedVMs   int
 	Logs        map[string]int
@@ -122,7 +130,7 @@ func Start(cfg Config) (*Host, error) {
 	spec, _ := json.Marshal(map[string]any{
 		"module": module, "rootId": cfg.RootID, "vmId": cfg.VMID, "configuration": cfg.Configuration,
 		"upstreams": cfg.Upstreams, "destinationHeader": strings.ToLower(cfg.DestinationHeader),
-		"workers": cfg.Workers, "verbose": cfg.Verbose,
+		"workers": cfg.Workers, "verbose": cfg.Verbose, "timeHostCalls": cfg.TimeHostCalls,
 	})
 	scriptPath, specPath := filepath.Join(dir, "host.mjs"), filepath.Join(dir, "spec.json")
 	if err := os.WriteFile(scriptPath, script, 0o644); err != nil {
@@ -214,6 +222,8 @@ func (h *Host) stats(samples bool) (Stats, error) {
 	var raw struct {
 		CPUUs      float64            `json:"cpuUs"`
 		CallbackNs float64            `json:"callbackNs"`
+		HostCallNs float64            `json:"hostCallNs"`
+		HostCallN  int                `json:"hostCalls"`
 		Callbacks  map[string]float64 `json:"callbacks"`
 		Traps      int                `json:"traps"`
 		FailedVMs  int                `json:"failedVMs"`
@@ -227,7 +237,7 @@ func (h *Host) stats(samples bool) (Stats, error) {
 	}
 	s := Stats{
 		CPU: time.Duration(raw.CPUUs) * time.Microsecond, Callbacks: time.Duration(raw.CallbackNs),
-		PerCallback: map[string]time.Duration{}, Traps: raw.Traps, FailedVMs: raw.FailedVMs, Logs: raw.Logs,
+		PerCallback: map[string]time.Duration{}, HostCalls: time.Duration(raw.HostCallNs), HostCallCount: raw.HostCallN, Traps: raw.Traps, FailedVMs: raw.FailedVMs, Logs: raw.Logs,
 		LastErrors: raw.LastErrors, Unknown: raw.Unknown, Metrics: raw.Metrics,
 	}
 	for k, v := range raw.Callbacks {
