@@ -73,12 +73,12 @@ type Stats struct {
 	// their number (Config.TimeHostCalls only).
 	HostCalls     time.Duration
 	HostCallCount int
-	Traps       int
-	FailedVMs   int
-	Logs        map[string]int
-	LastErrors  []string
-	Unknown     []string
-	Metrics     map[string]Metric
+	Traps         int
+	FailedVMs     int
+	Logs          map[string]int
+	LastErrors    []string
+	Unknown       []string
+	Metrics       map[string]Metric
 }
 
 // Metric is one of the module's metrics. Samples are filled by
