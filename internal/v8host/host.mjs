@@ -247,9 +247,15 @@ class VM {
       proxy_get_buffer_bytes(type, start, max, retPtr, retLen) {
         let data;
         const s = vm.stream;
-        if (type === BufferType.RequestBody && s) data = s.reqBuffer;
-        else if (type === BufferType.ResponseBody && s) data = s.respBuffer;
-        else if (type === BufferType.VMConfiguration) data = Buffer.alloc(0);
+        if ((type === BufferType.RequestBody || type === BufferType.ResponseBody) && s) {
+          const body = type === BufferType.RequestBody ? s.reqBuffer : s.respBuffer;
+          const from = Math.min(start, body.length);
+          const to = Math.min(body.length, from + max);
+          const ptr = vm.alloc(to - from, retPtr, retLen);
+          body.copyTo(vm.mem(), ptr, from, to);
+          return Status.OK;
+        }
+        if (type === BufferType.VMConfiguration) data = Buffer.alloc(0);
         else if (type === BufferType.PluginConfiguration && vm.rootConfig) data = vm.rootConfig;
         if (!data) return Status.NotFound;
         return vm.give(data.subarray(Math.min(start, data.length), Math.min(data.length, start + max)), retPtr, retLen);
@@ -368,6 +374,36 @@ function decodePairs(b) {
   return pairs;
 }
 
+// Chunks is a body buffer as Envoy keeps one: the chunks as they arrived,
+// copied only when the filter reads them (get_buffer_bytes).
+class Chunks {
+  constructor(...parts) {
+    this.parts = parts;
+    this.length = parts.reduce((n, p) => n + p.length, 0);
+  }
+  push(chunk) {
+    this.parts.push(chunk);
+    this.length += chunk.length;
+  }
+  // copyTo writes bytes [start, end) into dst at offset.
+  copyTo(dst, offset, start, end) {
+    let pos = 0;
+    for (const p of this.parts) {
+      const a = Math.max(start, pos);
+      const b = Math.min(end, pos + p.length);
+      if (a < b) {
+        dst.set(p.subarray(a - pos, b - pos), offset);
+        offset += b - a;
+      }
+      pos += p.length;
+      if (pos >= end) break;
+    }
+  }
+  writeTo(stream) {
+    for (const p of this.parts) stream.write(p);
+  }
+}
+
 const module = new WebAssembly.Module(fs.readFileSync(spec.module));
 const vms = [];
 for (let i = 0; i < (spec.workers || 1); i++) {
@@ -412,10 +448,9 @@ function filtered(req, res) {
   }
   const s = {
     id: nextStream++, reqHeaders, respHeaders: null, reqMapLive: true, respMapLive: false, inLog: false,
-    reqBuffer: new Uint8Array(0), respBuffer: new Uint8Array(0), upstream: null, status: null, local: null, ended: false,
+    reqBuffer: new Chunks(), respBuffer: new Chunks(), upstream: null, status: null, local: null, ended: false,
   };
   let upReq = null; // the upstream request once the headers went on
-  const held = [];
   const finish = () => {
     if (s.ended) return;
     s.ended = true;
@@ -468,14 +503,16 @@ function filtered(req, res) {
     if (s.local) return;
     size += chunk.length;
     if (paused) {
-      held.push(chunk);
-      s.reqBuffer = Buffer.concat(held);
+      s.reqBuffer.push(chunk);
       paused = vm.call('request_body', s, s.id, s.reqBuffer.length, 0) !== Action.Continue && !s.resumeRequest;
       if (local()) return;
-      if (!paused) { route(); upReq.write(s.reqBuffer); }
+      if (!paused) {
+        route();
+        s.reqBuffer.writeTo(upReq);
+      }
       return;
     }
-    s.reqBuffer = chunk;
+    s.reqBuffer = new Chunks(chunk);
     vm.call('request_body', s, s.id, chunk.length, 0);
     if (local()) return;
     upReq.write(chunk);
@@ -483,18 +520,18 @@ function filtered(req, res) {
   req.on('end', () => {
     if (s.local) return;
     if (paused) {
-      s.reqBuffer = held.length ? Buffer.concat(held) : new Uint8Array(0);
       if (hasBody) {
         paused = vm.call('request_body', s, s.id, s.reqBuffer.length, 1) !== Action.Continue && !s.resumeRequest;
         if (local()) return;
       } else paused = false;
       if (paused) { reply({ code: 500, body: 'filter paused the request at its end and never resumed it' }); return; }
       route();
-      upReq.end(s.reqBuffer);
+      s.reqBuffer.writeTo(upReq);
+      upReq.end();
       return;
     }
     if (hasBody) {
-      s.reqBuffer = new Uint8Array(0);
+      s.reqBuffer = new Chunks();
       vm.call('request_body', s, s.id, 0, 1);
       if (local()) return;
     }
@@ -519,29 +556,33 @@ function filtered(req, res) {
       s.respMapLive = false;
       writeHead();
     }
-    const rheld = [];
     ur.on('data', (chunk) => {
       if (s.local) return;
       if (rpaused) {
-        rheld.push(chunk);
-        s.respBuffer = Buffer.concat(rheld);
+        s.respBuffer.push(chunk);
         rpaused = vm.call('response_body', s, s.id, s.respBuffer.length, 0) !== Action.Continue;
         if (local()) return;
-        if (!rpaused) { writeHead(); res.write(s.respBuffer); }
+        if (!rpaused) {
+          writeHead();
+          s.respBuffer.writeTo(res);
+        }
         return;
       }
-      s.respBuffer = chunk;
+      s.respBuffer = new Chunks(chunk);
       vm.call('response_body', s, s.id, chunk.length, 0);
       if (local()) return;
       res.write(chunk);
     });
     ur.on('end', () => {
       if (s.local) return;
-      s.respBuffer = rpaused && rheld.length ? Buffer.concat(rheld) : new Uint8Array(0);
+      if (!rpaused) s.respBuffer = new Chunks();
       vm.call('response_body', s, s.id, s.respBuffer.length, 1);
       if (local()) return;
-      if (rpaused) writeHead();
-      res.end(rpaused ? s.respBuffer : undefined);
+      if (rpaused) {
+        writeHead();
+        s.respBuffer.writeTo(res);
+      }
+      res.end();
     });
   }
 }
