@@ -240,3 +240,18 @@ func TestV8BadInputAndPanics(t *testing.T) {
 		t.Errorf("after a trap: traps %d, failed VMs %d", st.Traps, st.FailedVMs)
 	}
 }
+
+// A configuration the router rejects fails the plugin's start in V8 too,
+// and Start's error quotes the module's log line naming the field.
+func TestV8PluginStartFailureNamesTheField(t *testing.T) {
+	needV8(t)
+	h, err := v8host.Start(v8host.Config{Module: v8Module(t), RootID: RootRouter,
+		Configuration: `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"not-an-address"}]}`})
+	if err == nil {
+		h.Close()
+		t.Fatal("the plugin started with an invalid endpoint address")
+	}
+	if !strings.Contains(err.Error(), "endpoints[1].address") {
+		t.Errorf("error %q should name endpoints[1].address", err)
+	}
+}
