@@ -107,6 +107,7 @@ func BenchmarkRouterInV8(b *testing.B) {
 			b.ReportMetric(us(plain/n), "cpu-us/req-nofilter")
 			b.ReportMetric(us(filtered/n), "cpu-us/req-filter")
 			b.ReportMetric(us((filtered-plain)/n), "cpu-us/req-overhead")
+			b.ReportMetric(float64(filtered)/float64(plain), "cpu-ratio")
 			b.ReportMetric(us((after.Callbacks-before.Callbacks)/n), "vm-callbacks-us")
 			b.ReportMetric(us((after.PerCallback["request_body"]-before.PerCallback["request_body"])/n), "vm-body-us")
 			if m, ok := after.Metrics["kvroute.router.decision_us"]; ok {
