@@ -86,31 +86,15 @@ func BenchmarkRouterInWasm(b *testing.B) {
 	clients := 1
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 20 * time.Second}
 	path := "/v1/chat/completions"
-	post := func(url, body string) error {
-		resp, err := client.Post(url+path, "application/json", strings.NewReader(body))
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	}
+	post := func(url, body string) error { return postOK(client, url+path, body) }
 	send := func(b *testing.B, url, body string) {
 		if err := post(url, body); err != nil {
 			b.Fatal(err)
 		}
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	for _, size := range []struct {
-		name  string
-		bytes int
-	}{{"1Ktok", 4 << 10}, {"8Ktok", 32 << 10}, {"32Ktok", 128 << 10}, {"220KB", 220 << 10}} {
-		// A shared system prompt (most of the body) and a varying question.
-		system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", size.bytes/55)
-		body := func(i int) string { return chatBody(system, fmt.Sprintf("question number %d", i)) }
+	for _, size := range benchSizes {
+		body := size.bodies()
 		// alternate sends blocks of requests to the host without a filter
 		// and to url in turn and returns the per-request wall and
 		// whole-process CPU time of both (CPU: client, host and upstreams,
@@ -235,4 +219,33 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		split("header-only", headerOnlyURL, hh, "/v1/chat/completions")
 		split("pass-through", filterURL, fh, "/v1/not-routed")
 	}
+}
+
+// benchSizes are the prompt sizes the router benchmarks measure.
+var benchSizes = []benchSize{{"1Ktok", 4 << 10}, {"8Ktok", 32 << 10}, {"32Ktok", 128 << 10}, {"220KB", 220 << 10}}
+
+type benchSize struct {
+	name  string
+	bytes int
+}
+
+// bodies returns the benchmark's chat requests by number: a shared system
+// prompt (most of the body) and a varying question.
+func (s benchSize) bodies() func(i int) string {
+	system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", s.bytes/55)
+	return func(i int) string { return chatBody(system, fmt.Sprintf("question number %d", i)) }
+}
+
+// postOK posts a JSON body and fails unless the answer is 200.
+func postOK(client *http.Client, url, body string) error {
+	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
 }

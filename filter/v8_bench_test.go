@@ -1,8 +1,6 @@
 package filter
 
 import (
-	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -47,18 +45,12 @@ func BenchmarkRouterInV8(b *testing.B) {
 		return h
 	}
 	routerConfig := "{" + endpointsJSON(addrs) + "}"
-	router := start(v8Module(b), RootRouter, routerConfig, false)
+	router := start(modulePath(b), RootRouter, routerConfig, false)
 	floor := start(floorPath, "floor", strings.Join(addrs, ","), false)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
 	send := func(url, body string) {
-		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
+		if err := postOK(client, url+"/v1/chat/completions", body); err != nil {
 			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b.Fatalf("status %d", resp.StatusCode)
 		}
 	}
 	stats := func(h *v8host.Host) v8host.Stats {
@@ -69,12 +61,8 @@ func BenchmarkRouterInV8(b *testing.B) {
 		return s
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	for _, size := range []struct {
-		name  string
-		bytes int
-	}{{"1Ktok", 4 << 10}, {"8Ktok", 32 << 10}, {"32Ktok", 128 << 10}, {"220KB", 220 << 10}} {
-		system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", size.bytes/55)
-		body := func(i int) string { return chatBody(system, fmt.Sprintf("question number %d", i)) }
+	for _, size := range benchSizes {
+		body := size.bodies()
 		// run sends n requests to url and returns the node process's CPU
 		// time over them, read after a settle pause (on_log and on_delete may
 		// run after the client has its response).
@@ -138,6 +126,6 @@ func BenchmarkRouterInV8(b *testing.B) {
 			measure(b, start(writeModule("cold.wasm", m), "floor", strings.Join(addrs, ","), false))
 			b.ReportMetric(float64(added)/1024, "added-wasm-KB")
 		})
-		b.Run(size.name+"/hostcalls", func(b *testing.B) { measure(b, start(v8Module(b), RootRouter, routerConfig, true)) })
+		b.Run(size.name+"/hostcalls", func(b *testing.B) { measure(b, start(modulePath(b), RootRouter, routerConfig, true)) })
 	}
 }

@@ -6,27 +6,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/v8host"
 )
-
-// v8Module is the path of the module the V8 tests load (KVROUTE_WASM or
-// dist/kvroute.wasm).
-func v8Module(t testing.TB) string {
-	t.Helper()
-	path := filepath.Join("..", "dist", "kvroute.wasm")
-	if p := os.Getenv("KVROUTE_WASM"); p != "" {
-		path = p
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("%s is missing (%v): run `make wasm` (make test builds it first)", path, err)
-	}
-	return path
-}
 
 // needV8 skips a test when node is missing, except in CI, where .ci/run
 // installs it and a missing node is a failure.
@@ -81,7 +66,7 @@ func startV8Router(t *testing.T, addrs []string, extra string) *v8host.Host {
 	t.Helper()
 	needV8(t)
 	h, err := v8host.Start(v8host.Config{
-		Module: v8Module(t), RootID: RootRouter, Upstreams: addrs,
+		Module: modulePath(t), RootID: RootRouter, Upstreams: addrs,
 		Configuration: "{" + endpointsJSON(addrs) + extra + "}",
 	})
 	if err != nil {
@@ -245,7 +230,7 @@ func TestV8BadInputAndPanics(t *testing.T) {
 // and Start's error quotes the module's log line naming the field.
 func TestV8PluginStartFailureNamesTheField(t *testing.T) {
 	needV8(t)
-	h, err := v8host.Start(v8host.Config{Module: v8Module(t), RootID: RootRouter,
+	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter,
 		Configuration: `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"not-an-address"}]}`})
 	if err == nil {
 		h.Close()

@@ -30,15 +30,24 @@ import (
 // measure a build of one's own while others rebuild dist/).
 func wasmModule(t testing.TB) []byte {
 	t.Helper()
+	b, err := os.ReadFile(modulePath(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// modulePath is the path of the module wasmModule reads, checked to exist.
+func modulePath(t testing.TB) string {
+	t.Helper()
 	path := filepath.Join("..", "dist", "kvroute.wasm")
 	if p := os.Getenv("KVROUTE_WASM"); p != "" {
 		path = p
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("dist/kvroute.wasm is missing (%v): run `make wasm` (make test builds it first)", err)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("%s is missing (%v): run `make wasm` (make test builds it first)", path, err)
 	}
-	return b
+	return path
 }
 
 func startFleet(t testing.TB, opt simserver.Options) *simserver.Fleet {
