@@ -140,14 +140,16 @@ func TestPushRetriesWithoutNewPublish(t *testing.T) {
 	g := newGateway(t, "t")
 	g.status.Store(503)
 	p := New([]string{g.url()}, StaticToken("t"), nil, quiet())
-	p.MinBackoff = 10 * time.Millisecond
+	// A low cap keeps the retry after the gateway recovers prompt however
+	// many failures a loaded machine lets pile up before the check sees 3.
+	p.MinBackoff, p.MaxBackoff = 10*time.Millisecond, 40*time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go p.Run(ctx)
 	p.Publish([]byte("x"))
-	waitFor(t, "a few failures", 2*time.Second, func() bool { return p.Stats()[0].Failed >= 3 })
+	waitFor(t, "a few failures", 10*time.Second, func() bool { return p.Stats()[0].Failed >= 3 })
 	g.status.Store(0)
-	waitFor(t, "delivery after backoff", 2*time.Second, func() bool { _, n := g.last(); return n == 1 })
+	waitFor(t, "delivery after backoff", 10*time.Second, func() bool { _, n := g.last(); return n == 1 })
 	if st := p.Stats()[0]; st.Consecutive != 0 || st.OK != 1 {
 		t.Errorf("stats = %+v", st)
 	}
