@@ -18,7 +18,6 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
 )
@@ -73,18 +72,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func noLeakedLoad(t *testing.T, h *wasmhost.Host) {
 	t.Helper()
-	ix, err := index.New(hostStore{h}, index.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "load counters back to zero", func() bool {
-		for _, l := range ix.Loads(nil) {
-			if l != (index.Load{}) {
-				return false
-			}
-		}
-		return true
-	})
+	waitLoadsZero(t, hostStore{h})
 	for _, band := range []string{"batch", "standard", "interactive"} {
 		if v := h.CounterValue("kvroute.admission.held." + band); v != 0 {
 			t.Errorf("held.%s gauge = %d after every request ended", band, v)

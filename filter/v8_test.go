@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/v8host"
 )
 
@@ -238,5 +241,49 @@ func TestV8PluginStartFailureNamesTheField(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "endpoints[1].address") {
 		t.Errorf("error %q should name endpoints[1].address", err)
+	}
+}
+
+// v8Store reads the V8 host's shared data as an index.Store (read only).
+type v8Store struct{ h *v8host.Host }
+
+func (s v8Store) Get(key string) ([]byte, uint32, error) {
+	v, cas, ok, err := s.h.SharedData(key)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !ok {
+		return nil, 0, index.ErrNotFound
+	}
+	return v, cas, nil
+}
+
+func (s v8Store) Set(string, []byte, uint32) error { return errors.New("read only") }
+
+// TestV8LoadCountersSurviveResets is the counter-leak test in V8: streamed
+// and whole responses from simulated engines, a third of the requests reset
+// by the client at a random moment, two worker VMs; afterwards every
+// shared load counter is zero and no VM trapped.
+func TestV8LoadCountersSurviveResets(t *testing.T) {
+	needV8(t)
+	n := 3000
+	if testing.Short() {
+		n = 500
+	}
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0.002})
+	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: f.Addrs(), Workers: 2,
+		Configuration: "{" + endpointsJSON(f.Addrs()) + `,"fallbacks":1}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	sendWithResets(t, h.Filtered, n)
+	waitLoadsZero(t, v8Store{h})
+	st, err := h.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Traps != 0 || st.Metrics["kvroute.router.recovered_panics"].Value != 0 {
+		t.Errorf("traps %d, recovered panics %v: %v", st.Traps, st.Metrics["kvroute.router.recovered_panics"].Value, st.LastErrors)
 	}
 }

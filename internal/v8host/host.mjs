@@ -588,6 +588,14 @@ function filtered(req, res) {
 }
 
 function admin(req, res) {
+  const url = new URL(req.url, 'http://admin');
+  if (url.pathname === '/shared') {
+    // One shared-data key, as a test reads the index the VMs share.
+    const e = shared.get(url.searchParams.get('key') || '');
+    res.writeHead(e ? 200 : 404, { 'content-type': 'application/json' });
+    res.end(e ? JSON.stringify({ value: Buffer.from(e.value).toString('base64'), cas: e.cas }) : '{}');
+    return;
+  }
   const cpu = process.cpuUsage();
   const body = { ...stats, cpuUs: cpu.user + cpu.system, failedVMs: vms.filter((v) => v.failed).length };
   const withSamples = req.url.includes('samples');

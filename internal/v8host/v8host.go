@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -244,6 +245,27 @@ func (h *Host) stats(samples bool) (Stats, error) {
 		s.PerCallback[k] = time.Duration(v)
 	}
 	return s, nil
+}
+
+// SharedData returns a shared-data key's value and CAS, and whether it is
+// set, as the VMs see it.
+func (h *Host) SharedData(key string) ([]byte, uint32, bool, error) {
+	resp, err := http.Get(h.Admin + "/shared?key=" + url.QueryEscape(key))
+	if err != nil {
+		return nil, 0, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, 0, false, nil
+	}
+	var e struct {
+		Value []byte `json:"value"` // base64 in JSON
+		CAS   uint32 `json:"cas"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		return nil, 0, false, fmt.Errorf("v8host: admin shared data: %w", err)
+	}
+	return e.Value, e.CAS, true, nil
 }
 
 type lockedBuffer struct {
