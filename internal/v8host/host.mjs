@@ -11,8 +11,6 @@ import http from 'node:http';
 import { WASI } from 'node:wasi';
 
 const spec = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
-const te = new TextEncoder();
-const td = new TextDecoder();
 
 // proxy-wasm ABI 0.2.1 values.
 const Status = { OK: 0, NotFound: 1, BadArgument: 2, CasMismatch: 8, Unimplemented: 12 };
@@ -76,7 +74,11 @@ class VM {
     this.mem();
     return this.dv;
   }
-  string(ptr, len) { return this.mem().toString('utf8', ptr, ptr + len); }
+  // bytes reads module memory as a byte string (latin1: one character per
+  // byte), the form node's HTTP parser gives header names and values in, so
+  // keys, headers and values round-trip exactly; text reads UTF-8, for logs.
+  bytes(ptr, len) { return this.mem().latin1Slice(ptr, ptr + len); }
+  text(ptr, len) { return this.mem().toString('utf8', ptr, ptr + len); }
   copy(ptr, len) { return Buffer.from(this.mem().subarray(ptr, ptr + len)); }
 
   // alloc asks the module for n bytes, as Envoy does before every host
@@ -98,9 +100,9 @@ class VM {
   }
 
   giveString(str, ptrPtr, lenPtr) {
-    const n = Buffer.byteLength(str);
+    const n = str.length; // a byte string (see bytes)
     const ptr = this.alloc(n, ptrPtr, lenPtr);
-    if (n > 0) this.mem().write(str, ptr, n, 'utf8');
+    if (n > 0) this.mem().latin1Write(str, ptr, n);
     return Status.OK;
   }
 
@@ -111,8 +113,8 @@ class VM {
     const lens = new Array(pairs.length * 2);
     let size = 4 + 8 * pairs.length;
     for (let i = 0; i < pairs.length; i++) {
-      lens[2 * i] = Buffer.byteLength(pairs[i][0]);
-      lens[2 * i + 1] = Buffer.byteLength(pairs[i][1]);
+      lens[2 * i] = pairs[i][0].length;
+      lens[2 * i + 1] = pairs[i][1].length;
       size += lens[2 * i] + lens[2 * i + 1] + 2;
     }
     const ptr = this.alloc(size, ptrPtr, lenPtr);
@@ -122,9 +124,9 @@ class VM {
     let o = ptr + 4;
     for (let i = 0; i < lens.length; i++, o += 4) v.setUint32(o, lens[i], true);
     for (let i = 0; i < pairs.length; i++) {
-      o += m.write(pairs[i][0], o, 'utf8');
+      o += m.latin1Write(pairs[i][0], o, lens[2 * i]);
       m[o++] = 0;
-      o += m.write(pairs[i][1], o, 'utf8');
+      o += m.latin1Write(pairs[i][1], o, lens[2 * i + 1]);
       m[o++] = 0;
     }
     return Status.OK;
@@ -171,7 +173,7 @@ class VM {
         const key = name === 'critical' ? 'error' : name === 'trace' ? 'debug' : name;
         stats.logs[key]++;
         if (level >= 3) {
-          const msg = vm.string(ptr, len);
+          const msg = vm.text(ptr, len);
           stats.lastErrors.push(msg);
           if (stats.lastErrors.length > 20) stats.lastErrors.shift();
           if (spec.verbose) console.error(`wasm ${name}: ${msg}`);
@@ -179,7 +181,7 @@ class VM {
         return Status.OK;
       },
       proxy_get_property(ptr, len, retPtr, retLen) {
-        const path = vm.string(ptr, len);
+        const path = vm.bytes(ptr, len);
         const v = vm.property(path);
         if (v === undefined) {
           const shown = path.replaceAll('\0', '.');
@@ -194,14 +196,14 @@ class VM {
         return Status.OK;
       },
       proxy_get_shared_data(keyPtr, keyLen, retPtr, retLen, casPtr) {
-        const e = shared.get(vm.string(keyPtr, keyLen));
+        const e = shared.get(vm.bytes(keyPtr, keyLen));
         if (!e) return Status.NotFound;
         vm.give(e.value, retPtr, retLen);
         vm.view().setUint32(casPtr, e.cas, true);
         return Status.OK;
       },
       proxy_set_shared_data(keyPtr, keyLen, valPtr, valLen, cas) {
-        const key = vm.string(keyPtr, keyLen);
+        const key = vm.bytes(keyPtr, keyLen);
         const e = shared.get(key);
         if (e && cas !== 0 && cas !== e.cas) return Status.CasMismatch;
         shared.set(key, { value: vm.copy(valPtr, valLen), cas: casValue() });
@@ -210,15 +212,15 @@ class VM {
       proxy_get_header_map_value(type, keyPtr, keyLen, retPtr, retLen) {
         const h = vm.headerMap(type);
         if (!h) return Status.BadArgument;
-        const key = vm.string(keyPtr, keyLen).toLowerCase();
+        const key = vm.bytes(keyPtr, keyLen).toLowerCase();
         const e = h.find(([k]) => k === key);
         return e ? vm.giveString(e[1], retPtr, retLen) : Status.NotFound;
       },
       proxy_replace_header_map_value(type, keyPtr, keyLen, valPtr, valLen) {
         const h = vm.headerMap(type);
         if (!h || vm.stream.inLog) return Status.BadArgument;
-        const key = vm.string(keyPtr, keyLen).toLowerCase();
-        const val = vm.string(valPtr, valLen);
+        const key = vm.bytes(keyPtr, keyLen).toLowerCase();
+        const val = vm.bytes(valPtr, valLen);
         const i = h.findIndex(([k]) => k === key);
         if (i < 0) h.push([key, val]);
         else {
@@ -230,7 +232,7 @@ class VM {
       proxy_remove_header_map_value(type, keyPtr, keyLen) {
         const h = vm.headerMap(type);
         if (!h || vm.stream.inLog) return Status.BadArgument;
-        const key = vm.string(keyPtr, keyLen).toLowerCase();
+        const key = vm.bytes(keyPtr, keyLen).toLowerCase();
         for (let j = h.length - 1; j >= 0; j--) if (h[j][0] === key) h.splice(j, 1);
         return Status.OK;
       },
@@ -272,7 +274,7 @@ class VM {
       proxy_set_tick_period_milliseconds(ms) { vm.tickMs = ms; return Status.OK; },
       proxy_set_effective_context() { return Status.OK; },
       proxy_define_metric(type, namePtr, nameLen, idPtr) {
-        const name = vm.string(namePtr, nameLen);
+        const name = vm.bytes(namePtr, nameLen);
         if (!stats.metrics[name]) stats.metrics[name] = { type, value: 0, samples: [] };
         vm.metrics.push(stats.metrics[name]);
         vm.view().setUint32(idPtr, vm.metrics.length - 1, true);
@@ -365,9 +367,9 @@ function decodePairs(b) {
   for (let i = 0; i < n; i++, o += 8) lens.push([view.getUint32(o, true), view.getUint32(o + 4, true)]);
   const pairs = [];
   for (const [kl, vl] of lens) {
-    const k = td.decode(b.subarray(o, o + kl));
+    const k = b.latin1Slice(o, o + kl);
     o += kl + 1;
-    const v = td.decode(b.subarray(o, o + vl));
+    const v = b.latin1Slice(o, o + vl);
     o += vl + 1;
     pairs.push([k, v]);
   }
