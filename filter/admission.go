@@ -47,14 +47,14 @@ type admitter struct {
 	sat    []admission.Load
 
 	heldGauge   [3]proxywasm.MetricGauge
-	heldTotal   [3]proxywasm.MetricCounter
-	released    proxywasm.MetricCounter
-	expired     proxywasm.MetricCounter
-	shed        proxywasm.MetricCounter
-	overflow    proxywasm.MetricCounter
-	cancelled   proxywasm.MetricCounter
-	badHeader   proxywasm.MetricCounter
-	waitMs      proxywasm.MetricHistogram
+	heldTotal   [3]metricCounter
+	released    metricCounter
+	expired     metricCounter
+	shed        metricCounter
+	overflow    metricCounter
+	cancelled   metricCounter
+	badHeader   metricCounter
+	waitMs      metricHistogram
 	lastHeldLen [3]int
 }
 
@@ -106,15 +106,15 @@ func newAdmitter(p *routerPlugin) *admitter {
 	a := &admitter{p: p, ctl: admission.NewController(cfg), held: map[uint64]*routerStream{}}
 	for i, band := range admission.Bands {
 		a.heldGauge[i] = proxywasm.DefineGaugeMetric("kvroute.admission.held." + band)
-		a.heldTotal[i] = proxywasm.DefineCounterMetric("kvroute.admission.held_total." + band)
+		a.heldTotal[i] = defineCounter("kvroute.admission.held_total." + band)
 	}
-	a.released = proxywasm.DefineCounterMetric("kvroute.admission.released")
-	a.expired = proxywasm.DefineCounterMetric("kvroute.admission.expired")
-	a.shed = proxywasm.DefineCounterMetric("kvroute.admission.shed")
-	a.overflow = proxywasm.DefineCounterMetric("kvroute.admission.overflow")
-	a.cancelled = proxywasm.DefineCounterMetric("kvroute.admission.cancelled")
-	a.badHeader = proxywasm.DefineCounterMetric("kvroute.admission.bad_header")
-	a.waitMs = proxywasm.DefineHistogramMetric("kvroute.admission.wait_ms")
+	a.released = defineCounter("kvroute.admission.released")
+	a.expired = defineCounter("kvroute.admission.expired")
+	a.shed = defineCounter("kvroute.admission.shed")
+	a.overflow = defineCounter("kvroute.admission.overflow")
+	a.cancelled = defineCounter("kvroute.admission.cancelled")
+	a.badHeader = defineCounter("kvroute.admission.bad_header")
+	a.waitMs = defineHistogram("kvroute.admission.wait_ms")
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.TickMs)); err != nil {
 		proxywasm.LogCriticalf("kvroute.router: setting the admission tick: %v (held requests would wait for their deadline)", err)
 	}

@@ -54,7 +54,7 @@ func hookPanic(value string) {
 //	defer guard(&stats.recoveredPanics, "on_request_headers", &action, s.failOpen)
 //
 // failOpen may be nil; a panic inside failOpen is swallowed too. The counter
-// is passed by pointer: a MetricCounter value would be boxed into the
+// is passed by pointer: a metricCounter value would be boxed into the
 // interface (a runtime call) at every callback, panic or not.
 func guard(counter interface{ Increment(uint64) }, where string, action *types.Action, failOpen func()) {
 	// recover works only when called by the deferred function itself; the

@@ -78,3 +78,50 @@ func readUpstreamAddress(buf []byte) ([]byte, error) {
 	}
 	return sdkUpstreamAddress()
 }
+
+// hostGetBufferBytes is the host call behind the SDK's GetHttpRequestBody
+// and GetHttpResponseBody, imported so that the body read, once per
+// request and per response chunk, enters none of the SDK's status
+// mapping and buffer handover.
+//
+//go:wasmimport env proxy_get_buffer_bytes
+func hostGetBufferBytes(buffer, start, maxSize uint32, retPtr, retSize *uint32) uint32
+
+// bufferPtr and bufferSize receive where the host wrote a body; package-level
+// for the reason headerMapPtr is.
+var bufferPtr, bufferSize uint32
+
+// readBodyInto reads the first n bytes of a body buffer into buf (lent to
+// the ABI bridge; cap(buf) >= n). ok is false when the host did not write
+// them there (an error, or n == 0): the caller reads through the SDK.
+func readBodyInto(buf []byte, buffer uint32, n int) (b []byte, ok bool) {
+	if n > 0 {
+		hostbuf.Lend(buf)
+		status := hostGetBufferBytes(buffer, 0, uint32(n), &bufferPtr, &bufferSize)
+		hostbuf.Lend(nil)
+		size := int(bufferSize)
+		if status == 0 && size <= n && bufferPtr == uint32(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))) {
+			b, ok = buf[:size], true
+		}
+		bufferPtr, bufferSize = 0, 0
+	}
+	return b, ok
+}
+
+// hostReplaceHeaderMapValue is the host call behind the SDK's
+// ReplaceHttpRequestHeader, imported so that writing the destination
+// header, once per routed request, enters none of the SDK's status
+// mapping.
+//
+//go:wasmimport env proxy_replace_header_map_value
+func hostReplaceHeaderMapValue(mapType uint32, key *byte, keySize uint32, value *byte, valueSize uint32) uint32
+
+// setRequestHeader sets a request header through the host (which copies
+// name and value) and returns the host's status as an error, nil for OK.
+func setRequestHeader(name, value string) error {
+	status := hostReplaceHeaderMapValue(mapTypeRequestHeaders, unsafe.StringData(name), uint32(len(name)), unsafe.StringData(value), uint32(len(value)))
+	if status != statusOK {
+		return hostStatusError("proxy_replace_header_map_value", status)
+	}
+	return nil
+}

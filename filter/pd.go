@@ -104,36 +104,36 @@ type pdStats struct {
 	// disaggregated: prefill went to the prefill host (vLLM: its
 	// kv_transfer_params reached the decode request; SGLang: the pair was
 	// sent; a prefill failure noticed later is counted as a fallback too).
-	disaggregated proxywasm.MetricCounter
+	disaggregated metricCounter
 	// passthrough: the router did not disaggregate; the request is untouched.
-	passthrough proxywasm.MetricCounter
+	passthrough metricCounter
 	// fallbacks by reason: the request went (or was re-sent) decode-only.
-	fallbacks map[string]proxywasm.MetricCounter
+	fallbacks map[string]metricCounter
 	// lateFallbacks: SGLang requests re-sent decode-only as a callout
 	// because the prefill failed after the decode request had left.
-	lateFallbacks proxywasm.MetricCounter
+	lateFallbacks metricCounter
 	// fallbackFailed: that decode-only callout failed too; the client got
 	// the decode's own answer.
-	fallbackFailed proxywasm.MetricCounter
+	fallbackFailed metricCounter
 	// prefillMicros is the prefill callout's duration, success or not: the
 	// TTFT the split adds before the decode starts (vLLM), or the prefill
 	// peer's time (SGLang).
-	prefillMicros proxywasm.MetricHistogram
+	prefillMicros metricHistogram
 }
 
 func newPD(cfg *config.Config) (*pdPlugin, error) {
 	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait}
 	p.stats = pdStats{
 		commonStats:    newCommonStats("pd"),
-		disaggregated:  proxywasm.DefineCounterMetric("kvroute.pd.requests.disaggregated"),
-		passthrough:    proxywasm.DefineCounterMetric("kvroute.pd.requests.passthrough"),
-		lateFallbacks:  proxywasm.DefineCounterMetric("kvroute.pd.requests.late_fallback"),
-		fallbackFailed: proxywasm.DefineCounterMetric("kvroute.pd.requests.fallback_failed"),
-		fallbacks:      map[string]proxywasm.MetricCounter{},
-		prefillMicros:  proxywasm.DefineHistogramMetric("kvroute.pd.prefill_us"),
+		disaggregated:  defineCounter("kvroute.pd.requests.disaggregated"),
+		passthrough:    defineCounter("kvroute.pd.requests.passthrough"),
+		lateFallbacks:  defineCounter("kvroute.pd.requests.late_fallback"),
+		fallbackFailed: defineCounter("kvroute.pd.requests.fallback_failed"),
+		fallbacks:      map[string]metricCounter{},
+		prefillMicros:  defineHistogram("kvroute.pd.prefill_us"),
 	}
 	for _, r := range []string{reasonError, reasonTimeout, reasonMalformed, reasonDispatch, reasonBody, reasonPanic, reasonNoBody} {
-		p.stats.fallbacks[r] = proxywasm.DefineCounterMetric("kvroute.pd.fallback." + r)
+		p.stats.fallbacks[r] = defineCounter("kvroute.pd.fallback." + r)
 	}
 	if err := proxywasm.SetTickPeriodMilliSeconds(pdTickMs); err != nil {
 		proxywasm.LogWarnf("kvroute.pd: setting the tick period: %v (requests whose body never arrives will wait for Envoy's stream timeout)", err)

@@ -56,6 +56,10 @@ type routerPlugin struct {
 	// clock drives both now and mono.
 	born    time.Time
 	stepped bool
+	// wallBase is the wall clock in ms when mono read wallAt: wallMs
+	// derives the decision's wall time from its monotonic reading.
+	wallBase int64
+	wallAt   time.Duration
 	// timeResponses says something reads a response's time to first byte:
 	// the breaker's latency threshold, or the latency scorer (through the
 	// hosts' LatencyEWMAMs). Otherwise, as with every preset, the response
@@ -63,7 +67,7 @@ type routerPlugin struct {
 	timeResponses bool
 	// lastProfile and its counter spare profileCounter a map lookup.
 	lastProfile        string
-	lastProfileCounter proxywasm.MetricCounter
+	lastProfileCounter metricCounter
 
 	// bodyBuf receives every request body and response chunk (see
 	// readBuffer); it grows to the largest seen, at most maxBodyBytes.
@@ -83,21 +87,21 @@ const hostValSize = 8 << 10
 
 type routerStats struct {
 	commonStats
-	routed, noCandidate, failedOpen, passThrough  proxywasm.MetricCounter
-	badRequest, tooLarge, badMethod, notFound     proxywasm.MetricCounter
-	parseErrors, staleState, fallbacksUsed        proxywasm.MetricCounter
-	predictedCached, confirmedCached              proxywasm.MetricCounter
-	feedback, overPredicted, underPredicted       proxywasm.MetricCounter
-	indexErrors, loadErrors                       proxywasm.MetricCounter
-	statePushes, stateUnauthorized, stateRejected proxywasm.MetricCounter
-	breakerOpened, disaggregated                  proxywasm.MetricCounter
-	clientFieldsRemoved                           proxywasm.MetricCounter
-	decisionMicros, bodyMicros                    proxywasm.MetricHistogram
-	byProfile                                     map[string]proxywasm.MetricCounter
+	routed, noCandidate, failedOpen, passThrough  metricCounter
+	badRequest, tooLarge, badMethod, notFound     metricCounter
+	parseErrors, staleState, fallbacksUsed        metricCounter
+	predictedCached, confirmedCached              metricCounter
+	feedback, overPredicted, underPredicted       metricCounter
+	indexErrors, loadErrors                       metricCounter
+	statePushes, stateUnauthorized, stateRejected metricCounter
+	breakerOpened, disaggregated                  metricCounter
+	clientFieldsRemoved                           metricCounter
+	decisionMicros, bodyMicros                    metricHistogram
+	byProfile                                     map[string]metricCounter
 }
 
-func counterMetric(name string) proxywasm.MetricCounter {
-	return proxywasm.DefineCounterMetric("kvroute.router." + name)
+func counterMetric(name string) metricCounter {
+	return defineCounter("kvroute.router." + name)
 }
 
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
@@ -107,6 +111,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	}
 	p := &routerPlugin{cfg: cfg, now: now, stepped: clock != nil, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
 		hostVal: make([]byte, hostValSize), born: now()}
+	p.wallBase = p.born.UnixMilli() // mono reads 0 at born (see wallMs)
 	p.stats = routerStats{
 		commonStats:         newCommonStats("router"),
 		routed:              counterMetric("requests.routed"),
@@ -133,9 +138,9 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		breakerOpened:       counterMetric("breaker.opened"),
 		disaggregated:       counterMetric("requests.disaggregated"),
 		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
-		decisionMicros:      proxywasm.DefineHistogramMetric("kvroute.router.decision_us"),
-		bodyMicros:          proxywasm.DefineHistogramMetric("kvroute.router.request_body_us"),
-		byProfile:           map[string]proxywasm.MetricCounter{},
+		decisionMicros:      defineHistogram("kvroute.router.decision_us"),
+		bodyMicros:          defineHistogram("kvroute.router.request_body_us"),
+		byProfile:           map[string]metricCounter{},
 	}
 	p.token = cfg.State.Token
 	if cfg.State.TokenEnv != "" {
@@ -295,7 +300,7 @@ func (p *routerPlugin) syncStats() {
 	rs := p.rt.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
 		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated}
-	for i, c := range [len(p.lastSynced)]*proxywasm.MetricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
+	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
 		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated} {
 		if now[i] > p.lastSynced[i] {
 			c.Increment(now[i] - p.lastSynced[i])
@@ -304,7 +309,7 @@ func (p *routerPlugin) syncStats() {
 	p.lastSynced = now
 }
 
-func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
+func (p *routerPlugin) profileCounter(name string) metricCounter {
 	if name == p.lastProfile && name != "" {
 		return p.lastProfileCounter // one profile serves most requests: no map lookup
 	}
@@ -314,7 +319,7 @@ func (p *routerPlugin) profileCounter(name string) proxywasm.MetricCounter {
 // switchProfile looks up (or defines) the counter of a profile other than
 // the last one. Out of line: one profile serves most requests, and in Wasm
 // each request pays for every part of a function it enters.
-func (p *routerPlugin) switchProfile(name string) proxywasm.MetricCounter {
+func (p *routerPlugin) switchProfile(name string) metricCounter {
 	c, ok := p.byProfile(name)
 	if !ok {
 		c = counterMetric("profile." + name + ".requests")
@@ -334,6 +339,28 @@ func (p *routerPlugin) mono() time.Duration {
 	return time.Since(p.born)
 }
 
+// wallMs is the wall clock in ms at the monotonic reading d, derived from
+// d and the last wall reading, which is renewed when a second has passed:
+// a wall reading (time.Now) is two host calls in Wasm, a monotonic one
+// one, and the decision needs both. The derived time is off from the wall
+// clock by what the wall clock was stepped or slewed in that second, and by
+// under a millisecond of rounding.
+func (p *routerPlugin) wallMs(d time.Duration) int64 {
+	if p.stepped || d-p.wallAt >= time.Second || d < p.wallAt {
+		return p.readWall(d)
+	}
+	return p.wallBase + int64((d-p.wallAt)/time.Millisecond)
+}
+
+// readWall reads the wall clock for wallMs and keeps it with d. Out of
+// line (noinline): once a second at most, except under a test clock.
+//
+//go:noinline
+func (p *routerPlugin) readWall(d time.Duration) int64 {
+	p.wallBase, p.wallAt = p.now().UnixMilli(), d
+	return p.wallBase
+}
+
 // steppedMono is mono under a test clock. Out of line (noinline): inlined,
 // the clock's call and Time.Sub would be code every reading enters in Wasm.
 //
@@ -351,7 +378,7 @@ func millis(d time.Duration) float64 { return math.Trunc(float64(d)/1e3) / 1e3 }
 // micros is d in whole microseconds, for the latency histograms.
 func micros(d time.Duration) uint64 { return uint64(max(d, 0) / time.Microsecond) }
 
-func (p *routerPlugin) byProfile(name string) (proxywasm.MetricCounter, bool) {
+func (p *routerPlugin) byProfile(name string) (metricCounter, bool) {
 	c, ok := p.stats.byProfile[name]
 	return c, ok
 }
@@ -572,20 +599,37 @@ func (s *routerStream) badMethod(path string) types.Action {
 // consumes the prompt, and the forwarded body is rewritten into its own
 // buffer.
 func (p *routerPlugin) readBody(n int) ([]byte, error) {
-	return p.readBuffer(n, proxywasm.GetHttpRequestBody)
+	return p.readBuffer(n, bufferRequestBody, proxywasm.GetHttpRequestBody)
 }
 
-// readBuffer reads n bytes of a body buffer with get into p.bodyBuf. A
-// response chunk is only scanned for cached_tokens, so it shares the buffer.
-func (p *routerPlugin) readBuffer(n int, get func(start, maxSize int) ([]byte, error)) ([]byte, error) {
-	if cap(p.bodyBuf) < n && !p.growBodyBuf(n) {
-		// A response chunk larger than any request body the router takes:
-		// read it the ordinary way rather than keep a buffer that size.
+// readBuffer reads n bytes of a body buffer (bufferRequestBody or
+// bufferResponseBody) into p.bodyBuf, through kvroute's own host call in
+// the official Go Wasm build (readBodyInto) and with get, the SDK's
+// reader, otherwise. A response chunk is only scanned for cached_tokens,
+// so it shares the buffer.
+func (p *routerPlugin) readBuffer(n int, buffer uint32, get func(start, maxSize int) ([]byte, error)) ([]byte, error) {
+	if cap(p.bodyBuf) >= n || p.growBodyBuf(n) {
+		if b, ok := readBodyInto(p.bodyBuf, buffer, n); ok {
+			return b, nil
+		}
+	}
+	return p.sdkReadBuffer(n, get)
+}
+
+// sdkReadBuffer is readBuffer through the SDK: outside the official Go
+// Wasm build, and in it for a response chunk larger than any request body
+// the router takes (read the ordinary way rather than keep a buffer that
+// size) or an answer the host did not write into p.bodyBuf. Out of line
+// (noinline): in Wasm a routed request never gets here.
+//
+//go:noinline
+func (p *routerPlugin) sdkReadBuffer(n int, get func(start, maxSize int) ([]byte, error)) ([]byte, error) {
+	if cap(p.bodyBuf) < n {
 		return get(0, n)
 	}
 	// Lend and withdraw around the one host call, without a defer (as every
 	// other lender does): the defer's wrapper would be one more function
-	// entered per request and per response chunk in Wasm.
+	// entered in Wasm.
 	hostbuf.Lend(p.bodyBuf)
 	b, err := get(0, n)
 	hostbuf.Lend(nil)
@@ -748,9 +792,8 @@ func (s *routerStream) decideFromHeaders() {
 // decide runs the strategy and writes the destination header.
 func (s *routerStream) decide(in *router.Input) {
 	p := s.plugin
-	start := p.now()
 	t0 := p.mono()
-	nowMs := start.UnixMilli()
+	nowMs := p.wallMs(t0)
 	// One clock read for the whole decision: the index takes it too
 	// instead of reading the clock three or four times (two host calls
 	// each in Wasm).
@@ -793,7 +836,7 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 	if emulatedHost {
 		value = string(dest)
 	}
-	if err := proxywasm.ReplaceHttpRequestHeader(cfg.DestinationHeader, value); err != nil {
+	if err := setRequestHeader(cfg.DestinationHeader, value); err != nil {
 		p.destinationFailed(err)
 		return
 	}
@@ -1061,7 +1104,7 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	// The engine's cached_tokens report, read from the chunk; the last one
 	// wins (a stream's final chunk).
 	if bodySize > 0 {
-		if chunk, err := p.readBuffer(bodySize, proxywasm.GetHttpResponseBody); err == nil {
+		if chunk, err := p.readBuffer(bodySize, bufferResponseBody, proxywasm.GetHttpResponseBody); err == nil {
 			if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
 				s.cached, s.feedbackSet = n, true
 			}

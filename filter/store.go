@@ -71,12 +71,46 @@ func otherGetError(key string, err error) error {
 	return fmt.Errorf("shared data %s: %w", key, err)
 }
 
+// Statuses of the proxy-wasm ABI that kvroute's own host calls tell apart.
+const (
+	statusOK          = 0
+	statusNotFound    = 1
+	statusCasMismatch = 8
+)
+
+// Buffer types of the proxy-wasm ABI that the router reads.
+const (
+	bufferRequestBody  = 0
+	bufferResponseBody = 1
+)
+
 // GetAppend implements index.AppendGetter: the host copies the value
 // straight into dst's array (lent to the ABI bridge through hostbuf) when
 // it fits, instead of into a fresh allocation per read. A new 8K-token
 // prompt reads about a dozen 1 KB shard values; the index reuses its
 // buffers request after request, so in Wasm those reads stop allocating.
+// In the official Go Wasm build the read is kvroute's own host call
+// (readShared); anything it cannot settle goes through the SDK.
 func (st *sharedStore) GetAppend(dst []byte, key string) (v []byte, cas uint32, err error) {
+	n, cas, status := readShared(dst, key)
+	switch {
+	case n < 0:
+		v, cas, err = st.sdkGetAppend(dst, key)
+	case status == statusNotFound:
+		v, err = dst, index.ErrNotFound
+	default:
+		v = dst[:len(dst)+n] // the host wrote into dst
+	}
+	return v, cas, err // one return: in Wasm each return site copies the results out
+}
+
+// sdkGetAppend is GetAppend through the SDK: outside the official Go Wasm
+// build, and in it for a value that did not fit dst's spare capacity or a
+// status other than OK and NotFound. Out of line (noinline): in Wasm, once
+// the index's buffers have grown, reads never get here.
+//
+//go:noinline
+func (st *sharedStore) sdkGetAppend(dst []byte, key string) (v []byte, cas uint32, err error) {
 	n := len(dst)
 	if cap(dst) > n {
 		hostbuf.Lend(dst[n:cap(dst)])
@@ -109,7 +143,37 @@ func (st *sharedStore) appendValue(dst, v []byte) []byte {
 	return append(dst, v...)
 }
 
-func (st *sharedStore) Set(key string, value []byte, cas uint32) error {
+func (st *sharedStore) Set(key string, value []byte, cas uint32) (err error) {
+	if status, done := writeShared(key, value, cas); done {
+		if status != statusOK {
+			err = setStatusError(key, status)
+		}
+		return err
+	}
+	return st.sdkSet(key, value, cas)
+}
+
+// hostStatusError describes a host call's failed status. Out of line
+// (noinline): a host call that fails is rare, and fmt is code.
+//
+//go:noinline
+func hostStatusError(call string, status uint32) error {
+	return fmt.Errorf("%s: status %d", call, status)
+}
+
+// setStatusError maps a failed host set to the index's errors. Out of Set
+// (hence noinline) for the reason of otherGetError: sets rarely fail.
+//
+//go:noinline
+func setStatusError(key string, status uint32) error {
+	if status == statusCasMismatch {
+		return index.ErrCASMismatch // the index retries; nothing to format
+	}
+	return fmt.Errorf("shared data %s: %w", key, hostStatusError("proxy_set_shared_data", status))
+}
+
+// sdkSet is Set through the SDK, outside the official Go Wasm build.
+func (st *sharedStore) sdkSet(key string, value []byte, cas uint32) error {
 	if st.emulated && cas == ^uint32(0) {
 		cas = 0 // the emulator creates a missing key with any CAS and refuses 0 on an existing one
 	}
