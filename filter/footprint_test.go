@@ -264,7 +264,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 			}
 		}
 	}
-	const maxDistinct, maxBytes, maxCalls = 146, 128 << 10, 610
+	const maxDistinct, maxBytes, maxCalls = 144, 128 << 10, 590
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}

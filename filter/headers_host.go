@@ -125,3 +125,31 @@ func setRequestHeader(name, value string) error {
 	}
 	return nil
 }
+
+// hostGetHeaderMapValue is the host call behind the SDK's
+// GetHttpResponseHeader, imported so that reading a response's :status,
+// once per routed response, enters none of the SDK's status mapping and
+// buffer handover.
+//
+//go:wasmimport env proxy_get_header_map_value
+func hostGetHeaderMapValue(mapType uint32, key *byte, keySize uint32, retPtr, retSize *uint32) uint32
+
+// mapTypeResponseHeaders is proxy-wasm's map type of the response headers.
+const mapTypeResponseHeaders = 2
+
+// readResponseHeader returns a response header's value, written by the
+// host into buf (lent to the ABI bridge). ok is false when the header is
+// missing or did not land there (an error, larger than buf).
+func readResponseHeader(buf []byte, name string) (v []byte, ok bool) {
+	if cap(buf) > 0 {
+		hostbuf.Lend(buf)
+		status := hostGetHeaderMapValue(mapTypeResponseHeaders, unsafe.StringData(name), uint32(len(name)), &headerMapPtr, &headerMapSize)
+		hostbuf.Lend(nil)
+		size := int(headerMapSize)
+		if status == statusOK && size <= cap(buf) && headerMapPtr == uint32(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))) {
+			v, ok = buf[:size], true
+		}
+		headerMapPtr, headerMapSize = 0, 0
+	}
+	return v, ok
+}

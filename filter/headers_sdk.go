@@ -27,3 +27,10 @@ func readBodyInto([]byte, uint32, int) ([]byte, bool) { return nil, false }
 func setRequestHeader(name, value string) error {
 	return proxywasm.ReplaceHttpRequestHeader(name, value)
 }
+
+// readResponseHeader reads a response header through the SDK outside the
+// official Go Wasm build.
+func readResponseHeader(buf []byte, name string) ([]byte, bool) {
+	v, err := proxywasm.GetHttpResponseHeader(name)
+	return []byte(v), err == nil
+}

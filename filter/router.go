@@ -1034,13 +1034,11 @@ func (p *routerPlugin) readORCA(h *scorer.Host) {
 // is primary or the candidate's own string, so nothing is allocated unless
 // a host outside the candidate set answered.
 func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served string) {
-	hostbuf.Lend(p.hostVal)
-	if v, err := proxywasm.GetHttpResponseHeader(":status"); err == nil && len(v) == 3 {
-		if n, ok := decimal(v); ok && n >= 100 {
+	if v, ok := readResponseHeader(p.hostVal, ":status"); ok && len(v) == 3 {
+		if n, ok := decimal(unsafeString(v)); ok && n >= 100 {
 			status = int(n)
 		}
 	}
-	hostbuf.Lend(nil)
 	v, err := readUpstreamAddress(p.hostVal)
 	if err != nil || len(v) == 0 || string(v) == primary {
 		return status, primary
