@@ -80,7 +80,10 @@ type Ticket struct {
 	decode, prefill  hold
 	firstToken, done bool
 	// predictedRaw is the index's prediction before any trust discount,
-	// which is what feedback must be compared with.
+	// which is what feedback must be compared with. Only learnTrust reads
+	// it, so Decide fills it only under a TrustFeedback profile: for the
+	// others it would cost each request a second token count (two calls,
+	// one through an interface, in Wasm) for nothing.
 	predictedRaw int
 }
 
@@ -267,7 +270,8 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		blocks = r.matches.Blocks
 	}
 	var trust []float64
-	if r.handler.Decode.TrustFeedback {
+	learn := r.handler.Decode.TrustFeedback
+	if learn {
 		trust = r.trust
 	}
 	for i := range hosts {
@@ -314,7 +318,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	if hd := r.handler; hd.Prefill == nil {
 		res.Decode = hd.Decode.Run(req, hosts, hd.Picks(), r.scratch)
 	} else {
-		res = hd.Run(req, hosts, r.scratch)
+		r.runDisaggregated(&res, hosts)
 	}
 	r.stats.Decisions++
 	t = Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
@@ -330,13 +334,15 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			r.pin(in.SessionKey, h.Address)
 		}
 		r.memory.store(in.Chain, h.Address)
-		prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 		if res.Disaggregated {
-			r.holdDisaggregated(&t, in, hosts, res.Prefill.Primary(), prompt, out, queried)
+			r.holdDisaggregated(&t, in, hosts, &res, queried)
 		} else {
+			prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 			hb, cached := req.Matched(t.Host)
 			t.PredictedCachedTokens = cached
-			t.predictedRaw = tokensIn(in, hb)
+			if learn {
+				t.predictedRaw = tokensIn(in, hb) // see Ticket.predictedRaw
+			}
 			r.book(&t.decode, h, in.Chain, queried, max(prompt-cached, 0), out, prompt+out)
 		}
 	}
@@ -376,20 +382,34 @@ func (r *Router) grow(n, maxSlot int) {
 	r.growLocal(maxSlot) // a no-op below len(r.local)
 }
 
+// runDisaggregated is Decide's decision for a handler with a prefill
+// profile, written into res. Out of Decide's line (noinline) like
+// holdDisaggregated: most handlers have one profile, and the Result
+// copied out of Handler.Run would be code in every request's Decide.
+//
+//go:noinline
+func (r *Router) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
+	*res = r.handler.Run(&r.req, hosts, r.scratch)
+}
+
 // holdDisaggregated books a prefill/decode split decision on t: the
 // prefill host computes the uncached prompt and holds its KV until the
 // transfer; the decode host receives the whole prompt. It is out of Decide
 // because most profiles never split: in Wasm each request pays for the
 // code of the functions it enters, so Decide keeps to the common path.
-func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, prefill, prompt, out int, queried bool) {
+func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, res *scorer.Result, queried bool) {
 	r.stats.Disaggregated++
+	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 	h := &hosts[t.Host]
+	prefill := res.Prefill.Primary()
 	t.Prefill = prefill
 	p := &hosts[prefill]
 	t.PrefillAddress = p.Address
 	pb, pcached := r.req.Matched(prefill)
 	t.PredictedCachedTokens = pcached
-	t.predictedRaw = tokensIn(in, pb)
+	if r.handler.Decode.TrustFeedback {
+		t.predictedRaw = tokensIn(in, pb) // see Ticket.predictedRaw
+	}
 	r.book(&t.prefill, p, in.Chain, queried, max(prompt-pcached, 0), 0, prompt)
 	r.book(&t.decode, h, in.Chain, queried, 0, out, prompt+out)
 }
