@@ -309,7 +309,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		}
 	}
 	if in.SessionKey != "" {
-		req.PinnedAddress = r.pinned(in.SessionKey)
+		r.loadPin(in.SessionKey)
 	}
 	req.PrefixAddress = r.memory.lookup(in.Chain)
 
@@ -349,15 +349,16 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	return t, res
 }
 
-// pinned returns the address the session table holds for key ("" when
-// none). It and pin are out of Decide's line (noinline) because most
-// requests carry no session key: in Wasm each request pays for the code of
-// the functions it enters, and these are interface calls with strings.
+// loadPin sets the request's PinnedAddress to the address the session
+// table holds for key ("" when none). It and pin are out of Decide's line
+// (noinline) because most requests carry no session key: in Wasm each
+// request pays for the code of the functions it enters, and these are
+// interface calls with strings. It stores the address itself rather than
+// returning it, so that Decide carries no string result and no store of it.
 //
 //go:noinline
-func (r *Router) pinned(key string) string {
-	addr, _ := r.sessions.Get(key)
-	return addr
+func (r *Router) loadPin(key string) {
+	r.req.PinnedAddress, _ = r.sessions.Get(key)
 }
 
 // pin pins key's session to addr unless the decision kept the pin.
