@@ -31,8 +31,14 @@ function casValue() {
 
 // stats is what the admin listener serves.
 const stats = {
-  callbackNs: 0, callbacks: {}, hostCallNs: 0, hostCalls: 0, hostCallsByName: {}, traps: 0, unknownProperties: [], logs: { debug: 0, info: 0, warn: 0, error: 0 },
-  lastErrors: [], metrics: {},
+  callbackNs: 0, // time inside the VM's callbacks, host functions included
+  callbacks: {}, // the same per callback name
+  hostCallNs: 0, hostCalls: 0, hostCallsByName: {}, // with spec.timeHostCalls only
+  traps: 0,
+  unknownProperties: [], // property paths the module asked for and the host does not serve
+  logs: { debug: 0, info: 0, warn: 0, error: 0 },
+  lastErrors: [], // the last 20 warnings, errors and traps
+  metrics: {}, // by name: { type, value, samples }
 };
 const logLevels = ['trace', 'debug', 'info', 'warn', 'error', 'critical'];
 
@@ -299,8 +305,8 @@ class VM {
   }
 
   // call runs one callback, timed; a stream's callbacks stop once its
-  // context is deleted (a client reset). A trap (an unrecovered Go panic ends in
-  // proc_exit) fails the VM, as it does in Envoy.
+  // context is deleted (a client reset). A trap (an unrecovered Go panic
+  // ends in proc_exit) fails the VM, as it does in Envoy.
   call(name, stream, ...args) {
     if (this.failed || (stream && stream.deleted)) return Action.Continue;
     this.stream = stream;
