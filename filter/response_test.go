@@ -168,28 +168,3 @@ func TestParseORCATextMatchesSplit(t *testing.T) {
 		t.Errorf("parseORCA allocates %v times per TEXT report, want 0", n)
 	}
 }
-
-// TestWallMsFollowsTheWallClock checks the decision's derived wall time
-// against the wall clock, and that a stepped wall clock is taken up once
-// the last reading is a second old.
-func TestWallMsFollowsTheWallClock(t *testing.T) {
-	p := &routerPlugin{now: time.Now, born: time.Now()}
-	p.wallBase = p.born.UnixMilli()
-	for range 4 {
-		before := time.Now().UnixMilli()
-		got := p.wallMs(p.mono())
-		if after := time.Now().UnixMilli(); got < before-2 || got > after {
-			t.Fatalf("wallMs = %d, wall clock %d..%d", got, before, after)
-		}
-		time.Sleep(30 * time.Millisecond)
-	}
-	step := 10 * time.Minute
-	p.now = func() time.Time { return time.Now().Add(step) }
-	if got := p.wallMs(p.mono()); got > time.Now().UnixMilli() {
-		t.Fatalf("the step was taken up before the reading was a second old: %d", got)
-	}
-	p.wallAt -= time.Second // as if the last wall reading were a second old
-	if got, want := p.wallMs(p.mono()), time.Now().Add(step).UnixMilli(); got < want-2 || got > want+2 {
-		t.Fatalf("after a second, wallMs = %d, want about %d", got, want)
-	}
-}

@@ -52,14 +52,12 @@ type routerPlugin struct {
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
 
-	// born is when the plugin started (see mono); stepped says a test
-	// clock drives both now and mono.
-	born    time.Time
-	stepped bool
-	// wallBase is the wall clock in ms when mono read wallAt: wallMs
-	// derives the decision's wall time from its monotonic reading.
-	wallBase int64
-	wallAt   time.Duration
+	// born is when the plugin started (see mono), and bornMono the
+	// monotonic clock then (monoNanos); stepped says a test clock drives
+	// now, mono and wallMs.
+	born     time.Time
+	bornMono int64
+	stepped  bool
 	// timeResponses says something reads a response's time to first byte:
 	// the breaker's latency threshold, or the latency scorer (through the
 	// hosts' LatencyEWMAMs). Otherwise, as with every preset, the response
@@ -110,8 +108,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		now = time.Now
 	}
 	p := &routerPlugin{cfg: cfg, now: now, stepped: clock != nil, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
-		hostVal: make([]byte, hostValSize), born: now()}
-	p.wallBase = p.born.UnixMilli() // mono reads 0 at born (see wallMs)
+		hostVal: make([]byte, hostValSize), born: now(), bornMono: monoNanos()}
 	p.stats = routerStats{
 		commonStats:         newCommonStats("router"),
 		routed:              counterMetric("requests.routed"),
@@ -330,35 +327,13 @@ func (p *routerPlugin) switchProfile(name string) metricCounter {
 }
 
 // mono is the time since the plugin started, from the monotonic clock
-// alone: a duration measured with it costs one host call per reading in
-// Wasm, where time.Now makes two (wall and monotonic).
+// alone: one host call per reading in Wasm (monoNanos), where time.Now
+// makes two (wall and monotonic).
 func (p *routerPlugin) mono() time.Duration {
 	if p.stepped {
 		return p.steppedMono()
 	}
-	return time.Since(p.born)
-}
-
-// wallMs is the wall clock in ms at the monotonic reading d, derived from
-// d and the last wall reading, which is renewed when a second has passed:
-// a wall reading (time.Now) is two host calls in Wasm, a monotonic one
-// one, and the decision needs both. The derived time is off from the wall
-// clock by what the wall clock was stepped or slewed in that second, and by
-// under a millisecond of rounding.
-func (p *routerPlugin) wallMs(d time.Duration) int64 {
-	if p.stepped || d-p.wallAt >= time.Second || d < p.wallAt {
-		return p.readWall(d)
-	}
-	return p.wallBase + int64((d-p.wallAt)/time.Millisecond)
-}
-
-// readWall reads the wall clock for wallMs and keeps it with d. Out of
-// line (noinline): once a second at most, except under a test clock.
-//
-//go:noinline
-func (p *routerPlugin) readWall(d time.Duration) int64 {
-	p.wallBase, p.wallAt = p.now().UnixMilli(), d
-	return p.wallBase
+	return time.Duration(monoNanos() - p.bornMono)
 }
 
 // steppedMono is mono under a test clock. Out of line (noinline): inlined,
@@ -366,6 +341,22 @@ func (p *routerPlugin) readWall(d time.Duration) int64 {
 //
 //go:noinline
 func (p *routerPlugin) steppedMono() time.Duration { return p.now().Sub(p.born) }
+
+// wallMs is the wall clock in Unix milliseconds (the index's, the pushed
+// state's and the breakers' timestamps): one host call in Wasm
+// (wallMillis), where time.Now makes two.
+func (p *routerPlugin) wallMs() int64 {
+	if p.stepped {
+		return p.steppedWallMs()
+	}
+	return wallMillis()
+}
+
+// steppedWallMs is wallMs under a test clock, out of line for the reason
+// of steppedMono.
+//
+//go:noinline
+func (p *routerPlugin) steppedWallMs() int64 { return p.now().UnixMilli() }
 
 // millis is d in milliseconds, truncated to whole microseconds: exactly
 // float64(d/time.Microsecond)/1000 for any |d| below 2^53 ns (104 days),
@@ -792,11 +783,11 @@ func (s *routerStream) decideFromHeaders() {
 // decide runs the strategy and writes the destination header.
 func (s *routerStream) decide(in *router.Input) {
 	p := s.plugin
+	nowMs := p.wallMs()
 	t0 := p.mono()
-	nowMs := p.wallMs(t0)
 	// One clock read for the whole decision: the index takes it too
-	// instead of reading the clock three or four times (two host calls
-	// each in Wasm).
+	// instead of reading the clock three or four times (each a host call
+	// in Wasm, two through time.Now).
 	p.ix.PinClock(nowMs)
 	p.prepare(nowMs)
 	t, res := p.rt.Decide(in, p.hosts)
