@@ -247,6 +247,22 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 	if got := h.CounterValue("kvroute.router.state.unauthorized"); got != 2 {
 		t.Errorf("state.unauthorized = %d, want 2", got)
 	}
+	// The module's wall clock (its own clock_time_get import) agrees with
+	// the host's: a push stamped now is fresh, one stamped an hour ago is
+	// stale.
+	if got := h.CounterValue("kvroute.router.stale_state"); got != 0 {
+		t.Errorf("a push stamped now was counted stale %d times", got)
+	}
+	old := pushBody(time.Now().Add(-time.Hour).UnixMilli(), addrs[2], addrs[3])
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		t.Fatalf("old push: %d %s", code, body)
+	}
+	for i := 0; i < 4; i++ {
+		call(t, "POST", url+"/v1/completions", completion, nil)
+	}
+	if got := h.CounterValue("kvroute.router.stale_state"); got == 0 {
+		t.Error("a push stamped an hour ago was not counted stale")
+	}
 }
 
 // hostStore reads the host's shared data as an index.Store, to check the
