@@ -20,11 +20,11 @@ func newCommonStats(filter string) commonStats {
 	}
 }
 
-// metricCounter and metricHistogram are proxy-wasm metrics by id, like the SDK's
-// MetricCounter and MetricHistogram. Their updates go straight to the host
-// in the official Go Wasm build (metrics_host.go): through the SDK each one
-// also enters the SDK's status-to-error mapping, and a routed request
-// makes about seven.
+// metricCounter and metricHistogram are proxy-wasm metrics by id, like
+// the SDK's MetricCounter and MetricHistogram. Their updates go straight to
+// the host in the official Go Wasm build (metrics_host.go): through the SDK
+// each one also enters the SDK's status-to-error mapping, and a routed
+// request makes about seven.
 type (
 	metricCounter   uint32
 	metricHistogram uint32

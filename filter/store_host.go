@@ -41,8 +41,8 @@ func readShared(dst []byte, key string) (n int, cas, status uint32) {
 		size := int(sharedSize)
 		// The bridge hands the host the start of the lent buffer (see
 		// hostbuf.Take): the value is in dst exactly when it starts there.
-		if status == statusNotFound || status == statusOK && (size == 0 ||
-			size <= len(free) && sharedPtr == uint32(uintptr(unsafe.Pointer(unsafe.SliceData(free))))) {
+		inDst := size <= len(free) && sharedPtr == uint32(uintptr(unsafe.Pointer(unsafe.SliceData(free))))
+		if status == statusNotFound || (status == statusOK && (size == 0 || inDst)) {
 			n, cas = size, sharedCAS
 		}
 		sharedPtr, sharedSize, sharedCAS = 0, 0, 0
