@@ -455,6 +455,7 @@ type routerStream struct {
 	decidedAt   time.Duration // p.mono() at the decision
 	explanation string
 	firstByte   bool
+	streamed    bool // the client asked for a streamed response ("stream": true)
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
@@ -712,6 +713,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
 	}
+	s.streamed = req.Stream
 	if p.adm != nil {
 		if action, held := p.adm.admit(s, &in); held {
 			return action
@@ -764,6 +766,7 @@ func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 // client prefix-key header.
 func (s *routerStream) decideFromHeaders() {
 	p := s.plugin
+	s.streamed = true // unknown without the body: keep the first-token update
 	in := router.Input{SessionKey: s.sessionKey}
 	if p.cfg.PrefixKeyHeader != "" {
 		if key, err := proxywasm.GetHttpRequestHeader(p.cfg.PrefixKeyHeader); err == nil && key != "" {
@@ -1086,9 +1089,16 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	}
 	if !s.firstByte {
 		s.firstByte = true
-		if !endOfStream {
+		// The end of prefill, for a streamed response. A non-streamed one
+		// sends its first byte only once the whole completion is done, so
+		// its first chunk says nothing the last one will not say a moment
+		// later: finish takes everything back at once, one update of the
+		// shared load counters instead of two. Envoy's HTTP/1 codec
+		// delivers even a one-read body as a chunk and then an empty last
+		// one, so this is most non-streamed responses.
+		if !endOfStream && s.streamed {
 			p.rt.FirstToken(&s.ticket)
-		} // else the whole response is here: finish takes everything back at once
+		}
 	}
 	// The engine's cached_tokens report, read from the chunk; the last one
 	// wins (a stream's final chunk).

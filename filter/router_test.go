@@ -521,6 +521,60 @@ func TestOneChunkResponseReleasesOnce(t *testing.T) {
 	}
 }
 
+// TestFirstTokenOnlyForStreamedResponses checks when a response's first
+// chunk ends the request's prefill in the shared load counters: for a
+// streamed request it does (the engine has started decoding), while a
+// non-streamed request keeps its load until the last chunk, which takes it
+// all back in one update (its first byte comes only once the completion is
+// done, and Envoy's HTTP/1 codec delivers a body as chunks and then an
+// empty last one).
+func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
+	streamedBody := `{"model":"m","prompt":"You are a helpful assistant. Answer briefly.","max_tokens":16,"stream":true}`
+	for _, tc := range []struct {
+		name          string
+		body          string
+		writesAtFirst int
+		prefillAfter  bool // prompt tokens still pending after the first chunk
+	}{
+		{"non-streamed", completion, 0, true},
+		{"streamed", streamedBody, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host, p := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+			id, _ := post(host, tc.body)
+			total := func() (l index.Load) {
+				for _, x := range p.ix.Loads(nil) {
+					l.InFlight += x.InFlight
+					l.PrefillTokens += x.PrefillTokens
+					l.DecodeTokens += x.DecodeTokens
+				}
+				return l
+			}
+			if l := total(); l.InFlight != 1 || l.PrefillTokens == 0 {
+				t.Fatalf("load after routing = %+v, want one request with pending prompt tokens", l)
+			}
+			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			writes := p.ix.Metrics().Writes
+			host.CallOnResponseBody(id, []byte(`data: {"choices":[{"text":"hi"}]}`+"\n\n"), false)
+			if got := int(p.ix.Metrics().Writes - writes); got != tc.writesAtFirst {
+				t.Errorf("shared-data writes at the first chunk = %d, want %d", got, tc.writesAtFirst)
+			}
+			if l := total(); l.InFlight != 1 || (l.PrefillTokens != 0) != tc.prefillAfter {
+				t.Errorf("load after the first chunk = %+v, want in flight with prompt tokens pending: %v", l, tc.prefillAfter)
+			}
+			writes = p.ix.Metrics().Writes
+			host.CallOnResponseBody(id, nil, true)
+			if got := p.ix.Metrics().Writes - writes; got != 1 {
+				t.Errorf("shared-data writes at the last chunk = %d, want 1 (the release)", got)
+			}
+			if l := total(); l != (index.Load{}) {
+				t.Errorf("load after the last chunk = %+v, want zero", l)
+			}
+			host.CompleteHttpContext(id)
+		})
+	}
+}
+
 func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	clock = func() time.Time { return now }
