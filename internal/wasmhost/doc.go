@@ -21,7 +21,8 @@
 // order) and then the router, which forwards it to Config.RouteCluster. The
 // response comes back through the filters in reverse order and is streamed
 // to the client chunk by chunk: on_response_body runs once per upstream
-// read, so server-sent events keep their boundaries. Trailers are not
+// read, so server-sent events keep their boundaries, and once more, empty,
+// at the end (as in Envoy: see below). Trailers are not
 // emulated: the trailer maps never exist (reads and writes answer
 // BadArgument) and on_*_trailers is never called.
 //
@@ -57,6 +58,11 @@
 //     the buffer limit) take the same path. The Watermark variants,
 //     including the default conversion of a Pause in headers, apply flow
 //     control instead: the stream waits.
+//   - Bodies arrive as Envoy's HTTP/1 codec delivers them, in both
+//     directions: each read's bytes with end_stream false, then the end as
+//     an empty chunk of its own (the codec's onBody, then the empty
+//     decodeData of onMessageCompleteBase), so even a one-read body is two
+//     body callbacks.
 //   - At stream end every context gets on_log, then on_done and
 //     on_delete, also when the client went away first.
 //   - Shared data is one map per vm_id, shared by every VM, with Envoy's

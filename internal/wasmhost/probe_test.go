@@ -511,3 +511,26 @@ func TestHostCallDuringInitializeTraps(t *testing.T) {
 		t.Fatalf("err = %v, want a failed _initialize naming the restricted call", err)
 	}
 }
+
+// TestBodiesEndWithAnEmptyChunk checks that a body reaches the filter as
+// Envoy's HTTP/1 codec delivers it: the bytes with end_stream false, then
+// the end as an empty chunk of its own, in both directions, even when the
+// whole body came in one read. A filter that acts only on a chunk that
+// carries both bytes and the end would never act in Envoy.
+func TestBodiesEndWithAnEmptyChunk(t *testing.T) {
+	h, url, _ := probeHost(t, Filter{}, nil)
+	if r := do(t, "POST", url+"/v1/completions", jsonBody(1024), nil); r.code != 200 {
+		t.Fatalf("status %d %q", r.code, r.body)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for h.CounterValue("probe.response_body") < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := h.CounterValue("probe.request_body"); got != 2 {
+		t.Errorf("on_request_body ran %d times for a 1 KB body, want 2 (the bytes, then the end)", got)
+	}
+	m, _ := h.Metric("probe.response_chunk")
+	if len(m.Samples) != 2 || m.Samples[0] == 0 || m.Samples[1] != 0 {
+		t.Errorf("on_response_body chunk sizes %v, want [the body's length, 0]", m.Samples)
+	}
+}

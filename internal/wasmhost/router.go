@@ -188,9 +188,19 @@ func (h *Host) pumpResponse(s *stream, gen int, ctx context.Context, resp *http.
 		n, err := resp.Body.Read(buf)
 		read += int64(n)
 		eos := err == io.EOF || (resp.ContentLength > 0 && read >= resp.ContentLength && err == nil)
-		if n > 0 || eos {
+		// As Envoy's HTTP/1 codec delivers a body: every read's bytes with
+		// end_stream false, then the end as an empty chunk of its own
+		// (onBody, then onMessageCompleteBase's empty decodeData), so a
+		// filter sees the same callbacks here as in Envoy.
+		for _, c := range [2]struct {
+			data []byte
+			eos  bool
+		}{{buf[:n], false}, {nil, eos}} {
+			if len(c.data) == 0 && !c.eos {
+				continue
+			}
 			ack := make(chan struct{})
-			s.post(event{kind: evUpstreamData, data: buf[:n], eos: eos, gen: gen, ack: ack})
+			s.post(event{kind: evUpstreamData, data: c.data, eos: c.eos, gen: gen, ack: ack})
 			select {
 			case <-ack:
 			case <-ctx.Done():

@@ -269,8 +269,13 @@ func (s *stream) readBody() {
 		buf := make([]byte, 64<<10)
 		n, err := s.r.Body.Read(buf)
 		s.bodyRead.Add(int64(n))
-		if n > 0 || err == io.EOF {
-			s.post(event{kind: evReqData, data: buf[:n], eos: err == io.EOF})
+		if n > 0 {
+			s.post(event{kind: evReqData, data: buf[:n]})
+		}
+		if err == io.EOF {
+			// The end comes on its own, as an empty last chunk: see
+			// pumpResponse.
+			s.post(event{kind: evReqData, eos: true})
 		}
 		if err == io.EOF {
 			return
