@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,8 +22,9 @@ import (
 // pause; vm-callbacks-us is the time inside the VM's callbacks, host
 // functions included. "<size>/floor" runs testdata/floor, the least a
 // body-routing filter does, the same way; at 8K tokens "floor+cold" adds
-// as much generated code per request as the router enters, and "hostcalls"
-// times the router's host function calls.
+// as much generated code per request as the router enters, "hostcalls"
+// times the router's host function calls, and "loaded" sends from 8 clients
+// at once, each on its own connection.
 //
 // The host compiles the module eagerly (v8host.Config.CompileEagerly), so
 // no request pays for compiling code it enters first, as in Envoy's steady
@@ -53,6 +55,7 @@ func BenchmarkRouterInV8(b *testing.B) {
 	router := start(modulePath(b), RootRouter, routerConfig, false)
 	floor := start(floorPath, "floor", strings.Join(addrs, ","), false)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
+	loadedClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 20 * time.Second}
 	send := func(url, body string) {
 		if err := postOK(client, url+"/v1/chat/completions", body); err != nil {
 			b.Fatal(err)
@@ -71,11 +74,33 @@ func BenchmarkRouterInV8(b *testing.B) {
 		// run sends n requests to url and returns the node process's CPU
 		// time over them, read after a settle pause (on_log and on_delete may
 		// run after the client has its response).
+		// With clients > 1 that many send at once, each on its own
+		// connection ("loaded").
+		clients := 1
 		run := func(h *v8host.Host, url string, from, n int) time.Duration {
 			time.Sleep(5 * time.Millisecond)
 			c0 := stats(h).CPU
-			for j := range n {
-				send(url, body(from+j))
+			if clients <= 1 {
+				for j := range n {
+					send(url, body(from+j))
+				}
+			} else {
+				var wg sync.WaitGroup
+				next := make(chan int)
+				for range clients {
+					wg.Go(func() {
+						for j := range next {
+							if err := postOK(loadedClient, url+"/v1/chat/completions", body(from+j)); err != nil {
+								b.Error(err)
+							}
+						}
+					})
+				}
+				for j := range n {
+					next <- j
+				}
+				close(next)
+				wg.Wait()
 			}
 			time.Sleep(5 * time.Millisecond)
 			return stats(h).CPU - c0
@@ -132,5 +157,12 @@ func BenchmarkRouterInV8(b *testing.B) {
 			b.ReportMetric(float64(added)/1024, "added-wasm-KB")
 		})
 		b.Run(size.name+"/hostcalls", func(b *testing.B) { measure(b, start(modulePath(b), RootRouter, routerConfig, true)) })
+		// A busy proxy: 8 clients at once, so the streams' callbacks
+		// interleave on the VM as on a loaded Envoy worker.
+		b.Run(size.name+"/loaded", func(b *testing.B) {
+			clients = 8
+			defer func() { clients = 1 }()
+			measure(b, router)
+		})
 	}
 }
