@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -42,7 +43,7 @@ import (
 func BenchmarkRouterInWasm(b *testing.B) {
 	module := wasmModule(b)
 	floor := floorModule(b)
-	addrs := jsonUpstreams(b, 16, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	addrs := benchUpstreams(b, 16)
 	clusters := map[string][]string{"engines": addrs}
 	start := func(cfg wasmhost.Config) (string, *wasmhost.Host) {
 		h, err := wasmhost.New(context.Background(), cfg)
@@ -95,6 +96,7 @@ func BenchmarkRouterInWasm(b *testing.B) {
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	for _, size := range benchSizes {
 		body := size.bodies()
+		plainBody := body
 		// alternate sends blocks of requests to the host without a filter
 		// and to url in turn and returns the per-request wall and
 		// whole-process CPU time of both (CPU: client, host and upstreams,
@@ -218,7 +220,80 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		})
 		split("header-only", headerOnlyURL, hh, "/v1/chat/completions")
 		split("pass-through", filterURL, fh, "/v1/not-routed")
+		// Streamed responses of streamedTokens events each: without usage
+		// asked for (the router reads none of the chunks) and with it
+		// (stream_options.include_usage: it reads every chunk for the final
+		// usage). resp-callbacks/req counts on_response_body calls.
+		b.Run(size.name+"/stream/floor", func(b *testing.B) {
+			body = size.streamedBodies(false)
+			defer func() { body = plainBody }()
+			_, _, cBase, cFloor := alternate(b, floorURL, floorHost)
+			b.ReportMetric(us(cFloor-cBase), "cpu-us/req-overhead")
+		})
+		for _, usage := range []bool{false, true} {
+			name := "stream"
+			if usage {
+				name = "stream+usage"
+			}
+			b.Run(size.name+"/"+name, func(b *testing.B) {
+				body = size.streamedBodies(usage)
+				defer func() { body = plainBody }()
+				calls := func() (n int64, d time.Duration) {
+					for _, c := range fh.CallStats() {
+						if c.Name == "proxy_on_response_body" {
+							n, d = n+c.Count, d+c.Total
+						}
+					}
+					return n, d
+				}
+				n0, d0 := calls()
+				_, _, cBase, cFilter := alternate(b, filterURL, fh)
+				n1, d1 := calls()
+				b.ReportMetric(us(cFilter-cBase), "cpu-us/req-overhead")
+				b.ReportMetric(float64(n1-n0)/float64(b.N+20), "resp-callbacks/req")
+				b.ReportMetric(us((d1-d0)/time.Duration(n1-n0)), "resp-callback-us")
+			})
+		}
 	}
+}
+
+// streamedTokens is how many events a streamed benchmark response has.
+const streamedTokens = 64
+
+// benchUpstreams starts n engines for the router benchmarks: a request
+// with "stream":true gets streamedTokens SSE events, each flushed and
+// followed by a short pause (then a
+// usage event if the request asked for it, and [DONE]); any other request
+// one JSON completion with usage.
+func benchUpstreams(b testing.TB, n int) []string {
+	var addrs []string
+	for i := 0; i < n; i++ {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			req, _ := io.ReadAll(r.Body)
+			if !bytes.Contains(req, []byte(`"stream":true`)) {
+				w.Header().Set("content-type", "application/json")
+				io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
+				return
+			}
+			w.Header().Set("content-type", "text/event-stream")
+			f, _ := w.(http.Flusher)
+			for range streamedTokens {
+				io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok"}}]}`+"\n\n")
+				f.Flush()
+				// An engine sends a token every few milliseconds; a pause
+				// keeps the events in reads of their own, as they reach
+				// Envoy.
+				time.Sleep(200 * time.Microsecond)
+			}
+			if bytes.Contains(req, []byte(`"include_usage":true`)) {
+				io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`+"\n\n")
+			}
+			io.WriteString(w, "data: [DONE]\n\n")
+		}))
+		b.Cleanup(up.Close)
+		addrs = append(addrs, up.Listener.Addr().String())
+	}
+	return addrs
 }
 
 // benchSizes are the prompt sizes the router benchmarks measure.
@@ -234,6 +309,20 @@ type benchSize struct {
 func (s benchSize) bodies() func(i int) string {
 	system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", s.bytes/55)
 	return func(i int) string { return chatBody(system, fmt.Sprintf("question number %d", i)) }
+}
+
+// streamedBodies is bodies asking for a streamed response, with
+// stream_options.include_usage when usage is set.
+func (s benchSize) streamedBodies(usage bool) func(i int) string {
+	plain := s.bodies()
+	extra := `,"stream":true}`
+	if usage {
+		extra = `,"stream":true,"stream_options":{"include_usage":true}}`
+	}
+	return func(i int) string {
+		b := plain(i)
+		return b[:len(b)-1] + extra
+	}
 }
 
 // postOK posts a JSON body and fails unless the answer is 200.

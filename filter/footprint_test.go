@@ -22,13 +22,15 @@ import (
 // module's functions a request enters and how many calls it makes, and by
 // which callback (the exported function the host called).
 type codeCounter struct {
-	mu      sync.Mutex
-	depth   int
-	top     string
-	calls   int
-	entered map[uint32]bool
-	byTop   map[string]map[uint32]bool
-	names   map[uint32]string
+	mu    sync.Mutex
+	depth int
+	top   string
+	calls int
+	// callsByTop counts calls by callback, while non-nil.
+	callsByTop map[string]int
+	entered    map[uint32]bool
+	byTop      map[string]map[uint32]bool
+	names      map[uint32]string
 }
 
 func (c *codeCounter) NewFunctionListener(api.FunctionDefinition) experimental.FunctionListener {
@@ -49,6 +51,9 @@ func (c *codeCounter) Before(_ context.Context, _ api.Module, def api.FunctionDe
 		return // the host's functions are TestWasmHostCallBudget's business
 	}
 	c.calls++
+	if c.callsByTop != nil {
+		c.callsByTop[c.top]++
+	}
 	c.entered[def.Index()] = true
 	c.names[def.Index()] = def.DebugName()
 	m := c.byTop[c.top]
@@ -277,5 +282,72 @@ func TestWasmCodeFootprint(t *testing.T) {
 	}
 	if distinct < 100 || median < 300 {
 		t.Fatalf("counted %d functions and %d calls: the listener did not see the router run", distinct, median)
+	}
+}
+
+// TestWasmQuietStreamChunks checks, with wazero's function listeners, that
+// the chunks of a stream that did not ask for usage are answered by the ABI
+// bridge's export alone (filter/quietbody): a token's chunk then costs about
+// what the least a filter can do costs, where reading it for a usage report
+// enters the SDK's dispatch, the stream's method, the body read and the
+// scan. Calls are exact counts, where times move with the machine.
+func TestWasmQuietStreamChunks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles the module with function listeners")
+	}
+	addrs := benchUpstreams(t, 2)
+	counter := &codeCounter{entered: map[uint32]bool{}, byTop: map[string]map[uint32]bool{}, names: map[uint32]string{}, callsByTop: map[string]int{}}
+	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
+	h, err := wasmhost.New(ctx, wasmhost.Config{Module: wasmModule(t), VMID: "kvroute", Workers: 1,
+		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: "-",
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	t.Cleanup(func() { front.Close(); h.Close() })
+	callbacks := func() (n int64) {
+		for _, c := range h.CallStats() {
+			if c.Name == "proxy_on_response_body" {
+				n += c.Count
+			}
+		}
+		return n
+	}
+	// callsPerChunk sends a streamed request and returns the module calls
+	// per on_response_body callback, and how many callbacks there were.
+	callsPerChunk := func(body string) (float64, int64) {
+		n0 := callbacks()
+		counter.mu.Lock()
+		counter.callsByTop = map[string]int{}
+		counter.mu.Unlock()
+		code, resp, _ := call(t, "POST", front.URL+"/v1/chat/completions", body, nil)
+		if code != 200 || strings.Count(resp, "data: ") < streamedTokens {
+			t.Fatalf("status %d, %d events", code, strings.Count(resp, "data: "))
+		}
+		var n int64
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+			if n = callbacks() - n0; n >= streamedTokens || time.Now().After(deadline) {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // the last chunk and the stream's end
+		n = callbacks() - n0
+		counter.mu.Lock()
+		defer counter.mu.Unlock()
+		return float64(counter.callsByTop["proxy_on_response_body"]) / float64(n), n
+	}
+	size := benchSize{"8Ktok", 8 << 10}
+	quiet, nq := callsPerChunk(size.streamedBodies(false)(1))
+	read, nr := callsPerChunk(size.streamedBodies(true)(2))
+	t.Logf("module calls per response-body callback: %.1f without usage asked (%d callbacks), %.1f with it (%d)", quiet, nq, read, nr)
+	if nq < streamedTokens/2 {
+		t.Fatalf("only %d response-body callbacks for %d events: the events did not arrive as chunks of their own", nq, streamedTokens)
+	}
+	if quiet > 4 {
+		t.Errorf("a stream without usage makes %.1f module calls per chunk, want at most 4 (the bridge's export answers)", quiet)
+	}
+	if read < 3*quiet {
+		t.Errorf("reading chunks for usage makes %.1f calls per chunk, against %.1f without: the comparison does not measure the quiet path", read, quiet)
 	}
 }

@@ -45,8 +45,12 @@ type parsedRequest struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
 	Stream         bool
-	MaxTokens      int
-	PromptTokens   int
+	// StreamUsage: a streamed request asked for usage in the stream
+	// (stream_options.include_usage or continuous_usage_stats true), so
+	// its chunks may carry cached_tokens.
+	StreamUsage  bool
+	MaxTokens    int
+	PromptTokens int
 }
 
 // requestError is a client error: the filter answers it locally with an
@@ -150,6 +154,7 @@ const (
 	fieldTools
 	fieldPrompt
 	fieldInput
+	fieldStreamOptions
 	// From here on the fields by which one engine is told to pull KV
 	// from, or pair with, another (vLLM's NixlConnector
 	// kv_transfer_params, SGLang's bootstrap pairing). Only kvroute.pd may
@@ -170,6 +175,7 @@ var requestFields = [...]string{
 	fieldTools:          "tools",
 	fieldPrompt:         "prompt",
 	fieldInput:          "input",
+	fieldStreamOptions:  "stream_options",
 	firstClientOnly:     "kv_transfer_params",
 	firstClientOnly + 1: "bootstrap_host",
 	firstClientOnly + 2: "bootstrap_port",
@@ -340,6 +346,9 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 			return r, errBadStream
 		}
 		r.Stream = t == gjson.True
+	}
+	if so := fields[fieldStreamOptions]; r.Stream && so != nil && so[0] == '{' {
+		r.StreamUsage = p.streamUsage(so)
 	}
 	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
 	for f, bad := range &errBadMaxTokens {
@@ -664,6 +673,31 @@ var messageFields = [...]string{
 	messageToolCalls:  `"tool_calls"`,
 	messageToolCallID: `"tool_call_id"`,
 }
+
+// streamUsage reports whether a stream_options object asks for usage in
+// the stream: include_usage (one usage chunk at the end) or vLLM's
+// continuous_usage_stats (usage in every chunk) set to true. Other members
+// and types are the engine's to judge. Out of parse's line (noinline): few
+// requests carry stream_options, and in Wasm each request pays for every
+// part of a function it enters.
+//
+//go:noinline
+func (p *requestParser) streamUsage(obj []byte) bool {
+	for i := skipSpace(obj, 1); ; {
+		k, v, next, ok := p.doc.member(obj, i)
+		if !ok {
+			return false
+		}
+		i = next
+		if f := fieldOf(p.doc.text(k), streamUsageFields[:]); f >= 0 && jsonType(v) == gjson.True {
+			return true
+		}
+	}
+}
+
+// streamUsageFields are the stream_options members that put usage in a
+// stream.
+var streamUsageFields = [...]string{"include_usage", "continuous_usage_stats"}
 
 // messageRest is chat's reading of message i after the role, for a
 // message that is more than a role and a string content: a name, content

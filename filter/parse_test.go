@@ -40,6 +40,37 @@ func TestParseFields(t *testing.T) {
 	}
 }
 
+// TestParseStreamUsage checks when a request asks for usage in its stream
+// (stream_options), which decides whether the router reads the streamed
+// response's chunks.
+func TestParseStreamUsage(t *testing.T) {
+	p := newParser(t, `{}`)
+	for _, tc := range []struct {
+		fields string
+		want   bool
+	}{
+		{`"stream":true`, false},
+		{`"stream":true,"stream_options":{"include_usage":true}`, true},
+		{`"stream":true,"stream_options":{"include_usage":false}`, false},
+		{`"stream":true,"stream_options":{"continuous_usage_stats":true}`, true},
+		{`"stream":true,"stream_options":{"include\u005fusage":true}`, true},       // the key as the engine decodes it
+		{`"stream":true,"stream_options":{"include_usage":"true"}`, false},         // not a boolean: the engine's to reject
+		{`"stream":true,"stream_options":{"other":{"include_usage":true}}`, false}, // not a member of stream_options
+		{`"stream":true,"stream_options":null`, false},
+		{`"stream":false,"stream_options":{"include_usage":true}`, false}, // not a stream
+		{`"stream_options":{"include_usage":true},"stream":true`, true},
+	} {
+		r, err := p.parse([]byte(`{"model":"m","prompt":"hello",`+tc.fields+`}`), apiCompletions)
+		if err != nil {
+			t.Errorf("%s: %s", tc.fields, err.Message)
+			continue
+		}
+		if r.StreamUsage != tc.want {
+			t.Errorf("%s: StreamUsage %v, want %v", tc.fields, r.StreamUsage, tc.want)
+		}
+	}
+}
+
 // Same prefix, same leading blocks; a different model or salt, different blocks.
 func TestParseHashesPrefixes(t *testing.T) {
 	p := newParser(t, `{}`)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/filter/config"
 	"github.com/kvroute/kvroute/filter/hostbuf"
+	"github.com/kvroute/kvroute/filter/quietbody"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/scorer"
@@ -63,6 +64,9 @@ type routerPlugin struct {
 	// hosts' LatencyEWMAMs). Otherwise, as with every preset, the response
 	// path reads no clock.
 	timeResponses bool
+	// streamUsageAlways: the engines put usage in every stream, asked or
+	// not (config streamUsage "always").
+	streamUsageAlways bool
 	// lastProfile and its counter spare profileCounter a map lookup.
 	lastProfile        string
 	lastProfileCounter metricCounter
@@ -155,6 +159,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
+	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
 	static := make([]candidate, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
@@ -456,6 +461,9 @@ type routerStream struct {
 	explanation string
 	firstByte   bool
 	streamed    bool // the client asked for a streamed response ("stream": true)
+	// noUsage: the response cannot carry the engine's usage (a stream
+	// that did not ask for it), so its chunks are not read.
+	noUsage     bool
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
@@ -714,6 +722,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
 	}
 	s.streamed = req.Stream
+	s.noUsage = req.Stream && !req.StreamUsage && !p.streamUsageAlways
 	if p.adm != nil {
 		if action, held := p.adm.admit(s, &in); held {
 			return action
@@ -1099,10 +1108,16 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 		if !endOfStream && s.streamed {
 			p.rt.FirstToken(&s.ticket)
 		}
+		if s.noUsage && !endOfStream {
+			// Nothing to read before the last chunk: the bridge answers
+			// the chunks in between itself.
+			quietbody.Mark(s.id)
+		}
 	}
 	// The engine's cached_tokens report, read from the chunk; the last one
-	// wins (a stream's final chunk).
-	if bodySize > 0 {
+	// wins (a stream's final chunk). A stream that did not ask for usage
+	// has none to read: its chunks (one per token or so) are not read.
+	if bodySize > 0 && !s.noUsage {
 		if chunk, err := p.readBuffer(bodySize, bufferResponseBody, proxywasm.GetHttpResponseBody); err == nil {
 			if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
 				s.cached, s.feedbackSet = n, true

@@ -575,6 +575,49 @@ func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
 	}
 }
 
+// TestStreamChunksReadOnlyWhenUsageCanBeThere checks that the router reads
+// a streamed response's chunks (one per token or so) only when they can
+// carry the engine's usage: the request asked for it (stream_options), or
+// the configuration says the engines always add it. The final chunk here
+// carries usage in every case (as an engine that forces it would send), so
+// whether the router read it shows in the feedback counters; the load goes
+// back at the end either way.
+func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
+	const prompt = `{"model":"m","prompt":"You are a helpful assistant. Answer briefly.","max_tokens":16,"stream":true`
+	for _, tc := range []struct {
+		name, config, body string
+		read               bool
+	}{
+		{"no usage asked", "", prompt + `}`, false},
+		{"include_usage", "", prompt + `,"stream_options":{"include_usage":true}}`, true},
+		{"engines always add it", `,"streamUsage":"always"`, prompt + `}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host, p := newHost(t, RootRouter, threeEndpoints+tc.config+`}`, types.OnPluginStartStatusOK)
+			id, _ := post(host, tc.body)
+			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+			for i := 0; i < 20; i++ {
+				host.CallOnResponseBody(id, []byte(`data: {"choices":[{"index":0,"delta":{"content":"token"}}]}`+"\n\n"), false)
+			}
+			host.CallOnResponseBody(id, []byte(`data: {"choices":[],"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":32}}}`+"\n\ndata: [DONE]\n\n"), false)
+			host.CallOnResponseBody(id, nil, true)
+			host.CompleteHttpContext(id)
+			want := uint64(0)
+			if tc.read {
+				want = 32
+			}
+			if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != want {
+				t.Errorf("confirmed_cached_tokens = %d, want %d", got, want)
+			}
+			for slot, l := range p.ix.Loads(nil) {
+				if l != (index.Load{}) {
+					t.Errorf("slot %d load after the stream = %+v, want zero", slot, l)
+				}
+			}
+		})
+	}
+}
+
 func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	clock = func() time.Time { return now }

@@ -103,6 +103,15 @@ type Config struct {
 	CircuitBreaker CircuitBreaker
 	// ORCA asks upstreams for endpoint-load-metrics and reads it back.
 	ORCA bool
+	// StreamUsage says when a streamed response can carry the engine's
+	// usage (and so its cached_tokens report): StreamUsageRequested (the
+	// default) when the request asked for it with stream_options, as vLLM
+	// and SGLang do by default; StreamUsageAlways when the engines add it
+	// to every stream (vLLM's --enable-force-include-usage). The router
+	// reads a streamed response's chunks only when usage can be in them:
+	// otherwise a stream of a thousand tokens is a thousand body reads
+	// for nothing.
+	StreamUsage string
 	// DebugHeader, when non-empty, adds a response header with the decision
 	// explanation (never prompt text). Off by default.
 	DebugHeader string
@@ -213,6 +222,7 @@ func Parse(data []byte) (*Config, error) {
 		"state":             func(v gjson.Result, path string) { p.state(v, path, &c.State) },
 		"circuitBreaker":    func(v gjson.Result, path string) { p.breaker(v, path, &c.CircuitBreaker) },
 		"orca":              func(v gjson.Result, path string) { c.ORCA = p.boolean(v, path) },
+		"streamUsage":       func(v gjson.Result, path string) { c.StreamUsage = p.streamUsage(v, path) },
 		"debugHeader":       func(v gjson.Result, path string) { c.DebugHeader = p.optionalHeaderName(v, path) },
 		"testHooks":         func(v gjson.Result, path string) { c.TestHooks = p.boolean(v, path) },
 		"pd":                func(v gjson.Result, path string) { c.PD = p.pd(v, path) },
@@ -235,6 +245,7 @@ func defaults() *Config {
 		BodyRouting:       true,
 		MaxBodyBytes:      DefaultMaxBodyBytes,
 		SessionHeader:     DefaultSessionHeader,
+		StreamUsage:       StreamUsageRequested,
 		State:             State{Path: DefaultStatePath, StaleAfterMs: DefaultStaleAfterMs},
 		CircuitBreaker:    CircuitBreaker{ConsecutiveFailures: DefaultBreakerFailures, CooldownMs: DefaultBreakerCooldownMs},
 		PD:                defaultPD(),
@@ -531,6 +542,25 @@ func (p *parser) role(v gjson.Result, path string) string {
 	}
 	p.fail(path, "%q is not a role: use \"prefill\", \"decode\" or \"both\"", s)
 	return RoleBoth
+}
+
+// When a streamed response carries usage (Config.StreamUsage).
+const (
+	StreamUsageRequested = "requested"
+	StreamUsageAlways    = "always"
+)
+
+func (p *parser) streamUsage(v gjson.Result, path string) string {
+	s, ok := p.str(v, path)
+	if !ok {
+		return StreamUsageRequested
+	}
+	switch s {
+	case StreamUsageRequested, StreamUsageAlways:
+		return s
+	}
+	p.fail(path, "%q is not a stream usage mode: use \"requested\" (engines add usage to a stream when the request asks, the default) or \"always\" (vLLM's --enable-force-include-usage)", s)
+	return StreamUsageRequested
 }
 
 func (p *parser) state(v gjson.Result, path string, s *State) {

@@ -14,7 +14,7 @@ func TestParseDefaults(t *testing.T) {
 		}
 		if c.DestinationHeader != DefaultDestinationHeader || c.Strategy != DefaultStrategy ||
 			!c.BodyRouting || c.MaxBodyBytes != DefaultMaxBodyBytes || c.Fallbacks != DefaultFallbacks ||
-			c.State.Path != DefaultStatePath || c.TestHooks || len(c.Endpoints) != 0 ||
+			c.State.Path != DefaultStatePath || c.TestHooks || len(c.Endpoints) != 0 || c.StreamUsage != StreamUsageRequested ||
 			len(c.InferencePaths) != len(DefaultInferencePaths) {
 			t.Errorf("Parse(%q) defaults wrong: %+v", in, c)
 		}
@@ -42,6 +42,7 @@ func TestParseFull(t *testing.T) {
 	  "state": {"path": "/state", "token": "s3cret", "staleAfterMs": 5000},
 	  "circuitBreaker": {"consecutiveFailures": 3, "latencyThresholdMs": 2000, "cooldownMs": 1000},
 	  "orca": true,
+	  "streamUsage": "always",
 	  "debugHeader": "x-kvroute-debug",
 	  "testHooks": true
 	}`))
@@ -61,7 +62,7 @@ func TestParseFull(t *testing.T) {
 		c.Fallbacks != 3 || len(c.InferencePaths) != 1 || !c.RejectOtherPaths || c.BodyRouting || c.MaxBodyBytes != 1<<20 ||
 		c.SessionHeader != "" || c.PrefixKeyHeader != "x-prefix-key" || c.LoRAAdapters["sql-lora"] != "llama-3-8b" ||
 		c.State != (State{Path: "/state", Token: "s3cret", StaleAfterMs: 5000}) ||
-		c.CircuitBreaker != (CircuitBreaker{3, 2000, 1000}) || !c.ORCA || c.DebugHeader != "x-kvroute-debug" || !c.TestHooks {
+		c.CircuitBreaker != (CircuitBreaker{3, 2000, 1000}) || !c.ORCA || c.StreamUsage != StreamUsageAlways || c.DebugHeader != "x-kvroute-debug" || !c.TestHooks {
 		t.Errorf("parsed wrong: %+v", c)
 	}
 }
@@ -95,6 +96,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"maxBodyBytes":0}`, "maxBodyBytes: must be between"},
 		{`{"bodyRouting":"yes"}`, "bodyRouting: must be true or false, got a string"},
 		{`{"testHooks":1}`, "testHooks: must be true or false, got a number"},
+		{`{"streamUsage":"sometimes"}`, "streamUsage: \"sometimes\" is not a stream usage mode: use \"requested\""},
+		{`{"streamUsage":true}`, "streamUsage: must be a string, got a boolean"},
 		{`{"inferencePaths":["v1/completions"]}`, "inferencePaths[0]: \"v1/completions\" must start with '/'"},
 		{`{"state":{"token":"a","tokenEnv":"T"}}`, "state: give token or tokenEnv, not both"},
 		{`{"state":{"path":"/v1/completions"}}`, "state.path: \"/v1/completions\" is also an inference path"},
