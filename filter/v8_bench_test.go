@@ -33,7 +33,7 @@ import (
 // Run it with a fixed count: go test -run '^$' -bench BenchmarkRouterInV8 -benchtime 500x ./filter/
 func BenchmarkRouterInV8(b *testing.B) {
 	needV8(b)
-	addrs := jsonUpstreams(b, 16, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	addrs := benchUpstreams(b, 16)
 	writeModule := func(name string, m []byte) string {
 		path := filepath.Join(b.TempDir(), name)
 		if err := os.WriteFile(path, m, 0o644); err != nil {
@@ -71,6 +71,7 @@ func BenchmarkRouterInV8(b *testing.B) {
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	for _, size := range benchSizes {
 		body := size.bodies()
+		plainBody := body
 		// run sends n requests to url and returns the node process's CPU
 		// time over them, read after a settle pause (on_log and on_delete may
 		// run after the client has its response).
@@ -164,5 +165,26 @@ func BenchmarkRouterInV8(b *testing.B) {
 			defer func() { clients = 1 }()
 			measure(b, router)
 		})
+		// Streamed responses (see BenchmarkRouterInWasm): without usage
+		// asked for, and with it.
+		for _, usage := range []bool{false, true} {
+			name := "stream"
+			if usage {
+				name = "stream+usage"
+			}
+			b.Run(size.name+"/"+name, func(b *testing.B) {
+				body = size.streamedBodies(usage)
+				defer func() { body = plainBody }()
+				before := stats(router)
+				measure(b, router)
+				after := stats(router)
+				// Every callback is counted per request, the response
+				// body's chunks included.
+				n := after.CallCount["response_body"] - before.CallCount["response_body"]
+				if n > 0 {
+					b.ReportMetric(us((after.PerCallback["response_body"]-before.PerCallback["response_body"])/time.Duration(n)), "resp-callback-us")
+				}
+			})
+		}
 	}
 }

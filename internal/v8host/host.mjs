@@ -33,6 +33,7 @@ function casValue() {
 const stats = {
   callbackNs: 0, // time inside the VM's callbacks, host functions included
   callbacks: {}, // the same per callback name
+  callbackCounts: {}, // calls per callback name
   hostCallNs: 0, hostCalls: 0, hostCallsByName: {}, // with spec.timeHostCalls only
   traps: 0,
   unknownProperties: [], // property paths the module asked for and the host does not serve
@@ -322,6 +323,7 @@ class VM {
       const d = Number(process.hrtime.bigint() - t0);
       stats.callbackNs += d;
       stats.callbacks[name] = (stats.callbacks[name] || 0) + d;
+      stats.callbackCounts[name] = (stats.callbackCounts[name] || 0) + 1;
       this.stream = null;
     }
   }

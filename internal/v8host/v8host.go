@@ -78,6 +78,8 @@ type Stats struct {
 	// included), in all and per callback ("request_body", ...).
 	Callbacks   time.Duration
 	PerCallback map[string]time.Duration
+	// CallCount is how many times each callback ran.
+	CallCount map[string]int
 	// HostCalls and HostCallCount are the time inside host functions and
 	// their number (Config.TimeHostCalls only).
 	HostCalls     time.Duration
@@ -238,6 +240,7 @@ func (h *Host) stats(samples bool) (Stats, error) {
 		HostCallNs float64            `json:"hostCallNs"`
 		HostCallN  int                `json:"hostCalls"`
 		Callbacks  map[string]float64 `json:"callbacks"`
+		CallCounts map[string]int     `json:"callbackCounts"`
 		Traps      int                `json:"traps"`
 		FailedVMs  int                `json:"failedVMs"`
 		Logs       map[string]int     `json:"logs"`
@@ -251,7 +254,7 @@ func (h *Host) stats(samples bool) (Stats, error) {
 	s := Stats{
 		CPU: time.Duration(raw.CPUUs) * time.Microsecond, Callbacks: time.Duration(raw.CallbackNs),
 		PerCallback: map[string]time.Duration{}, HostCalls: time.Duration(raw.HostCallNs), HostCallCount: raw.HostCallN, Traps: raw.Traps, FailedVMs: raw.FailedVMs, Logs: raw.Logs,
-		LastErrors: raw.LastErrors, Unknown: raw.Unknown, Metrics: raw.Metrics,
+		LastErrors: raw.LastErrors, Unknown: raw.Unknown, Metrics: raw.Metrics, CallCount: raw.CallCounts,
 	}
 	for k, v := range raw.Callbacks {
 		s.PerCallback[k] = time.Duration(v)
