@@ -124,22 +124,7 @@ func BenchmarkRouterInWasm(b *testing.B) {
 						send(b, url, bd)
 					}
 				} else {
-					var wg sync.WaitGroup
-					next := make(chan string)
-					for range clients {
-						wg.Go(func() {
-							for bd := range next {
-								if err := post(url, bd); err != nil {
-									b.Error(err)
-								}
-							}
-						})
-					}
-					for _, bd := range bodies {
-						next <- bd
-					}
-					close(next)
-					wg.Wait()
+					fanOut(b, clients, len(bodies), func(j int) error { return post(url, bodies[j]) })
 				}
 				wall = time.Since(t0)
 				time.Sleep(settle)
@@ -230,13 +215,9 @@ func BenchmarkRouterInWasm(b *testing.B) {
 			_, _, cBase, cFloor := alternate(b, floorURL, floorHost)
 			b.ReportMetric(us(cFloor-cBase), "cpu-us/req-overhead")
 		})
-		for _, usage := range []bool{false, true} {
-			name := "stream"
-			if usage {
-				name = "stream+usage"
-			}
-			b.Run(size.name+"/"+name, func(b *testing.B) {
-				body = size.streamedBodies(usage)
+		for _, sc := range streamCases {
+			b.Run(size.name+"/"+sc.name, func(b *testing.B) {
+				body = size.streamedBodies(sc.usage)
 				defer func() { body = plainBody }()
 				calls := func() (n int64, d time.Duration) {
 					for _, c := range fh.CallStats() {
@@ -256,6 +237,13 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		}
 	}
 }
+
+// streamCases are the streamed benchmarks: without usage asked for, and
+// with it.
+var streamCases = []struct {
+	name  string
+	usage bool
+}{{"stream", false}, {"stream+usage", true}}
 
 // streamedTokens is how many events a streamed benchmark response has.
 const streamedTokens = 64
@@ -323,6 +311,27 @@ func (s benchSize) streamedBodies(usage bool) func(i int) string {
 		b := plain(i)
 		return b[:len(b)-1] + extra
 	}
+}
+
+// fanOut runs send(0) ... send(n-1) from clients goroutines at once, each
+// taking the next index when it is done with one, and reports errors to b.
+func fanOut(b testing.TB, clients, n int, send func(j int) error) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range clients {
+		wg.Go(func() {
+			for j := range next {
+				if err := send(j); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	for j := range n {
+		next <- j
+	}
+	close(next)
+	wg.Wait()
 }
 
 // postOK posts a JSON body and fails unless the answer is 200.

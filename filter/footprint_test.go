@@ -180,15 +180,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 		return n
 	}
 	counter := &codeCounter{entered: map[uint32]bool{}, byTop: map[string]map[uint32]bool{}, names: map[uint32]string{}}
-	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
-	h, err := wasmhost.New(ctx, wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
-		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: "-",
-		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() { front.Close(); h.Close() })
+	h, front := listenedRouter(t, module, addrs, counter)
 
 	system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", (32<<10)/55)
 	send := func(i int) {
@@ -299,15 +291,7 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 	}
 	addrs := benchUpstreams(t, 2)
 	counter := &codeCounter{entered: map[uint32]bool{}, byTop: map[string]map[uint32]bool{}, names: map[uint32]string{}, callsByTop: map[string]int{}}
-	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
-	h, err := wasmhost.New(ctx, wasmhost.Config{Module: wasmModule(t), VMID: "kvroute", Workers: 1,
-		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: "-",
-		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() { front.Close(); h.Close() })
+	h, front := listenedRouter(t, wasmModule(t), addrs, counter)
 	callbacks := func() (n int64) {
 		for _, c := range h.CallStats() {
 			if c.Name == "proxy_on_response_body" {
@@ -352,4 +336,21 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 	if read < 3*quiet {
 		t.Errorf("reading chunks for usage makes %.1f calls per chunk, against %.1f without: the comparison does not measure the quiet path", read, quiet)
 	}
+}
+
+// listenedRouter runs module's router in a one-worker host whose VM
+// reports every function call to counter, in front of addrs, closed with
+// the test.
+func listenedRouter(t *testing.T, module []byte, addrs []string, counter *codeCounter) (*wasmhost.Host, *httptest.Server) {
+	t.Helper()
+	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
+	h, err := wasmhost.New(ctx, wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
+		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: "-",
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	t.Cleanup(func() { front.Close(); h.Close() })
+	return h, front
 }

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -86,22 +85,9 @@ func BenchmarkRouterInV8(b *testing.B) {
 					send(url, body(from+j))
 				}
 			} else {
-				var wg sync.WaitGroup
-				next := make(chan int)
-				for range clients {
-					wg.Go(func() {
-						for j := range next {
-							if err := postOK(loadedClient, url+"/v1/chat/completions", body(from+j)); err != nil {
-								b.Error(err)
-							}
-						}
-					})
-				}
-				for j := range n {
-					next <- j
-				}
-				close(next)
-				wg.Wait()
+				fanOut(b, clients, n, func(j int) error {
+					return postOK(loadedClient, url+"/v1/chat/completions", body(from+j))
+				})
 			}
 			time.Sleep(5 * time.Millisecond)
 			return stats(h).CPU - c0
@@ -167,13 +153,9 @@ func BenchmarkRouterInV8(b *testing.B) {
 		})
 		// Streamed responses (see BenchmarkRouterInWasm): without usage
 		// asked for, and with it.
-		for _, usage := range []bool{false, true} {
-			name := "stream"
-			if usage {
-				name = "stream+usage"
-			}
-			b.Run(size.name+"/"+name, func(b *testing.B) {
-				body = size.streamedBodies(usage)
+		for _, sc := range streamCases {
+			b.Run(size.name+"/"+sc.name, func(b *testing.B) {
+				body = size.streamedBodies(sc.usage)
 				defer func() { body = plainBody }()
 				before := stats(router)
 				measure(b, router)
