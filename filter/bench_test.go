@@ -34,7 +34,12 @@ import (
 // sends the request to a path the router does not route (its callbacks
 // run and return at once), and "loaded" sends from 8 clients at once, each
 // on its own connection (a busy proxy: streams of both workers interleave
-// on the two cores).
+// on the two cores). "stream" and "stream+usage" ask for a streamed
+// response of streamedTokens events, without and with usage in it, and
+// "stream/floor" runs the floor on the former.
+//
+// Each alternation first sends warmRequests requests to both hosts,
+// unmeasured.
 //
 // vm-callbacks-us is the time spent inside the VM's callbacks per request
 // (the host's CallStats, wall time, host calls included); what the CPU
@@ -106,7 +111,7 @@ func BenchmarkRouterInWasm(b *testing.B) {
 		// the client has the response, and a per-request reading charged
 		// them to the next request, which belonged to the other host.
 		alternate := func(b *testing.B, url string, h *wasmhost.Host) (tBase, tOther, cBase, cOther time.Duration) {
-			for i := 0; i < 20; i++ {
+			for i := 0; i < warmRequests; i++ {
 				send(b, baseURL, body(i))
 				send(b, url, body(i))
 			}
@@ -231,12 +236,20 @@ func BenchmarkRouterInWasm(b *testing.B) {
 				_, _, cBase, cFilter := alternate(b, filterURL, fh)
 				n1, d1 := calls()
 				b.ReportMetric(us(cFilter-cBase), "cpu-us/req-overhead")
-				b.ReportMetric(float64(n1-n0)/float64(b.N+20), "resp-callbacks/req")
+				b.ReportMetric(float64(n1-n0)/float64(b.N+warmRequests), "resp-callbacks/req")
 				b.ReportMetric(us((d1-d0)/time.Duration(n1-n0)), "resp-callback-us")
 			})
 		}
 	}
 }
+
+// warmRequests is how many requests an alternation sends to each host
+// before it measures.
+const warmRequests = 20
+
+// benchCompletion is the benchmark engines' answer to a non-streamed
+// request: a completion whose usage reports no cached tokens.
+const benchCompletion = `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`
 
 // streamCases are the streamed benchmarks: without usage asked for, and
 // with it.
@@ -260,7 +273,7 @@ func benchUpstreams(b testing.TB, n int) []string {
 			req, _ := io.ReadAll(r.Body)
 			if !bytes.Contains(req, []byte(`"stream":true`)) {
 				w.Header().Set("content-type", "application/json")
-				io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
+				io.WriteString(w, benchCompletion)
 				return
 			}
 			w.Header().Set("content-type", "text/event-stream")

@@ -168,7 +168,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles the module with function listeners")
 	}
-	addrs := jsonUpstreams(t, 16, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	addrs := jsonUpstreams(t, 16, benchCompletion)
 	module := wasmModule(t)
 	imports, sizes := wasmCodeSizes(t, module)
 	bytesOf := func(fns map[uint32]bool) (n int) {

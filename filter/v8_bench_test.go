@@ -93,7 +93,7 @@ func BenchmarkRouterInV8(b *testing.B) {
 			return stats(h).CPU - c0
 		}
 		measure := func(b *testing.B, h *v8host.Host) {
-			for i := range 20 {
+			for i := range warmRequests {
 				send(h.Plain, body(i))
 				send(h.Filtered, body(i))
 			}
