@@ -462,8 +462,11 @@ type routerStream struct {
 	firstByte   bool
 	streamed    bool // the client asked for a streamed response ("stream": true)
 	// noUsage: the response cannot carry the engine's usage (a stream
-	// that did not ask for it), so its chunks are not read.
+	// that did not ask for it), so its chunks are not read. probeUsage:
+	// the stream asked only for continuous_usage_stats, which engines may
+	// ignore; its first chunk says whether the rest carry usage.
 	noUsage     bool
+	probeUsage  bool
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
@@ -722,7 +725,8 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
 	}
 	s.streamed = req.Stream
-	s.noUsage = req.Stream && !req.StreamUsage && !p.streamUsageAlways
+	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
+	s.probeUsage = req.ContinuousUsage && !p.streamUsageAlways
 	if p.adm != nil {
 		if action, held := p.adm.admit(s, &in); held {
 			return action
@@ -1126,12 +1130,30 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 				s.tail.keep(chunk)
 			}
 		}
+		if s.probeUsage {
+			s.stopUnlessUsage(endOfStream)
+		}
 	}
 	// Not deferred: a panic in the scan leaves finish to stream done.
 	if endOfStream && !s.finished {
 		s.finish()
 	}
 	return types.ActionContinue
+}
+
+// stopUnlessUsage ends the probe of a stream that asked only for
+// continuous_usage_stats: when its first chunk carried no cached_tokens,
+// the engine ignores the option (or reports no cache hits in it), and the
+// chunks that follow, one per token or so, are not read. Out of line
+// (noinline): in Wasm only such streams enter it.
+//
+//go:noinline
+func (s *routerStream) stopUnlessUsage(endOfStream bool) {
+	s.probeUsage = false
+	if !s.feedbackSet && !endOfStream {
+		s.noUsage = true
+		quietbody.Mark(s.id)
+	}
 }
 
 // finish gives the engine's feedback to the router, releases the request's
