@@ -48,7 +48,7 @@ type routerPlugin struct {
 	capacity  map[string]int
 	clearedAt map[string]int64
 
-	lastSynced [8]uint64 // the counts syncStats last turned into metrics
+	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	dest       []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
@@ -93,6 +93,7 @@ type routerStats struct {
 	badRequest, tooLarge, badMethod, notFound     metricCounter
 	parseErrors, staleState, fallbacksUsed        metricCounter
 	predictedCached, confirmedCached              metricCounter
+	feedbackPredicted, predictionError            metricCounter
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
 	statePushes, stateUnauthorized, stateRejected metricCounter
@@ -128,6 +129,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		fallbacksUsed:       counterMetric("fallbacks_used"),
 		predictedCached:     counterMetric("predicted_cached_tokens"),
 		confirmedCached:     counterMetric("confirmed_cached_tokens"),
+		feedbackPredicted:   counterMetric("feedback.predicted_cached_tokens"),
+		predictionError:     counterMetric("feedback.prediction_error_tokens"),
 		feedback:            counterMetric("feedback.responses"),
 		overPredicted:       counterMetric("feedback.over_predicted"),
 		underPredicted:      counterMetric("feedback.under_predicted"),
@@ -301,9 +304,10 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 func (p *routerPlugin) syncStats() {
 	rs := p.rt.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
-		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated}
+		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
 	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
-		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated} {
+		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated,
+		&p.stats.feedbackPredicted, &p.stats.predictionError} {
 		if now[i] > p.lastSynced[i] {
 			c.Increment(now[i] - p.lastSynced[i])
 		}

@@ -615,6 +615,14 @@ func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 			if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != want {
 				t.Errorf("confirmed_cached_tokens = %d, want %d", got, want)
 			}
+			// The prediction error's pair: the first request predicted
+			// nothing, so its error is all it confirmed.
+			if got := counter(t, host, "kvroute.router.feedback.prediction_error_tokens"); got != want {
+				t.Errorf("feedback.prediction_error_tokens = %d, want %d", got, want)
+			}
+			if got := counter(t, host, "kvroute.router.feedback.predicted_cached_tokens"); got != 0 {
+				t.Errorf("feedback.predicted_cached_tokens = %d, want 0", got)
+			}
 			for slot, l := range p.ix.Loads(nil) {
 				if l != (index.Load{}) {
 					t.Errorf("slot %d load after the stream = %+v, want zero", slot, l)

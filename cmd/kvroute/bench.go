@@ -187,6 +187,10 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
+			if rr, ok := router.(*fleet.RealRouter); ok {
+				pe := rr.Stats().PredictionError()
+				report.Results[i].PredictionError = &pe
+			}
 			walls[i] = res.Wall
 		})
 	}
