@@ -209,6 +209,9 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 		{"missing token", "", push, 401},
 		{"wrong token", "Bearer wrong", push, 401},
 		{"malformed body", "Bearer " + stateToken, `{"version":1,`, 400},
+		{"timestamp 1e400", "Bearer " + stateToken, pushBodyRaw("1e400", addrs[2]), 400},
+		{"fractional timestamp", "Bearer " + stateToken, pushBodyRaw("1800000000000.25", addrs[2]), 400},
+		{"timestamp an hour ahead", "Bearer " + stateToken, pushBody(time.Now().Add(time.Hour).UnixMilli(), addrs[2]), 400},
 	} {
 		hdr := map[string]string{}
 		if tc.auth != "" {
@@ -253,14 +256,31 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 	if got := h.CounterValue("kvroute.router.stale_state"); got != 0 {
 		t.Errorf("a push stamped now was counted stale %d times", got)
 	}
-	old := pushBody(time.Now().Add(-time.Hour).UnixMilli(), addrs[2], addrs[3])
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
-		t.Fatalf("old push: %d %s", code, body)
+	// A push older than the state in force is refused and changes nothing.
+	old := pushBody(time.Now().Add(-time.Hour).UnixMilli(), addrs[0], addrs[1])
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 409 {
+		t.Fatalf("a push older than the state in force: %d %s, want 409", code, body)
 	}
+	if got := h.CounterValue("kvroute.router.state.rejected_older"); got != 1 {
+		t.Errorf("state.rejected_older = %d, want 1", got)
+	}
+	before = h.UpstreamRequests()
 	for i := 0; i < 4; i++ {
 		call(t, "POST", url+"/v1/completions", completion, nil)
 	}
-	if got := h.CounterValue("kvroute.router.stale_state"); got == 0 {
+	after = h.UpstreamRequests()
+	if after[addrs[0]] != before[addrs[0]] || after[addrs[1]] != before[addrs[1]] {
+		t.Errorf("the refused older push's hosts got requests: %v -> %v", before, after)
+	}
+	// On a gateway with no state yet, an hour-old push is accepted, and stale.
+	h2, url2 := startRouter(t, addrs, 1, `,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}`)
+	if code, body, _ := call(t, "POST", url2+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		t.Fatalf("old push to a fresh gateway: %d %s", code, body)
+	}
+	for i := 0; i < 4; i++ {
+		call(t, "POST", url2+"/v1/completions", completion, nil)
+	}
+	if got := h2.CounterValue("kvroute.router.stale_state"); got == 0 {
 		t.Error("a push stamped an hour ago was not counted stale")
 	}
 }
