@@ -466,6 +466,55 @@ func TestStatePushOlderThanInForceRefused(t *testing.T) {
 	}
 }
 
+// When pushed state goes stale (the metrics service stopped pushing),
+// every host is stale at once; a host last pushed unhealthy, and one whose
+// breaker is open, must still stay out while others remain.
+func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = nil })
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000},"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}}`, types.OnPluginStartStatusOK)
+	const sick, broken = "10.1.0.2:8000", "10.1.0.3:8000"
+	body := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":"10.1.0.1:8000"},{"address":%q,"healthy":false},{"address":%q},{"address":"10.1.0.4:8000"}]}`, now.UnixMilli(), sick, broken)
+	id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
+	if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
+		t.Fatalf("push: %+v", r)
+	}
+	respond := func(id uint32) string {
+		d := destination(host, id)
+		status := "200"
+		if d == broken {
+			status = "503"
+		}
+		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
+		host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
+		host.CompleteHttpContext(id)
+		return d
+	}
+	for i := 0; i < 12; i++ { // the broken host fails twice: its breaker opens
+		id, _ := post(host, completion)
+		respond(id)
+	}
+	if got := counter(t, host, "kvroute.router.breaker.opened"); got != 1 {
+		t.Fatalf("breaker.opened = %d, want 1", got)
+	}
+	now = now.Add(6 * time.Second) // past staleAfterMs
+	got := map[string]int{}
+	for i := 0; i < 30; i++ {
+		id, _ := post(host, completion)
+		got[respond(id)]++
+	}
+	if !p.hosts[0].Stale {
+		t.Fatal("the pushed state is not stale")
+	}
+	if got[sick] != 0 || got[broken] != 0 {
+		t.Errorf("with stale state the host last pushed unhealthy got %d of 30 requests and the breaker-open one %d; want 0: %v", got[sick], got[broken], got)
+	}
+	if got["10.1.0.1:8000"] == 0 || got["10.1.0.4:8000"] == 0 {
+		t.Errorf("the healthy hosts did not share the requests: %v", got)
+	}
+}
+
 // loadStateGenIn reads the state generation through the emulator's shared data.
 func loadStateGenIn(t *testing.T, host proxytest.HostEmulator) uint64 {
 	t.Helper()
