@@ -15,7 +15,7 @@ import (
 
 const sharedTrace = "../../../shared/traces/mooncake_synthetic.jsonl"
 
-// The bench contract (DESIGN.md): these keys, these types. Other tools read
+// The bench contract (docs/simulator.md): these keys, these types. Other tools read
 // the file, so a missing or renamed key is a breaking change.
 func validateBenchJSON(t *testing.T, raw []byte, wantStrategies []string, wantReplicas int) {
 	t.Helper()
