@@ -97,6 +97,7 @@ type routerStats struct {
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
 	statePushes, stateUnauthorized, stateRejected metricCounter
+	stateOlder                                    metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved                           metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
@@ -139,6 +140,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		statePushes:         counterMetric("state.pushes"),
 		stateUnauthorized:   counterMetric("state.unauthorized"),
 		stateRejected:       counterMetric("state.rejected"),
+		stateOlder:          counterMetric("state.rejected_older"),
 		breakerOpened:       counterMetric("breaker.opened"),
 		disaggregated:       counterMetric("requests.disaggregated"),
 		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
