@@ -44,7 +44,7 @@ func init() {
 		Short: "Compare routing strategies on a simulated fleet replaying a Mooncake trace",
 		Long: `bench replays a Mooncake JSONL trace through a fleet of simulated vLLM-like
 engines in virtual time, once per strategy, with the real routing code deciding.
-It writes the bench contract's JSON (see DESIGN.md), a PNG next to it (TTFT CDF
+It writes the bench contract's JSON (docs/simulator.md, "The bench contract"), a PNG next to it (TTFT CDF
 per strategy, hit ratio per strategy against the fleet's ceiling) and prints a
 markdown table.
 
@@ -187,6 +187,10 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
+			if rr, ok := router.(*fleet.RealRouter); ok {
+				pe := rr.Stats().PredictionError()
+				report.Results[i].PredictionError = &pe
+			}
 			walls[i] = res.Wall
 		})
 	}
