@@ -15,7 +15,7 @@ import (
 
 const sharedTrace = "../../../shared/traces/mooncake_synthetic.jsonl"
 
-// The bench contract (DESIGN.md): these keys, these types. Other tools read
+// The bench contract (internal/benchreport): these keys, these types. Other tools read
 // the file, so a missing or renamed key is a breaking change.
 func validateBenchJSON(t *testing.T, raw []byte, wantStrategies []string, wantReplicas int) {
 	t.Helper()
@@ -143,7 +143,7 @@ func TestBenchWritesTheContract(t *testing.T) {
 
 func TestBenchRejectsBadFlags(t *testing.T) {
 	cases := map[string]benchOptions{
-		"--trace is required":    {replicas: 8, strategies: "round_robin", rateScale: 1},
+		"give --trace FILE":      {replicas: 8, strategies: "round_robin", rateScale: 1},
 		"--replicas":             {trace: "x", replicas: 0, strategies: "round_robin", rateScale: 1},
 		"--rate-scale":           {trace: "x", replicas: 2, strategies: "round_robin", rateScale: -1},
 		"unknown strategy":       {trace: "x", replicas: 2, strategies: "round_robin,fastest", rateScale: 1},

@@ -1,5 +1,5 @@
 // Package benchreport is the output side of `kvroute bench` and `make demo`:
-// the bench contract's JSON document (DESIGN.md, "Bench contract"), its
+// the bench contract's JSON document (the Report type below), its
 // markdown table and its plot. Keeping it apart from the simulator lets the
 // demo, which measures over real HTTP, report in exactly the same shape.
 package benchreport
