@@ -44,14 +44,13 @@ func init() {
 		Short: "Compare routing strategies on a simulated fleet replaying a Mooncake trace",
 		Long: `bench replays a Mooncake JSONL trace through a fleet of simulated vLLM-like
 engines in virtual time, once per strategy, with the real routing code deciding.
-It writes a JSON report (per strategy: TTFT, TPOT and end-to-end percentiles,
-output tokens/s, cache hit ratio, load imbalance, router time; the fields are
-documented in internal/benchreport), a PNG next to it (TTFT CDF per strategy,
-hit ratio per strategy against the fleet's ceiling) and prints a markdown
-table. The folder of --out is created if missing.
+It writes the bench contract's JSON (docs/simulator.md, "The bench contract"),
+a PNG next to it (TTFT CDF per strategy, hit ratio per strategy against the
+fleet's ceiling) and prints a markdown table. The folder of --out is created
+if missing.
 
 Instead of a trace, --workload runs one of the built-in generators:
-` + strings.Join(benchWorkloadNames(), ", ") + ` (see the README's Simulator section).
+` + strings.Join(benchWorkloadNames(), ", ") + ` (docs/simulator.md).
 
 Strategies: ` + strings.Join(fleet.StrategyNames, ", ") + `.
 Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
@@ -193,6 +192,10 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
+			if rr, ok := router.(*fleet.RealRouter); ok {
+				pe := rr.Stats().PredictionError()
+				report.Results[i].PredictionError = &pe
+			}
 			walls[i] = res.Wall
 		})
 	}

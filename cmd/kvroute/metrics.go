@@ -52,6 +52,7 @@ type metricsOptions struct {
 	kvEventsPort       int
 	kvEventsReplayPort int
 	kvEventsTopic      string
+	kvEventsListen     string
 
 	scrapeInterval time.Duration
 	scrapeTimeout  time.Duration
@@ -124,6 +125,7 @@ Every flag can also be set in a YAML --config file under the flag's name
 	fl.IntVar(&o.kvEventsPort, "kv-events-port", 0, "dns/kubernetes discovery: engines' KV event publisher port (0: do not subscribe)")
 	fl.IntVar(&o.kvEventsReplayPort, "kv-events-replay-port", 0, "dns/kubernetes discovery: engines' KV event replay socket port, asked for the batches of a sequence gap (0: gaps are only counted)")
 	fl.StringVar(&o.kvEventsTopic, "kv-events-topic", "", "KV event topic prefix to subscribe to (default: all)")
+	fl.StringVar(&o.kvEventsListen, "kv-events-listen", "", "bind this address (e.g. tcp://*:5557) for engines that connect out to publish KV events under the topic kv@<pod-ip>@<model> (llm-d-inference-sim, llm-d)")
 
 	fl.DurationVar(&o.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each engine is scraped")
 	fl.DurationVar(&o.scrapeTimeout, "scrape-timeout", 0, "timeout of one scrape (default: 80% of the scrape interval)")
@@ -315,6 +317,7 @@ func runMetrics(ctx context.Context, o *metricsOptions, logOut io.Writer) error 
 		PushInterval:   o.pushInterval,
 		PushTimeout:    o.pushTimeout,
 		KVEventsTopic:  o.kvEventsTopic,
+		KVEventsListen: o.kvEventsListen,
 		Name:           name,
 		Log:            log,
 	})

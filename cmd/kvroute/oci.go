@@ -128,15 +128,29 @@ func buildImage(wasmPath string, annotations []string) (v1.Image, []byte, error)
 
 // describe prints the two checksums users need: the image digest (pinned by
 // Envoy Gateway's image sha256 and by a digest reference in Istio) and the
-// module's own sha256 (Envoy's remote code source sha256).
+// module's own sha256 (Envoy's remote code source sha256), and the size a
+// gateway downloads, so no document has to copy it.
 func describe(cmd *cobra.Command, where string, img v1.Image, module []byte) error {
 	d, err := img.Digest()
 	if err != nil {
 		return err
 	}
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	var layerBytes int64
+	for _, l := range layers {
+		n, err := l.Size()
+		if err != nil {
+			return err
+		}
+		layerBytes += n
+	}
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "wrote %s\n", where)
 	fmt.Fprintf(w, "image digest:       %s\n", d)
 	fmt.Fprintf(w, "plugin.wasm sha256: %x (%d bytes)\n", sha256.Sum256(module), len(module))
+	fmt.Fprintf(w, "layer size:         %d bytes compressed (what a registry stores and a gateway fetches)\n", layerBytes)
 	return nil
 }
