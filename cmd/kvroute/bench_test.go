@@ -159,7 +159,7 @@ func TestBenchWritesTheContract(t *testing.T) {
 
 func TestBenchRejectsBadFlags(t *testing.T) {
 	cases := map[string]benchOptions{
-		"--trace is required":    {replicas: 8, strategies: "round_robin", rateScale: 1},
+		"give --trace FILE":      {replicas: 8, strategies: "round_robin", rateScale: 1},
 		"--replicas":             {trace: "x", replicas: 0, strategies: "round_robin", rateScale: 1},
 		"--rate-scale":           {trace: "x", replicas: 2, strategies: "round_robin", rateScale: -1},
 		"unknown strategy":       {trace: "x", replicas: 2, strategies: "round_robin,fastest", rateScale: 1},
