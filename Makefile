@@ -1,8 +1,9 @@
 # kvroute: the two commands that matter are `make demo` and `make test`.
 GO ?= go
 ENVOY_COMPAT ?=
-# The shared Mooncake trace `make bench` replays (8 replicas, every strategy).
-TRACE ?= ../shared/traces/mooncake_synthetic.jsonl
+# The Mooncake JSONL trace `make bench` replays (8 replicas, every strategy);
+# required: make bench TRACE=path/to/trace.jsonl.
+TRACE ?=
 
 .PHONY: all wasm wasm-tinygo test demo bench fuzz oci vet clean
 
@@ -27,14 +28,19 @@ test: wasm
 demo: wasm
 	$(GO) run ./cmd/kvroute demo
 
+# need-trace stops a target before any work when TRACE is not a readable file.
+need-trace = @test -n "$(TRACE)" && test -r "$(TRACE)" || { echo 'make $@: set TRACE to a readable Mooncake JSONL trace (one {"timestamp", "input_length", "output_length", "hash_ids"} object per line), e.g. make $@ TRACE=conversation_trace.jsonl from github.com/kvcache-ai/Mooncake (FAST25-release/traces); without a trace, go run ./cmd/kvroute bench --workload shared-prefix replays a generated workload'; exit 2; }
+
 bench: wasm
+	$(need-trace)
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
 
-# Aggregated vs disaggregated fleets of 8 on the shared trace (kvroute.pd, README "Prefill/decode disaggregation").
+# Aggregated vs disaggregated fleets of 8 on the trace (kvroute.pd).
 .PHONY: bench-pd
 bench-pd:
-	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
+	$(need-trace)
+	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_TRACE=$(abspath $(TRACE)) KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
 
 # Each fuzz target's time goes to fuzzing: by default Go spends up to 60 s
 # minimising each new interesting input, which on a 2-core machine took most

@@ -45,10 +45,13 @@ type parsedRequest struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
 	Stream         bool
-	// StreamUsage: a streamed request asked for usage in the stream
-	// (stream_options.include_usage or continuous_usage_stats true), so
-	// its chunks may carry cached_tokens.
-	StreamUsage  bool
+	// StreamUsage: a streamed request asked for a usage chunk at the end
+	// of the stream (stream_options.include_usage true), so its chunks are
+	// read for cached_tokens. ContinuousUsage: it asked only for vLLM's
+	// continuous_usage_stats (usage in every chunk), which an engine may
+	// ignore: the first chunk decides whether the rest are read.
+	StreamUsage     bool
+	ContinuousUsage bool
 	MaxTokens    int
 	PromptTokens int
 }
@@ -349,7 +352,8 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 		r.Stream = t == gjson.True
 	}
 	if so := fields[fieldStreamOptions]; r.Stream && so != nil && so[0] == '{' {
-		r.StreamUsage = p.streamUsage(so)
+		u := p.streamUsage(so)
+		r.StreamUsage, r.ContinuousUsage = u&usageAtEnd != 0, u == usageContinuous
 	}
 	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
 	for f, bad := range &errBadMaxTokens {
@@ -742,30 +746,35 @@ var messageFields = [...]string{
 	messageToolCallID: `"tool_call_id"`,
 }
 
-// streamUsage reports whether a stream_options object asks for usage in
-// the stream: include_usage (one usage chunk at the end) or vLLM's
-// continuous_usage_stats (usage in every chunk) set to true. Other members
-// and types are the engine's to judge. Out of parse's line (noinline): few
-// requests carry stream_options, and in Wasm each request pays for every
-// part of a function it enters.
+// streamUsage reports which of stream_options' usage members are true:
+// include_usage (one usage chunk at the end, usageAtEnd) and vLLM's
+// continuous_usage_stats (usage in every chunk, usageContinuous). Other
+// members and types are the engine's to judge. Out of parse's line
+// (noinline): few requests carry stream_options, and in Wasm each request
+// pays for every part of a function it enters.
 //
 //go:noinline
-func (p *requestParser) streamUsage(obj []byte) bool {
+func (p *requestParser) streamUsage(obj []byte) (u uint8) {
 	for i := skipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
-			return false
+			return u
 		}
 		i = next
 		if f := fieldOf(p.doc.text(k), streamUsageFields[:]); f >= 0 && jsonType(v) == gjson.True {
-			return true
+			u |= 1 << f
 		}
 	}
 }
 
 // streamUsageFields are the stream_options members that put usage in a
-// stream.
+// stream, in the order of their bits.
 var streamUsageFields = [...]string{"include_usage", "continuous_usage_stats"}
+
+const (
+	usageAtEnd      = 1 << 0
+	usageContinuous = 1 << 1
+)
 
 // messageRest is chat's reading of message i after the role, for a
 // message that is more than a role and a string content: a name, content

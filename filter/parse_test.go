@@ -52,7 +52,8 @@ func TestParseStreamUsage(t *testing.T) {
 		{`"stream":true`, false},
 		{`"stream":true,"stream_options":{"include_usage":true}`, true},
 		{`"stream":true,"stream_options":{"include_usage":false}`, false},
-		{`"stream":true,"stream_options":{"continuous_usage_stats":true}`, true},
+		{`"stream":true,"stream_options":{"continuous_usage_stats":true}`, false}, // ContinuousUsage: probed
+		{`"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}`, true},
 		{`"stream":true,"stream_options":{"include\u005fusage":true}`, true},       // the key as the engine decodes it
 		{`"stream":true,"stream_options":{"include_usage":"true"}`, false},         // not a boolean: the engine's to reject
 		{`"stream":true,"stream_options":{"other":{"include_usage":true}}`, false}, // not a member of stream_options
@@ -67,6 +68,9 @@ func TestParseStreamUsage(t *testing.T) {
 		}
 		if r.StreamUsage != tc.want {
 			t.Errorf("%s: StreamUsage %v, want %v", tc.fields, r.StreamUsage, tc.want)
+		}
+		if want := strings.Contains(tc.fields, `"continuous_usage_stats":true`) && !tc.want; r.ContinuousUsage != want {
+			t.Errorf("%s: ContinuousUsage %v, want %v", tc.fields, r.ContinuousUsage, want)
 		}
 	}
 }
