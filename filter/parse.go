@@ -52,8 +52,8 @@ type parsedRequest struct {
 	// ignore: the first chunk decides whether the rest are read.
 	StreamUsage     bool
 	ContinuousUsage bool
-	MaxTokens    int
-	PromptTokens int
+	MaxTokens       int
+	PromptTokens    int
 }
 
 // requestError is a client error: the filter answers it locally with an
@@ -192,6 +192,9 @@ var requestFields = [...]string{
 // function it enters, and those copies made parse and chat kilobytes
 // larger.
 func fieldOf(key string, fields []string) int {
+	if uint(len(key)) >= 64 || fieldLengths>>len(key)&1 == 0 {
+		return -1 // no field of any list is that long
+	}
 	for n, f := range fields {
 		if is(key, f) {
 			return n
@@ -199,6 +202,19 @@ func fieldOf(key string, fields []string) int {
 	}
 	return -1
 }
+
+// fieldLengths has bit n set when a field of requestFields, messageFields
+// or streamUsageFields is n bytes long: fieldOf rejects a key of another
+// length at once, where a body of many unused keys made it compare each
+// with every field.
+var fieldLengths = func() (m uint64) {
+	for _, fields := range [][]string{requestFields[:], messageFields[:], streamUsageFields[:]} {
+		for _, f := range fields {
+			m |= 1 << len(f)
+		}
+	}
+	return m
+}()
 
 // is reports whether s == lit. The parser compares keys with it rather than
 // with == or a switch: in Wasm the compiler calls the runtime's memequal
@@ -623,7 +639,10 @@ const textBatch = 4096
 
 // texts hashes the prompt name, an array of strings whose first element
 // starts at v[i], as one text (the hasher concatenates texts outside a
-// chat): short strings are gathered in p.text and handed over in batches.
+// chat): the strings' texts are gathered in p.text, unescaped there, and
+// handed over in batches. Each string is found by one word test, its
+// table entry, or one scan; a text that needs no unescaping and is longer
+// than a batch goes to the hasher as it is.
 func (p *requestParser) texts(v []byte, i int, name string) *requestError {
 	buf := p.text[:0]
 	for n := 0; i < len(v) && v[i] != ']'; n++ {
@@ -631,22 +650,28 @@ func (p *requestParser) texts(v []byte, i int, name string) *requestError {
 			p.text = buf
 			return badRequest(name, "'%s[%d]' must be a string like the first element", name, n)
 		}
-		var s string
-		e := shortString(v, i)
-		if e >= 0 { // no escape: the text is the bytes between the quotes
-			s = unsafeString(v[i+1 : e-1])
-		} else {
-			e = p.doc.skip(v, i)
-			s = p.doc.text(v[i:e])
+		e, escaped := shortPlain(v, i), false
+		if e < 0 {
+			if s, ok := p.doc.nextSpan(v[i:]); ok {
+				e, escaped = i+int(s.end-s.start), s.escaped
+			} else {
+				e, escaped = scanString(v, i, 0)
+			}
 		}
-		if len(buf)+len(s) > textBatch {
+		inner := v[i+1 : e-1]
+		switch {
+		case escaped:
+			buf = appendUnescaped(buf, inner)
+		case len(inner) > textBatch:
+			p.hasher.Text(unsafeString(buf))
+			p.hasher.Text(unsafeString(inner))
+			buf = buf[:0]
+		default:
+			buf = append(buf, inner...)
+		}
+		if len(buf) >= textBatch {
 			p.hasher.Text(unsafeString(buf))
 			buf = buf[:0]
-		}
-		if len(s) > textBatch {
-			p.hasher.Text(s)
-		} else {
-			buf = append(buf, s...)
 		}
 		if i = skipSpace(v, e); i < len(v) && v[i] == ',' {
 			i = skipSpace(v, i+1)
