@@ -400,6 +400,13 @@ func (p *routerPlugin) applyState(gen uint64) {
 		p.stateGen = gen
 		return
 	}
+	p.applyPushed(gen, st)
+}
+
+// applyPushed makes st, the pushed state of generation gen, the
+// candidates: applyState's work once the state is read, which the worker
+// that received the push does with the state it just validated.
+func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	hc := p.ix.Config().Hash
 	tokensPerBlock := max(hc.BlockChars/max(hc.CharsPerToken, 1), 1)
 	cs := make([]candidate, len(st.Hosts))
