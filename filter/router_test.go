@@ -699,20 +699,26 @@ func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
 // back at the end either way.
 func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 	const prompt = `{"model":"m","prompt":"You are a helpful assistant. Answer briefly.","max_tokens":16,"stream":true`
+	const plain = `data: {"choices":[{"index":0,"delta":{"content":"token"}}]}` + "\n\n"
+	const continuous = `data: {"choices":[{"index":0,"delta":{"content":"token"}}],"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":16}}}` + "\n\n"
 	for _, tc := range []struct {
-		name, config, body string
-		read               bool
+		name, config, body, chunk string
+		read                      bool
 	}{
-		{"no usage asked", "", prompt + `}`, false},
-		{"include_usage", "", prompt + `,"stream_options":{"include_usage":true}}`, true},
-		{"engines always add it", `,"streamUsage":"always"`, prompt + `}`, true},
+		{"no usage asked", "", prompt + `}`, plain, false},
+		{"include_usage", "", prompt + `,"stream_options":{"include_usage":true}}`, plain, true},
+		{"engines always add it", `,"streamUsage":"always"`, prompt + `}`, plain, true},
+		// continuous_usage_stats alone: read on only when the engine
+		// honours it (its first chunk carries usage).
+		{"continuous_usage_stats honoured", "", prompt + `,"stream_options":{"continuous_usage_stats":true}}`, continuous, true},
+		{"continuous_usage_stats ignored", "", prompt + `,"stream_options":{"continuous_usage_stats":true}}`, plain, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			host, p := newHost(t, RootRouter, threeEndpoints+tc.config+`}`, types.OnPluginStartStatusOK)
 			id, _ := post(host, tc.body)
 			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
 			for i := 0; i < 20; i++ {
-				host.CallOnResponseBody(id, []byte(`data: {"choices":[{"index":0,"delta":{"content":"token"}}]}`+"\n\n"), false)
+				host.CallOnResponseBody(id, []byte(tc.chunk), false)
 			}
 			host.CallOnResponseBody(id, []byte(`data: {"choices":[],"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":32}}}`+"\n\ndata: [DONE]\n\n"), false)
 			host.CallOnResponseBody(id, nil, true)
@@ -723,6 +729,14 @@ func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 			}
 			if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != want {
 				t.Errorf("confirmed_cached_tokens = %d, want %d", got, want)
+			}
+			// The prediction error's pair: the first request predicted
+			// nothing, so its error is all it confirmed.
+			if got := counter(t, host, "kvroute.router.feedback.prediction_error_tokens"); got != want {
+				t.Errorf("feedback.prediction_error_tokens = %d, want %d", got, want)
+			}
+			if got := counter(t, host, "kvroute.router.feedback.predicted_cached_tokens"); got != 0 {
+				t.Errorf("feedback.predicted_cached_tokens = %d, want 0", got)
 			}
 			for slot, l := range p.ix.Loads(nil) {
 				if l != (index.Load{}) {
