@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// presetOrder is the bench contract's strategy list (DESIGN.md).
+// presetOrder is the bench contract's strategy list (docs/simulator.md).
 var presetOrder = []string{
 	"round_robin", "random", "least_request", "prefix_hash", "sticky_session",
 	"kv_cache_aware", "sglang_cache_aware", "gie_default", "dynamo_kv",
