@@ -31,7 +31,7 @@ bench: wasm
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
 
-# Aggregated vs disaggregated fleets of 8 on the shared trace (kvroute.pd, README "Prefill/decode disaggregation").
+# Aggregated vs disaggregated fleets of 8 on the shared trace (kvroute.pd: docs/prefill-decode.md).
 .PHONY: bench-pd
 bench-pd:
 	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet

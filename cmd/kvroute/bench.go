@@ -49,7 +49,7 @@ per strategy, hit ratio per strategy against the fleet's ceiling) and prints a
 markdown table.
 
 Instead of a trace, --workload runs one of the built-in generators:
-` + strings.Join(benchWorkloadNames(), ", ") + ` (see the README's Simulator section).
+` + strings.Join(benchWorkloadNames(), ", ") + ` (docs/simulator.md).
 
 Strategies: ` + strings.Join(fleet.StrategyNames, ", ") + `.
 Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
