@@ -45,12 +45,15 @@ type parsedRequest struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
 	Stream         bool
-	// StreamUsage: a streamed request asked for usage in the stream
-	// (stream_options.include_usage or continuous_usage_stats true), so
-	// its chunks may carry cached_tokens.
-	StreamUsage  bool
-	MaxTokens    int
-	PromptTokens int
+	// StreamUsage: a streamed request asked for a usage chunk at the end
+	// of the stream (stream_options.include_usage true), so its chunks are
+	// read for cached_tokens. ContinuousUsage: it asked only for vLLM's
+	// continuous_usage_stats (usage in every chunk), which an engine may
+	// ignore: the first chunk decides whether the rest are read.
+	StreamUsage     bool
+	ContinuousUsage bool
+	MaxTokens       int
+	PromptTokens    int
 }
 
 // requestError is a client error: the filter answers it locally with an
@@ -121,7 +124,8 @@ const (
 type requestParser struct {
 	cfg    *config.Config
 	hasher *index.Hasher
-	ids    []uint32
+	ids    []uint32 // token ids gathered for the hasher (see tokenIDs)
+	text   []byte   // prompt strings gathered for the hasher (see texts)
 
 	// The body being parsed with its span table (see jsonSpans), so that
 	// walking the messages, a message and its content does not rescan the
@@ -346,7 +350,8 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 		r.Stream = t == gjson.True
 	}
 	if so := fields[fieldStreamOptions]; r.Stream && so != nil && so[0] == '{' {
-		r.StreamUsage = p.streamUsage(so)
+		u := p.streamUsage(so)
+		r.StreamUsage, r.ContinuousUsage = u&usageAtEnd != 0, u == usageContinuous
 	}
 	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
 	for f, bad := range &errBadMaxTokens {
@@ -502,6 +507,14 @@ func wholeNumber(v gjson.Result) (int64, bool) {
 
 // prompt hashes a completions "prompt" or embeddings "input": a string, an
 // array of strings, an array of token ids, or an array of such arrays.
+//
+// An array may hold hundreds of thousands of small values, so the
+// elements are read by loops of their own that enter no function per
+// element where they can: one walker call, closure call and hasher call
+// per element made a 1 MiB body of [7,8] batches cost 400 times a plain
+// text prompt of the same size in Wasm. The hasher gets the ids and texts
+// in batches, which hash exactly as the pieces would: consecutive token
+// ids, and consecutive texts outside a chat, are concatenated.
 func (p *requestParser) prompt(v []byte, name string) *requestError {
 	switch jsonType(v) {
 	case gjson.Null:
@@ -516,71 +529,130 @@ func (p *requestParser) prompt(v []byte, name string) *requestError {
 	if v[0] != '[' {
 		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
-	var first []byte
-	p.doc.elements(v, func(e []byte) bool { first = e; return false })
-	if first == nil {
-		return badRequest(name, "'%s' must not be empty", name)
+	first := skipSpace(v, 1)
+	if cap(p.ids) < idBatch {
+		p.ids = make([]uint32, 0, idBatch)
 	}
+	p.ids = p.ids[:0]
 	var err *requestError
-	i := 0
-	switch t := jsonType(first); {
-	case t == gjson.Number:
-		return p.tokenIDs(v, name)
-	case t == gjson.String:
-		p.doc.elements(v, func(e []byte) bool {
-			if jsonType(e) != gjson.String {
-				err = badRequest(name, "'%s[%d]' must be a string like the first element", name, i)
-				return false
+	switch c := v[first]; {
+	case c == ']':
+		return badRequest(name, "'%s' must not be empty", name)
+	case jsonTypeOf[c] == gjson.Number:
+		_, err = p.tokenIDs(v, 0, name, -1)
+	case c == '"':
+		return p.texts(v, first, name)
+	case c == '[':
+		for i, n := first, 0; i < len(v) && v[i] != ']'; n++ {
+			if v[i] != '[' || v[skipSpace(v, i+1)] == ']' {
+				return badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, n)
 			}
-			p.hasher.Text(p.doc.text(e))
-			i++
-			return true
-		})
-		return err
-	case first[0] == '[':
-		p.doc.elements(v, func(e []byte) bool {
-			if e[0] != '[' || e[skipSpace(e, 1)] == ']' {
-				err = badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, i)
-				return false
+			if i, err = p.tokenIDs(v, i, name, n); err != nil {
+				return err
 			}
-			err = p.tokenIDs(e, name+"["+strconv.Itoa(i)+"]")
-			i++
-			return err == nil
-		})
-		return err
+			if i = skipSpace(v, i); i < len(v) && v[i] == ',' {
+				i = skipSpace(v, i+1)
+			}
+		}
+	default:
+		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
-	return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
+	if err == nil {
+		p.hasher.Tokens(p.ids)
+	}
+	return err
 }
 
-func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
-	p.ids = p.ids[:0]
-	for pos, i := skipSpace(arr, 1), 0; ; i++ {
-		// A plain integer of up to 9 digits followed by a comma (nearly
-		// every token id) is read here in one pass; anything else goes
-		// through element and rawWholeNumber.
-		if k := pos; k < len(arr) && arr[k] >= '1' && arr[k] <= '9' {
-			var n uint32
-			for ; k < len(arr) && k-pos < 9 && arr[k] >= '0' && arr[k] <= '9'; k++ {
-				n = n*10 + uint32(arr[k]-'0')
+// idBatch is how many token ids the parser gathers before it hands them
+// to the hasher.
+const idBatch = 256
+
+// tokenIDs gathers into p.ids (handing each full batch to the hasher) the
+// token ids of the array that starts at b[i], element outer of the prompt
+// name (-1: the prompt itself), and returns the index after the array.
+func (p *requestParser) tokenIDs(b []byte, i int, name string, outer int) (int, *requestError) {
+	ids := p.ids // a local: a store into p per id is a write barrier's test in Wasm
+	i = skipSpace(b, i+1)
+	for n := 0; i < len(b) && b[i] != ']'; n++ {
+		// A plain integer of up to 9 digits followed by a comma or the
+		// bracket (nearly every token id) is read here in one pass;
+		// anything else goes through skip and rawWholeNumber.
+		k, id := i, uint32(0)
+		for ; k < len(b) && k-i < 9 && b[k]-'0' <= 9; k++ {
+			id = id*10 + uint32(b[k]-'0')
+		}
+		if k == i || k >= len(b) || (b[k] != ',' && b[k] != ']') {
+			k = p.doc.skip(b, i)
+			v, ok := int64(0), k > i
+			if ok {
+				v, ok = rawWholeNumber(b[i:k])
 			}
-			if k < len(arr) && arr[k] == ',' {
-				p.ids = append(p.ids, n)
-				pos = skipSpace(arr, k+1)
-				continue
+			if !ok || v < 0 || v > maxTokenID {
+				p.ids = ids
+				return i, tokenIDError(name, outer, n)
 			}
+			id = uint32(v)
 		}
-		e, next, ok := p.doc.element(arr, pos)
-		if !ok {
-			break
+		if len(ids) == cap(ids) {
+			p.hasher.Tokens(ids)
+			ids = ids[:0]
 		}
-		pos = next
-		n, ok := rawWholeNumber(e)
-		if !ok || n < 0 || n > maxTokenID {
-			return badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
+		ids = append(ids, id)
+		if i = skipSpace(b, k); i < len(b) && b[i] == ',' {
+			i = skipSpace(b, i+1)
 		}
-		p.ids = append(p.ids, uint32(n))
 	}
-	p.hasher.Tokens(p.ids)
+	p.ids = ids
+	return i + 1, nil
+}
+
+// tokenIDError is the error for element n of a token-id array: of the
+// prompt name itself (outer -1) or of its element outer.
+func tokenIDError(name string, outer, n int) *requestError {
+	if outer >= 0 {
+		name += "[" + strconv.Itoa(outer) + "]"
+	}
+	return badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, n, int64(maxTokenID))
+}
+
+// textBatch is how many bytes of consecutive prompt strings the parser
+// gathers before it hands them to the hasher as one text.
+const textBatch = 4096
+
+// texts hashes the prompt name, an array of strings whose first element
+// starts at v[i], as one text (the hasher concatenates texts outside a
+// chat): short strings are gathered in p.text and handed over in batches.
+func (p *requestParser) texts(v []byte, i int, name string) *requestError {
+	buf := p.text[:0]
+	for n := 0; i < len(v) && v[i] != ']'; n++ {
+		if v[i] != '"' {
+			p.text = buf
+			return badRequest(name, "'%s[%d]' must be a string like the first element", name, n)
+		}
+		var s string
+		e := shortString(v, i)
+		if e >= 0 { // no escape: the text is the bytes between the quotes
+			s = unsafeString(v[i+1 : e-1])
+		} else {
+			e = p.doc.skip(v, i)
+			s = p.doc.text(v[i:e])
+		}
+		if len(buf)+len(s) > textBatch {
+			p.hasher.Text(unsafeString(buf))
+			buf = buf[:0]
+		}
+		if len(s) > textBatch {
+			p.hasher.Text(s)
+		} else {
+			buf = append(buf, s...)
+		}
+		if i = skipSpace(v, e); i < len(v) && v[i] == ',' {
+			i = skipSpace(v, i+1)
+		}
+	}
+	// Always, even empty: an array of empty strings is a text prompt too.
+	p.hasher.Text(unsafeString(buf))
+	p.text = buf
 	return nil
 }
 
@@ -672,30 +744,35 @@ var messageFields = [...]string{
 	messageToolCallID: `"tool_call_id"`,
 }
 
-// streamUsage reports whether a stream_options object asks for usage in the
-// stream: include_usage (one usage chunk at the end) or vLLM's
-// continuous_usage_stats (usage in every chunk) set to true. Other members and
-// types are the engine's to judge. Out of parse's line (noinline): few
-// requests carry stream_options, and each function entered costs a request
-// (docs/performance.md).
+// streamUsage reports which of stream_options' usage members are true:
+// include_usage (one usage chunk at the end, usageAtEnd) and vLLM's
+// continuous_usage_stats (usage in every chunk, usageContinuous). Other
+// members and types are the engine's to judge. Out of parse's line
+// (noinline): few requests carry stream_options, and each function entered
+// costs a request (docs/performance.md).
 //
 //go:noinline
-func (p *requestParser) streamUsage(obj []byte) bool {
+func (p *requestParser) streamUsage(obj []byte) (u uint8) {
 	for i := skipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
-			return false
+			return u
 		}
 		i = next
 		if f := fieldOf(p.doc.text(k), streamUsageFields[:]); f >= 0 && jsonType(v) == gjson.True {
-			return true
+			u |= 1 << f
 		}
 	}
 }
 
 // streamUsageFields are the stream_options members that put usage in a
-// stream.
+// stream, in the order of their bits.
 var streamUsageFields = [...]string{"include_usage", "continuous_usage_stats"}
+
+const (
+	usageAtEnd      = 1 << 0
+	usageContinuous = 1 << 1
+)
 
 // messageRest is chat's reading of message i after the role, for a message
 // that is more than a role and a string content: a name, content parts, tool

@@ -48,7 +48,7 @@ type routerPlugin struct {
 	capacity  map[string]int
 	clearedAt map[string]int64
 
-	lastSynced [8]uint64 // the counts syncStats last turned into metrics
+	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	dest       []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
@@ -93,9 +93,11 @@ type routerStats struct {
 	badRequest, tooLarge, badMethod, notFound     metricCounter
 	parseErrors, staleState, fallbacksUsed        metricCounter
 	predictedCached, confirmedCached              metricCounter
+	feedbackPredicted, predictionError            metricCounter
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
 	statePushes, stateUnauthorized, stateRejected metricCounter
+	stateOlder                                    metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved                           metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
@@ -128,6 +130,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		fallbacksUsed:       counterMetric("fallbacks_used"),
 		predictedCached:     counterMetric("predicted_cached_tokens"),
 		confirmedCached:     counterMetric("confirmed_cached_tokens"),
+		feedbackPredicted:   counterMetric("feedback.predicted_cached_tokens"),
+		predictionError:     counterMetric("feedback.prediction_error_tokens"),
 		feedback:            counterMetric("feedback.responses"),
 		overPredicted:       counterMetric("feedback.over_predicted"),
 		underPredicted:      counterMetric("feedback.under_predicted"),
@@ -136,6 +140,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		statePushes:         counterMetric("state.pushes"),
 		stateUnauthorized:   counterMetric("state.unauthorized"),
 		stateRejected:       counterMetric("state.rejected"),
+		stateOlder:          counterMetric("state.rejected_older"),
 		breakerOpened:       counterMetric("breaker.opened"),
 		disaggregated:       counterMetric("requests.disaggregated"),
 		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
@@ -301,9 +306,10 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 func (p *routerPlugin) syncStats() {
 	rs := p.rt.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
-		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated}
+		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
 	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
-		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated} {
+		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated,
+		&p.stats.feedbackPredicted, &p.stats.predictionError} {
 		if now[i] > p.lastSynced[i] {
 			c.Increment(now[i] - p.lastSynced[i])
 		}
@@ -462,8 +468,11 @@ type routerStream struct {
 	firstByte   bool
 	streamed    bool // the client asked for a streamed response ("stream": true)
 	// noUsage: the response cannot carry the engine's usage (a stream
-	// that did not ask for it), so its chunks are not read.
+	// that did not ask for it), so its chunks are not read. probeUsage:
+	// the stream asked only for continuous_usage_stats, which engines may
+	// ignore; its first chunk says whether the rest carry usage.
 	noUsage     bool
+	probeUsage  bool
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
@@ -721,7 +730,8 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
 	}
 	s.streamed = req.Stream
-	s.noUsage = req.Stream && !req.StreamUsage && !p.streamUsageAlways
+	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
+	s.probeUsage = req.ContinuousUsage && !p.streamUsageAlways
 	if p.adm != nil {
 		if action, held := p.adm.admit(s, &in); held {
 			return action
@@ -1124,12 +1134,30 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 				s.tail.keep(chunk)
 			}
 		}
+		if s.probeUsage {
+			s.stopUnlessUsage(endOfStream)
+		}
 	}
 	// Not deferred: a panic in the scan leaves finish to stream done.
 	if endOfStream && !s.finished {
 		s.finish()
 	}
 	return types.ActionContinue
+}
+
+// stopUnlessUsage ends the probe of a stream that asked only for
+// continuous_usage_stats: when its first chunk carried no cached_tokens,
+// the engine ignores the option (or reports no cache hits in it), and the
+// chunks that follow, one per token or so, are not read. Out of line
+// (noinline): in Wasm only such streams enter it.
+//
+//go:noinline
+func (s *routerStream) stopUnlessUsage(endOfStream bool) {
+	s.probeUsage = false
+	if !s.feedbackSet && !endOfStream {
+		s.noUsage = true
+		quietbody.Mark(s.id)
+	}
 }
 
 // finish gives the engine's feedback to the router, releases the request's

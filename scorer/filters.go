@@ -65,13 +65,37 @@ func (f *healthyFilter) Filter(c *Cycle, cand []int) []int {
 		}
 	}
 	if n == 0 && f.failOpen {
-		// Nobody healthy: a stale or breaker-open host may still answer,
-		// and Envoy's retries follow the fallbacks. Refusing would turn a
-		// partial outage into a total one.
-		c.Note("no healthy host: failing open")
-		return cand
+		return f.failOpenTo(c, cand)
 	}
 	return cand[:n]
+}
+
+// failOpenTo is Filter when nobody passed, out of its line (noinline): each
+// function entered costs a request (docs/performance.md). Stale pushed state
+// (the metrics service down) makes every host stale at once: then the
+// hosts last known healthy with a closed breaker are kept, since stale
+// state may drop load numbers but not what it knew about health. Only when
+// none is left does it keep everyone: a breaker-open or unhealthy host may
+// still answer, and Envoy's retries follow the fallbacks, where refusing
+// would turn a partial outage into a total one.
+//
+//go:noinline
+func (f *healthyFilter) failOpenTo(c *Cycle, cand []int) []int {
+	n := 0
+	if f.dropStale {
+		for _, h := range cand {
+			if host := &c.Hosts[h]; !host.BreakerOpen && !host.Unhealthy {
+				cand[n] = h
+				n++
+			}
+		}
+	}
+	if n > 0 {
+		c.Note("pushed state stale: keeping the hosts last known healthy")
+		return cand[:n]
+	}
+	c.Note("no healthy host: failing open")
+	return cand
 }
 
 type roleFilter struct {

@@ -44,9 +44,10 @@ func init() {
 		Short: "Compare routing strategies on a simulated fleet replaying a Mooncake trace",
 		Long: `bench replays a Mooncake JSONL trace through a fleet of simulated vLLM-like
 engines in virtual time, once per strategy, with the real routing code deciding.
-It writes the bench contract's JSON (docs/simulator.md, "The bench contract"), a PNG next to it (TTFT CDF
-per strategy, hit ratio per strategy against the fleet's ceiling) and prints a
-markdown table.
+It writes the bench contract's JSON (docs/simulator.md, "The bench contract"),
+a PNG next to it (TTFT CDF per strategy, hit ratio per strategy against the
+fleet's ceiling) and prints a markdown table. The folder of --out is created
+if missing.
 
 Instead of a trace, --workload runs one of the built-in generators:
 ` + strings.Join(benchWorkloadNames(), ", ") + ` (docs/simulator.md).
@@ -76,7 +77,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 
 func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if (o.trace == "") == (o.workload == "") {
-		return errors.New("--trace is required (a Mooncake JSONL file such as ../shared/traces/mooncake_synthetic.jsonl), or --workload instead of it")
+		return fmt.Errorf("give --trace FILE (a Mooncake JSONL trace: one {\"timestamp\", \"input_length\", \"output_length\", \"hash_ids\"} object per line) or --workload NAME (%s)", strings.Join(benchWorkloadNames(), ", "))
 	}
 	if o.replicas < 1 {
 		return fmt.Errorf("--replicas must be at least 1, got %d", o.replicas)
@@ -96,6 +97,10 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	}
 	if len(names) == 0 {
 		return errors.New("--strategies is empty")
+	}
+	// Create the output folder now, not after minutes of simulation.
+	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
+		return fmt.Errorf("--out %s: %w", o.out, err)
 	}
 	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof}
 	if o.config != "" {
@@ -187,6 +192,10 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
+			if rr, ok := router.(*fleet.RealRouter); ok {
+				pe := rr.Stats().PredictionError()
+				report.Results[i].PredictionError = &pe
+			}
 			walls[i] = res.Wall
 		})
 	}

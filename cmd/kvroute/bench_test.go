@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/benchreport"
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
@@ -120,6 +121,21 @@ func TestBenchWritesTheContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	validateBenchJSON(t, raw, fleet.StrategyNames, 4)
+	// The simulator sees each router's books: every strategy reports its
+	// prediction error, and kvroute's own profile predicts better than a
+	// router that predicts nothing (an error of 100%).
+	var rep benchreport.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.PredictionError == nil || *r.PredictionError < 0 {
+			t.Fatalf("%s: prediction_error = %v", r.Strategy, r.PredictionError)
+		}
+		if r.Strategy == "kv_cache_aware" && *r.PredictionError >= 1 {
+			t.Errorf("kv_cache_aware: prediction_error = %v, want below 1", *r.PredictionError)
+		}
+	}
 
 	f, err := os.Open(filepath.Join(dir, "res.png"))
 	if err != nil {
@@ -143,7 +159,7 @@ func TestBenchWritesTheContract(t *testing.T) {
 
 func TestBenchRejectsBadFlags(t *testing.T) {
 	cases := map[string]benchOptions{
-		"--trace is required":    {replicas: 8, strategies: "round_robin", rateScale: 1},
+		"give --trace FILE":      {replicas: 8, strategies: "round_robin", rateScale: 1},
 		"--replicas":             {trace: "x", replicas: 0, strategies: "round_robin", rateScale: 1},
 		"--rate-scale":           {trace: "x", replicas: 2, strategies: "round_robin", rateScale: -1},
 		"unknown strategy":       {trace: "x", replicas: 2, strategies: "round_robin,fastest", rateScale: 1},

@@ -104,10 +104,26 @@ type Stats struct {
 	// the engines reported for them. Their gap is the index's drift.
 	PredictedCachedTokens, ConfirmedCachedTokens    uint64
 	FeedbackRequests, OverPredicted, UnderPredicted uint64
+	// PredictionErrorTokens sums |predicted - confirmed| per request with
+	// feedback: over ConfirmedCachedTokens it is the block-weighted
+	// prediction error (PredictionError), where over- and under-predictions
+	// of different requests do not cancel out.
+	PredictionErrorTokens uint64
 	// IndexErrors counts failed index reads or writes (the decision went on
 	// without them); LoadErrors counts load updates dropped under
 	// contention.
 	IndexErrors, LoadErrors uint64
+}
+
+// PredictionError is the block-weighted prediction error: the sum over
+// requests with feedback of |predicted - confirmed| cached tokens, over the
+// confirmed cached tokens. With nothing confirmed it is 0 when nothing was
+// mispredicted either, and 1 (all wrong) otherwise.
+func (s Stats) PredictionError() float64 {
+	if s.ConfirmedCachedTokens == 0 {
+		return min(float64(s.PredictionErrorTokens), 1)
+	}
+	return float64(s.PredictionErrorTokens) / float64(s.ConfirmedCachedTokens)
 }
 
 // Config assembles a Router.
@@ -609,6 +625,11 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 		}
 		r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 		r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
+		if d := t.PredictedCachedTokens - cachedTokens; d >= 0 {
+			r.stats.PredictionErrorTokens += uint64(d)
+		} else {
+			r.stats.PredictionErrorTokens += uint64(-d)
+		}
 		// Engines count hits in their own blocks (16 tokens in vLLM):
 		// allow one such block either way.
 		const slack = 16
