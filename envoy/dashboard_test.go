@@ -255,3 +255,45 @@ func TestPromqlRefs(t *testing.T) {
 		t.Fatalf("metrics %v labels %v", m, l)
 	}
 }
+
+// TestIstioStatsAnnotations: the Istio guide's pod annotations extract
+// every kvroute tag and give its histograms the buckets the shipped
+// bootstraps give them (an Istio gateway's bootstrap is in no manifest, so
+// the guide is what ships).
+func TestIstioStatsAnnotations(t *testing.T) {
+	guide := string(read(t, "../examples/istio/README.md"))
+	patch := regexp.MustCompile(`(?s)kubectl -n istio-system patch deploy/istio-ingressgateway --type merge -p '(.*?)'\n`).FindStringSubmatch(guide)
+	if patch == nil {
+		t.Fatal("examples/istio/README.md has no annotation patch for the gateway")
+	}
+	var p struct {
+		Spec struct {
+			Template struct {
+				Metadata struct{ Annotations map[string]string }
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(patch[1]), &p); err != nil {
+		t.Fatalf("the patch is not JSON: %v", err)
+	}
+	ann := p.Spec.Template.Metadata.Annotations
+	var proxy struct{ ExtraStatTags []string }
+	if err := json.Unmarshal([]byte(ann["proxy.istio.io/config"]), &proxy); err != nil {
+		t.Fatalf("proxy.istio.io/config: %v", err)
+	}
+	if !slices.Equal(proxy.ExtraStatTags, statnames.Tags) {
+		t.Errorf("extraStatTags %v, want the filters' tags %v", proxy.ExtraStatTags, statnames.Tags)
+	}
+	var buckets map[string][]float64
+	if err := json.Unmarshal([]byte(ann["sidecar.istio.io/statsHistogramBuckets"]), &buckets); err != nil {
+		t.Fatalf("sidecar.istio.io/statsHistogramBuckets: %v", err)
+	}
+	b := &bootstrapv3.Bootstrap{}
+	if err := manifests.DecodeEnvoyYAML("standalone/envoy.yaml", read(t, "standalone/envoy.yaml"), b); err != nil {
+		t.Fatal(err)
+	}
+	want := b.GetStatsConfig().GetHistogramBucketSettings()[0]
+	if got := buckets[want.GetMatch().GetPrefix()]; !slices.Equal(got, want.GetBuckets()) {
+		t.Errorf("Istio buckets for %q = %v, want the standalone bootstrap's %v", want.GetMatch().GetPrefix(), got, want.GetBuckets())
+	}
+}
