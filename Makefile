@@ -56,16 +56,22 @@ bench-pd:
 	$(need-trace)
 	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_TRACE=$(abspath $(TRACE)) KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
 
+# Each fuzz target's time goes to fuzzing: by default Go spends up to 60 s
+# minimising each new interesting input, which on a 2-core machine took most
+# of a 30 s target's time. FUZZFLAGS adds flags to every target.
+FUZZMINIMIZE ?= 2s
+FUZZFLAGS ?= -fuzzminimizetime $(FUZZMINIMIZE)
+
 fuzz:
-	for f in FuzzParseRequest FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s ./filter || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./filter/config
-	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s ./scorer
-	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s ./index || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s ./internal/metricsvc/kvevents
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./internal/metricsvc/scrape
-	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s ./filter
-	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s ./internal/workload
-	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s -parallel 1 ./internal/simserver
+	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./filter || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s $(FUZZFLAGS) ./filter/config
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s $(FUZZFLAGS) ./scorer
+	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s $(FUZZFLAGS) ./index || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/kvevents
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/scrape
+	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s $(FUZZFLAGS) ./filter
+	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s $(FUZZFLAGS) ./internal/workload
+	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s $(FUZZFLAGS) -parallel 1 ./internal/simserver
 
 # The Wasm module of the variant asked for, as an OCI image archive.
 oci: wasm

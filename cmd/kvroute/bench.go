@@ -37,6 +37,9 @@ type benchOptions struct {
 	parallel   int
 	config     string
 	sessions   bool
+	top        fleet.Topology
+	spread     string
+	reports    bool
 }
 
 func init() {
@@ -73,6 +76,13 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
 	f.BoolVar(&o.sessions, "trace-sessions", false, "give trace requests a session id derived from their first hash id (the trace has none)")
+	f.IntVar(&o.top.Gateways, "gateways", 1, "gateway replicas behind the load balancer (docs/topology.md)")
+	f.IntVar(&o.top.Workers, "workers", 1, "Envoy workers per gateway, each its own Wasm VM sharing the gateway's shared data")
+	f.StringVar(&o.spread, "spread", "random", "how connections reach gateways and workers: random (a cloud load balancer, SO_REUSEPORT) or round_robin")
+	f.DurationVar(&o.top.PushDelay, "push-delay", 0, "time from the metrics service's scrape to its push reaching the gateways")
+	f.DurationVar(&o.top.ReportInterval, "report-interval", 50*time.Millisecond, "how often each gateway reports its routing to the metrics service")
+	f.DurationVar(&o.top.ReportDelay, "report-delay", 20*time.Millisecond, "time from a gateway's report to the other gateways applying the merged push")
+	f.BoolVar(&o.reports, "gateway-reports", true, "gateways report their routing and load through the metrics service (false: each gateway knows only its own traffic)")
 	f.StringVar(&o.config, "config", "", "plugin configuration JSON (as given to the filter) defining extra profiles to bench by name")
 	addCommand(cmd)
 }
@@ -87,6 +97,19 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if o.rateScale <= 0 {
 		return fmt.Errorf("--rate-scale must be positive, got %g", o.rateScale)
 	}
+	switch o.spread {
+	case "random", "":
+	case "round_robin":
+		o.top.RoundRobin = true
+	default:
+		return fmt.Errorf("--spread %q: use random or round_robin", o.spread)
+	}
+	o.top.Gateways, o.top.Workers = max(o.top.Gateways, 1), max(o.top.Workers, 1)
+	if o.top.Gateways > 64 || o.top.Workers > 256 {
+		return fmt.Errorf("--gateways (at most 64) and --workers (at most 256): got %d and %d", o.top.Gateways, o.top.Workers)
+	}
+	o.top.NoReports = !o.reports
+	o.top.Seed = o.seed
 	prof, err := sim.LookupProfile(o.profile)
 	if err != nil {
 		return err
@@ -143,7 +166,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := report.WritePNG(png); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed)
+	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %d gateways x %d workers\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.top.Gateways, o.top.Workers)
 	report.Markdown(stdout)
 	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
 	for i, name := range names {
@@ -158,6 +181,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
 	report := &benchreport.Report{
 		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated",
+		Gateways: o.top.Gateways, Workers: o.top.Workers,
 		Results: make([]benchreport.Result, len(names)),
 	}
 	par := o.parallel
@@ -174,7 +198,13 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			router, err := fleet.NewStrategy(name, o.replicas, sopt)
+			var router fleet.Router
+			var err error
+			if o.top.Gateways == 1 && o.top.Workers == 1 {
+				router, err = fleet.NewStrategy(name, o.replicas, sopt)
+			} else {
+				router, err = fleet.NewTopology(name, o.replicas, sopt, o.top)
+			}
 			if err != nil {
 				errs[i] = err
 				return
