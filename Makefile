@@ -50,7 +50,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
 
-# Aggregated vs disaggregated fleets of 8 on the trace (kvroute.pd).
+# Aggregated vs disaggregated fleets of 8 on the trace (kvroute.pd: docs/prefill-decode.md).
 .PHONY: bench-pd
 bench-pd:
 	$(need-trace)
