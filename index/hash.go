@@ -60,6 +60,20 @@ func (c HashConfig) withDefaults() HashConfig {
 	return c
 }
 
+// BlocksIn returns how many leading blocks of a chain lie wholly within
+// its first chars canonical bytes: the depth a prefix of that length
+// reaches (a count of cached tokens times the characters per token, say).
+func (c HashConfig) BlocksIn(chars int) int {
+	c = c.withDefaults()
+	n := 0
+	for end := 0; ; n++ {
+		end += c.blockSize(n)
+		if end > chars || n >= 1<<20 {
+			return n
+		}
+	}
+}
+
 // blockSize returns the byte length of block i.
 func (c HashConfig) blockSize(i int) int {
 	if c.LevelBlocks < 0 {

@@ -35,6 +35,7 @@ type benchOptions struct {
 	parallel   int
 	config     string
 	sessions   bool
+	noCorrect  bool
 }
 
 func init() {
@@ -70,6 +71,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
 	f.BoolVar(&o.sessions, "trace-sessions", false, "give trace requests a session id derived from their first hash id (the trace has none)")
+	f.BoolVar(&o.noCorrect, "no-correct", false, "do not correct the index when an engine confirms fewer cached tokens than predicted")
 	f.StringVar(&o.config, "config", "", "plugin configuration JSON (as given to the filter) defining extra profiles to bench by name")
 	addCommand(cmd)
 }
@@ -97,7 +99,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if len(names) == 0 {
 		return errors.New("--strategies is empty")
 	}
-	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof}
+	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof, NoCorrect: o.noCorrect}
 	if o.config != "" {
 		if sopt.Config, err = os.ReadFile(o.config); err != nil {
 			return fmt.Errorf("--config: %w", err)

@@ -29,6 +29,9 @@ type StrategyOptions struct {
 	// Envoy filter) whose "strategy", "plugins" and "profiles" are used;
 	// the strategy name then selects among its profiles and the presets.
 	Config []byte
+	// NoCorrect leaves the index uncorrected by the engines' cached_tokens
+	// (router.Config.NoCorrect).
+	NoCorrect bool
 }
 
 // NewStrategy returns a router for a bench strategy over n replicas. Every
@@ -77,7 +80,7 @@ func NewStrategy(name string, n int, opt StrategyOptions) (Router, error) {
 	}
 	a.ix = ix
 	a.hasher = index.NewHasher(ix.Config().Hash)
-	a.r = router.New(router.Config{Handler: h, Index: ix, Seed: max(opt.Seed, 1)})
+	a.r = router.New(router.Config{Handler: h, Index: ix, Seed: max(opt.Seed, 1), NoCorrect: opt.NoCorrect})
 	a.hosts = make([]scorer.Host, n)
 	for i := range a.hosts {
 		if err := a.r.Register(fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), &a.hosts[i]); err != nil {

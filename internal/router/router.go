@@ -85,6 +85,10 @@ type Ticket struct {
 	// others it would cost each request a second token count (two calls,
 	// one through an interface, in Wasm) for nothing.
 	predictedRaw int
+	// stamp is the index's answer for the host whose cache the request
+	// used (stampRef), kept for Correct when the engine confirms less.
+	stamp    index.MatchStamp
+	stampRef index.HostRef
 }
 
 // hold is what one request added to one host's counters, so that exactly
@@ -137,6 +141,13 @@ type Config struct {
 	Sessions SessionTable
 	// Seed seeds the decision randomness (0: random).
 	Seed uint64
+	// NoCorrect keeps the index as routing wrote it when an engine
+	// confirms fewer cached tokens than predicted, whatever the profile.
+	// Under a profile with CorrectIndex (kvroute's default) the host's
+	// least recently used blocks, up to the shortfall and no newer than the
+	// prediction's last block, otherwise stop counting (index.Correct): the
+	// engine evicted them, so its LRU evicted everything older too.
+	NoCorrect bool
 }
 
 // Router makes decisions and keeps the books.
@@ -153,6 +164,7 @@ type Router struct {
 	local    []localLoad // by slot: KV footprint, and all counters without an index
 	addrs    []string    // slot addresses without an index
 	trust    []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	correct  bool        // Correct the index on over-predictions (Config.NoCorrect unset)
 	stats    Stats
 }
 
@@ -162,7 +174,7 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, correct: !cfg.NoCorrect && cfg.Index != nil && cfg.Handler.CorrectIndex()}
 	if r.sessions == nil {
 		r.sessions = NewMemSessions(65536)
 	}
@@ -356,6 +368,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 			hb, cached := req.Matched(t.Host)
 			t.PredictedCachedTokens = cached
+			if queried && hb > 0 {
+				t.stamp, t.stampRef = r.matches.Stamp(h.Slot), index.HostRef{Slot: h.Slot, Gen: h.Gen}
+			}
 			if learn {
 				t.predictedRaw = tokensIn(in, hb) // see Ticket.predictedRaw
 			}
@@ -424,6 +439,9 @@ func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, re
 	t.PrefillAddress = p.Address
 	pb, pcached := r.req.Matched(prefill)
 	t.PredictedCachedTokens = pcached
+	if queried && pb > 0 {
+		t.stamp, t.stampRef = r.matches.Stamp(p.Slot), index.HostRef{Slot: p.Slot, Gen: p.Gen}
+	}
 	if r.handler.Decode.TrustFeedback {
 		t.predictedRaw = tokensIn(in, pb) // see Ticket.predictedRaw
 	}
@@ -636,6 +654,9 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 		switch {
 		case t.PredictedCachedTokens > cachedTokens+slack:
 			r.stats.OverPredicted++
+			if r.correct && t.stamp.Blocks > 0 {
+				r.correctIndex(t, cachedTokens)
+			}
 		case t.PredictedCachedTokens+slack < cachedTokens:
 			r.stats.UnderPredicted++
 		}
@@ -646,6 +667,19 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	t.done = true
 	r.release(&t.prefill)
 	r.release(&t.decode)
+}
+
+// correctIndex tells the index that t's host held only cachedTokens of
+// the prefix it predicted (see Config.NoCorrect). Out of end's line
+// (noinline): most responses confirm their prediction.
+//
+//go:noinline
+func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
+	hc := r.ix.Config().Hash
+	confirmed := hc.BlocksIn(cachedTokens * hc.CharsPerToken)
+	if _, err := r.ix.Correct(t.stampRef, t.stamp, confirmed); err != nil {
+		r.stats.IndexErrors++
+	}
 }
 
 // AppendExplain appends the one-line explanation of the last decision's
