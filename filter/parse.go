@@ -52,8 +52,8 @@ type parsedRequest struct {
 	// ignore: the first chunk decides whether the rest are read.
 	StreamUsage     bool
 	ContinuousUsage bool
-	MaxTokens    int
-	PromptTokens int
+	MaxTokens       int
+	PromptTokens    int
 }
 
 // requestError is a client error: the filter answers it locally with an
