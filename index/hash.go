@@ -60,6 +60,13 @@ func (c HashConfig) withDefaults() HashConfig {
 	return c
 }
 
+// WithDefaults returns c with its zero fields set to the defaults, as the
+// index and the Hasher use it.
+func (c HashConfig) WithDefaults() HashConfig { return c.withDefaults() }
+
+// BlockSizeAt returns the canonical byte length of block i of a chain.
+func (c HashConfig) BlockSizeAt(i int) int { return c.withDefaults().blockSize(i) }
+
 // BlocksIn returns how many leading blocks of a chain lie wholly within
 // its first chars canonical bytes: the depth a prefix of that length
 // reaches (a count of cached tokens times the characters per token, say).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/benchreport"
 	"github.com/kvroute/kvroute/internal/fleet"
+	kvrouter "github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -36,6 +38,7 @@ type benchOptions struct {
 	config     string
 	sessions   bool
 	noCorrect  bool
+	cacheState string
 }
 
 func init() {
@@ -71,6 +74,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
 	f.BoolVar(&o.sessions, "trace-sessions", false, "give trace requests a session id derived from their first hash id (the trace has none)")
+	f.StringVar(&o.cacheState, "cache-state", "approximate", "how routers learn the engines' caches: approximate (their own routing and the engines' cached_tokens) or precise (the engines' KV events too, bridged by the metrics service)")
 	f.BoolVar(&o.noCorrect, "no-correct", false, "do not correct the index when an engine confirms fewer cached tokens than predicted")
 	f.StringVar(&o.config, "config", "", "plugin configuration JSON (as given to the filter) defining extra profiles to bench by name")
 	addCommand(cmd)
@@ -85,6 +89,12 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	}
 	if o.rateScale <= 0 {
 		return fmt.Errorf("--rate-scale must be positive, got %g", o.rateScale)
+	}
+	if o.cacheState == "" {
+		o.cacheState = "approximate"
+	}
+	if !slices.Contains(fleet.CacheStates, o.cacheState) {
+		return fmt.Errorf("--cache-state %q: want one of %s", o.cacheState, strings.Join(fleet.CacheStates, ", "))
 	}
 	prof, err := sim.LookupProfile(o.profile)
 	if err != nil {
@@ -138,7 +148,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := report.WritePNG(png); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed)
+	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %s cache state\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.cacheState)
 	report.Markdown(stdout)
 	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
 	for i, name := range names {
@@ -152,7 +162,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 // with its own fleet and router) and computes the fleet's ceiling.
 func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
 	report := &benchreport.Report{
-		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated",
+		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated", CacheState: o.cacheState,
 		Results: make([]benchreport.Result, len(names)),
 	}
 	par := o.parallel
@@ -174,6 +184,9 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				errs[i] = err
 				return
 			}
+			if o.cacheState == "precise" {
+				router = fleet.NewPrecise(router.(*fleet.RealRouter))
+			}
 			last := 0
 			res, err := fleet.Run(fleet.Config{
 				Replicas: o.replicas, Profile: prof,
@@ -189,7 +202,7 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
-			if rr, ok := router.(*fleet.RealRouter); ok {
+			if rr, ok := router.(interface{ Stats() kvrouter.Stats }); ok {
 				pe := rr.Stats().PredictionError()
 				report.Results[i].PredictionError = &pe
 			}
