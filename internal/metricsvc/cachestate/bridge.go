@@ -91,7 +91,7 @@ type Bridge struct {
 	// held counts, per kvroute block hash, the mapped engine blocks that
 	// complete it: the engine holds that kvroute block (whatever route
 	// stored it), so a route whose next block it is would have hit it.
-	held map[uint64]int32
+	held    map[uint64]int32
 	stats   Stats
 	removed []removal // scratch: per chain, the lowest depth one event removed
 }
