@@ -47,6 +47,22 @@ type routerPlugin struct {
 	// Per address, what this VM last applied to the index from pushed state.
 	capacity  map[string]int
 	clearedAt map[string]int64
+	// The slot table as this VM last applied its candidates to it
+	// (setHosts, syncSlots): pushed says they came from pushed state;
+	// syncHosts and refs are Sync's input and output, in hosts' order;
+	// slotSeq is the table's seq after; syncDue asks the tick for another
+	// Sync (departed slots still kept, or a failed write); departedAt times
+	// the kept departed slots' grace (slotFate), with fateNow and kept as
+	// one Sync's scratch; housekeptAt is the last housekeep.
+	pushed      bool
+	syncHosts   []index.SyncHost
+	refs        []index.HostRef
+	slotSeq     uint32
+	syncDue     bool
+	departedAt  map[index.HostRef]int64
+	fateNow     int64
+	kept        []departure
+	housekeptAt int64
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	dest       []byte
@@ -100,6 +116,7 @@ type routerStats struct {
 	stateOlder                                    metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved                           metricCounter
+	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
 }
@@ -144,6 +161,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		breakerOpened:       counterMetric("breaker.opened"),
 		disaggregated:       counterMetric("requests.disaggregated"),
 		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
+		slotsFreed:          counterMetric("host_slots.freed"),
+		slotsUnassigned:     counterMetric("host_slots.unassigned"),
 		decisionMicros:      defineHistogram("kvroute.router.decision_us"),
 		bodyMicros:          defineHistogram("kvroute.router.request_body_us"),
 		byProfile:           map[string]metricCounter{},
@@ -169,7 +188,13 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	for i, e := range cfg.Endpoints {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
 	}
-	p.setHosts(static)
+	p.departedAt = map[index.HostRef]int64{}
+	p.setHosts(static, false)
+	// The tick frees the slots of departed hosts and applies pushes off the
+	// request path (housekeep); admission, when on, sets a faster one.
+	if err := proxywasm.SetTickPeriodMilliSeconds(housekeepMs); err != nil {
+		proxywasm.LogWarnf("kvroute.router: setting the tick: %v (departed hosts' index slots are freed on pushes only)", err)
+	}
 	p.adm = newAdmitter(p)
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
@@ -188,18 +213,41 @@ type candidate struct {
 	waiting, running     int
 	kvUsage              float64
 	blockCapacity        int
+	capacityTokens       int   // KV capacity in tokens (0: unknown)
+	clearedAtMs          int64 // when the engine last dropped its cache
 }
 
-// setHosts rebuilds the candidate slice, registering every address with the
-// index (which gives it a slot shared by all workers).
-func (p *routerPlugin) setHosts(cs []candidate) {
+// slotGraceMs is how long a host that left the pushed candidate set keeps
+// its index slot while the gateway still counts requests in flight on it
+// (long streams; or counts a dead worker never gave back). A slot with
+// nothing in flight is freed at once, and any departed slot is reused at
+// once when a new host needs one and the table is full.
+const slotGraceMs = 10 * 60 * 1000
+
+// housekeepMs is how often on_tick revisits the slot table: frees departed
+// slots whose requests ended, and takes back slots another worker's view
+// reassigned.
+const housekeepMs = 1000
+
+// setHosts makes cs the candidates, applying to the index only what
+// changed: one Sync of the slot table (one read, at most one write)
+// registers new addresses, applies capacities and clears, and, for pushed
+// state (pushed), frees the slots of hosts that left it. A push whose
+// addresses, capacities and clears are those already applied, the usual
+// push (only queue numbers move), touches no shared data beyond the slot
+// table's 8-byte stamp.
+func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 	hosts := make([]scorer.Host, 0, len(cs))
 	pos := make(map[string]int, len(cs))
+	changed := len(cs) != len(p.hosts) || pushed != p.pushed
+	p.syncHosts = p.syncHosts[:0]
 	for _, c := range cs {
-		var h scorer.Host
-		if err := p.rt.Register(c.address, &h); err != nil {
-			proxywasm.LogWarnf("kvroute.router: index slot for %s: %v (routed without prefix matches)", c.address, err)
-			h.Address, h.Slot = c.address, -1
+		h := scorer.Host{Address: c.address, Slot: -1}
+		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
+			o := &p.hosts[old]
+			h.Slot, h.Gen, h.LatencyEWMAMs = o.Slot, o.Gen, o.LatencyEWMAMs
+		} else {
+			changed = true
 		}
 		role, err := scorer.ParseRole(c.role)
 		if err != nil {
@@ -209,13 +257,133 @@ func (p *routerPlugin) setHosts(cs []candidate) {
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
-		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
-			h.LatencyEWMAMs = p.hosts[old].LatencyEWMAMs
+		sh := index.SyncHost{Addr: c.address, CapacityTokens: -1}
+		if c.capacityTokens > 0 && p.capacity[c.address] != c.capacityTokens {
+			sh.CapacityTokens = c.capacityTokens
+			changed = true
 		}
+		if c.clearedAtMs > p.clearedAt[c.address] {
+			sh.Clear = true
+			changed = true
+		}
+		p.syncHosts = append(p.syncHosts, sh)
 		pos[c.address] = len(hosts)
 		hosts = append(hosts, h)
 	}
-	p.hosts, p.pos = hosts, pos
+	if changed {
+		for addr := range p.pos { // forget what was applied for departed hosts
+			if _, ok := pos[addr]; !ok {
+				delete(p.capacity, addr)
+				delete(p.clearedAt, addr)
+			}
+		}
+	}
+	p.hosts, p.pos, p.pushed = hosts, pos, pushed
+	if changed || p.syncDue || p.ix.SlotSeq() != p.slotSeq {
+		if p.syncSlots() {
+			for i, c := range cs {
+				if p.syncHosts[i].CapacityTokens >= 0 {
+					p.capacity[c.address] = c.capacityTokens
+				}
+				if p.syncHosts[i].Clear {
+					p.clearedAt[c.address] = c.clearedAtMs
+				}
+			}
+		}
+	}
+}
+
+// syncSlots applies p.syncHosts (the candidates, in p.hosts' order) to the
+// slot table and gives p.hosts their slots. It reports whether the table
+// holds them; on failure the hosts keep the slots they had (new ones get
+// none) and the next tick tries again.
+func (p *routerPlugin) syncSlots() bool {
+	var fate func(index.Departed) index.Fate
+	if p.pushed {
+		// Only pushed state speaks for the gateway's candidates: a router
+		// on static endpoints frees nothing (another plugin sharing the
+		// vm_id may route to the slots it does not know).
+		p.fateNow = p.now().UnixMilli()
+		p.kept = p.kept[:0]
+		fate = p.slotFate
+	}
+	refs, res, err := p.ix.Sync(p.syncHosts, p.refs, fate)
+	p.refs = refs
+	p.syncDue = res.Kept > 0 && p.pushed
+	if p.pushed {
+		p.forgetDepartures()
+	}
+	if res.Freed > 0 {
+		p.stats.slotsFreed.Increment(uint64(res.Freed))
+	}
+	if err != nil {
+		p.syncDue = true
+		proxywasm.LogWarnf("kvroute.router: updating the index's host slots: %v (hosts keep their slots; retried on the next tick)", err)
+	}
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		if r := refs[i]; err == nil || r.Slot >= 0 {
+			h.Slot, h.Gen = r.Slot, r.Gen
+		}
+	}
+	if res.Unassigned > 0 {
+		p.stats.slotsUnassigned.Increment(uint64(res.Unassigned))
+		proxywasm.LogWarnf("kvroute.router: %d of %d hosts got no index slot (the index tracks %d hosts per gateway): they are routed without prefix matches or shared load counts", res.Unassigned, len(p.hosts), index.MaxSlots)
+	}
+	p.slotSeq = p.ix.SlotSeq()
+	return err == nil
+}
+
+// slotFate is what syncSlots does with the slot of a host that left the
+// pushed candidate set: free it once nothing is in flight on it, or after
+// slotGraceMs; meanwhile offer it to a new host that finds the table full.
+// The grace is timed from when this worker first saw the slot departed.
+func (p *routerPlugin) slotFate(d index.Departed) index.Fate {
+	if d.InFlight == 0 {
+		return index.FreeSlot
+	}
+	since, ok := p.departedAt[d.Ref]
+	if !ok {
+		since = p.fateNow
+	}
+	if p.fateNow-since >= slotGraceMs {
+		return index.FreeSlot
+	}
+	p.kept = append(p.kept, departure{d.Ref, since})
+	return index.ReuseSlot
+}
+
+// departure is a departed slot kept, and since when.
+type departure struct {
+	ref   index.HostRef
+	since int64
+}
+
+// forgetDepartures keeps in p.departedAt only the slots the last Sync kept.
+func (p *routerPlugin) forgetDepartures() {
+	clear(p.departedAt)
+	for _, d := range p.kept {
+		p.departedAt[d.ref] = d.since
+	}
+}
+
+// housekeep runs on the tick, at most every housekeepMs: it applies a push
+// another worker stored (off the request path), frees departed slots whose
+// requests have ended, and, when another worker rewrote the slot table,
+// checks this worker's slots against it.
+func (p *routerPlugin) housekeep() {
+	nowMs := p.now().UnixMilli()
+	if nowMs-p.housekeptAt < housekeepMs && nowMs >= p.housekeptAt {
+		return
+	}
+	p.housekeptAt = nowMs
+	p.refreshState()
+	if p.syncDue || p.ix.SlotSeq() != p.slotSeq {
+		for i := range p.syncHosts {
+			p.syncHosts[i].CapacityTokens, p.syncHosts[i].Clear = -1, false
+		}
+		p.syncSlots()
+	}
 }
 
 // refreshState picks up a state push made on any worker.
@@ -235,35 +403,27 @@ func (p *routerPlugin) applyState(gen uint64) {
 		p.stateGen = gen
 		return
 	}
+	p.applyPushed(gen, st)
+}
+
+// applyPushed makes st, the pushed state of generation gen, the
+// candidates: applyState's work once the state is read, which the worker
+// that received the push does with the state it just validated.
+func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	hc := p.ix.Config().Hash
 	tokensPerBlock := max(hc.BlockChars/max(hc.CharsPerToken, 1), 1)
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
 		capacity := h.BlockSize * h.NumGPUBlocks // tokens
 		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
-			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock}
+			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
+			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
 	}
-	p.setHosts(cs)
-	p.stateGen, p.stateTs = gen, st.TimestampMs
-	// Engine facts the index keeps for every worker: KV capacity (drives
+	// Engine facts the index keeps for every worker, KV capacity (drives
 	// eviction of the index's beliefs) and cache clears (AllBlocksCleared,
-	// restarts). Every worker applies them; both are idempotent.
-	for _, h := range st.Hosts {
-		ref, ok := p.ix.Lookup(h.Address)
-		if !ok {
-			continue
-		}
-		if capacity := h.BlockSize * h.NumGPUBlocks; capacity > 0 && p.capacity[h.Address] != capacity {
-			if err := p.ix.SetCapacity(ref, capacity); err == nil {
-				p.capacity[h.Address] = capacity
-			}
-		}
-		if h.ClearedAtMs > p.clearedAt[h.Address] {
-			if err := p.ix.Clear(ref); err == nil {
-				p.clearedAt[h.Address] = h.ClearedAtMs
-			}
-		}
-	}
+	// restarts), ride the same Sync; each worker applies a change once.
+	p.setHosts(cs, true)
+	p.stateGen, p.stateTs = gen, st.TimestampMs
 }
 
 // prepare refreshes per-decision host fields: pushed-state staleness and the
@@ -417,6 +577,7 @@ func (p *routerPlugin) newSlab() {
 func (p *routerPlugin) onTick() {
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
 	p.adm.tick()
+	p.housekeep()
 }
 
 func (p *routerPlugin) isInference(path string) bool {

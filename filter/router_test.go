@@ -20,7 +20,7 @@ const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10
 // newHost starts an emulated plugin with root id rootID and configuration cfg
 // and fails the test unless start returns want. It returns the router plugin
 // when one started.
-func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
+func newHost(t testing.TB, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
 	t.Helper()
 	var started *routerPlugin
 	routerStarted = func(p *routerPlugin) { started = p }

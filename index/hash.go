@@ -144,6 +144,11 @@ type Hasher struct {
 	// port cost more than the copy.
 	pend []byte
 	scr  [binary.MaxVarintLen64 + 1]byte
+	// tok holds a batch of token ids encoded for Tokens. A field rather
+	// than a local: a local array escaped (the hash functions view it as
+	// a string), and a request of many small token arrays allocated one
+	// per array.
+	tok [1024]byte
 }
 
 // NewHasher returns a Hasher for cfg (zero fields take the defaults).
@@ -259,7 +264,7 @@ func (h *Hasher) Token(id uint32) {
 // and hashes each batch as one write (one call per batch rather than per
 // id, and whole blocks straight from the batch).
 func (h *Hasher) Tokens(ids []uint32) {
-	var buf [1024]byte
+	buf := &h.tok
 	for len(ids) > 0 {
 		h.setKind(kindTokens)
 		n := len(ids)

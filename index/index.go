@@ -231,6 +231,13 @@ type Index struct {
 	pending []usageDelta
 	ins     []uint32   // tags a shard update adds
 	seg     []segBlock // the blocks of a shard update
+	// Sync scratch (sync.go)
+	syncWant  map[uint64]int32 // address hash -> first host index
+	syncSlots map[uint64]int32 // address hash -> slot, of the table being edited
+	syncHash  []uint64
+	syncReuse []int32
+	syncNew   []int32
+	syncLoads []Load
 }
 
 type entry struct {

@@ -224,6 +224,23 @@ func (h *Handler) CorrectIndex() bool {
 	return h.Decode.CorrectIndex || h.Prefill != nil && h.Prefill.CorrectIndex
 }
 
+// ReadsPrefixMemory reports whether a profile of h scores hosts by the
+// router's prefix memory (Request.PrefixAddress): without a prefix_memory
+// scorer the router neither looks it up nor stores to it.
+func (h *Handler) ReadsPrefixMemory() bool {
+	for _, prof := range [...]*Profile{h.Decode, h.Prefill} {
+		if prof == nil {
+			continue
+		}
+		for _, ws := range prof.Scorers {
+			if a, ok := ws.Scorer.(*addressScorer); ok && a.memory {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Picks is the primary plus fallbacks each profile picks: MaxPicks, or 3
 // when unset.
 func (h *Handler) Picks() int {

@@ -94,6 +94,19 @@ type Host struct {
 	// gateway knows them: prompt tokens plus max tokens of each. Dynamo's
 	// "active blocks" is the same quantity in blocks.
 	InFlightTokens int64
+	// RemoteInFlight, RemotePrefillTokens and RemoteDecodeTokens carry
+	// the other gateways' share of the same counts, as their reports
+	// merged by the metrics service last said, and LoadMirror is how many
+	// gateways report (docs/topology.md). The router estimates each count
+	// as LoadMirror x own + Remote (at least own): what changed since the
+	// last report is assumed to have changed alike on every gateway, and
+	// Remote is the reported total less LoadMirror x the own count at the
+	// report (so it may be negative). Several gateways then see each
+	// other's requests without herding on one stale picture. Zero (and
+	// LoadMirror 0) with one gateway or without reports.
+	RemoteInFlight                          int
+	RemotePrefillTokens, RemoteDecodeTokens int64
+	LoadMirror                              int
 
 	// LatencyEWMAMs is an exponentially weighted mean of time to first byte
 	// in milliseconds; 0 means no sample yet.

@@ -193,7 +193,7 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationsAsText}
 	switch format {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
@@ -201,6 +201,16 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}
+
+// durationsAsText writes durations as Go duration strings ("100ms", "2s"):
+// slog's JSON handler would write them as integer nanoseconds, which no log
+// reader takes for a duration.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

@@ -45,7 +45,7 @@ image layout tar. Push it with 'kvroute oci push', or with
 			return describe(cmd, outPath, img, module)
 		},
 	}
-	build.Flags().StringVar(&wasmPath, "wasm", "dist/kvroute.wasm", "the Wasm module to package (written by `make wasm`)")
+	build.Flags().StringVar(&wasmPath, "wasm", "dist/kvroute.wasm", "the Wasm module to package (written by make wasm)")
 	build.Flags().StringVar(&outPath, "out", "dist/kvroute-oci.tar", "where to write the OCI image archive")
 	build.Flags().StringVar(&refName, "tag", "kvroute:latest", "reference name recorded in the archive's index")
 	build.Flags().StringArrayVar(&annotations, "annotation", nil, "extra manifest annotation KEY=VALUE (repeatable), e.g. org.opencontainers.image.revision=$(git rev-parse HEAD)")
@@ -98,10 +98,7 @@ prints the digest reference to pin in the manifests.`,
 	push.Flags().BoolVar(&insecure, "insecure", false, "allow plain HTTP (a local test registry)")
 	push.Flags().StringArrayVar(&pushAnns, "annotation", nil, "extra manifest annotation KEY=VALUE (repeatable)")
 
-	root := &cobra.Command{
-		Use:   "oci",
-		Short: "Package the Wasm module as an OCI image for Istio and Envoy Gateway",
-	}
+	root := groupCommand("oci", "Package the Wasm module as an OCI image for Istio and Envoy Gateway")
 	root.AddCommand(build, push)
 	addCommand(root)
 }

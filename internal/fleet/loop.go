@@ -30,6 +30,7 @@ type loop struct {
 	states []sim.Stats
 	timers timerHeap
 	seq    uint64 // timers at equal times run in the order they were set
+	fg     int    // timers that are work of the run (not background)
 	done   int
 	last   time.Duration // latest completion
 	obs    StateObserver
@@ -63,6 +64,7 @@ func newLoop(cfg Config, w *workload.Workload, obs StateObserver) (*loop, error)
 type timer struct {
 	at  time.Duration
 	seq uint64
+	bg  bool // background: its being pending does not keep the run alive
 	fn  func(now time.Duration) error
 }
 
@@ -84,7 +86,19 @@ func (h *timerHeap) Pop() any {
 // at schedules fn at virtual time t.
 func (l *loop) at(t time.Duration, fn func(now time.Duration) error) {
 	l.seq++
+	l.fg++
 	heap.Push(&l.timers, timer{at: t, seq: l.seq, fn: fn})
+}
+
+// background schedules fn at virtual time t as periodic work of a router
+// (a gateway's report, a delayed push): it runs while the run lasts but
+// does not keep a stalled run going.
+func (l *loop) background(t time.Duration, fn func(now time.Duration)) {
+	l.seq++
+	heap.Push(&l.timers, timer{at: t, seq: l.seq, bg: true, fn: func(now time.Duration) error {
+		fn(now)
+		return nil
+	}})
 }
 
 // add queues er (request idx of the workload) on replica k at now and
@@ -139,7 +153,7 @@ func (l *loop) run() (*Result, error) {
 		if len(l.timers) > 0 {
 			tt = l.timers[0].at
 		}
-		if ri < 0 && next >= n && len(l.timers) == 0 {
+		if ri < 0 && next >= n && l.fg == 0 {
 			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-l.done, n)
 		}
 		switch {
@@ -151,6 +165,9 @@ func (l *loop) run() (*Result, error) {
 			nextPush += cfg.PushInterval
 		case tt <= ta && tt <= te:
 			t := heap.Pop(&l.timers).(timer)
+			if !t.bg {
+				l.fg--
+			}
 			if err := t.fn(t.at); err != nil {
 				return nil, err
 			}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/sim"
@@ -23,22 +24,37 @@ func TestPreciseCacheState(t *testing.T) {
 		t.Fatal(err)
 	}
 	prof.NumGPUBlocksOverride = 2500 // 40,000 tokens a replica: a handful of system prompts
+	for _, top := range []Topology{{Gateways: 1, Workers: 1}, {Gateways: 2, Workers: 2, Seed: 1}} {
+		t.Run(fmt.Sprintf("%dx%d", top.Gateways, top.Workers), func(t *testing.T) { preciseAgainstApproximate(t, w, prof, top) })
+	}
+}
+
+func preciseAgainstApproximate(t *testing.T, w *workload.Workload, prof sim.Profile, top Topology) {
 	run := func(precise bool) (float64, float64, *PreciseRouter) {
-		r, err := NewStrategy("kv_cache_aware", 4, StrategyOptions{Seed: 1, Profile: prof})
+		var r Router
+		var err error
+		if top.Gateways == 1 && top.Workers == 1 {
+			r, err = NewStrategy("kv_cache_aware", 4, StrategyOptions{Seed: 1, Profile: prof})
+		} else {
+			r, err = NewTopology("kv_cache_aware", 4, StrategyOptions{Seed: 1, Profile: prof}, top)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		var rt Router = r
 		var p *PreciseRouter
 		if precise {
-			p = NewPrecise(r.(*RealRouter))
+			if p, err = NewPrecise(r); err != nil {
+				t.Fatal(err)
+			}
 			rt = p
 		}
 		res, err := Run(Config{Replicas: 4, Profile: prof}, w, rt)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.(*RealRouter).Stats().PredictionError(), res.Summarize().HitRatio, p
+		st, _ := RouterStats(r)
+		return st.PredictionError(), res.Summarize().HitRatio, p
 	}
 	approxErr, approxHit, _ := run(false)
 	preciseErr, preciseHit, p := run(true)

@@ -137,8 +137,14 @@ type Config struct {
 	// Index holds prefix matches and load counters. nil routes without
 	// prefix matches and keeps load counters in the router.
 	Index *index.Index
-	// Sessions defaults to a MemSessions of 65,536 entries.
+	// Sessions defaults to a SharedSessions over Shared, or without it
+	// to a MemSessions of 65,536 entries.
 	Sessions SessionTable
+	// Shared, when set, is the gateway's shared data (the store the
+	// Index uses): the session pins and the prefix memory then live in it,
+	// one table per gateway whatever its worker count, instead of one per
+	// Router (docs/topology.md).
+	Shared index.Store
 	// Seed seeds the decision randomness (0: random).
 	Seed uint64
 	// NoCorrect keeps the index as routing wrote it when an engine
@@ -156,16 +162,20 @@ type Router struct {
 	handler  *scorer.Handler
 	ix       *index.Index
 	sessions SessionTable
-	memory   prefixMemory // deep prefix hash -> last host (prefix_memory)
-	scratch  *scorer.Scratch
-	req      scorer.Request
-	matches  index.Matches
-	loads    []index.Load
-	local    []localLoad // by slot: KV footprint, and all counters without an index
-	addrs    []string    // slot addresses without an index
-	trust    []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
-	correct  bool        // Correct the index on over-predictions (Config.NoCorrect unset)
-	stats    Stats
+	memory   prefixMemory  // deep prefix hash -> last host (prefix_memory), per Router
+	shared   *sharedMemory // the same in shared data (Config.Shared), per gateway
+	// useMemory: the handler scores by prefix memory, so Decide looks it
+	// up and stores to it.
+	useMemory bool
+	scratch   *scorer.Scratch
+	req       scorer.Request
+	matches   index.Matches
+	loads     []index.Load
+	local     []localLoad // by slot: KV footprint, and all counters without an index
+	addrs     []string    // slot addresses without an index
+	trust     []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	correct   bool        // Correct the index on over-predictions (Config.NoCorrect unset)
+	stats     Stats
 }
 
 type localLoad struct {
@@ -174,9 +184,17 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, correct: !cfg.NoCorrect && cfg.Index != nil && cfg.Handler.CorrectIndex()}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory(),
+		correct: !cfg.NoCorrect && cfg.Index != nil && cfg.Handler.CorrectIndex()}
 	if r.sessions == nil {
-		r.sessions = NewMemSessions(65536)
+		if cfg.Shared != nil {
+			r.sessions = NewSharedSessions(cfg.Shared)
+		} else {
+			r.sessions = NewMemSessions(65536)
+		}
+	}
+	if cfg.Shared != nil && r.useMemory {
+		r.shared = newSharedMemory(cfg.Shared)
 	}
 	if cfg.Seed != 0 {
 		r.scratch = scorer.NewScratch(cfg.Seed)
@@ -323,6 +341,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			h.PendingPrefillTokens = l.prefill
 			h.PendingDecodeTokens = l.decode
 		}
+		if h.LoadMirror > 0 {
+			addRemote(h)
+		}
 		if slot < len(blocks) {
 			b := blocks[slot]
 			mb[i] = int32(b)
@@ -339,7 +360,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	if in.SessionKey != "" {
 		r.loadPin(in.SessionKey)
 	}
-	req.PrefixAddress = r.memory.lookup(in.Chain)
+	if r.useMemory {
+		r.lookupMemory(in.Chain)
+	}
 
 	// The common single-profile handler's decision without Handler.Run
 	// around it: one function less entered per request in Wasm.
@@ -361,7 +384,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		if in.SessionKey != "" {
 			r.pin(in.SessionKey, h.Address)
 		}
-		r.memory.store(in.Chain, h.Address)
+		if r.useMemory {
+			r.storeMemory(in.Chain, h.Address)
+		}
 		if res.Disaggregated {
 			r.holdDisaggregated(&t, in, hosts, &res, queried)
 		} else {
@@ -380,6 +405,19 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	return t, res
 }
 
+// addRemote turns a host's own load counts into estimates of the whole
+// fleet's (see scorer.Host.LoadMirror). Out of Decide's line (noinline):
+// a gateway without peers never enters it, and in Wasm each request pays
+// for the code of the functions it enters.
+//
+//go:noinline
+func addRemote(h *scorer.Host) {
+	m := h.LoadMirror
+	h.InFlight = max(h.InFlight*m+h.RemoteInFlight, h.InFlight)
+	h.PendingPrefillTokens = max(h.PendingPrefillTokens*int64(m)+h.RemotePrefillTokens, h.PendingPrefillTokens)
+	h.PendingDecodeTokens = max(h.PendingDecodeTokens*int64(m)+h.RemoteDecodeTokens, h.PendingDecodeTokens)
+}
+
 // loadPin sets the request's PinnedAddress to the address the session
 // table holds for key ("" when none). It and pin are out of Decide's line
 // (noinline) because most requests carry no session key: in Wasm each
@@ -390,6 +428,42 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 //go:noinline
 func (r *Router) loadPin(key string) {
 	r.req.PinnedAddress, _ = r.sessions.Get(key)
+}
+
+// lookupMemory sets the request's PrefixAddress from the prefix memory,
+// the gateway's when shared, else this Router's.
+func (r *Router) lookupMemory(chain []uint64) {
+	if r.shared != nil {
+		r.req.PrefixAddress = r.shared.lookup(chain)
+		return
+	}
+	r.req.PrefixAddress = r.memory.lookup(chain)
+}
+
+// storeMemory remembers addr for chain in the prefix memory.
+func (r *Router) storeMemory(chain []uint64, addr string) {
+	if r.shared != nil {
+		r.shared.store(chain, addr)
+		return
+	}
+	r.memory.store(chain, addr)
+}
+
+// Learn takes a route another gateway reported (through the metrics
+// service's merged push): chain went to addr. The index marks the chain
+// on the host (ref, as Register gave it) and the prefix memory remembers
+// it, as if this gateway had routed it; the request's load is not booked
+// (the reports carry the other gateways' load counts as such).
+func (r *Router) Learn(ref index.HostRef, addr string, chain []uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.useMemory && len(chain) > 0 {
+		r.storeMemory(chain, addr)
+	}
+	if r.ix == nil || len(chain) == 0 {
+		return nil
+	}
+	return r.ix.Stored(ref, chain, 0)
 }
 
 // pin pins key's session to addr unless the decision kept the pin.
