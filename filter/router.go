@@ -445,10 +445,10 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	}
 }
 
-// markOpenBreakers is prepare's per-host breaker lookup while some breaker
-// is open, out of line (noinline: inlined, its map lookups would be back in
-// prepare): in Wasm each request pays for every part of a function it
-// enters, and breakers are nearly always all closed.
+// markOpenBreakers is prepare's per-host breaker lookup while some breaker is
+// open, out of line (noinline: inlined, its map lookups would be back in
+// prepare): each function entered costs a request (docs/performance.md), and
+// breakers are nearly always all closed.
 //
 //go:noinline
 func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
@@ -459,10 +459,10 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	}
 }
 
-// syncStats turns the index's and the router's cumulative counters into
-// metric increments. One loop over arrays rather than eight inlined copies
-// of the test and the call: in Wasm each request pays for the code it
-// enters.
+// syncStats turns the index's and the router's cumulative counters into metric
+// increments. One loop over arrays rather than eight inlined copies of the
+// test and the call: each function entered costs a request
+// (docs/performance.md).
 func (p *routerPlugin) syncStats() {
 	rs := p.rt.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
@@ -484,9 +484,9 @@ func (p *routerPlugin) profileCounter(name string) metricCounter {
 	return p.switchProfile(name)
 }
 
-// switchProfile looks up (or defines) the counter of a profile other than
-// the last one. Out of line: one profile serves most requests, and in Wasm
-// each request pays for every part of a function it enters.
+// switchProfile looks up (or defines) the counter of a profile other than the
+// last one. Out of line: one profile serves most requests, and each function
+// entered costs a request (docs/performance.md).
 func (p *routerPlugin) switchProfile(name string) metricCounter {
 	c, ok := p.byProfile(name)
 	if !ok {
@@ -549,13 +549,13 @@ func (p *routerPlugin) byProfile(name string) (metricCounter, bool) {
 const streamSlab = 16
 
 // newStream hands out the next stream of a slab allocated streamSlab at a
-// time: one allocation per 16 streams instead of one each, so that the
-// context creation of a typical request enters none of the allocator's
-// code (in Wasm each request pays for every function it enters). A stream
-// is never handed out twice, so nothing that still holds one (admission's
-// queues, a late callback) can see it reused; a slab's memory (about 7 KB)
-// goes when none of its streams is referenced any more, so a long stream
-// keeps at most 15 finished ones' worth alive.
+// time: one allocation per 16 streams instead of one each, so that the context
+// creation of a typical request enters none of the allocator's code (each
+// function entered costs a request: docs/performance.md). A stream is never
+// handed out twice, so nothing that still holds one (admission's queues, a
+// late callback) can see it reused; a slab's memory (about 7 KB) goes when
+// none of its streams is referenced any more, so a long stream keeps at most
+// 15 finished ones' worth alive.
 func (p *routerPlugin) newStream(id uint32) types.HttpContext {
 	if len(p.streams) == 0 {
 		p.newSlab()
@@ -724,9 +724,9 @@ func pathOnly(path string) string {
 }
 
 // decimal reads a header's unsigned decimal number of up to 18 digits
-// (content-length, :status). The header paths read it with this loop
-// rather than strconv: in Wasm, where each request pays for the code it
-// enters, ParseInt is three more functions for three digits.
+// (content-length, :status). The header paths read it with this loop rather
+// than strconv: where each function entered costs a request
+// (docs/performance.md), ParseInt is three more functions for three digits.
 func decimal(v string) (int64, bool) {
 	if len(v) == 0 || len(v) > 18 {
 		return 0, false
@@ -741,10 +741,10 @@ func decimal(v string) (int64, bool) {
 	return n, true
 }
 
-// otherPath passes a request for a path the router does not route, or
-// answers 404 (rejectOtherPaths). It and badMethod are kept out of
-// OnHttpRequestHeaders so that the code every routed request runs stays
-// small: in Wasm a request pays for each part of a function it touches.
+// otherPath passes a request for a path the router does not route, or answers
+// 404 (rejectOtherPaths). It and badMethod are kept out of
+// OnHttpRequestHeaders so that the code every routed request runs stays small:
+// each function entered costs a request (docs/performance.md).
 func (s *routerStream) otherPath() types.Action {
 	p := s.plugin
 	if p.cfg.RejectOtherPaths {
@@ -763,8 +763,7 @@ func (s *routerStream) badMethod(path string) types.Action {
 
 // readBody reads the request body into p.bodyBuf (lent to the ABI bridge,
 // see filter/hostbuf) instead of a fresh allocation per request: in Wasm the
-// allocation, not the copy, was most of the read (about 70 of 75 µs for a
-// 32 KB body on wazero). The result is valid until the next readBody: the
+// allocation, not the copy, is most of the read. The result is valid until the next readBody: the
 // parser copies what outlives the callback (model, user), the hasher
 // consumes the prompt, and the forwarded body is rewritten into its own
 // buffer.
@@ -806,10 +805,10 @@ func (p *routerPlugin) sdkReadBuffer(n int, get func(start, maxSize int) ([]byte
 	return b, err
 }
 
-// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than
-// maxBodyBytes (the buffer never grows past it). Out of readBuffer's line
-// (noinline): it grows only until the largest body has been seen, and in
-// Wasm each request pays for every part of a function it enters.
+// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than maxBodyBytes
+// (the buffer never grows past it). Out of readBuffer's line (noinline): it
+// grows only until the largest body has been seen, and each function entered
+// costs a request (docs/performance.md).
 //
 //go:noinline
 func (p *routerPlugin) growBodyBuf(n int) bool {
@@ -821,9 +820,9 @@ func (p *routerPlugin) growBodyBuf(n int) bool {
 }
 
 // emptyBody and bodyTooLarge reject an inference request for its body. They
-// are kept out of the header and body callbacks so that the code every
-// routed request enters stays small (in Wasm a request pays for each part of
-// a function it touches).
+// are kept out of the header and body callbacks so that the code every routed
+// request enters stays small (each function entered costs a request:
+// docs/performance.md).
 func (s *routerStream) emptyBody() types.Action {
 	s.plugin.stats.badRequest.Increment(1)
 	return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
@@ -904,8 +903,8 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 }
 
 // unreadableBody fails a request open when its body cannot be read. Out of
-// line: the log call's argument is boxed in place, and in Wasm every
-// request pays for every part of a function it enters.
+// line: the log call's argument is boxed in place, and each function entered
+// costs a request (docs/performance.md).
 func (s *routerStream) unreadableBody(err error) types.Action {
 	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
 	s.failOpen()
@@ -1030,9 +1029,8 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 
 // optionalHeaders writes the request headers a decision adds only in some
 // deployments: the prefill host of a disaggregated decision and the ORCA
-// format request. Out of route's line: in Wasm each request pays for every
-// part of a function it enters, and the default configuration needs
-// neither.
+// format request. Out of route's line: each function entered costs a request
+// (docs/performance.md), and the default configuration needs neither.
 func (s *routerStream) optionalHeaders(disaggregated bool) {
 	if addr := s.ticket.PrefillAddress; disaggregated && addr != "" {
 		// kvroute.pd (after the router in the chain) prefills there.
@@ -1043,10 +1041,10 @@ func (s *routerStream) optionalHeaders(disaggregated bool) {
 	}
 }
 
-// destinationFailed logs a destination header the host would not take. Out
-// of line, like every rare branch of the request path: in Wasm each request
-// pays for every part of a function it enters, and a log call's arguments
-// are boxed into interfaces in place (hence noinline).
+// destinationFailed logs a destination header the host would not take. Out of
+// line, like every rare branch of the request path: each function entered
+// costs a request (docs/performance.md), and a log call's arguments are boxed
+// into interfaces in place (hence noinline).
 //
 //go:noinline
 func (p *routerPlugin) destinationFailed(err error) {
@@ -1129,8 +1127,8 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 }
 
 // The response path's rare branches live in their own functions so that
-// OnHttpResponseHeaders stays small: in Wasm each request pays for every
-// part of a function it enters, taken or not.
+// OnHttpResponseHeaders stays small: each function entered costs a request
+// (docs/performance.md).
 
 // fellBack records that override_host moved on from primary to served: the
 // primary refused the connection.
@@ -1342,13 +1340,13 @@ func (s *routerStream) finish() {
 	p.syncStats()
 }
 
-// OnHttpStreamDone ends what the stream still holds: an admission place,
-// and for a routed response that ended without its last body chunk, the
-// feedback and load that finish gives back. A stream finish already ended,
-// as nearly every routed one is, leaves nothing to do: the callback then
-// enters no other function, and the guard (a deferred recover) sits in
-// streamDone with the work it protects. In Wasm each request pays for
-// every function it enters.
+// OnHttpStreamDone ends what the stream still holds: an admission place, and
+// for a routed response that ended without its last body chunk, the feedback
+// and load that finish gives back. A stream finish already ended, as nearly
+// every routed one is, leaves nothing to do: the callback then enters no other
+// function, and the guard (a deferred recover) sits in streamDone with the
+// work it protects. Each function entered costs a request
+// (docs/performance.md).
 func (s *routerStream) OnHttpStreamDone() {
 	if s.plugin.adm != nil || s.decided && !s.finished {
 		s.streamDone()
@@ -1413,10 +1411,10 @@ func cachedTokens(tail, chunk []byte) (val int, found bool) {
 	return val, found
 }
 
-// seamCachedTokens finds a cached_tokens value across the seam of two
-// chunks: in tail joined with the head of chunk. Out of line (noinline):
-// only a stream whose usage is split across chunks needs it, and in Wasm
-// each response pays for every part of a function it enters.
+// seamCachedTokens finds a cached_tokens value across the seam of two chunks:
+// in tail joined with the head of chunk. Out of line (noinline): only a stream
+// whose usage is split across chunks needs it, and each function entered costs
+// a response (docs/performance.md).
 //
 //go:noinline
 func seamCachedTokens(tail, chunk []byte) (int, bool) {
@@ -1435,9 +1433,9 @@ type tailBuf struct {
 
 func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
 
-// keep replaces the tail with the end of chunk. Out of line (noinline):
-// only a response in several chunks keeps a tail, and in Wasm each
-// response pays for every part of a function it enters.
+// keep replaces the tail with the end of chunk. Out of line (noinline): only a
+// response in several chunks keeps a tail, and each function entered costs a
+// response (docs/performance.md).
 //
 //go:noinline
 func (t *tailBuf) keep(chunk []byte) {

@@ -266,13 +266,8 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 			t.Errorf("engine %s served %d requests, none counted in its load record (slot %d)", a, n, ref.Slot)
 		}
 	}
-	if l := ix.Loads(nil); len(l) > 0 {
-		for s, x := range l {
-			if x != (index.Load{}) {
-				t.Errorf("slot %d holds load %+v after every request ended", s, x)
-			}
-		}
-	}
+	// A stream's last callbacks may run after the client has its answer.
+	waitLoadsZero(t, hostStore{h})
 	keys, bytes := footprint()
 	t.Logf("shared data after %d addresses: %d keys, %d bytes (%d keys, %d bytes halfway)", pushes*perPush+perPush, keys, bytes, keysAt, bytesAt)
 	if keys > keysAt+64 || bytes > 2*bytesAt {

@@ -33,7 +33,7 @@ type HashConfig struct {
 	CharsPerToken int
 }
 
-// Defaults, chosen from BenchmarkBlockSize (see the README's Index section).
+// Defaults, chosen with BenchmarkLayout (docs/index.md, "Default block size").
 const (
 	DefaultBlockChars    = 256
 	DefaultLevelBlocks   = 32
@@ -340,7 +340,8 @@ func (h *Hasher) writeString(s string) {
 // Reset, element and writeString, which a request enters for every element
 // and block: in Go's Wasm port an append is ~170 instructions (the call
 // that grows the array, the write barrier that stores it, the copy), and
-// each one inlined where it is used was code a request paid for. Two
+// each one inlined where it is used would be code every request enters
+// (docs/performance.md). Two
 // pieces in one call: an element is its header and its text, and a seed
 // string its length and its bytes.
 //

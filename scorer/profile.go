@@ -250,9 +250,9 @@ func (h *Handler) Picks() int {
 	return h.MaxPicks
 }
 
-// runDisaggregated is Run with a prefill profile. It is a function of its
-// own so that Run stays small for the common single-profile handler: in
-// Wasm each request pays for the code of the functions it enters.
+// runDisaggregated is Run with a prefill profile. It is a function of its own
+// so that Run stays small for the common single-profile handler: each function
+// entered costs a request (docs/performance.md).
 func (h *Handler) runDisaggregated(req *Request, hosts []Host, maxPicks int, s *Scratch) Result {
 	var r Result
 	r.Decode = h.Decode.run(req, hosts, maxPicks, RoleDecode, s)

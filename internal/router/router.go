@@ -248,12 +248,12 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 	return nil
 }
 
-// growLocal extends the local table to hold slot. It runs only when a slot
-// is first seen (Register, or Decide through grow for every host it is
-// given), so book, prefillDone and release index the table directly: a slot
-// they see was booked by a Decide that grew the table to it, and the table
-// never shrinks. Out of line (noinline) so that no request's path carries
-// the growth code: in Wasm each request pays for the code it enters.
+// growLocal extends the local table to hold slot. It runs only when a slot is
+// first seen (Register, or Decide through grow for every host it is given), so
+// book, prefillDone and release index the table directly: a slot they see was
+// booked by a Decide that grew the table to it, and the table never shrinks.
+// Out of line (noinline) so that no request's path carries the growth code:
+// each function entered costs a request (docs/performance.md).
 //
 //go:noinline
 func (r *Router) growLocal(slot int) {
@@ -406,9 +406,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 }
 
 // addRemote turns a host's own load counts into estimates of the whole
-// fleet's (see scorer.Host.LoadMirror). Out of Decide's line (noinline):
-// a gateway without peers never enters it, and in Wasm each request pays
-// for the code of the functions it enters.
+// fleet's (see scorer.Host.LoadMirror). Out of Decide's line (noinline): a
+// gateway without peers never enters it, and each function entered costs a
+// request (docs/performance.md).
 //
 //go:noinline
 func addRemote(h *scorer.Host) {
@@ -418,12 +418,12 @@ func addRemote(h *scorer.Host) {
 	h.PendingDecodeTokens = max(h.PendingDecodeTokens*int64(m)+h.RemoteDecodeTokens, h.PendingDecodeTokens)
 }
 
-// loadPin sets the request's PinnedAddress to the address the session
-// table holds for key ("" when none). It and pin are out of Decide's line
-// (noinline) because most requests carry no session key: in Wasm each
-// request pays for the code of the functions it enters, and these are
-// interface calls with strings. It stores the address itself rather than
-// returning it, so that Decide carries no string result and no store of it.
+// loadPin sets the request's PinnedAddress to the address the session table
+// holds for key ("" when none). It and pin are out of Decide's line (noinline)
+// because most requests carry no session key: each function entered costs a
+// request (docs/performance.md), and these are interface calls with strings.
+// It stores the address itself rather than returning it, so that Decide
+// carries no string result and no store of it.
 //
 //go:noinline
 func (r *Router) loadPin(key string) {
@@ -498,11 +498,11 @@ func (r *Router) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
 	*res = r.handler.Run(&r.req, hosts, r.scratch)
 }
 
-// holdDisaggregated books a prefill/decode split decision on t: the
-// prefill host computes the uncached prompt and holds its KV until the
-// transfer; the decode host receives the whole prompt. It is out of Decide
-// because most profiles never split: in Wasm each request pays for the
-// code of the functions it enters, so Decide keeps to the common path.
+// holdDisaggregated books a prefill/decode split decision on t: the prefill
+// host computes the uncached prompt and holds its KV until the transfer; the
+// decode host receives the whole prompt. It is out of Decide because most
+// profiles never split: each function entered costs a request
+// (docs/performance.md), so Decide keeps to the common path.
 func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, res *scorer.Result, queried bool) {
 	r.stats.Disaggregated++
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
@@ -549,12 +549,12 @@ func tokensIn(in *Input, blocks int) int {
 	return int(int64(in.PromptTokens) * int64(min(blocks, len(in.Chain))) / int64(len(in.Chain)))
 }
 
-// book records in the index that h now holds the request's chain (as
-// far as it matched, with the query's matches) and counts the request's
-// load on h, keeping in hd, whose slot is -1 until then, what to take
-// back. One function for both, as every booked host gets both: in Wasm
-// each request pays for every function it enters. hd is filled in place
-// rather than returned: each return of a struct copies it.
+// book records in the index that h now holds the request's chain (as far as it
+// matched, with the query's matches) and counts the request's load on h,
+// keeping in hd, whose slot is -1 until then, what to take back. One function
+// for both, as every booked host gets both: each function entered costs a
+// request (docs/performance.md). hd is filled in place rather than returned:
+// each return of a struct copies it.
 func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, prefill, decode, kv int) {
 	if h.Slot < 0 {
 		return
@@ -698,12 +698,12 @@ func (r *Router) Release(t *Ticket) { r.end(t, -1, true) }
 // count, or a negative one when none was reported.
 func (r *Router) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, true) }
 
-// end is Feedback, Release and Finish in one function: the filter ends
-// each routed response with Finish, and in Wasm each response pays for the
-// functions it enters, so feedback and release are one function with one
+// end is Feedback, Release and Finish in one function: the filter ends each
+// routed response with Finish, and each function entered costs a response
+// (docs/performance.md), so feedback and release are one function with one
 // lock acquisition rather than two of each. The unlock is deferred: the
-// index's release can panic (shared data is a host call), and a lock left
-// held would deadlock the next Decide.
+// index's release can panic (shared data is a host call), and a lock left held
+// would deadlock the next Decide.
 func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
