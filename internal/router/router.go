@@ -171,10 +171,11 @@ type Router struct {
 	req       scorer.Request
 	matches   index.Matches
 	loads     []index.Load
-	local     []localLoad // by slot: KV footprint, and all counters without an index
-	addrs     []string    // slot addresses without an index
-	trust     []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
-	correct   bool        // Correct the index on over-predictions (Config.NoCorrect unset)
+	local     []localLoad        // by slot: KV footprint, and all counters without an index
+	addrs     []string           // slot addresses without an index
+	trust     []float64          // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	correct   bool               // Correct the index on over-predictions (Config.NoCorrect unset)
+	corrected []index.MatchStamp // by slot: the stamp of the last correction
 	stats     Stats
 }
 
@@ -749,6 +750,19 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 //
 //go:noinline
 func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
+	// One correction per host per stamp: a correction evicts what the
+	// host last used before its stamp, so a later over-prediction whose
+	// prediction is no newer (a hot prompt, refreshed at most once per
+	// Config.TouchAfterMs) finds nothing more to evict, and each
+	// correction costs three shared-data calls.
+	slot := t.stampRef.Slot
+	for slot >= len(r.corrected) {
+		r.corrected = append(r.corrected, index.MatchStamp{})
+	}
+	if last := r.corrected[slot]; last.Blocks != 0 && !t.stamp.After(last) {
+		return
+	}
+	r.corrected[slot] = t.stamp
 	hc := r.ix.Config().Hash
 	confirmed := hc.BlocksIn(cachedTokens * hc.CharsPerToken)
 	if _, err := r.ix.Correct(t.stampRef, t.stamp, confirmed); err != nil {
