@@ -22,12 +22,18 @@ import (
 )
 
 // notInTheService are modules the metrics-only binary must not link: the
-// plotting, Wasm runtime, OpenAI client and OCI code of the other commands.
+// plotting, Wasm runtime, OpenAI client, OCI and manifest-validation code
+// of the other commands (a new command file needs the !metricsonly
+// constraint, or this test names what it dragged in).
 var notInTheService = []string{
 	"gonum.org/v1/plot",
 	"github.com/tetratelabs/wazero",
 	"github.com/openai/openai-go",
 	"github.com/google/go-containerregistry",
+	"github.com/envoyproxy/gateway",
+	"github.com/envoyproxy/go-control-plane",
+	"istio.io/api",
+	"helm.sh/helm",
 }
 
 // TestMetricsImageForThisMachine builds the image for the host's platform
@@ -105,7 +111,7 @@ func TestMetricsImageForThisMachine(t *testing.T) {
 			t.Errorf("the service binary lacks %s:\n%s", want, help)
 		}
 	}
-	for _, gone := range []string{"bench", "demo", "sim", "oci"} {
+	for _, gone := range []string{"bench", "demo", "sim", "oci", "validate"} {
 		if strings.Contains(string(help), "  "+gone+" ") {
 			t.Errorf("the service binary carries the %s command:\n%s", gone, help)
 		}
