@@ -34,10 +34,20 @@ func longPrompt(i int) string {
 }
 
 // finish answers a routed request with 200 from its destination.
-func finish(host proxytest.HostEmulator, id uint32) {
-	_ = host.SetProperty([]string{"upstream", "address"}, []byte(destination(host, id)))
-	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, true)
+func finish(host proxytest.HostEmulator, id uint32) { answer(host, id, "") }
+
+// answer ends a routed request with a response from its destination, 503
+// when that is the failing host, else 200, and returns the destination.
+func answer(host proxytest.HostEmulator, id uint32, failing string) string {
+	d := destination(host, id)
+	status := "200"
+	if d == failing {
+		status = "503"
+	}
+	_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
+	host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
 	host.CompleteHttpContext(id)
+	return d
 }
 
 // Pod churn: 10,000 distinct addresses pushed 60 at a time, with a
