@@ -12,6 +12,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
 )
 
@@ -20,7 +21,7 @@ const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10
 // newHost starts an emulated plugin with root id rootID and configuration cfg
 // and fails the test unless start returns want. It returns the router plugin
 // when one started.
-func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
+func newHost(t testing.TB, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
 	t.Helper()
 	var started *routerPlugin
 	routerStarted = func(p *routerPlugin) { started = p }
@@ -104,7 +105,7 @@ func TestRouterRoundRobinWithFallbacks(t *testing.T) {
 	if got := counter(t, host, "kvroute.router.requests.routed"); got != 6 {
 		t.Errorf("routed = %d, want 6", got)
 	}
-	if got := counter(t, host, "kvroute.router.profile.round_robin.requests"); got != 6 {
+	if got := counter(t, host, statnames.Tagged(statnames.Router+"profile.", statnames.TagProfile, "round_robin", "requests")); got != 6 {
 		t.Errorf("profile counter = %d, want 6", got)
 	}
 }

@@ -30,6 +30,12 @@ type Profile struct {
 	// (cached_tokens): an index that over-believes a host stops pulling
 	// traffic there. Peer emulations leave it off; they have no such loop.
 	TrustFeedback bool
+	// CorrectIndex asks the router to correct the index when an engine
+	// confirms fewer cached tokens than predicted (index.Correct): the
+	// host's least recently used blocks, up to the shortfall, stop
+	// counting. kvroute's default profile sets it; peer emulations leave it
+	// off, as their routers have no such loop.
+	CorrectIndex bool
 
 	// screen stands for the leading per-host filters (see screen); the
 	// builder prepares it.
@@ -212,6 +218,12 @@ func (h *Handler) ReadsLatency() bool {
 	return false
 }
 
+// CorrectIndex reports whether a profile of h asks for the index to be
+// corrected by the engines' cached_tokens (Profile.CorrectIndex).
+func (h *Handler) CorrectIndex() bool {
+	return h.Decode.CorrectIndex || h.Prefill != nil && h.Prefill.CorrectIndex
+}
+
 // ReadsPrefixMemory reports whether a profile of h scores hosts by the
 // router's prefix memory (Request.PrefixAddress): without a prefix_memory
 // scorer the router neither looks it up nor stores to it.
@@ -238,9 +250,9 @@ func (h *Handler) Picks() int {
 	return h.MaxPicks
 }
 
-// runDisaggregated is Run with a prefill profile. It is a function of its
-// own so that Run stays small for the common single-profile handler: in
-// Wasm each request pays for the code of the functions it enters.
+// runDisaggregated is Run with a prefill profile. It is a function of its own
+// so that Run stays small for the common single-profile handler: each function
+// entered costs a request (docs/performance.md).
 func (h *Handler) runDisaggregated(req *Request, hosts []Host, maxPicks int, s *Scratch) Result {
 	var r Result
 	r.Decode = h.Decode.run(req, hosts, maxPicks, RoleDecode, s)

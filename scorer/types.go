@@ -309,10 +309,10 @@ func NewScratch(seed uint64) *Scratch {
 }
 
 // prepare seeds a zero Scratch's random source on first use and sizes the
-// per-run buffers for n hosts and k scorers. Profile.run checks whether
-// either is needed and calls it only then (the first decision, a change of
-// fleet size or scorer count): in Wasm each request pays for every
-// function it enters, and one rare call site is less code than two.
+// per-run buffers for n hosts and k scorers. Profile.run checks whether either
+// is needed and calls it only then (the first decision, a change of fleet size
+// or scorer count): each function entered costs a request
+// (docs/performance.md), and one rare call site is less code than two.
 //
 //go:noinline
 func (s *Scratch) prepare(n, k int) {
@@ -330,11 +330,11 @@ func (s *Scratch) seed() {
 	s.seeded = true
 }
 
-// size makes the per-run buffers (cand, total and at least k raw score
-// slices) n hosts long. Profile.run calls it only when the fleet size or
-// the scorer count changed, so a steady decision neither stores the
-// buffers back (a write barrier each) nor enters the allocator's code: in
-// Wasm each request pays for the code it enters.
+// size makes the per-run buffers (cand, total and at least k raw score slices)
+// n hosts long. Profile.run calls it only when the fleet size or the scorer
+// count changed, so a steady decision neither stores the buffers back (a write
+// barrier each) nor enters the allocator's code: each function entered costs a
+// request (docs/performance.md).
 func (s *Scratch) size(n, k int) {
 	s.cand = growInts(s.cand, n)
 	s.total = growFloats(s.total, n)

@@ -85,6 +85,10 @@ type Ticket struct {
 	// others it would cost each request a second token count (two calls,
 	// one through an interface, in Wasm) for nothing.
 	predictedRaw int
+	// stamp is the index's answer for the host whose cache the request
+	// used (stampRef), kept for Correct when the engine confirms less.
+	stamp    index.MatchStamp
+	stampRef index.HostRef
 }
 
 // hold is what one request added to one host's counters, so that exactly
@@ -143,6 +147,13 @@ type Config struct {
 	Shared index.Store
 	// Seed seeds the decision randomness (0: random).
 	Seed uint64
+	// NoCorrect keeps the index as routing wrote it when an engine
+	// confirms fewer cached tokens than predicted, whatever the profile.
+	// Under a profile with CorrectIndex (kvroute's default) the host's
+	// least recently used blocks, up to the shortfall and no newer than the
+	// prediction's last block, otherwise stop counting (index.Correct): the
+	// engine evicted them, so its LRU evicted everything older too.
+	NoCorrect bool
 }
 
 // Router makes decisions and keeps the books.
@@ -156,14 +167,16 @@ type Router struct {
 	// useMemory: the handler scores by prefix memory, so Decide looks it
 	// up and stores to it.
 	useMemory bool
-	scratch  *scorer.Scratch
-	req      scorer.Request
-	matches  index.Matches
-	loads    []index.Load
-	local    []localLoad // by slot: KV footprint, and all counters without an index
-	addrs    []string    // slot addresses without an index
-	trust    []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
-	stats    Stats
+	scratch   *scorer.Scratch
+	req       scorer.Request
+	matches   index.Matches
+	loads     []index.Load
+	local     []localLoad        // by slot: KV footprint, and all counters without an index
+	addrs     []string           // slot addresses without an index
+	trust     []float64          // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	correct   bool               // Correct the index on over-predictions (Config.NoCorrect unset)
+	corrected []index.MatchStamp // by slot: the stamp of the last correction
+	stats     Stats
 }
 
 type localLoad struct {
@@ -172,7 +185,8 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory()}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory(),
+		correct: !cfg.NoCorrect && cfg.Index != nil && cfg.Handler.CorrectIndex()}
 	if r.sessions == nil {
 		if cfg.Shared != nil {
 			r.sessions = NewSharedSessions(cfg.Shared)
@@ -235,12 +249,12 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 	return nil
 }
 
-// growLocal extends the local table to hold slot. It runs only when a slot
-// is first seen (Register, or Decide through grow for every host it is
-// given), so book, prefillDone and release index the table directly: a slot
-// they see was booked by a Decide that grew the table to it, and the table
-// never shrinks. Out of line (noinline) so that no request's path carries
-// the growth code: in Wasm each request pays for the code it enters.
+// growLocal extends the local table to hold slot. It runs only when a slot is
+// first seen (Register, or Decide through grow for every host it is given), so
+// book, prefillDone and release index the table directly: a slot they see was
+// booked by a Decide that grew the table to it, and the table never shrinks.
+// Out of line (noinline) so that no request's path carries the growth code:
+// each function entered costs a request (docs/performance.md).
 //
 //go:noinline
 func (r *Router) growLocal(slot int) {
@@ -390,6 +404,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 			hb, cached := req.Matched(t.Host)
 			t.PredictedCachedTokens = cached
+			if queried && hb > 0 {
+				t.stamp, t.stampRef = r.matches.Stamp(h.Slot), index.HostRef{Slot: h.Slot, Gen: h.Gen}
+			}
 			if learn {
 				t.predictedRaw = tokensIn(in, hb) // see Ticket.predictedRaw
 			}
@@ -400,9 +417,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 }
 
 // addRemote turns a host's own load counts into estimates of the whole
-// fleet's (see scorer.Host.LoadMirror). Out of Decide's line (noinline):
-// a gateway without peers never enters it, and in Wasm each request pays
-// for the code of the functions it enters.
+// fleet's (see scorer.Host.LoadMirror). Out of Decide's line (noinline): a
+// gateway without peers never enters it, and each function entered costs a
+// request (docs/performance.md).
 //
 //go:noinline
 func addRemote(h *scorer.Host) {
@@ -412,12 +429,12 @@ func addRemote(h *scorer.Host) {
 	h.PendingDecodeTokens = max(h.PendingDecodeTokens*int64(m)+h.RemoteDecodeTokens, h.PendingDecodeTokens)
 }
 
-// loadPin sets the request's PinnedAddress to the address the session
-// table holds for key ("" when none). It and pin are out of Decide's line
-// (noinline) because most requests carry no session key: in Wasm each
-// request pays for the code of the functions it enters, and these are
-// interface calls with strings. It stores the address itself rather than
-// returning it, so that Decide carries no string result and no store of it.
+// loadPin sets the request's PinnedAddress to the address the session table
+// holds for key ("" when none). It and pin are out of Decide's line (noinline)
+// because most requests carry no session key: each function entered costs a
+// request (docs/performance.md), and these are interface calls with strings.
+// It stores the address itself rather than returning it, so that Decide
+// carries no string result and no store of it.
 //
 //go:noinline
 func (r *Router) loadPin(key string) {
@@ -482,11 +499,11 @@ func (r *Router) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
 	*res = r.handler.Run(&r.req, hosts, r.scratch)
 }
 
-// holdDisaggregated books a prefill/decode split decision on t: the
-// prefill host computes the uncached prompt and holds its KV until the
-// transfer; the decode host receives the whole prompt. It is out of Decide
-// because most profiles never split: in Wasm each request pays for the
-// code of the functions it enters, so Decide keeps to the common path.
+// holdDisaggregated books a prefill/decode split decision on t: the prefill
+// host computes the uncached prompt and holds its KV until the transfer; the
+// decode host receives the whole prompt. It is out of Decide because most
+// profiles never split: each function entered costs a request
+// (docs/performance.md), so Decide keeps to the common path.
 func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, res *scorer.Result, queried bool) {
 	r.stats.Disaggregated++
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
@@ -497,6 +514,9 @@ func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, re
 	t.PrefillAddress = p.Address
 	pb, pcached := r.req.Matched(prefill)
 	t.PredictedCachedTokens = pcached
+	if queried && pb > 0 {
+		t.stamp, t.stampRef = r.matches.Stamp(p.Slot), index.HostRef{Slot: p.Slot, Gen: p.Gen}
+	}
 	if r.handler.Decode.TrustFeedback {
 		t.predictedRaw = tokensIn(in, pb) // see Ticket.predictedRaw
 	}
@@ -530,12 +550,12 @@ func tokensIn(in *Input, blocks int) int {
 	return int(int64(in.PromptTokens) * int64(min(blocks, len(in.Chain))) / int64(len(in.Chain)))
 }
 
-// book records in the index that h now holds the request's chain (as
-// far as it matched, with the query's matches) and counts the request's
-// load on h, keeping in hd, whose slot is -1 until then, what to take
-// back. One function for both, as every booked host gets both: in Wasm
-// each request pays for every function it enters. hd is filled in place
-// rather than returned: each return of a struct copies it.
+// book records in the index that h now holds the request's chain (as far as it
+// matched, with the query's matches) and counts the request's load on h,
+// keeping in hd, whose slot is -1 until then, what to take back. One function
+// for both, as every booked host gets both: each function entered costs a
+// request (docs/performance.md). hd is filled in place rather than returned:
+// each return of a struct copies it.
 func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, prefill, decode, kv int) {
 	if h.Slot < 0 {
 		return
@@ -679,12 +699,12 @@ func (r *Router) Release(t *Ticket) { r.end(t, -1, true) }
 // count, or a negative one when none was reported.
 func (r *Router) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, true) }
 
-// end is Feedback, Release and Finish in one function: the filter ends
-// each routed response with Finish, and in Wasm each response pays for the
-// functions it enters, so feedback and release are one function with one
+// end is Feedback, Release and Finish in one function: the filter ends each
+// routed response with Finish, and each function entered costs a response
+// (docs/performance.md), so feedback and release are one function with one
 // lock acquisition rather than two of each. The unlock is deferred: the
-// index's release can panic (shared data is a host call), and a lock left
-// held would deadlock the next Decide.
+// index's release can panic (shared data is a host call), and a lock left held
+// would deadlock the next Decide.
 func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -709,6 +729,9 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 		switch {
 		case t.PredictedCachedTokens > cachedTokens+slack:
 			r.stats.OverPredicted++
+			if r.correct && t.stamp.Blocks > 0 {
+				r.correctIndex(t, cachedTokens)
+			}
 		case t.PredictedCachedTokens+slack < cachedTokens:
 			r.stats.UnderPredicted++
 		}
@@ -719,6 +742,32 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	t.done = true
 	r.release(&t.prefill)
 	r.release(&t.decode)
+}
+
+// correctIndex tells the index that t's host held only cachedTokens of
+// the prefix it predicted (see Config.NoCorrect). Out of end's line
+// (noinline): most responses confirm their prediction.
+//
+//go:noinline
+func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
+	// One correction per host per stamp: a correction evicts what the
+	// host last used before its stamp, so a later over-prediction whose
+	// prediction is no newer (a hot prompt, refreshed at most once per
+	// Config.TouchAfterMs) finds nothing more to evict, and each
+	// correction costs three shared-data calls.
+	slot := t.stampRef.Slot
+	for slot >= len(r.corrected) {
+		r.corrected = append(r.corrected, index.MatchStamp{})
+	}
+	if last := r.corrected[slot]; last.Blocks != 0 && !t.stamp.After(last) {
+		return
+	}
+	r.corrected[slot] = t.stamp
+	hc := r.ix.Config().Hash
+	confirmed := hc.BlocksIn(cachedTokens * hc.CharsPerToken)
+	if _, err := r.ix.Correct(t.stampRef, t.stamp, confirmed); err != nil {
+		r.stats.IndexErrors++
+	}
 }
 
 // AppendExplain appends the one-line explanation of the last decision's

@@ -22,10 +22,10 @@ import (
 // address; a bucket keeps its memoryPerBucket newest entries, so prompts
 // that share their first 2 KB compete for one bucket's room, newest first.
 type sharedMemory struct {
-	st    index.Store
-	get   index.AppendGetter
-	buf   []byte
-	out   []byte
+	st  index.Store
+	get index.AppendGetter
+	buf []byte
+	out []byte
 	// read is what lookup read, for store to reuse (valid while key
 	// matches); cas is its CAS token.
 	key   string
