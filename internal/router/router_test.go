@@ -240,9 +240,9 @@ func TestPrefixMemory(t *testing.T) {
 	}
 }
 
-// With trustFeedback, a host whose predictions the engine keeps denying
-// has its predicted matches discounted.
-func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
+// trustHandler is a prefix-affinity profile with trustFeedback on.
+func trustHandler(t *testing.T) *scorer.Handler {
+	t.Helper()
 	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
 		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`))
 	if err != nil {
@@ -252,7 +252,13 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := New(Config{Handler: h, Index: newIndex(t), Seed: 1})
+	return h
+}
+
+// With trustFeedback, a host whose predictions the engine keeps denying
+// has its predicted matches discounted.
+func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
+	r := New(Config{Handler: trustHandler(t), Index: newIndex(t), Seed: 1})
 	hs := registered(t, r, 2)
 	in := &Input{PromptTokens: 1000, Chain: chain(5, 10)}
 	t0, _ := r.Decide(in, hs)
@@ -270,6 +276,35 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 		t.Fatalf("predicted %d cached tokens after 30 denials", tk.PredictedCachedTokens)
 	}
 	r.Release(&tk)
+}
+
+// A slot given to a new host (the old one left the candidate set) does
+// not carry the old host's learned trust: ForgetSlot drops it.
+func TestForgetSlotDropsTheOldHostsTrust(t *testing.T) {
+	ix := newIndex(t)
+	r := New(Config{Handler: trustHandler(t), Index: ix, Seed: 1})
+	old := registered(t, r, 1)
+	in := &Input{PromptTokens: 1000, Chain: chain(6, 10)}
+	for i := 0; i < 31; i++ {
+		tk, _ := r.Decide(in, old)
+		r.Feedback(&tk, 100) // the engine only ever had a tenth
+		r.Release(&tk)
+	}
+	if err := ix.Remove(old[0].Address); err != nil {
+		t.Fatal(err)
+	}
+	next := make([]scorer.Host, 1)
+	if err := r.Register("10.0.9.1:8000", &next[0]); err != nil || next[0].Slot != old[0].Slot {
+		t.Fatalf("the new host got slot %d (%v), want the freed %d", next[0].Slot, err, old[0].Slot)
+	}
+	r.ForgetSlot(next[0].Slot)
+	t0, _ := r.Decide(in, next)
+	r.Release(&t0)
+	tk, _ := r.Decide(in, next)
+	r.Release(&tk)
+	if tk.PredictedCachedTokens != 1000 {
+		t.Errorf("the new host's prediction is %d, want 1000: it inherited the old host's trust", tk.PredictedCachedTokens)
+	}
 }
 
 func TestPrefixMemoryTable(t *testing.T) {
