@@ -91,10 +91,17 @@ func endpointsJSON(addrs []string) string {
 // runs every worker VM.
 func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmhost.Host, string) {
 	t.Helper()
+	return startRouterConfig(t, addrs, workers, "{"+endpointsJSON(addrs)+cfg+"}")
+}
+
+// startRouterConfig is startRouter with the whole plugin configuration
+// given, its endpoints other than the cluster's addresses if need be.
+func startRouterConfig(t testing.TB, addrs []string, workers int, config string) (*wasmhost.Host, string) {
+	t.Helper()
 	h, err := wasmhost.New(context.Background(), wasmhost.Config{
 		Module: wasmModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
-			Configuration: "{" + endpointsJSON(addrs) + cfg + "}"}},
+			Configuration: config}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 	})
 	if err != nil {
