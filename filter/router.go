@@ -189,12 +189,15 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
 		}
 	}
-	ix, err := index.New(&sharedStore{emulated: emulatedHost}, index.Config{})
+	store := &sharedStore{emulated: emulatedHost}
+	ix, err := index.New(store, index.Config{})
 	if err != nil {
 		return nil, err
 	}
 	p.ix = ix
-	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix})
+	// Session pins and prefix memory in shared data too: every worker of
+	// the gateway routes a conversation's next turn alike (docs/topology.md).
+	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix, Shared: store})
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
@@ -224,6 +227,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 type candidate struct {
 	address, role, model string
 	adapters             []string
+	maxAdapters          int // adapter slots (0: unknown)
+	adapterSlotsUsed     int
 	healthy              bool
 	waiting, running     int
 	kvUsage              float64
@@ -269,6 +274,7 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 			role = scorer.RoleBoth
 		}
 		h.Role, h.Model, h.Adapters = role, c.model, c.adapters
+		h.MaxAdapters, h.AdapterSlotsUsed = c.maxAdapters, c.adapterSlotsUsed
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
@@ -438,7 +444,8 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
 		capacity := h.BlockSize * h.NumGPUBlocks // tokens
-		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
+		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters,
+			maxAdapters: h.MaxAdapters, adapterSlotsUsed: h.AdapterSlotsUsed, healthy: h.Healthy,
 			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
 			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
 	}
