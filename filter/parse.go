@@ -92,7 +92,7 @@ var (
 	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
 
 	// By field, from fieldMaxTokens on: built once, where an array
-	// literal in parse was built at each request.
+	// literal in parse would be built at each request.
 	errBadMaxTokens = [...]*requestError{maxTokensError("max_tokens"), maxTokensError("max_completion_tokens")}
 )
 
@@ -186,11 +186,10 @@ var requestFields = [...]string{
 	firstClientOnly + 3: "bootstrap_room",
 }
 
-// fieldOf returns the index of key in fields, or -1. The parser matches
-// keys with this one loop rather than with a comparison per key inlined
-// where it reads them: in Wasm a request pays for every byte of each
-// function it enters, and those copies made parse and chat kilobytes
-// larger.
+// fieldOf returns the index of key in fields, or -1. The parser matches keys
+// with this one loop rather than with a comparison per key inlined where it
+// reads them: each function entered costs a request (docs/performance.md), and
+// those copies would make parse and chat kilobytes larger.
 func fieldOf(key string, fields []string) int {
 	if uint(len(key)) >= 64 || fieldLengths>>len(key)&1 == 0 {
 		return -1 // no field of any list is that long
@@ -275,11 +274,10 @@ func (p *requestParser) withoutClientOnly(body []byte) []byte {
 	return p.dropClientOnly(body)
 }
 
-// dropClientOnly is withoutClientOnly for a body with client-only
-// members. It finds them by walking the members again, as parse did:
-// parse only counts them, so that the many bodies without any record no
-// member list (in Wasm every request pays for each byte of the functions
-// it enters, an append's included).
+// dropClientOnly is withoutClientOnly for a body with client-only members. It
+// finds them by walking the members again, as parse did: parse only counts
+// them, so that the many bodies without any record no member list (each
+// function entered costs a request: docs/performance.md).
 func (p *requestParser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
@@ -307,8 +305,8 @@ func (p *requestParser) dropClientOnly(body []byte) []byte {
 
 // parse validates body for kind and feeds its prompt to the hasher. r is
 // a named result so that it is built in place: with a local returned at
-// each of the dozen returns, each one copied the whole struct, and in Wasm
-// that was ~300 bytes of a function every request enters. For the same
+// each of the dozen returns, each one would copy the whole struct, ~300
+// bytes of Wasm in a function every request enters. For the same
 // reason what few requests send (a LoRA adapter, "user" and "cache_salt",
 // an endpoint to sniff, a prompt other than messages) is read out of line.
 func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *requestError) {
@@ -455,10 +453,10 @@ func (p *requestParser) notChat(kind apiKind, fields *[firstClientOnly][]byte) *
 	return p.prompt(fields[fieldPrompt], "prompt")
 }
 
-// scanError names why the validating pass rejected body: a failed pass
-// looks at UTF-8 again only to name the error as a separate utf8.Valid pass
-// would have. Out of parse (not inlined): in Wasm every request pays for
-// each byte of the functions it enters, and a valid body never comes here.
+// scanError names why the validating pass rejected body: a failed pass looks
+// at UTF-8 again only to name the error as a separate utf8.Valid pass would
+// have. Out of parse (not inlined): each function entered costs a request
+// (docs/performance.md), and a valid body never comes here.
 //
 //go:noinline
 func (p *requestParser) scanError(body []byte) *requestError {
@@ -502,7 +500,7 @@ func rawWholeNumber(v []byte) (int64, bool) {
 
 // parsedWholeNumber is rawWholeNumber for a number that is not a plain
 // integer: through gjson. Not inlined: gjson.ParseBytes and its result (ten
-// words passed by value) were ~250 bytes of rawWholeNumber, which every
+// words passed by value) would be ~250 bytes of rawWholeNumber, which every
 // request with a max_tokens enters.
 //
 //go:noinline
@@ -775,8 +773,8 @@ var messageFields = [...]string{
 // include_usage (one usage chunk at the end, usageAtEnd) and vLLM's
 // continuous_usage_stats (usage in every chunk, usageContinuous). Other
 // members and types are the engine's to judge. Out of parse's line
-// (noinline): few requests carry stream_options, and in Wasm each request
-// pays for every part of a function it enters.
+// (noinline): few requests carry stream_options, and each function entered
+// costs a request (docs/performance.md).
 //
 //go:noinline
 func (p *requestParser) streamUsage(obj []byte) (u uint8) {
@@ -801,10 +799,10 @@ const (
 	usageContinuous = 1 << 1
 )
 
-// messageRest is chat's reading of message i after the role, for a
-// message that is more than a role and a string content: a name, content
-// parts, tool calls. Out of chat: in Wasm a request pays for each byte of
-// the functions it enters, and most messages are a role and a string.
+// messageRest is chat's reading of message i after the role, for a message
+// that is more than a role and a string content: a name, content parts, tool
+// calls. Out of chat: each function entered costs a request
+// (docs/performance.md), and most messages are a role and a string.
 func (p *requestParser) messageRest(fields *[len(messageFields)][]byte, i int) *requestError {
 	name, content := fields[messageName], fields[messageContent]
 	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
@@ -859,10 +857,10 @@ var messageFaults = [...]struct{ field, format string }{
 	messageBadToolCalls: {".tool_calls", "'%s.tool_calls' must be an array"},
 }
 
-// messageError is the error of kind fault (see messageFaults) about
-// message i. Errors are built out of line, here and in partError, and
-// chat names each by a small number: in Wasm a request pays for every
-// byte of each function it enters, and chat reads every message.
+// messageError is the error of kind fault (see messageFaults) about message i.
+// Errors are built out of line, here and in partError, and chat names each by
+// a small number: each function entered costs a request (docs/performance.md),
+// and chat reads every message.
 func messageError(i, fault int) *requestError {
 	f := messageFaults[fault]
 	at := "messages[" + strconv.Itoa(i) + "]"

@@ -13,6 +13,7 @@ import (
 	"github.com/kvroute/kvroute/filter/config"
 	"github.com/kvroute/kvroute/filter/hostbuf"
 	"github.com/kvroute/kvroute/filter/quietbody"
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/scorer"
@@ -47,6 +48,26 @@ type routerPlugin struct {
 	// Per address, what this VM last applied to the index from pushed state.
 	capacity  map[string]int
 	clearedAt map[string]int64
+	// The slot table as this VM last applied its candidates to it
+	// (setHosts, syncSlots): pushed says they came from pushed state;
+	// syncHosts and refs are Sync's input and output, in hosts' order;
+	// slotSeq is the table's seq after; syncDue asks the tick for another
+	// Sync (departed slots still kept, or a failed write); departedAt times
+	// the kept departed slots' grace (slotFate), with fateNow and kept as
+	// one Sync's scratch; housekeptAt is the last housekeep.
+	pushed      bool
+	syncHosts   []index.SyncHost
+	refs        []index.HostRef
+	slotSeq     uint32
+	syncDue     bool
+	departedAt  map[index.HostRef]int64
+	fateNow     int64
+	kept        []departure
+	housekeptAt int64
+	// slotGens is, per slot, the generation of the host this worker last
+	// gave it to (0: none), so that a slot reassigned drops what the
+	// router learned about its previous host (Router.ForgetSlot).
+	slotGens [index.MaxSlots]uint32
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	dest       []byte
@@ -93,6 +114,7 @@ type routerStats struct {
 	badRequest, tooLarge, badMethod, notFound     metricCounter
 	parseErrors, staleState, fallbacksUsed        metricCounter
 	predictedCached, confirmedCached              metricCounter
+	promptTokens, feedbackPromptTokens            metricCounter
 	feedbackPredicted, predictionError            metricCounter
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
@@ -100,12 +122,20 @@ type routerStats struct {
 	stateOlder                                    metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved                           metricCounter
+	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
 }
 
 func counterMetric(name string) metricCounter {
-	return defineCounter("kvroute.router." + name)
+	return defineCounter(statnames.Router + name)
+}
+
+// rejectedCounter counts the requests the router answered itself with an
+// error, by reason (400 bad_request, 404 not_found, 405
+// method_not_allowed, 413 too_large).
+func rejectedCounter(reason string) metricCounter {
+	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
 
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
@@ -116,37 +146,41 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p := &routerPlugin{cfg: cfg, now: now, stepped: clock != nil, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
 		hostVal: make([]byte, hostValSize), born: now(), bornMono: monoNanos()}
 	p.stats = routerStats{
-		commonStats:         newCommonStats("router"),
-		routed:              counterMetric("requests.routed"),
-		noCandidate:         counterMetric("requests.no_candidate"),
-		failedOpen:          counterMetric("requests.failed_open"),
-		passThrough:         counterMetric("requests.pass_through"),
-		badRequest:          counterMetric("requests.rejected_400"),
-		tooLarge:            counterMetric("requests.rejected_413"),
-		badMethod:           counterMetric("requests.rejected_405"),
-		notFound:            counterMetric("requests.rejected_404"),
-		parseErrors:         counterMetric("parse_errors"),
-		staleState:          counterMetric("stale_state"),
-		fallbacksUsed:       counterMetric("fallbacks_used"),
-		predictedCached:     counterMetric("predicted_cached_tokens"),
-		confirmedCached:     counterMetric("confirmed_cached_tokens"),
-		feedbackPredicted:   counterMetric("feedback.predicted_cached_tokens"),
-		predictionError:     counterMetric("feedback.prediction_error_tokens"),
-		feedback:            counterMetric("feedback.responses"),
-		overPredicted:       counterMetric("feedback.over_predicted"),
-		underPredicted:      counterMetric("feedback.under_predicted"),
-		indexErrors:         counterMetric("index_errors"),
-		loadErrors:          counterMetric("load_errors"),
-		statePushes:         counterMetric("state.pushes"),
-		stateUnauthorized:   counterMetric("state.unauthorized"),
-		stateRejected:       counterMetric("state.rejected"),
-		stateOlder:          counterMetric("state.rejected_older"),
-		breakerOpened:       counterMetric("breaker.opened"),
-		disaggregated:       counterMetric("requests.disaggregated"),
-		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
-		decisionMicros:      defineHistogram("kvroute.router.decision_us"),
-		bodyMicros:          defineHistogram("kvroute.router.request_body_us"),
-		byProfile:           map[string]metricCounter{},
+		commonStats:          newCommonStats(statnames.Router),
+		routed:               counterMetric("requests.routed"),
+		noCandidate:          counterMetric("requests.no_candidate"),
+		failedOpen:           counterMetric("requests.failed_open"),
+		passThrough:          counterMetric("requests.pass_through"),
+		badRequest:           rejectedCounter("bad_request"),
+		tooLarge:             rejectedCounter("too_large"),
+		badMethod:            rejectedCounter("method_not_allowed"),
+		notFound:             rejectedCounter("not_found"),
+		parseErrors:          counterMetric("parse_errors"),
+		staleState:           counterMetric("stale_state"),
+		fallbacksUsed:        counterMetric("fallbacks_used"),
+		predictedCached:      counterMetric("predicted_cached_tokens"),
+		confirmedCached:      counterMetric("confirmed_cached_tokens"),
+		promptTokens:         counterMetric("prompt_tokens"),
+		feedbackPromptTokens: counterMetric("feedback.prompt_tokens"),
+		feedbackPredicted:    counterMetric("feedback.predicted_cached_tokens"),
+		predictionError:      counterMetric("feedback.prediction_error_tokens"),
+		feedback:             counterMetric("feedback.responses"),
+		overPredicted:        counterMetric("feedback.over_predicted"),
+		underPredicted:       counterMetric("feedback.under_predicted"),
+		indexErrors:          counterMetric("index_errors"),
+		loadErrors:           counterMetric("load_errors"),
+		statePushes:          counterMetric("state.pushes"),
+		stateUnauthorized:    counterMetric("state.unauthorized"),
+		stateRejected:        counterMetric("state.rejected"),
+		stateOlder:           counterMetric("state.rejected_older"),
+		breakerOpened:        counterMetric("breaker.opened"),
+		disaggregated:        counterMetric("requests.disaggregated"),
+		clientFieldsRemoved:  counterMetric("client_pd_fields_removed"),
+		slotsFreed:           counterMetric("host_slots.freed"),
+		slotsUnassigned:      counterMetric("host_slots.unassigned"),
+		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
+		bodyMicros:           defineHistogram(statnames.Router + "request_body_us"),
+		byProfile:            map[string]metricCounter{},
 	}
 	p.token = cfg.State.Token
 	if cfg.State.TokenEnv != "" {
@@ -155,12 +189,15 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
 		}
 	}
-	ix, err := index.New(&sharedStore{emulated: emulatedHost}, index.Config{})
+	store := &sharedStore{emulated: emulatedHost}
+	ix, err := index.New(store, index.Config{})
 	if err != nil {
 		return nil, err
 	}
 	p.ix = ix
-	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix})
+	// Session pins and prefix memory in shared data too: every worker of
+	// the gateway routes a conversation's next turn alike (docs/topology.md).
+	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix, Shared: store})
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
@@ -169,7 +206,13 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	for i, e := range cfg.Endpoints {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
 	}
-	p.setHosts(static)
+	p.departedAt = map[index.HostRef]int64{}
+	p.setHosts(static, false)
+	// The tick frees the slots of departed hosts and applies pushes off the
+	// request path (housekeep); admission, when on, sets a faster one.
+	if err := proxywasm.SetTickPeriodMilliSeconds(housekeepMs); err != nil {
+		proxywasm.LogWarnf("kvroute.router: setting the tick: %v (departed hosts' index slots are freed on pushes only)", err)
+	}
 	p.adm = newAdmitter(p)
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
@@ -184,38 +227,192 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 type candidate struct {
 	address, role, model string
 	adapters             []string
+	maxAdapters          int // adapter slots (0: unknown)
+	adapterSlotsUsed     int
 	healthy              bool
 	waiting, running     int
 	kvUsage              float64
 	blockCapacity        int
+	capacityTokens       int   // KV capacity in tokens (0: unknown)
+	clearedAtMs          int64 // when the engine last dropped its cache
 }
 
-// setHosts rebuilds the candidate slice, registering every address with the
-// index (which gives it a slot shared by all workers).
-func (p *routerPlugin) setHosts(cs []candidate) {
+// slotGraceMs is how long a host that left the pushed candidate set keeps
+// its index slot while the gateway still counts requests in flight on it
+// (long streams; or counts a dead worker never gave back). A slot with
+// nothing in flight is freed at once, and any departed slot is reused at
+// once when a new host needs one and the table is full.
+const slotGraceMs = 10 * 60 * 1000
+
+// housekeepMs is how often on_tick revisits the slot table: frees departed
+// slots whose requests ended, and takes back slots another worker's view
+// reassigned.
+const housekeepMs = 1000
+
+// setHosts makes cs the candidates, applying to the index only what
+// changed: one Sync of the slot table (one read, at most one write)
+// registers new addresses, applies capacities and clears, and, for pushed
+// state (pushed), frees the slots of hosts that left it. A push whose
+// addresses, capacities and clears are those already applied, the usual
+// push (only queue numbers move), touches no shared data beyond the slot
+// table's 8-byte stamp.
+func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 	hosts := make([]scorer.Host, 0, len(cs))
 	pos := make(map[string]int, len(cs))
+	changed := len(cs) != len(p.hosts) || pushed != p.pushed
+	p.syncHosts = p.syncHosts[:0]
 	for _, c := range cs {
-		var h scorer.Host
-		if err := p.rt.Register(c.address, &h); err != nil {
-			proxywasm.LogWarnf("kvroute.router: index slot for %s: %v (routed without prefix matches)", c.address, err)
-			h.Address, h.Slot = c.address, -1
+		h := scorer.Host{Address: c.address, Slot: -1}
+		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
+			o := &p.hosts[old]
+			h.Slot, h.Gen, h.LatencyEWMAMs = o.Slot, o.Gen, o.LatencyEWMAMs
+		} else {
+			changed = true
 		}
 		role, err := scorer.ParseRole(c.role)
 		if err != nil {
 			role = scorer.RoleBoth
 		}
 		h.Role, h.Model, h.Adapters = role, c.model, c.adapters
+		h.MaxAdapters, h.AdapterSlotsUsed = c.maxAdapters, c.adapterSlotsUsed
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
-		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
-			h.LatencyEWMAMs = p.hosts[old].LatencyEWMAMs
+		sh := index.SyncHost{Addr: c.address, CapacityTokens: -1}
+		if c.capacityTokens > 0 && p.capacity[c.address] != c.capacityTokens {
+			sh.CapacityTokens = c.capacityTokens
+			changed = true
 		}
+		if c.clearedAtMs > p.clearedAt[c.address] {
+			sh.Clear = true
+			changed = true
+		}
+		p.syncHosts = append(p.syncHosts, sh)
 		pos[c.address] = len(hosts)
 		hosts = append(hosts, h)
 	}
-	p.hosts, p.pos = hosts, pos
+	if changed {
+		for addr := range p.pos { // forget what was applied for departed hosts
+			if _, ok := pos[addr]; !ok {
+				delete(p.capacity, addr)
+				delete(p.clearedAt, addr)
+			}
+		}
+	}
+	p.hosts, p.pos, p.pushed = hosts, pos, pushed
+	if changed || p.syncDue || p.ix.SlotSeq() != p.slotSeq {
+		if p.syncSlots() {
+			for i, c := range cs {
+				if p.syncHosts[i].CapacityTokens >= 0 {
+					p.capacity[c.address] = c.capacityTokens
+				}
+				if p.syncHosts[i].Clear {
+					p.clearedAt[c.address] = c.clearedAtMs
+				}
+			}
+		}
+	}
+}
+
+// syncSlots applies p.syncHosts (the candidates, in p.hosts' order) to the
+// slot table and gives p.hosts their slots. It reports whether the table
+// holds them; on failure the hosts keep the slots they had (new ones get
+// none) and the next tick tries again.
+func (p *routerPlugin) syncSlots() bool {
+	var fate func(index.Departed) index.Fate
+	if p.pushed {
+		// Only pushed state speaks for the gateway's candidates: a router
+		// on static endpoints frees nothing (another plugin sharing the
+		// vm_id may route to the slots it does not know).
+		p.fateNow = p.now().UnixMilli()
+		p.kept = p.kept[:0]
+		fate = p.slotFate
+	}
+	refs, res, err := p.ix.Sync(p.syncHosts, p.refs, fate)
+	p.refs = refs
+	p.syncDue = res.Kept > 0 && p.pushed
+	if p.pushed {
+		p.forgetDepartures()
+	}
+	if res.Freed > 0 {
+		p.stats.slotsFreed.Increment(uint64(res.Freed))
+	}
+	if err != nil {
+		p.syncDue = true
+		proxywasm.LogWarnf("kvroute.router: updating the index's host slots: %v (hosts keep their slots; retried on the next tick)", err)
+	}
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		if r := refs[i]; err == nil || r.Slot >= 0 {
+			h.Slot, h.Gen = r.Slot, r.Gen
+		}
+		if h.Slot >= 0 && h.Slot < len(p.slotGens) && p.slotGens[h.Slot] != h.Gen {
+			// Another host than this worker last saw holds the slot: what
+			// the router learned about the previous one must not carry over.
+			if p.slotGens[h.Slot] != 0 {
+				p.rt.ForgetSlot(h.Slot)
+			}
+			p.slotGens[h.Slot] = h.Gen
+		}
+	}
+	if res.Unassigned > 0 {
+		p.stats.slotsUnassigned.Increment(uint64(res.Unassigned))
+		proxywasm.LogWarnf("kvroute.router: %d of %d hosts got no index slot (the index tracks %d hosts per gateway): they are routed without prefix matches or shared load counts", res.Unassigned, len(p.hosts), index.MaxSlots)
+	}
+	p.slotSeq = p.ix.SlotSeq()
+	return err == nil
+}
+
+// slotFate is what syncSlots does with the slot of a host that left the
+// pushed candidate set: free it once nothing is in flight on it, or after
+// slotGraceMs; meanwhile offer it to a new host that finds the table full.
+// The grace is timed from when this worker first saw the slot departed.
+func (p *routerPlugin) slotFate(d index.Departed) index.Fate {
+	if d.InFlight == 0 {
+		return index.FreeSlot
+	}
+	since, ok := p.departedAt[d.Ref]
+	if !ok {
+		since = p.fateNow
+	}
+	if p.fateNow-since >= slotGraceMs {
+		return index.FreeSlot
+	}
+	p.kept = append(p.kept, departure{d.Ref, since})
+	return index.ReuseSlot
+}
+
+// departure is a departed slot kept, and since when.
+type departure struct {
+	ref   index.HostRef
+	since int64
+}
+
+// forgetDepartures keeps in p.departedAt only the slots the last Sync kept.
+func (p *routerPlugin) forgetDepartures() {
+	clear(p.departedAt)
+	for _, d := range p.kept {
+		p.departedAt[d.ref] = d.since
+	}
+}
+
+// housekeep runs on the tick, at most every housekeepMs: it applies a push
+// another worker stored (off the request path), frees departed slots whose
+// requests have ended, and, when another worker rewrote the slot table,
+// checks this worker's slots against it.
+func (p *routerPlugin) housekeep() {
+	nowMs := p.now().UnixMilli()
+	if nowMs-p.housekeptAt < housekeepMs && nowMs >= p.housekeptAt {
+		return
+	}
+	p.housekeptAt = nowMs
+	p.refreshState()
+	if p.syncDue || p.ix.SlotSeq() != p.slotSeq {
+		for i := range p.syncHosts {
+			p.syncHosts[i].CapacityTokens, p.syncHosts[i].Clear = -1, false
+		}
+		p.syncSlots()
+	}
 }
 
 // refreshState picks up a state push made on any worker.
@@ -235,35 +432,28 @@ func (p *routerPlugin) applyState(gen uint64) {
 		p.stateGen = gen
 		return
 	}
+	p.applyPushed(gen, st)
+}
+
+// applyPushed makes st, the pushed state of generation gen, the
+// candidates: applyState's work once the state is read, which the worker
+// that received the push does with the state it just validated.
+func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	hc := p.ix.Config().Hash
 	tokensPerBlock := max(hc.BlockChars/max(hc.CharsPerToken, 1), 1)
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
 		capacity := h.BlockSize * h.NumGPUBlocks // tokens
-		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
-			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock}
+		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters,
+			maxAdapters: h.MaxAdapters, adapterSlotsUsed: h.AdapterSlotsUsed, healthy: h.Healthy,
+			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
+			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
 	}
-	p.setHosts(cs)
-	p.stateGen, p.stateTs = gen, st.TimestampMs
-	// Engine facts the index keeps for every worker: KV capacity (drives
+	// Engine facts the index keeps for every worker, KV capacity (drives
 	// eviction of the index's beliefs) and cache clears (AllBlocksCleared,
-	// restarts). Every worker applies them; both are idempotent.
-	for _, h := range st.Hosts {
-		ref, ok := p.ix.Lookup(h.Address)
-		if !ok {
-			continue
-		}
-		if capacity := h.BlockSize * h.NumGPUBlocks; capacity > 0 && p.capacity[h.Address] != capacity {
-			if err := p.ix.SetCapacity(ref, capacity); err == nil {
-				p.capacity[h.Address] = capacity
-			}
-		}
-		if h.ClearedAtMs > p.clearedAt[h.Address] {
-			if err := p.ix.Clear(ref); err == nil {
-				p.clearedAt[h.Address] = h.ClearedAtMs
-			}
-		}
-	}
+	// restarts), ride the same Sync; each worker applies a change once.
+	p.setHosts(cs, true)
+	p.stateGen, p.stateTs = gen, st.TimestampMs
 }
 
 // prepare refreshes per-decision host fields: pushed-state staleness and the
@@ -285,10 +475,10 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	}
 }
 
-// markOpenBreakers is prepare's per-host breaker lookup while some breaker
-// is open, out of line (noinline: inlined, its map lookups would be back in
-// prepare): in Wasm each request pays for every part of a function it
-// enters, and breakers are nearly always all closed.
+// markOpenBreakers is prepare's per-host breaker lookup while some breaker is
+// open, out of line (noinline: inlined, its map lookups would be back in
+// prepare): each function entered costs a request (docs/performance.md), and
+// breakers are nearly always all closed.
 //
 //go:noinline
 func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
@@ -299,10 +489,10 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	}
 }
 
-// syncStats turns the index's and the router's cumulative counters into
-// metric increments. One loop over arrays rather than eight inlined copies
-// of the test and the call: in Wasm each request pays for the code it
-// enters.
+// syncStats turns the index's and the router's cumulative counters into metric
+// increments. One loop over arrays rather than eight inlined copies of the
+// test and the call: each function entered costs a request
+// (docs/performance.md).
 func (p *routerPlugin) syncStats() {
 	rs := p.rt.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
@@ -324,13 +514,13 @@ func (p *routerPlugin) profileCounter(name string) metricCounter {
 	return p.switchProfile(name)
 }
 
-// switchProfile looks up (or defines) the counter of a profile other than
-// the last one. Out of line: one profile serves most requests, and in Wasm
-// each request pays for every part of a function it enters.
+// switchProfile looks up (or defines) the counter of a profile other than the
+// last one. Out of line: one profile serves most requests, and each function
+// entered costs a request (docs/performance.md).
 func (p *routerPlugin) switchProfile(name string) metricCounter {
 	c, ok := p.byProfile(name)
 	if !ok {
-		c = counterMetric("profile." + name + ".requests")
+		c = defineCounter(statnames.Tagged(statnames.Router+"profile.", statnames.TagProfile, name, "requests"))
 		p.stats.byProfile[name] = c
 	}
 	p.lastProfile, p.lastProfileCounter = name, c
@@ -389,13 +579,13 @@ func (p *routerPlugin) byProfile(name string) (metricCounter, bool) {
 const streamSlab = 16
 
 // newStream hands out the next stream of a slab allocated streamSlab at a
-// time: one allocation per 16 streams instead of one each, so that the
-// context creation of a typical request enters none of the allocator's
-// code (in Wasm each request pays for every function it enters). A stream
-// is never handed out twice, so nothing that still holds one (admission's
-// queues, a late callback) can see it reused; a slab's memory (about 7 KB)
-// goes when none of its streams is referenced any more, so a long stream
-// keeps at most 15 finished ones' worth alive.
+// time: one allocation per 16 streams instead of one each, so that the context
+// creation of a typical request enters none of the allocator's code (each
+// function entered costs a request: docs/performance.md). A stream is never
+// handed out twice, so nothing that still holds one (admission's queues, a
+// late callback) can see it reused; a slab's memory (about 7 KB) goes when
+// none of its streams is referenced any more, so a long stream keeps at most
+// 15 finished ones' worth alive.
 func (p *routerPlugin) newStream(id uint32) types.HttpContext {
 	if len(p.streams) == 0 {
 		p.newSlab()
@@ -417,6 +607,7 @@ func (p *routerPlugin) newSlab() {
 func (p *routerPlugin) onTick() {
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
 	p.adm.tick()
+	p.housekeep()
 }
 
 func (p *routerPlugin) isInference(path string) bool {
@@ -476,7 +667,10 @@ type routerStream struct {
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
-	tail        tailBuf // end of the previous response chunk, for fields split across chunks
+	// promptTokens is the router's estimate of the prompt's length, for
+	// the hit-ratio counters (prompt_tokens, feedback.prompt_tokens).
+	promptTokens int
+	tail         tailBuf // end of the previous response chunk, for fields split across chunks
 }
 
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
@@ -563,9 +757,9 @@ func pathOnly(path string) string {
 }
 
 // decimal reads a header's unsigned decimal number of up to 18 digits
-// (content-length, :status). The header paths read it with this loop
-// rather than strconv: in Wasm, where each request pays for the code it
-// enters, ParseInt is three more functions for three digits.
+// (content-length, :status). The header paths read it with this loop rather
+// than strconv: where each function entered costs a request
+// (docs/performance.md), ParseInt is three more functions for three digits.
 func decimal(v string) (int64, bool) {
 	if len(v) == 0 || len(v) > 18 {
 		return 0, false
@@ -580,10 +774,10 @@ func decimal(v string) (int64, bool) {
 	return n, true
 }
 
-// otherPath passes a request for a path the router does not route, or
-// answers 404 (rejectOtherPaths). It and badMethod are kept out of
-// OnHttpRequestHeaders so that the code every routed request runs stays
-// small: in Wasm a request pays for each part of a function it touches.
+// otherPath passes a request for a path the router does not route, or answers
+// 404 (rejectOtherPaths). It and badMethod are kept out of
+// OnHttpRequestHeaders so that the code every routed request runs stays small:
+// each function entered costs a request (docs/performance.md).
 func (s *routerStream) otherPath() types.Action {
 	p := s.plugin
 	if p.cfg.RejectOtherPaths {
@@ -602,8 +796,7 @@ func (s *routerStream) badMethod(path string) types.Action {
 
 // readBody reads the request body into p.bodyBuf (lent to the ABI bridge,
 // see filter/hostbuf) instead of a fresh allocation per request: in Wasm the
-// allocation, not the copy, was most of the read (about 70 of 75 µs for a
-// 32 KB body on wazero). The result is valid until the next readBody: the
+// allocation, not the copy, is most of the read. The result is valid until the next readBody: the
 // parser copies what outlives the callback (model, user), the hasher
 // consumes the prompt, and the forwarded body is rewritten into its own
 // buffer.
@@ -645,10 +838,10 @@ func (p *routerPlugin) sdkReadBuffer(n int, get func(start, maxSize int) ([]byte
 	return b, err
 }
 
-// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than
-// maxBodyBytes (the buffer never grows past it). Out of readBuffer's line
-// (noinline): it grows only until the largest body has been seen, and in
-// Wasm each request pays for every part of a function it enters.
+// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than maxBodyBytes
+// (the buffer never grows past it). Out of readBuffer's line (noinline): it
+// grows only until the largest body has been seen, and each function entered
+// costs a request (docs/performance.md).
 //
 //go:noinline
 func (p *routerPlugin) growBodyBuf(n int) bool {
@@ -660,9 +853,9 @@ func (p *routerPlugin) growBodyBuf(n int) bool {
 }
 
 // emptyBody and bodyTooLarge reject an inference request for its body. They
-// are kept out of the header and body callbacks so that the code every
-// routed request enters stays small (in Wasm a request pays for each part of
-// a function it touches).
+// are kept out of the header and body callbacks so that the code every routed
+// request enters stays small (each function entered costs a request:
+// docs/performance.md).
 func (s *routerStream) emptyBody() types.Action {
 	s.plugin.stats.badRequest.Increment(1)
 	return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
@@ -728,7 +921,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	in := router.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
-		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
+		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher, PromptChars: p.parser.hasher.Len(),
 	}
 	s.streamed = req.Stream
 	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
@@ -743,8 +936,8 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 }
 
 // unreadableBody fails a request open when its body cannot be read. Out of
-// line: the log call's argument is boxed in place, and in Wasm every
-// request pays for every part of a function it enters.
+// line: the log call's argument is boxed in place, and each function entered
+// costs a request (docs/performance.md).
 func (s *routerStream) unreadableBody(err error) types.Action {
 	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
 	s.failOpen()
@@ -816,6 +1009,7 @@ func (s *routerStream) decide(in *router.Input) {
 	p.ix.UnpinClock()
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
+	s.promptTokens = in.PromptTokens
 	// No defer: route cannot panic short of a bug, which the callback's
 	// guard catches, and syncStats catches up with the counters next time.
 	s.route(&res, nowMs)
@@ -862,6 +1056,9 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 	if t.PredictedCachedTokens > 0 {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
 	}
+	if s.promptTokens > 0 {
+		p.stats.promptTokens.Increment(uint64(s.promptTokens))
+	}
 	if cfg.DebugHeader != "" {
 		s.explain(res, t.PredictedCachedTokens)
 	}
@@ -869,9 +1066,8 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 
 // optionalHeaders writes the request headers a decision adds only in some
 // deployments: the prefill host of a disaggregated decision and the ORCA
-// format request. Out of route's line: in Wasm each request pays for every
-// part of a function it enters, and the default configuration needs
-// neither.
+// format request. Out of route's line: each function entered costs a request
+// (docs/performance.md), and the default configuration needs neither.
 func (s *routerStream) optionalHeaders(disaggregated bool) {
 	if addr := s.ticket.PrefillAddress; disaggregated && addr != "" {
 		// kvroute.pd (after the router in the chain) prefills there.
@@ -882,10 +1078,10 @@ func (s *routerStream) optionalHeaders(disaggregated bool) {
 	}
 }
 
-// destinationFailed logs a destination header the host would not take. Out
-// of line, like every rare branch of the request path: in Wasm each request
-// pays for every part of a function it enters, and a log call's arguments
-// are boxed into interfaces in place (hence noinline).
+// destinationFailed logs a destination header the host would not take. Out of
+// line, like every rare branch of the request path: each function entered
+// costs a request (docs/performance.md), and a log call's arguments are boxed
+// into interfaces in place (hence noinline).
 //
 //go:noinline
 func (p *routerPlugin) destinationFailed(err error) {
@@ -968,8 +1164,8 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 }
 
 // The response path's rare branches live in their own functions so that
-// OnHttpResponseHeaders stays small: in Wasm each request pays for every
-// part of a function it enters, taken or not.
+// OnHttpResponseHeaders stays small: each function entered costs a request
+// (docs/performance.md).
 
 // fellBack records that override_host moved on from primary to served: the
 // primary refused the connection.
@@ -1131,6 +1327,12 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 		if chunk, err := p.readBuffer(bodySize, bufferResponseBody, proxywasm.GetHttpResponseBody); err == nil {
 			if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
 				s.cached, s.feedbackSet = n, true
+				// The same usage object's prompt_tokens, when the chunk
+				// holds it and the router samples this request: the
+				// model's characters per token.
+				if s.ticket.SampleUsage() {
+					s.ticket.EnginePromptTokens, _ = lastNumber(chunk, promptTokensKey)
+				}
 			}
 			if !endOfStream {
 				s.tail.keep(chunk)
@@ -1176,18 +1378,21 @@ func (s *routerStream) finish() {
 	cached := -1 // Finish's "no feedback"
 	if s.feedbackSet {
 		cached = s.cached
+		if s.promptTokens > 0 {
+			p.stats.feedbackPromptTokens.Increment(uint64(s.promptTokens))
+		}
 	}
 	p.rt.Finish(&s.ticket, cached)
 	p.syncStats()
 }
 
-// OnHttpStreamDone ends what the stream still holds: an admission place,
-// and for a routed response that ended without its last body chunk, the
-// feedback and load that finish gives back. A stream finish already ended,
-// as nearly every routed one is, leaves nothing to do: the callback then
-// enters no other function, and the guard (a deferred recover) sits in
-// streamDone with the work it protects. In Wasm each request pays for
-// every function it enters.
+// OnHttpStreamDone ends what the stream still holds: an admission place, and
+// for a routed response that ended without its last body chunk, the feedback
+// and load that finish gives back. A stream finish already ended, as nearly
+// every routed one is, leaves nothing to do: the callback then enters no other
+// function, and the guard (a deferred recover) sits in streamDone with the
+// work it protects. Each function entered costs a request
+// (docs/performance.md).
 func (s *routerStream) OnHttpStreamDone() {
 	if s.plugin.adm != nil || s.decided && !s.finished {
 		s.streamDone()
@@ -1227,12 +1432,27 @@ const tailKeep = 64
 // value found in chunk is the last one (a value across the seam starts
 // before it), so the seam is looked at only when chunk has none.
 func cachedTokens(tail, chunk []byte) (val int, found bool) {
-	for b := chunk; ; {
-		i := indexBytes(b, cachedTokensKey)
+	val, found = lastNumber(chunk, cachedTokensKey)
+	if !found && len(tail) > 0 {
+		return seamCachedTokens(tail, chunk)
+	}
+	return val, found
+}
+
+// promptTokensKey is usage.prompt_tokens (the quote after the name keeps
+// prompt_tokens_details out).
+var promptTokensKey = []byte(`"prompt_tokens":`)
+
+// lastNumber finds the last complete value of key in b: a run of up to 18
+// digits after the key (and optional spaces) that something other than a
+// digit follows.
+func lastNumber(b, key []byte) (val int, found bool) {
+	for {
+		i := indexBytes(b, key)
 		if i < 0 {
-			break
+			return val, found
 		}
-		b = b[i+len(cachedTokensKey):]
+		b = b[i+len(key):]
 		j := 0
 		for j < len(b) && b[j] == ' ' {
 			j++
@@ -1246,16 +1466,12 @@ func cachedTokens(tail, chunk []byte) (val int, found bool) {
 			found, val = true, n
 		}
 	}
-	if !found && len(tail) > 0 {
-		return seamCachedTokens(tail, chunk)
-	}
-	return val, found
 }
 
-// seamCachedTokens finds a cached_tokens value across the seam of two
-// chunks: in tail joined with the head of chunk. Out of line (noinline):
-// only a stream whose usage is split across chunks needs it, and in Wasm
-// each response pays for every part of a function it enters.
+// seamCachedTokens finds a cached_tokens value across the seam of two chunks:
+// in tail joined with the head of chunk. Out of line (noinline): only a stream
+// whose usage is split across chunks needs it, and each function entered costs
+// a response (docs/performance.md).
 //
 //go:noinline
 func seamCachedTokens(tail, chunk []byte) (int, bool) {
@@ -1274,9 +1490,9 @@ type tailBuf struct {
 
 func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
 
-// keep replaces the tail with the end of chunk. Out of line (noinline):
-// only a response in several chunks keeps a tail, and in Wasm each
-// response pays for every part of a function it enters.
+// keep replaces the tail with the end of chunk. Out of line (noinline): only a
+// response in several chunks keeps a tail, and each function entered costs a
+// response (docs/performance.md).
 //
 //go:noinline
 func (t *tailBuf) keep(chunk []byte) {

@@ -12,6 +12,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
 )
 
@@ -20,7 +21,7 @@ const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10
 // newHost starts an emulated plugin with root id rootID and configuration cfg
 // and fails the test unless start returns want. It returns the router plugin
 // when one started.
-func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
+func newHost(t testing.TB, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
 	t.Helper()
 	var started *routerPlugin
 	routerStarted = func(p *routerPlugin) { started = p }
@@ -104,7 +105,7 @@ func TestRouterRoundRobinWithFallbacks(t *testing.T) {
 	if got := counter(t, host, "kvroute.router.requests.routed"); got != 6 {
 		t.Errorf("routed = %d, want 6", got)
 	}
-	if got := counter(t, host, "kvroute.router.profile.round_robin.requests"); got != 6 {
+	if got := counter(t, host, statnames.Tagged(statnames.Router+"profile.", statnames.TagProfile, "round_robin", "requests")); got != 6 {
 		t.Errorf("profile counter = %d, want 6", got)
 	}
 }
@@ -480,17 +481,7 @@ func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
 	if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
 		t.Fatalf("push: %+v", r)
 	}
-	respond := func(id uint32) string {
-		d := destination(host, id)
-		status := "200"
-		if d == broken {
-			status = "503"
-		}
-		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
-		host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
-		host.CompleteHttpContext(id)
-		return d
-	}
+	respond := func(id uint32) string { return answer(host, id, broken) }
 	for i := 0; i < 12; i++ { // the broken host fails twice: its breaker opens
 		id, _ := post(host, completion)
 		respond(id)
@@ -753,16 +744,7 @@ func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	t.Cleanup(func() { clock = nil })
 	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
 	bad := "10.0.0.2:8000"
-	respond := func(id uint32) {
-		d := destination(host, id)
-		status := "200"
-		if d == bad {
-			status = "503"
-		}
-		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
-		host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
-		host.CompleteHttpContext(id)
-	}
+	respond := func(id uint32) { answer(host, id, bad) }
 	sentToBad := 0
 	for i := 0; i < 12; i++ {
 		id, _ := post(host, completion)
@@ -990,4 +972,28 @@ func TestDebugHeaderShowsIndexMatches(t *testing.T) {
 	if strings.Contains(second, "system prompt") {
 		t.Fatalf("debug header carries prompt text: %q", second)
 	}
+}
+
+// TestUsageCalibratesCharsPerToken: the engine's usage.prompt_tokens,
+// read from the same usage object as cached_tokens, teaches the router the
+// model's characters per token: an engine counting half the tokens the
+// index estimates makes the next request of that model count half.
+func TestUsageCalibratesCharsPerToken(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	prompt := `{"model":"m","max_tokens":16,"prompt":"` + strings.Repeat("You are a helpful assistant. ", 40) + `"}`
+	id, _ := post(host, prompt)
+	est := counter(t, host, "kvroute.router.prompt_tokens")
+	if est < 100 {
+		t.Fatalf("estimated %d prompt tokens", est)
+	}
+	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	usage := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":0}}}`, est/2, est/2+1)
+	host.CallOnResponseBody(id, []byte(usage), true)
+	host.CompleteHttpContext(id)
+	id, _ = post(host, prompt)
+	second := counter(t, host, "kvroute.router.prompt_tokens") - est
+	if second < est/2-2 || second > est/2+2 {
+		t.Errorf("after the engine counted %d of the %d estimated tokens, the next request counts %d, want about %d", est/2, est, second, est/2)
+	}
+	host.CompleteHttpContext(id)
 }

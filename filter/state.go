@@ -87,12 +87,14 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 }
 
 func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
-	at := fmt.Sprintf("hosts[%d]", i)
+	at := hostAt(i)
 	var host snapshot.Host
 	if !h.IsObject() {
 		return host, fmt.Errorf("%s: must be an object", at)
 	}
-	addr := h.Get("address")
+	var m objectMembers
+	m.read(h)
+	addr := m.get("address")
 	if addr.Type != gjson.String {
 		return host, fmt.Errorf("%s.address: must be a host:port string", at)
 	}
@@ -100,7 +102,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		return host, fmt.Errorf("%s.address: %v", at, err)
 	}
 	host.Address = addr.Str
-	switch role := h.Get("role"); {
+	switch role := m.get("role"); {
 	case !role.Exists() || role.Str == "":
 		host.Role = config.RoleBoth
 	case role.Str == config.RoleBoth || role.Str == config.RolePrefill || role.Str == config.RoleDecode:
@@ -108,13 +110,13 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 	default:
 		return host, fmt.Errorf("%s.role: %q is not prefill, decode or both", at, role.Str)
 	}
-	if m := h.Get("model"); m.Exists() {
+	if m := m.get("model"); m.Exists() {
 		if m.Type != gjson.String {
 			return host, fmt.Errorf("%s.model: must be a string", at)
 		}
 		host.Model = m.Str
 	}
-	if a := h.Get("adapters"); a.Exists() && a.Type != gjson.Null {
+	if a := m.get("adapters"); a.Exists() && a.Type != gjson.Null {
 		if !a.IsArray() {
 			return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
 		}
@@ -125,7 +127,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 			host.Adapters = append(host.Adapters, x.Str)
 		}
 	}
-	healthy := h.Get("healthy")
+	healthy := m.get("healthy")
 	if healthy.Exists() && healthy.Type != gjson.True && healthy.Type != gjson.False {
 		return host, fmt.Errorf("%s.healthy: must be a boolean", at)
 	}
@@ -133,9 +135,10 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 	ints := []struct {
 		name string
 		dst  *int
-	}{{"waiting", &host.Waiting}, {"running", &host.Running}, {"blockSize", &host.BlockSize}, {"numGpuBlocks", &host.NumGPUBlocks}, {"cachedBlocks", &host.CachedBlocks}}
+	}{{"waiting", &host.Waiting}, {"running", &host.Running}, {"blockSize", &host.BlockSize}, {"numGpuBlocks", &host.NumGPUBlocks}, {"cachedBlocks", &host.CachedBlocks},
+		{"maxAdapters", &host.MaxAdapters}, {"adapterSlotsUsed", &host.AdapterSlotsUsed}}
 	for _, f := range ints {
-		v := h.Get(f.name)
+		v := m.get(f.name)
 		if !v.Exists() {
 			continue
 		}
@@ -145,7 +148,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		}
 		*f.dst = int(n)
 	}
-	if v := h.Get("kvUsage"); v.Exists() {
+	if v := m.get("kvUsage"); v.Exists() {
 		if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
 			return host, fmt.Errorf("%s.kvUsage: must be a number from 0 to 1", at)
 		}
@@ -155,7 +158,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		name string
 		dst  *int64
 	}{{"clearedAtMs", &host.ClearedAtMs}, {"scrapedAtMs", &host.ScrapedAtMs}} {
-		if v := h.Get(f.name); v.Exists() {
+		if v := m.get(f.name); v.Exists() {
 			ms, ok := unixMs(v)
 			if !ok || ms < 0 {
 				return host, fmt.Errorf("%s.%s: must be a whole Unix time in milliseconds", at, f.name)
@@ -164,6 +167,48 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		}
 	}
 	return host, nil
+}
+
+// hostAt names hosts[i] in an error, formatted only when there is one.
+type hostAt int
+
+func (i hostAt) String() string { return "hosts[" + strconv.Itoa(int(i)) + "]" }
+
+// objectMembers holds an object's members as read in one pass: a push carries
+// about ten fields per host, and gjson's Get scans the object again for
+// each, which made decoding a 1,000-host push several times slower.
+type objectMembers struct {
+	obj   gjson.Result
+	n     int
+	over  bool // more members than fit: get falls back to Get
+	names [16]string
+	vals  [16]gjson.Result
+}
+
+func (m *objectMembers) read(obj gjson.Result) {
+	m.obj = obj
+	obj.ForEach(func(k, v gjson.Result) bool {
+		if m.n == len(m.names) {
+			m.over = true
+			return false
+		}
+		m.names[m.n], m.vals[m.n] = k.Str, v
+		m.n++
+		return true
+	})
+}
+
+// get is Get on the object: the first member named name.
+func (m *objectMembers) get(name string) gjson.Result {
+	for i := 0; i < m.n; i++ {
+		if m.names[i] == name {
+			return m.vals[i]
+		}
+	}
+	if m.over {
+		return m.obj.Get(name)
+	}
+	return gjson.Result{}
 }
 
 // maxUnixMs bounds the timestamps a push may carry: 2^53 ms (year
@@ -364,7 +409,7 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 		return s.reject(&requestError{Status: 503, Message: "could not store the state; retry"})
 	}
 	p.stats.statePushes.Increment(1)
-	p.refreshState()
+	p.applyPushed(gen, st) // validated above: no second decode
 	reply := []byte(`{"accepted":true,"generation":`)
 	reply = strconv.AppendUint(reply, gen, 10)
 	reply = append(reply, `,"hosts":`...)

@@ -33,7 +33,7 @@ type HashConfig struct {
 	CharsPerToken int
 }
 
-// Defaults, chosen from BenchmarkBlockSize (see the README's Index section).
+// Defaults, chosen with BenchmarkLayout (docs/index.md, "Default block size").
 const (
 	DefaultBlockChars    = 256
 	DefaultLevelBlocks   = 32
@@ -58,6 +58,27 @@ func (c HashConfig) withDefaults() HashConfig {
 		c.CharsPerToken = DefaultCharsPerToken
 	}
 	return c
+}
+
+// WithDefaults returns c with its zero fields set to the defaults, as the
+// index and the Hasher use it.
+func (c HashConfig) WithDefaults() HashConfig { return c.withDefaults() }
+
+// BlockSizeAt returns the canonical byte length of block i of a chain.
+func (c HashConfig) BlockSizeAt(i int) int { return c.withDefaults().blockSize(i) }
+
+// BlocksIn returns how many leading blocks of a chain lie wholly within
+// its first chars canonical bytes: the depth a prefix of that length
+// reaches (a count of cached tokens times the characters per token, say).
+func (c HashConfig) BlocksIn(chars int) int {
+	c = c.withDefaults()
+	n := 0
+	for end := 0; ; n++ {
+		end += c.blockSize(n)
+		if end > chars || n >= 1<<20 {
+			return n
+		}
+	}
 }
 
 // blockSize returns the byte length of block i.
@@ -319,7 +340,8 @@ func (h *Hasher) writeString(s string) {
 // Reset, element and writeString, which a request enters for every element
 // and block: in Go's Wasm port an append is ~170 instructions (the call
 // that grows the array, the write barrier that stores it, the copy), and
-// each one inlined where it is used was code a request paid for. Two
+// each one inlined where it is used would be code every request enters
+// (docs/performance.md). Two
 // pieces in one call: an element is its header and its text, and a seed
 // string its length and its bytes.
 //

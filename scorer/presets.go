@@ -32,7 +32,7 @@ var presetConfigs = map[string]string{
 		"scorers": [{"plugin": "session_affinity", "weight": 1}],
 		"picker": "rr_ties", "allowHotspot": true}}}`,
 	// kvroute's default; tuned on the shared Mooncake trace with the fleet
-	// simulator (README, "Routing strategies", explains every knob).
+	// simulator (docs/strategies.md explains every knob).
 	"kv_cache_aware": `{
 		"plugins": [
 		  {"name": "guard", "type": "load_guard",
@@ -45,8 +45,9 @@ var presetConfigs = map[string]string{
 		            {"plugin": "cost", "weight": 3},
 		            {"plugin": "kv_utilization", "weight": 1.5},
 		            {"plugin": "prefix_memory", "weight": 1.5},
-		            {"plugin": "session_affinity", "weight": 1.5}],
-		"picker": "max_score"}}}`,
+		            {"plugin": "session_affinity", "weight": 1.5},
+		            {"plugin": "lora_affinity", "weight": 3}],
+		"picker": "max_score", "correctIndex": true}}}`,
 	"sglang_cache_aware": `{"profiles": {"sglang_cache_aware": {
 		"filters": ["healthy", "role", "model"], "picker": "sglang_cache_aware"}}}`,
 	// GIE / llm-d default scheduling profile: prefix-cache-scorer 3,

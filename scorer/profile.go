@@ -7,6 +7,11 @@ type WeightedScorer struct {
 	Name   string // instance name, for explanations
 	Scorer Scorer
 	Weight float64
+	// adapterOnly marks a scorer that tells hosts apart only for requests
+	// naming a LoRA adapter (lora_affinity): run skips it, weight
+	// included, for the others, so a profile with it decides every
+	// base-model request exactly as it would without it, at no cost.
+	adapterOnly bool
 }
 
 // Profile is one filters → weighted scorers → picker pipeline. It is
@@ -30,6 +35,12 @@ type Profile struct {
 	// (cached_tokens): an index that over-believes a host stops pulling
 	// traffic there. Peer emulations leave it off; they have no such loop.
 	TrustFeedback bool
+	// CorrectIndex asks the router to correct the index when an engine
+	// confirms fewer cached tokens than predicted (index.Correct): the
+	// host's least recently used blocks, up to the shortfall, stop
+	// counting. kvroute's default profile sets it; peer emulations leave it
+	// off, as their routers have no such loop.
+	CorrectIndex bool
 
 	// screen stands for the leading per-host filters (see screen); the
 	// builder prepares it.
@@ -102,7 +113,7 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 	var wsum float64
 	for i, ws := range p.Scorers {
 		raw := s.raw[i]
-		if len(cand) == 0 {
+		if len(cand) == 0 || ws.adapterOnly && req.Adapter == "" {
 			continue
 		}
 		ws.Scorer.Score(c, cand, raw)
@@ -212,6 +223,29 @@ func (h *Handler) ReadsLatency() bool {
 	return false
 }
 
+// CorrectIndex reports whether a profile of h asks for the index to be
+// corrected by the engines' cached_tokens (Profile.CorrectIndex).
+func (h *Handler) CorrectIndex() bool {
+	return h.Decode.CorrectIndex || h.Prefill != nil && h.Prefill.CorrectIndex
+}
+
+// ReadsPrefixMemory reports whether a profile of h scores hosts by the
+// router's prefix memory (Request.PrefixAddress): without a prefix_memory
+// scorer the router neither looks it up nor stores to it.
+func (h *Handler) ReadsPrefixMemory() bool {
+	for _, prof := range [...]*Profile{h.Decode, h.Prefill} {
+		if prof == nil {
+			continue
+		}
+		for _, ws := range prof.Scorers {
+			if a, ok := ws.Scorer.(*addressScorer); ok && a.memory {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Picks is the primary plus fallbacks each profile picks: MaxPicks, or 3
 // when unset.
 func (h *Handler) Picks() int {
@@ -221,9 +255,9 @@ func (h *Handler) Picks() int {
 	return h.MaxPicks
 }
 
-// runDisaggregated is Run with a prefill profile. It is a function of its
-// own so that Run stays small for the common single-profile handler: in
-// Wasm each request pays for the code of the functions it enters.
+// runDisaggregated is Run with a prefill profile. It is a function of its own
+// so that Run stays small for the common single-profile handler: each function
+// entered costs a request (docs/performance.md).
 func (h *Handler) runDisaggregated(req *Request, hosts []Host, maxPicks int, s *Scratch) Result {
 	var r Result
 	r.Decode = h.Decode.run(req, hosts, maxPicks, RoleDecode, s)

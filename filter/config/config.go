@@ -29,7 +29,7 @@ import (
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// Defaults. They are also what the README's configuration reference lists.
+// Defaults. They are also what docs/configuration.md lists.
 const (
 	DefaultDestinationHeader = "x-gateway-destination-endpoint"
 	DefaultStrategy          = "kv_cache_aware"

@@ -27,6 +27,9 @@ type Report struct {
 	Seed      uint64  `json:"seed"`
 	// Mode is "simulated" (virtual-time fleet) or "live" (real HTTP).
 	Mode string `json:"mode,omitempty"`
+	// Gateways and Workers are the simulated topology (0: one of each).
+	Gateways int `json:"gateways,omitempty"`
+	Workers  int `json:"workers,omitempty"`
 	// CacheState is how the routers learn the engines' caches:
 	// "approximate" (from their own routing and the engines' cached_tokens)
 	// or "precise" (the engines' KV events as well).

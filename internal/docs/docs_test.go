@@ -249,6 +249,54 @@ func TestNoFileNarratesDevelopmentHistory(t *testing.T) {
 	}
 }
 
+// costModelRestated finds a comment restating the Wasm cost model (that a
+// request in Wasm is charged for every function it enters), which
+// docs/performance.md states once; comments point there instead.
+var costModelRestated = regexp.MustCompile(`(?i)in wasm,? (?:where )?(?:each|every|a) (?:request|response) ` + "pays" + ` for`)
+
+// commentWrap joins wrapped // comments so that a phrase split over two
+// lines is found.
+var commentWrap = regexp.MustCompile(`\n\s*//\s*`)
+
+func TestCommentsPointAtTheCostModel(t *testing.T) {
+	root := repoRoot(t)
+	files := repoFiles(t, root, func(p string) bool { return filepath.Ext(p) == ".go" })
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		joined := commentWrap.ReplaceAllString(string(data), " ")
+		if loc := costModelRestated.FindStringIndex(joined); loc != nil {
+			t.Errorf("%s restates the Wasm cost model (%q): write \"each function entered costs a request (docs/performance.md)\" and keep the comment's own reason", rel(root, f), joined[loc[0]:loc[1]])
+		}
+	}
+}
+
+// TestNoConflictMarkers: a merge that left its markers in a document
+// (Go files fail to compile with them; Markdown and YAML do not).
+func TestNoConflictMarkers(t *testing.T) {
+	root := repoRoot(t)
+	files := repoFiles(t, root, func(p string) bool {
+		switch filepath.Ext(p) {
+		case ".md", ".yaml", ".yml", ".json", ".mjs", ".txt":
+			return true
+		}
+		return filepath.Base(p) == "Makefile"
+	})
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, "<<<<<<< ") || strings.HasPrefix(line, ">>>>>>> ") {
+				t.Errorf("%s:%d: a merge conflict marker: resolve the conflict, keeping both sides' intent", rel(root, f), n+1)
+			}
+		}
+	}
+}
+
 // TestNoFileCitesAMissingDesignDoc: the design lives in docs/; a comment
 // that cites a document must cite one the repository has.
 func TestNoFileCitesAMissingDesignDoc(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -29,9 +30,15 @@ type loop struct {
 	states []sim.Stats
 	timers timerHeap
 	seq    uint64 // timers at equal times run in the order they were set
+	fg     int    // timers that are work of the run (not background)
 	done   int
 	last   time.Duration // latest completion
 	obs    StateObserver
+	// kv, when set, receives every engine's KV events as vLLM publishes
+	// them (one msgpack EventBatch per engine step, in the map layout on
+	// even replicas and the array layout on odd ones).
+	kv   KVEventObserver
+	encs []kvevents.Encoder
 
 	arrive func(idx int, now time.Duration) error
 	token  func(ri int, er *sim.Request, idx int, now time.Duration)
@@ -57,6 +64,7 @@ func newLoop(cfg Config, w *workload.Workload, obs StateObserver) (*loop, error)
 type timer struct {
 	at  time.Duration
 	seq uint64
+	bg  bool // background: its being pending does not keep the run alive
 	fn  func(now time.Duration) error
 }
 
@@ -78,7 +86,19 @@ func (h *timerHeap) Pop() any {
 // at schedules fn at virtual time t.
 func (l *loop) at(t time.Duration, fn func(now time.Duration) error) {
 	l.seq++
+	l.fg++
 	heap.Push(&l.timers, timer{at: t, seq: l.seq, fn: fn})
+}
+
+// background schedules fn at virtual time t as periodic work of a router
+// (a gateway's report, a delayed push): it runs while the run lasts but
+// does not keep a stalled run going.
+func (l *loop) background(t time.Duration, fn func(now time.Duration)) {
+	l.seq++
+	heap.Push(&l.timers, timer{at: t, seq: l.seq, bg: true, fn: func(now time.Duration) error {
+		fn(now)
+		return nil
+	}})
 }
 
 // add queues er (request idx of the workload) on replica k at now and
@@ -133,7 +153,7 @@ func (l *loop) run() (*Result, error) {
 		if len(l.timers) > 0 {
 			tt = l.timers[0].at
 		}
-		if ri < 0 && next >= n && len(l.timers) == 0 {
+		if ri < 0 && next >= n && l.fg == 0 {
 			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-l.done, n)
 		}
 		switch {
@@ -145,6 +165,9 @@ func (l *loop) run() (*Result, error) {
 			nextPush += cfg.PushInterval
 		case tt <= ta && tt <= te:
 			t := heap.Pop(&l.timers).(timer)
+			if !t.bg {
+				l.fg--
+			}
 			if err := t.fn(t.at); err != nil {
 				return nil, err
 			}
@@ -175,11 +198,46 @@ func (l *loop) run() (*Result, error) {
 					return nil, err
 				}
 			}
+			if l.kv != nil {
+				l.publish(ri, now)
+			}
 			l.step(rp, now)
 		}
 	}
 	l.res.totals(l.reps, l.last-w.Requests[0].Arrival, start)
 	return l.res, nil
+}
+
+// observeKV makes the engines log their KV events for kv.
+func (l *loop) observeKV(kv KVEventObserver) {
+	l.kv = kv
+	l.encs = make([]kvevents.Encoder, len(l.reps))
+	for i, rp := range l.reps {
+		rp.eng.EnableKVEvents()
+		if i%2 == 1 {
+			l.encs[i].Layout = kvevents.ArrayLayout
+		}
+	}
+}
+
+// publish sends replica ri's KV events of the step that ended at now as
+// one EventBatch, encoded as vLLM's publisher encodes it.
+func (l *loop) publish(ri int, now time.Duration) {
+	evs := l.reps[ri].eng.TakeKVEvents()
+	if len(evs) == 0 {
+		return
+	}
+	enc := &l.encs[ri]
+	for _, ev := range evs {
+		switch ev.Kind {
+		case sim.KVStored:
+			enc.Stored(kvevents.StoredEvent{Hashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
+				BlockSize: ev.BlockSize, Tokens: ev.BlockSize * len(ev.Hashes)})
+		case sim.KVRemoved:
+			enc.Removed(ev.Hashes)
+		}
+	}
+	l.kv.KVEvents(ri, enc.Batch(now.Seconds()), now)
 }
 
 // engineRequest is request idx of w as an engine receives it at now, its

@@ -56,6 +56,10 @@ type Input struct {
 	// PrefixBlocks is how many leading blocks make the consistent-hashing
 	// key (prefix_hash); 0 means DefaultPrefixBlocks.
 	PrefixBlocks int
+	// PromptChars is the prompt's canonical length in characters
+	// (index.Hasher.Len): with the engine's usage.prompt_tokens it
+	// calibrates the model's characters per token. 0: no calibration.
+	PromptChars int
 }
 
 // DefaultPrefixBlocks is the prefix length hashed for prefix_hash: with the
@@ -85,7 +89,24 @@ type Ticket struct {
 	// others it would cost each request a second token count (two calls,
 	// one through an interface, in Wasm) for nothing.
 	predictedRaw int
+	// stamp is the index's answer for the host whose cache the request
+	// used (stampRef), kept for Correct when the engine confirms less.
+	stamp    index.MatchStamp
+	stampRef index.HostRef
+	// EnginePromptTokens is the engine's usage.prompt_tokens for the
+	// request, set by the caller before Feedback or Finish (0: not
+	// reported); with the prompt's characters it calibrates the model's
+	// characters per token.
+	EnginePromptTokens int
+	promptChars        int
+	model              string
+	sample             bool // SampleUsage
 }
+
+// SampleUsage says whether the router wants the engine's prompt_tokens for
+// this request (EnginePromptTokens): every request of a model until it is
+// calibrated, then one in 16, so most responses skip reading it.
+func (t *Ticket) SampleUsage() bool { return t.sample }
 
 // hold is what one request added to one host's counters, so that exactly
 // that is taken back.
@@ -133,10 +154,23 @@ type Config struct {
 	// Index holds prefix matches and load counters. nil routes without
 	// prefix matches and keeps load counters in the router.
 	Index *index.Index
-	// Sessions defaults to a MemSessions of 65,536 entries.
+	// Sessions defaults to a SharedSessions over Shared, or without it
+	// to a MemSessions of 65,536 entries.
 	Sessions SessionTable
+	// Shared, when set, is the gateway's shared data (the store the
+	// Index uses): the session pins and the prefix memory then live in it,
+	// one table per gateway whatever its worker count, instead of one per
+	// Router (docs/topology.md).
+	Shared index.Store
 	// Seed seeds the decision randomness (0: random).
 	Seed uint64
+	// NoCorrect keeps the index as routing wrote it when an engine
+	// confirms fewer cached tokens than predicted, whatever the profile.
+	// Under a profile with CorrectIndex (kvroute's default) the host's
+	// least recently used blocks, up to the shortfall and no newer than the
+	// prediction's last block, otherwise stop counting (index.Correct): the
+	// engine evicted them, so its LRU evicted everything older too.
+	NoCorrect bool
 }
 
 // Router makes decisions and keeps the books.
@@ -145,14 +179,29 @@ type Router struct {
 	handler  *scorer.Handler
 	ix       *index.Index
 	sessions SessionTable
-	memory   prefixMemory // deep prefix hash -> last host (prefix_memory)
-	scratch  *scorer.Scratch
-	req      scorer.Request
-	matches  index.Matches
-	loads    []index.Load
-	local    []localLoad // by slot: KV footprint, and all counters without an index
-	addrs    []string    // slot addresses without an index
-	trust    []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	memory   prefixMemory  // deep prefix hash -> last host (prefix_memory), per Router
+	shared   *sharedMemory // the same in shared data (Config.Shared), per gateway
+	// useMemory: the handler scores by prefix memory, so Decide looks it
+	// up and stores to it.
+	useMemory bool
+	scratch   *scorer.Scratch
+	req       scorer.Request
+	matches   index.Matches
+	loads     []index.Load
+	local     []localLoad        // by slot: KV footprint, and all counters without an index
+	addrs     []string           // slot addresses without an index
+	trust     []float64          // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	correct   bool               // Correct the index on over-predictions (Config.NoCorrect unset)
+	corrected []index.MatchStamp // by slot: the stamp of the last correction
+	// Characters per token by model, learned from the engines' usage
+	// (calibrate); calModel's value is cached in calCPT (0: not learned),
+	// and hashCPT is the index's fixed estimate the hasher counts with.
+	cal      map[string]float64
+	calModel string
+	calCPT   float64
+	hashCPT  float64
+	calF     float64 // hashCPT / calCPT, 0 when not learned
+	calDirty bool    // calCPT moved since it was stored in cal
 	stats    Stats
 }
 
@@ -162,9 +211,21 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory(),
+		correct: !cfg.NoCorrect && cfg.Index != nil && cfg.Handler.CorrectIndex()}
 	if r.sessions == nil {
-		r.sessions = NewMemSessions(65536)
+		if cfg.Shared != nil {
+			r.sessions = NewSharedSessions(cfg.Shared)
+		} else {
+			r.sessions = NewMemSessions(65536)
+		}
+	}
+	if cfg.Shared != nil && r.useMemory {
+		r.shared = newSharedMemory(cfg.Shared)
+	}
+	r.hashCPT = index.DefaultCharsPerToken
+	if cfg.Index != nil {
+		r.hashCPT = float64(cfg.Index.Config().Hash.CharsPerToken)
 	}
 	if cfg.Seed != 0 {
 		r.scratch = scorer.NewScratch(cfg.Seed)
@@ -218,12 +279,12 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 	return nil
 }
 
-// growLocal extends the local table to hold slot. It runs only when a slot
-// is first seen (Register, or Decide through grow for every host it is
-// given), so book, prefillDone and release index the table directly: a slot
-// they see was booked by a Decide that grew the table to it, and the table
-// never shrinks. Out of line (noinline) so that no request's path carries
-// the growth code: in Wasm each request pays for the code it enters.
+// growLocal extends the local table to hold slot. It runs only when a slot is
+// first seen (Register, or Decide through grow for every host it is given), so
+// book, prefillDone and release index the table directly: a slot they see was
+// booked by a Decide that grew the table to it, and the table never shrinks.
+// Out of line (noinline) so that no request's path carries the growth code:
+// each function entered costs a request (docs/performance.md).
 //
 //go:noinline
 func (r *Router) growLocal(slot int) {
@@ -250,6 +311,18 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			maxSlot = s
 		}
 	}
+	if in.Model != r.calModel {
+		r.loadCal(in.Model)
+	}
+	// A calibrated model's token counts, from the index's fixed characters
+	// per token to the model's (calibrate): the prompt's here, each
+	// matched prefix's in the loop below. Arithmetic in line, no function
+	// entered per request (in Wasm each one costs).
+	f := r.calF
+	prompt := in.PromptTokens
+	if f != 0 {
+		prompt = int(float64(prompt) * f)
+	}
 	req := &r.req
 	if cap(req.MatchedBlocks) < n || cap(req.MatchedTokens) < n || maxSlot >= len(r.local) {
 		r.grow(n, maxSlot)
@@ -261,7 +334,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	// would write every string and slice header twice.
 	*req = scorer.Request{
 		Model: in.Model, Adapter: in.Adapter, SessionKey: in.SessionKey,
-		PromptTokens: in.PromptTokens, MaxTokens: in.MaxTokens,
+		PromptTokens: prompt, MaxTokens: in.MaxTokens,
 		PrefixHash: prefixHash(in), TotalBlocks: len(in.Chain),
 		MatchedBlocks: mb, MatchedTokens: mt,
 	}
@@ -311,6 +384,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			h.PendingPrefillTokens = l.prefill
 			h.PendingDecodeTokens = l.decode
 		}
+		if h.LoadMirror > 0 {
+			addRemote(h)
+		}
 		if slot < len(blocks) {
 			b := blocks[slot]
 			mb[i] = int32(b)
@@ -318,16 +394,28 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 				continue // tokensIn(in, b) is 0, and so is any share of it
 			}
 			tok := tokensIn(in, b)
+			if f != 0 {
+				tok = int(float64(tok) * f)
+			}
 			if slot < len(trust) && trust[slot] > 0 {
 				tok = int(float64(tok) * trust[slot])
 			}
 			mt[i] = int32(tok)
 		}
 	}
+	in.PromptTokens = prompt // booked below, and the caller's count
 	if in.SessionKey != "" {
 		r.loadPin(in.SessionKey)
 	}
-	req.PrefixAddress = r.memory.lookup(in.Chain)
+	if r.useMemory {
+		if r.shared != nil {
+			if i := r.shared.lookup(in.Chain, hosts); i >= 0 {
+				req.PrefixAddress = hosts[i].Address
+			}
+		} else {
+			req.PrefixAddress = r.memory.lookup(in.Chain)
+		}
+	}
 
 	// The common single-profile handler's decision without Handler.Run
 	// around it: one function less entered per request in Wasm.
@@ -337,7 +425,8 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		r.runDisaggregated(&res, hosts)
 	}
 	r.stats.Decisions++
-	t = Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
+	t = Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}, promptChars: in.PromptChars, model: in.Model,
+		sample: in.PromptChars > 0 && (f == 0 || r.stats.Decisions&15 == 0)}
 	// One return, and named results filled in place: each return of
 	// values copies the Ticket and the Result, code a Wasm build would
 	// carry once per return site.
@@ -349,13 +438,22 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		if in.SessionKey != "" {
 			r.pin(in.SessionKey, h.Address)
 		}
-		r.memory.store(in.Chain, h.Address)
+		if r.useMemory {
+			if r.shared != nil {
+				r.shared.store(in.Chain, h.Address)
+			} else {
+				r.memory.store(in.Chain, h.Address)
+			}
+		}
 		if res.Disaggregated {
 			r.holdDisaggregated(&t, in, hosts, &res, queried)
 		} else {
 			prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 			hb, cached := req.Matched(t.Host)
 			t.PredictedCachedTokens = cached
+			if queried && hb > 0 {
+				t.stamp, t.stampRef = r.matches.Stamp(h.Slot), index.HostRef{Slot: h.Slot, Gen: h.Gen}
+			}
 			if learn {
 				t.predictedRaw = tokensIn(in, hb) // see Ticket.predictedRaw
 			}
@@ -365,16 +463,55 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	return t, res
 }
 
-// loadPin sets the request's PinnedAddress to the address the session
-// table holds for key ("" when none). It and pin are out of Decide's line
-// (noinline) because most requests carry no session key: in Wasm each
-// request pays for the code of the functions it enters, and these are
-// interface calls with strings. It stores the address itself rather than
-// returning it, so that Decide carries no string result and no store of it.
+// addRemote turns a host's own load counts into estimates of the whole
+// fleet's (see scorer.Host.LoadMirror). Out of Decide's line (noinline): a
+// gateway without peers never enters it, and each function entered costs a
+// request (docs/performance.md).
+//
+//go:noinline
+func addRemote(h *scorer.Host) {
+	m := h.LoadMirror
+	h.InFlight = max(h.InFlight*m+h.RemoteInFlight, h.InFlight)
+	h.PendingPrefillTokens = max(h.PendingPrefillTokens*int64(m)+h.RemotePrefillTokens, h.PendingPrefillTokens)
+	h.PendingDecodeTokens = max(h.PendingDecodeTokens*int64(m)+h.RemoteDecodeTokens, h.PendingDecodeTokens)
+}
+
+// loadPin sets the request's PinnedAddress to the address the session table
+// holds for key ("" when none). It and pin are out of Decide's line (noinline)
+// because most requests carry no session key: each function entered costs a
+// request (docs/performance.md), and these are interface calls with strings.
+// It stores the address itself rather than returning it, so that Decide
+// carries no string result and no store of it.
 //
 //go:noinline
 func (r *Router) loadPin(key string) {
 	r.req.PinnedAddress, _ = r.sessions.Get(key)
+}
+
+// storeMemory remembers addr for chain in the prefix memory.
+func (r *Router) storeMemory(chain []uint64, addr string) {
+	if r.shared != nil {
+		r.shared.store(chain, addr)
+		return
+	}
+	r.memory.store(chain, addr)
+}
+
+// Learn takes a route another gateway reported (through the metrics
+// service's merged push): chain went to addr. The index marks the chain
+// on the host (ref, as Register gave it) and the prefix memory remembers
+// it, as if this gateway had routed it; the request's load is not booked
+// (the reports carry the other gateways' load counts as such).
+func (r *Router) Learn(ref index.HostRef, addr string, chain []uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.useMemory && len(chain) > 0 {
+		r.storeMemory(chain, addr)
+	}
+	if r.ix == nil || len(chain) == 0 {
+		return nil
+	}
+	return r.ix.Stored(ref, chain, 0)
 }
 
 // pin pins key's session to addr unless the decision kept the pin.
@@ -409,11 +546,11 @@ func (r *Router) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
 	*res = r.handler.Run(&r.req, hosts, r.scratch)
 }
 
-// holdDisaggregated books a prefill/decode split decision on t: the
-// prefill host computes the uncached prompt and holds its KV until the
-// transfer; the decode host receives the whole prompt. It is out of Decide
-// because most profiles never split: in Wasm each request pays for the
-// code of the functions it enters, so Decide keeps to the common path.
+// holdDisaggregated books a prefill/decode split decision on t: the prefill
+// host computes the uncached prompt and holds its KV until the transfer; the
+// decode host receives the whole prompt. It is out of Decide because most
+// profiles never split: each function entered costs a request
+// (docs/performance.md), so Decide keeps to the common path.
 func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, res *scorer.Result, queried bool) {
 	r.stats.Disaggregated++
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
@@ -424,6 +561,9 @@ func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, re
 	t.PrefillAddress = p.Address
 	pb, pcached := r.req.Matched(prefill)
 	t.PredictedCachedTokens = pcached
+	if queried && pb > 0 {
+		t.stamp, t.stampRef = r.matches.Stamp(p.Slot), index.HostRef{Slot: p.Slot, Gen: p.Gen}
+	}
 	if r.handler.Decode.TrustFeedback {
 		t.predictedRaw = tokensIn(in, pb) // see Ticket.predictedRaw
 	}
@@ -457,12 +597,12 @@ func tokensIn(in *Input, blocks int) int {
 	return int(int64(in.PromptTokens) * int64(min(blocks, len(in.Chain))) / int64(len(in.Chain)))
 }
 
-// book records in the index that h now holds the request's chain (as
-// far as it matched, with the query's matches) and counts the request's
-// load on h, keeping in hd, whose slot is -1 until then, what to take
-// back. One function for both, as every booked host gets both: in Wasm
-// each request pays for every function it enters. hd is filled in place
-// rather than returned: each return of a struct copies it.
+// book records in the index that h now holds the request's chain (as far as it
+// matched, with the query's matches) and counts the request's load on h,
+// keeping in hd, whose slot is -1 until then, what to take back. One function
+// for both, as every booked host gets both: each function entered costs a
+// request (docs/performance.md). hd is filled in place rather than returned:
+// each return of a struct copies it.
 func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, prefill, decode, kv int) {
 	if h.Slot < 0 {
 		return
@@ -587,6 +727,18 @@ func (r *Router) learnTrust(t *Ticket, cached int) {
 	}
 }
 
+// ForgetSlot drops what the router learned about the host in slot (its
+// trust in the index's predictions): call it when the slot is given to
+// another host, which must not inherit the previous one's record. The
+// load counters need nothing: they follow the slot's generation.
+func (r *Router) ForgetSlot(slot int) {
+	r.mu.Lock()
+	if slot >= 0 && slot < len(r.trust) {
+		r.trust[slot] = 0
+	}
+	r.mu.Unlock()
+}
+
 // growTrust extends the trust table to hold slot. It runs once per slot,
 // so it is kept out of learnTrust's line (noinline), like growLocal.
 //
@@ -606,17 +758,20 @@ func (r *Router) Release(t *Ticket) { r.end(t, -1, true) }
 // count, or a negative one when none was reported.
 func (r *Router) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, true) }
 
-// end is Feedback, Release and Finish in one function: the filter ends
-// each routed response with Finish, and in Wasm each response pays for the
-// functions it enters, so feedback and release are one function with one
+// end is Feedback, Release and Finish in one function: the filter ends each
+// routed response with Finish, and each function entered costs a response
+// (docs/performance.md), so feedback and release are one function with one
 // lock acquisition rather than two of each. The unlock is deferred: the
-// index's release can panic (shared data is a host call), and a lock left
-// held would deadlock the next Decide.
+// index's release can panic (shared data is a host call), and a lock left held
+// would deadlock the next Decide.
 func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if cachedTokens >= 0 {
 		r.stats.FeedbackRequests++
+		if t.EnginePromptTokens > 0 && t.promptChars > 0 {
+			r.calibrate(t)
+		}
 		if r.handler.Decode.TrustFeedback {
 			// Only Decide under this profile reads the trust it
 			// learns: for other profiles the learning would be code
@@ -636,6 +791,9 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 		switch {
 		case t.PredictedCachedTokens > cachedTokens+slack:
 			r.stats.OverPredicted++
+			if r.correct && t.stamp.Blocks > 0 {
+				r.correctIndex(t, cachedTokens)
+			}
 		case t.PredictedCachedTokens+slack < cachedTokens:
 			r.stats.UnderPredicted++
 		}
@@ -646,6 +804,120 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	t.done = true
 	r.release(&t.prefill)
 	r.release(&t.decode)
+}
+
+// maxCalibratedModels bounds the calibration table: a gateway serves a
+// handful of models, and a client cannot grow the table by naming more.
+const maxCalibratedModels = 256
+
+// loadCal makes model the one whose calibration Decide applies. Out of
+// Decide's line (noinline): a gateway's requests mostly name the model the
+// previous one named.
+//
+//go:noinline
+func (r *Router) loadCal(model string) {
+	if r.calDirty {
+		r.cal[r.calModel] = r.calCPT // the current model's learning, kept in fields meanwhile
+		r.calDirty = false
+	}
+	r.calModel, r.calCPT = model, r.cal[model]
+	r.calF = 0
+	if r.calCPT > 0 {
+		r.calF = r.hashCPT / r.calCPT
+	}
+}
+
+// calibrate learns t's model's characters per token from the engine's
+// usage.prompt_tokens: an EWMA of the prompt's canonical characters over
+// them (the first sample taken as is), kept within 1..16. Out of end's line
+// (noinline): only responses that carry usage enter it.
+//
+//go:noinline
+func (r *Router) calibrate(t *Ticket) {
+	ratio := float64(t.promptChars) / float64(t.EnginePromptTokens)
+	if ratio < 1 {
+		ratio = 1
+	} else if ratio > 16 {
+		ratio = 16
+	}
+	if t.model == r.calModel && r.calCPT > 0 {
+		// The current model, already in the table: no map operation (a
+		// few runtime functions each, in Wasm, per response).
+		r.calCPT += 0.1 * (ratio - r.calCPT)
+		r.calF = r.hashCPT / r.calCPT
+		r.calDirty = true
+		return
+	}
+	r.learnCal(t.model, ratio)
+}
+
+// learnCal is calibrate for a model other than the current one, or its
+// first sample. Out of line: rare.
+//
+//go:noinline
+func (r *Router) learnCal(model string, ratio float64) {
+	c, ok := r.cal[model]
+	if !ok && len(r.cal) >= maxCalibratedModels {
+		return
+	}
+	if r.cal == nil {
+		r.cal = map[string]float64{}
+	}
+	if c == 0 {
+		c = ratio
+	} else {
+		c += 0.1 * (ratio - c)
+	}
+	r.cal[model] = c
+	if model == r.calModel {
+		r.calCPT, r.calF = c, r.hashCPT/c
+	}
+}
+
+// CharsPerToken returns the characters per token learned for model, or the
+// index's fixed estimate when none was.
+func (r *Router) CharsPerToken(model string) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if model == r.calModel && r.calCPT > 0 {
+		return r.calCPT
+	}
+	if c := r.cal[model]; c > 0 {
+		return c
+	}
+	return r.hashCPT
+}
+
+// correctIndex tells the index that t's host held only cachedTokens of
+// the prefix it predicted (see Config.NoCorrect). Out of end's line
+// (noinline): most responses confirm their prediction.
+//
+//go:noinline
+func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
+	// One correction per host per stamp: a correction evicts what the
+	// host last used before its stamp, so a later over-prediction whose
+	// prediction is no newer (a hot prompt, refreshed at most once per
+	// Config.TouchAfterMs) finds nothing more to evict, and each
+	// correction costs three shared-data calls.
+	slot := t.stampRef.Slot
+	for slot >= len(r.corrected) {
+		r.corrected = append(r.corrected, index.MatchStamp{})
+	}
+	if last := r.corrected[slot]; last.Blocks != 0 && !t.stamp.After(last) {
+		return
+	}
+	r.corrected[slot] = t.stamp
+	hc := r.ix.Config().Hash
+	cpt := r.hashCPT
+	if t.model == r.calModel && r.calCPT > 0 {
+		cpt = r.calCPT
+	} else if c := r.cal[t.model]; c > 0 {
+		cpt = c
+	}
+	confirmed := hc.BlocksIn(int(float64(cachedTokens) * cpt))
+	if _, err := r.ix.Correct(t.stampRef, t.stamp, confirmed); err != nil {
+		r.stats.IndexErrors++
+	}
 }
 
 // AppendExplain appends the one-line explanation of the last decision's

@@ -240,9 +240,9 @@ func TestPrefixMemory(t *testing.T) {
 	}
 }
 
-// With trustFeedback, a host whose predictions the engine keeps denying
-// has its predicted matches discounted.
-func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
+// trustHandler is a prefix-affinity profile with trustFeedback on.
+func trustHandler(t *testing.T) *scorer.Handler {
+	t.Helper()
 	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
 		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`))
 	if err != nil {
@@ -252,7 +252,13 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := New(Config{Handler: h, Index: newIndex(t), Seed: 1})
+	return h
+}
+
+// With trustFeedback, a host whose predictions the engine keeps denying
+// has its predicted matches discounted.
+func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
+	r := New(Config{Handler: trustHandler(t), Index: newIndex(t), Seed: 1})
 	hs := registered(t, r, 2)
 	in := &Input{PromptTokens: 1000, Chain: chain(5, 10)}
 	t0, _ := r.Decide(in, hs)
@@ -270,6 +276,35 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 		t.Fatalf("predicted %d cached tokens after 30 denials", tk.PredictedCachedTokens)
 	}
 	r.Release(&tk)
+}
+
+// A slot given to a new host (the old one left the candidate set) does
+// not carry the old host's learned trust: ForgetSlot drops it.
+func TestForgetSlotDropsTheOldHostsTrust(t *testing.T) {
+	ix := newIndex(t)
+	r := New(Config{Handler: trustHandler(t), Index: ix, Seed: 1})
+	old := registered(t, r, 1)
+	in := &Input{PromptTokens: 1000, Chain: chain(6, 10)}
+	for i := 0; i < 31; i++ {
+		tk, _ := r.Decide(in, old)
+		r.Feedback(&tk, 100) // the engine only ever had a tenth
+		r.Release(&tk)
+	}
+	if err := ix.Remove(old[0].Address); err != nil {
+		t.Fatal(err)
+	}
+	next := make([]scorer.Host, 1)
+	if err := r.Register("10.0.9.1:8000", &next[0]); err != nil || next[0].Slot != old[0].Slot {
+		t.Fatalf("the new host got slot %d (%v), want the freed %d", next[0].Slot, err, old[0].Slot)
+	}
+	r.ForgetSlot(next[0].Slot)
+	t0, _ := r.Decide(in, next)
+	r.Release(&t0)
+	tk, _ := r.Decide(in, next)
+	r.Release(&tk)
+	if tk.PredictedCachedTokens != 1000 {
+		t.Errorf("the new host's prediction is %d, want 1000: it inherited the old host's trust", tk.PredictedCachedTokens)
+	}
 }
 
 func TestPrefixMemoryTable(t *testing.T) {
@@ -401,5 +436,80 @@ func TestPredictionErrorDoesNotCancel(t *testing.T) {
 	}
 	if (Stats{}).PredictionError() != 0 || (Stats{PredictionErrorTokens: 5}).PredictionError() != 1 {
 		t.Error("PredictionError without confirmed tokens")
+	}
+}
+
+// TestFeedbackCorrectsTheIndex: a host that confirms none of a predicted
+// prefix had evicted it, and under LRU everything it last used earlier
+// too: that older chain stops counting (unless NoCorrect), while the
+// request's own chain, just computed, stays.
+func TestFeedbackCorrectsTheIndex(t *testing.T) {
+	for _, noCorrect := range []bool{false, true} {
+		now := int64(1 << 30)
+		ix, err := index.New(&index.MemStore{}, index.Config{Shards: 1024, Now: func() int64 { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1, NoCorrect: noCorrect})
+		hs := registered(t, r, 1)
+		in := func(p uint64) *Input { return &Input{PromptTokens: 640, MaxTokens: 1, Chain: chain(p, 10)} }
+		serve := func(p uint64, cached int) Ticket {
+			tk, _ := r.Decide(in(p), hs)
+			r.Finish(&tk, cached)
+			now += 3000 // past a usage bucket and the touch interval
+			return tk
+		}
+		serve(1, 0)                                             // C: oldest
+		serve(2, 0)                                             // A
+		serve(3, 0)                                             // B
+		if tk := serve(2, 0); tk.PredictedCachedTokens != 640 { // A again: the engine had evicted it
+			t.Fatalf("A predicted %d, want 640", tk.PredictedCachedTokens)
+		}
+		c := serve(1, 0)
+		if noCorrect && c.PredictedCachedTokens != 640 {
+			t.Errorf("NoCorrect: C predicted %d, want 640 (uncorrected)", c.PredictedCachedTokens)
+		}
+		if !noCorrect && c.PredictedCachedTokens != 0 {
+			t.Errorf("C predicted %d after the engine showed it evicted newer blocks, want 0", c.PredictedCachedTokens)
+		}
+		if b := serve(3, 640); b.PredictedCachedTokens != 640 {
+			t.Errorf("noCorrect=%v: B (newer than A's stamp) predicted %d, want 640", noCorrect, b.PredictedCachedTokens)
+		}
+	}
+}
+
+// TestCalibratesCharsPerTokenPerModel: an engine whose tokenizer makes 6.2
+// characters of a token (the index assumes 4) reports prompt_tokens; the
+// router learns it for that model, and its predictions and prompt counts
+// for that model shrink to the engine's tokens, while another model's do
+// not.
+func TestCalibratesCharsPerTokenPerModel(t *testing.T) {
+	ix := newIndex(t)
+	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1})
+	hs := registered(t, r, 1)
+	in := func(model string, p uint64) *Input {
+		return &Input{Model: model, PromptTokens: 1000, PromptChars: 4000, MaxTokens: 1, Chain: chain(p, 10)}
+	}
+	t1, _ := r.Decide(in("m", 1), hs)
+	t1.EnginePromptTokens = 645 // 4000 / 6.2
+	r.Finish(&t1, 0)
+	if got := r.CharsPerToken("m"); got < 6.19 || got > 6.21 {
+		t.Fatalf("learned %.2f characters per token, want 6.2", got)
+	}
+	if got := r.CharsPerToken("other"); got != 4 {
+		t.Errorf("an unseen model: %.2f, want the index's 4", got)
+	}
+	x := in("m", 1)
+	t2, _ := r.Decide(x, hs)
+	if t2.PredictedCachedTokens != 645 || x.PromptTokens != 645 {
+		t.Errorf("calibrated model: predicted %d of %d prompt tokens, want 645 of 645", t2.PredictedCachedTokens, x.PromptTokens)
+	}
+	r.Finish(&t2, 645)
+	t3, _ := r.Decide(in("n", 1), hs) // same prompt hashes, another model's name: not calibrated
+	if t3.PredictedCachedTokens != 1000 {
+		t.Errorf("uncalibrated model: predicted %d, want 1000", t3.PredictedCachedTokens)
+	}
+	if st := r.Stats(); st.OverPredicted != 0 {
+		t.Errorf("the calibrated prediction was counted over-predicted: %+v", st)
 	}
 }
