@@ -90,25 +90,10 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 	i := skipSpace(b, 0)
 scan:
 	for key := false; ; {
-		// An object's key and ':' when b[i] starts a member (after '{' or
-		// a comma in an object: one copy of this code for both).
-		if key {
-			if i >= len(b) || b[i] != '"' {
-				break scan
-			}
-			if e := shortPlain(b, i); e >= 0 {
-				i = e
-			} else if i, _ = scanString(b, i, nonASCII); i < 0 {
-				break scan
-			}
-			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-				break scan
-			}
-			i = skipSpace(b, i+1)
-			key = false
-		}
-		// A value starts at b[i].
-		if i >= len(b) {
+		// A value starts at b[i], or with key set an object's key (after
+		// '{' or a comma in an object): a string, read by the value's
+		// string code (one copy of it), then ':'.
+		if i >= len(b) || key && b[i] != '"' {
 			break scan
 		}
 		if rec != nil && len(rec.spans) == cap(rec.spans) {
@@ -145,15 +130,24 @@ scan:
 		case c == '"':
 			if e := shortPlain(b, i); e >= 0 {
 				i = e // too short for the table
-				break
+			} else {
+				start := i
+				var escaped bool
+				if i, escaped = scanString(b, i, nonASCII); i < 0 {
+					break scan
+				}
+				// Long values in the table; keys never (the walker scans them).
+				if rec != nil && !key && i-start >= minSpanString {
+					rec.add(jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
+				}
 			}
-			start := i
-			var escaped bool
-			if i, escaped = scanString(b, i, nonASCII); i < 0 {
-				break scan
-			}
-			if rec != nil && i-start >= minSpanString {
-				rec.add(jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
+			if key {
+				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+					break scan
+				}
+				i = skipSpace(b, i+1)
+				key = false
+				continue
 			}
 		case c >= '1' && c <= '9':
 			// A plain integer (token ids, max_tokens) ends here without

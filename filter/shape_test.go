@@ -62,6 +62,14 @@ var bodyShapes = []bodyShape{
 		return fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
 			`{"type":"text","text":"hi"}`, ",", `]}]}`)
 	}},
+	{"image-parts", "/v1/chat/completions", func(n, i int) string {
+		return fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
+			`{"type":"image_url","image_url":{"url":"u"}}`, ",", `]}]}`)
+	}},
+	{"tool-calls", "/v1/chat/completions", func(n, i int) string {
+		return fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`"},{"role":"assistant","tool_calls":[`,
+			`{"id":"c","function":{"name":"f","arguments":"{}"}}`, ",", `]}]}`)
+	}},
 	{"unused-keys", "/v1/completions", func(n, i int) string {
 		return fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`",`, `"k":0`, ",", `}`)
 	}},
