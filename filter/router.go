@@ -236,6 +236,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 type candidate struct {
 	address, role, model string
 	adapters             []string
+	maxAdapters          int // adapter slots (0: unknown)
+	adapterSlotsUsed     int
 	healthy              bool
 	waiting, running     int
 	kvUsage              float64
@@ -281,6 +283,7 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 			role = scorer.RoleBoth
 		}
 		h.Role, h.Model, h.Adapters = role, c.model, c.adapters
+		h.MaxAdapters, h.AdapterSlotsUsed = c.maxAdapters, c.adapterSlotsUsed
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
@@ -450,7 +453,8 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
 		capacity := h.BlockSize * h.NumGPUBlocks // tokens
-		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
+		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters,
+			maxAdapters: h.MaxAdapters, adapterSlotsUsed: h.AdapterSlotsUsed, healthy: h.Healthy,
 			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
 			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
 	}
