@@ -1,8 +1,8 @@
 package filter
 
 import (
-	"encoding/base64"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
