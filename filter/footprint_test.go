@@ -260,12 +260,14 @@ func TestWasmCodeFootprint(t *testing.T) {
 	}
 	// The gateway-wide prefix memory (docs/topology.md: one shared-data
 	// bucket read per lookup, one compare-and-set per new route) is 3
-	// functions, about 7 KB of them and about 10 more calls. Between runs
-	// of this test the figures move by up to 3 functions, 2 KB and 45
-	// calls (the runtime's own work, garbage collection among it): the
-	// budgets leave that room above the typical 136-139 functions,
-	// 131-132 KB and 565-610 calls.
-	const maxDistinct, maxBytes, maxCalls = 142, 134 << 10, 630
+	// functions, about 7 KB of them and about 10 more calls. The
+	// prediction error's books, the correction's stamp and the per-model
+	// characters-per-token calibration (docs/cache-state.md) are about
+	// 4 KB more, in Decide and at the response's end. Between runs of
+	// this test the figures move by up to 3 functions, 2 KB and 45 calls
+	// (the runtime's own work, garbage collection among it): the budgets
+	// leave that room.
+	const maxDistinct, maxBytes, maxCalls = 142, 136 << 10, 650
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}
