@@ -1,7 +1,8 @@
 package fleet
 
 import (
-	"strings"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -22,11 +23,32 @@ func TestDefaultProfileLoRAAffinityCutsAdapterLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.AssignAdapters(16, 1)
-	src, _ := scorer.PresetConfig("kv_cache_aware")
-	noLoRA := strings.Replace(strings.Replace(src, `,
-		            {"plugin": "lora_affinity", "weight": 3}`, "", 1), `"kv_cache_aware": {`, `"no_lora": {`, 1)
+	// The bench's comparison profile (docs/performance.md): the preset
+	// without lora_affinity, and nothing else changed.
+	noLoRA, err := os.ReadFile("../../testdata/bench/kv_cache_aware_no_lora.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := scorer.ParseConfig(noLoRA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	preset, _ := scorer.Preset("kv_cache_aware")
+	if a, b := h.Decode.Scorers, preset.Scorers; len(a) != len(b)-1 || b[len(b)-1].Name != "lora_affinity" ||
+		len(h.Decode.Filters) != len(preset.Filters) || !h.Decode.CorrectIndex {
+		t.Fatalf("kv_cache_aware_no_lora is not the preset minus lora_affinity: %d scorers, %d filters", len(a), len(h.Decode.Filters))
+	}
+	for i := range h.Decode.Scorers {
+		if x, y := h.Decode.Scorers[i], preset.Scorers[i]; x.Name != y.Name || x.Weight != y.Weight || fmt.Sprint(x.Scorer) != fmt.Sprint(y.Scorer) {
+			t.Fatalf("scorer %d: %s %v x%v, preset %s %v x%v", i, x.Name, x.Scorer, x.Weight, y.Name, y.Scorer, y.Weight)
+		}
+	}
 	run := func(name string) (Summary, int64) {
-		r, err := NewStrategy(name, 8, StrategyOptions{Seed: 1, Profile: p, Config: []byte(noLoRA)})
+		r, err := NewStrategy(name, 8, StrategyOptions{Seed: 1, Profile: p, Config: noLoRA})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,7 +60,7 @@ func TestDefaultProfileLoRAAffinityCutsAdapterLoads(t *testing.T) {
 		return res.Summarize(), loads
 	}
 	with, withLoads := run("kv_cache_aware")
-	without, withoutLoads := run("no_lora")
+	without, withoutLoads := run("kv_cache_aware_no_lora")
 	t.Logf("TTFT p90/p99 with lora_affinity %v/%v (%d adapter loads), without %v/%v (%d)",
 		with.TTFT.P90, with.TTFT.P99, withLoads, without.TTFT.P90, without.TTFT.P99, withoutLoads)
 	if withLoads >= withoutLoads || with.TTFT.P90 >= without.TTFT.P90 {
