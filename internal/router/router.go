@@ -136,6 +136,21 @@ type Stats struct {
 	IndexErrors, LoadErrors uint64
 }
 
+// Add adds o's counters to s (the workers of a simulated gateway).
+func (s *Stats) Add(o Stats) {
+	s.Decisions += o.Decisions
+	s.NoCandidate += o.NoCandidate
+	s.Disaggregated += o.Disaggregated
+	s.PredictedCachedTokens += o.PredictedCachedTokens
+	s.ConfirmedCachedTokens += o.ConfirmedCachedTokens
+	s.PredictionErrorTokens += o.PredictionErrorTokens
+	s.FeedbackRequests += o.FeedbackRequests
+	s.OverPredicted += o.OverPredicted
+	s.UnderPredicted += o.UnderPredicted
+	s.IndexErrors += o.IndexErrors
+	s.LoadErrors += o.LoadErrors
+}
+
 // PredictionError is the block-weighted prediction error: the sum over
 // requests with feedback of |predicted - confirmed| cached tokens, over the
 // confirmed cached tokens. With nothing confirmed it is 0 when nothing was
