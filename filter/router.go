@@ -73,6 +73,9 @@ type routerPlugin struct {
 	dest       []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
+	// reporter is this worker's routing report in the making (nil when
+	// state.report is off: filter/report.go).
+	reporter *reporter
 
 	// born is when the plugin started (see mono), and bornMono the
 	// monotonic clock then (monoNanos); stepped says a test clock drives
@@ -122,6 +125,7 @@ type routerStats struct {
 	stateOlder                                    metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved                           metricCounter
+	reportsSent, reportsFailed                    metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
@@ -176,6 +180,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		breakerOpened:        counterMetric("breaker.opened"),
 		disaggregated:        counterMetric("requests.disaggregated"),
 		clientFieldsRemoved:  counterMetric("client_pd_fields_removed"),
+		reportsSent:          counterMetric("reports.sent"),
+		reportsFailed:        counterMetric("reports.failed"),
 		slotsFreed:           counterMetric("host_slots.freed"),
 		slotsUnassigned:      counterMetric("host_slots.unassigned"),
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
@@ -214,6 +220,9 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		proxywasm.LogWarnf("kvroute.router: setting the tick: %v (departed hosts' index slots are freed on pushes only)", err)
 	}
 	p.adm = newAdmitter(p)
+	if cfg.State.Report.Cluster != "" {
+		p.startReports()
+	}
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
@@ -454,6 +463,9 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	// restarts), ride the same Sync; each worker applies a change once.
 	p.setHosts(cs, true)
 	p.stateGen, p.stateTs = gen, st.TimestampMs
+	if p.reporter != nil {
+		p.remoteLoads(st.Gateways)
+	}
 }
 
 // prepare refreshes per-decision host fields: pushed-state staleness and the
@@ -463,6 +475,9 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	stale := p.stateGen != 0 && nowMs-p.stateTs > int64(p.cfg.State.StaleAfterMs)
 	if stale {
 		p.stats.staleState.Increment(1)
+		if p.reporter != nil {
+			p.dropRemote()
+		}
 	}
 	if p.breakers.anyOpen() {
 		p.markOpenBreakers(stale, nowMs)
@@ -608,6 +623,9 @@ func (p *routerPlugin) onTick() {
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
 	p.adm.tick()
 	p.housekeep()
+	if p.reporter != nil {
+		p.report(p.wallMs())
+	}
 }
 
 func (p *routerPlugin) isInference(path string) bool {
@@ -1007,6 +1025,9 @@ func (s *routerStream) decide(in *router.Input) {
 	p.prepare(nowMs)
 	t, res := p.rt.Decide(in, p.hosts)
 	p.ix.UnpinClock()
+	if p.reporter != nil && t.Host >= 0 {
+		p.reporter.addRoute(t.Address, in.Chain)
+	}
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
 	s.promptTokens = in.PromptTokens
