@@ -66,6 +66,9 @@ func (h *requestHeaders) pick(raw []byte) error {
 		{name: ":method", value: &h.method},
 		{name: "content-length", value: &h.contentLength},
 		{name: h.session, value: &h.sessionKey, found: h.session == ""},
+		{name: h.prefixKeyName, value: &h.prefixKey, found: h.prefixKeyName == ""},
+		{name: h.priorityName, value: &h.priority, found: h.priorityName == ""},
+		{name: h.deadlineName, value: &h.deadline, found: h.deadlineName == ""},
 	}
 	for ; len(sizes) >= 8; sizes = sizes[8:] {
 		k := int(binary.LittleEndian.Uint32(sizes))
@@ -75,15 +78,17 @@ func (h *requestHeaders) pick(raw []byte) error {
 		}
 		name, value := data[:k], data[k+1:k+1+v]
 		data = data[k+v+2:]
-		if h.stripped(name) {
-			// The host will no longer answer for it: not picked.
-			h.strip(name, value)
-			continue
-		}
+		// The configured headers are read before any header is stripped:
+		// one named x-kvroute-* (the shipped x-kvroute-prefix-key) is
+		// kvroute's to read and then to remove. The destination header is
+		// never one of them (config rejects it).
 		for i := range picks {
 			if pk := &picks[i]; !pk.found && headerNameIs(name, pk.name) {
 				*pk.value, pk.found = value, true
 			}
+		}
+		if h.stripped(name) {
+			h.strip(name, value)
 		}
 	}
 	h.read = true
@@ -122,12 +127,17 @@ func (h *requestHeaders) removeStripped() error {
 type requestHeaders struct {
 	destination string // the destination header's name
 	session     string // the session header's name ("" when off)
+	// The other configured headers the router reads ("" when off): the
+	// client's prefix key (header-only mode) and admission's priority and
+	// deadline, which the operator's Envoy configuration sets.
+	prefixKeyName, priorityName, deadlineName string
 
 	read bool // the map was read (false: nothing below was picked)
-	// The first value of :path, :method, content-length and the session
-	// header, as the host's get_header_map_value would answer after the
-	// removal ("" for a header absent or removed).
+	// The first value of :path, :method, content-length and the configured
+	// headers, as the request carried them before the removal ("" for a
+	// header absent).
 	path, method, contentLength, sessionKey string
+	prefixKey, priority, deadline           string
 	testHook                                string   // the test hook header's value, read before removal
 	remove                                  []string // the headers to strip, in lower case
 }
@@ -144,9 +154,19 @@ func (h *requestHeaders) askHost() {
 	h.path, _ = proxywasm.GetHttpRequestHeader(":path")
 	h.method, _ = proxywasm.GetHttpRequestHeader(":method")
 	h.contentLength, _ = proxywasm.GetHttpRequestHeader("content-length")
-	if h.session != "" {
-		h.sessionKey, _ = proxywasm.GetHttpRequestHeader(h.session)
+	h.sessionKey = hostHeader(h.session)
+	h.prefixKey = hostHeader(h.prefixKeyName)
+	h.priority = hostHeader(h.priorityName)
+	h.deadline = hostHeader(h.deadlineName)
+}
+
+// hostHeader asks the host for the request header name ("" for none).
+func hostHeader(name string) string {
+	if name == "" {
+		return ""
 	}
+	v, _ := proxywasm.GetHttpRequestHeader(name)
+	return v
 }
 
 // appendHeaderMap appends pairs to b in the serialized form pick reads: how

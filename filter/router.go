@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -49,6 +50,7 @@ type routerPlugin struct {
 	clearedAt map[string]int64
 
 	lastSynced [8]uint64 // the counts syncStats last turned into metrics
+	keyChain   [1]uint64 // a header-only request's chain: its prefix key's hash
 	dest       []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
@@ -97,7 +99,7 @@ type routerStats struct {
 	indexErrors, loadErrors                       metricCounter
 	statePushes, stateUnauthorized, stateRejected metricCounter
 	breakerOpened, disaggregated                  metricCounter
-	clientFieldsRemoved                           metricCounter
+	clientFieldsRemoved, modelNotFound            metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
 }
@@ -139,6 +141,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		breakerOpened:       counterMetric("breaker.opened"),
 		disaggregated:       counterMetric("requests.disaggregated"),
 		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
+		modelNotFound:       counterMetric("requests.model_not_found"),
 		decisionMicros:      defineHistogram("kvroute.router.decision_us"),
 		bodyMicros:          defineHistogram("kvroute.router.request_body_us"),
 		byProfile:           map[string]metricCounter{},
@@ -453,6 +456,15 @@ type routerStream struct {
 	awaitingBody bool // inference request paused for its body
 	stateRequest bool // a push to the state endpoint
 	sessionKey   string
+	// scrub: the body goes on without a decision from it and must lose
+	// the gateway-only P/D fields (scrubBody); scrubJSON: it is a JSON
+	// object, held to its end; peeked: how much of it was whitespace.
+	scrub, scrubJSON bool
+	peeked           int
+	// The body callback's arguments, for failOpenBody.
+	bodySize    int
+	bodyEOS     bool
+	panicInBody bool // test hook "recover-body"
 
 	decided     bool
 	ticket      router.Ticket
@@ -480,22 +492,30 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	p := s.plugin
 	cfg := p.cfg // one nil check, not one per field read
-	if p.adm != nil {
-		p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
-	}
 	// The values alias p.hostVal: valid in this callback only.
 	headers := requestHeaders{destination: cfg.DestinationHeader, session: cfg.SessionHeader}
+	if !cfg.BodyRouting {
+		headers.prefixKeyName = cfg.PrefixKeyHeader
+	}
+	if p.adm != nil {
+		headers.priorityName, headers.deadlineName = cfg.Admission.PriorityHeader, cfg.Admission.DeadlineHeader
+	}
 	if err := stripRoutingHeaders(&headers, p.hostVal); err != nil {
 		headersError(&headers, err)
 	}
-	testPanic(cfg.TestHooks, headers.testHook)
+	if cfg.TestHooks {
+		s.testHook(headers.testHook)
+	}
+	if p.adm != nil {
+		p.adm.readHeaders(s, &headers)
+	}
 
 	path := pathOnly(headers.path)
 	if path == cfg.State.Path {
 		return s.stateHeaders(headers.method, endOfStream)
 	}
 	if !p.isInference(path) {
-		return s.otherPath()
+		return s.otherPath(path, headers.method, endOfStream)
 	}
 	if headers.method != "POST" {
 		return s.badMethod(path)
@@ -504,7 +524,8 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 		s.keepSessionKey(headers.sessionKey)
 	}
 	if !cfg.BodyRouting {
-		s.decideFromHeaders()
+		s.decideFromHeaders(headers.prefixKey)
+		s.scrub = !endOfStream // the body follows the headers upstream: see scrubBody
 		return types.ActionContinue
 	}
 	if endOfStream {
@@ -571,17 +592,25 @@ func decimal(v string) (int64, bool) {
 	return n, true
 }
 
-// otherPath passes a request for a path the router does not route, or
-// answers 404 (rejectOtherPaths). It and badMethod are kept out of
-// OnHttpRequestHeaders so that the code every routed request runs stays
-// small: in Wasm a request pays for each part of a function it touches.
-func (s *routerStream) otherPath() types.Action {
+// otherPath passes a request for a path the router does not route, its
+// body scrubbed of the gateway-only P/D fields (see scrubBody), or answers
+// 404 (rejectOtherPaths). Another spelling of the state path (a trailing
+// slash, %2F, a doubled slash, upper case) is the state path: it is
+// answered here and never forwarded with its token. It and badMethod are
+// kept out of OnHttpRequestHeaders so that the code every routed request
+// runs stays small: in Wasm a request pays for each part of a function it
+// touches.
+func (s *routerStream) otherPath(path, method string, endOfStream bool) types.Action {
 	p := s.plugin
+	if samePath(path, p.cfg.State.Path) {
+		return s.stateHeaders(method, endOfStream)
+	}
 	if p.cfg.RejectOtherPaths {
 		p.stats.notFound.Increment(1)
 		return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
 	}
 	p.stats.passThrough.Increment(1)
+	s.scrub = !endOfStream
 	return types.ActionContinue
 }
 
@@ -673,7 +702,8 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 	// One defer and one return: the compiler open-codes the defer. The
 	// body's many returns would make it a runtime defer, whose bookkeeping
 	// is several more runtime functions entered at every request.
-	defer guard(&s.plugin.stats.recoveredPanics, "kvroute.router on_request_body", &action, s.failOpen)
+	defer guard(&s.plugin.stats.recoveredPanics, "kvroute.router on_request_body", &action, s.failOpenBody)
+	s.bodySize, s.bodyEOS = bodySize, endOfStream // for failOpenBody
 	return s.requestBody(bodySize, endOfStream)
 }
 
@@ -683,6 +713,9 @@ func (s *routerStream) requestBody(bodySize int, endOfStream bool) types.Action 
 		return s.stateBody(bodySize, endOfStream)
 	}
 	if !s.awaitingBody {
+		if s.scrub {
+			return s.scrubBody(bodySize, endOfStream)
+		}
 		return types.ActionContinue
 	}
 	if bodySize > p.cfg.MaxBodyBytes {
@@ -710,11 +743,17 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if perr != nil {
 		return s.unparsable(perr)
 	}
+	if s.panicInBody {
+		hookPanic("recover")
+	}
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
 	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
+	}
+	if !p.servesModel(req.Model) {
+		return s.modelNotFound(req.Model)
 	}
 	in := router.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
@@ -732,13 +771,14 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	return types.ActionContinue
 }
 
-// unreadableBody fails a request open when its body cannot be read. Out of
-// line: the log call's argument is boxed in place, and in Wasm every
-// request pays for every part of a function it enters.
+// unreadableBody answers a request whose body cannot be read: unread, it
+// could not be checked for the gateway-only P/D fields. Out of line: the
+// log call's argument is boxed in place, and in Wasm every request pays for
+// every part of a function it enters.
 func (s *routerStream) unreadableBody(err error) types.Action {
-	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
-	s.failOpen()
-	return types.ActionContinue
+	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (request refused)", err)
+	s.plugin.stats.failedOpen.Increment(1)
+	return s.reject(&requestError{Status: 503, Message: "kvroute could not read the request body; retry"})
 }
 
 // unparsable rejects a body the parser refused. Out of routeBody's line: a
@@ -747,6 +787,37 @@ func (s *routerStream) unparsable(perr *requestError) types.Action {
 	s.plugin.stats.parseErrors.Increment(1)
 	s.plugin.stats.badRequest.Increment(1)
 	return s.reject(perr)
+}
+
+// servesModel reports whether some candidate serves model (a host that
+// declares no model serves any; an adapter a host lists counts as a model
+// it serves). With no candidates at all (no push yet) nothing is known,
+// and Envoy's fallback policy picks as before. It stops at the first host
+// that serves the model: in a fleet of one model, the first.
+func (p *routerPlugin) servesModel(model string) bool {
+	if model == "" || len(p.hosts) == 0 {
+		return true
+	}
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		if h.Model == "" || h.Model == model || len(h.Adapters) > 0 && hasAdapter(h.Adapters, model) {
+			return true
+		}
+	}
+	return false
+}
+
+// modelNotFound answers a request for a model no candidate serves, as an
+// OpenAI server does, rather than let it reach an engine serving another
+// model. Out of line: a routed request never enters it.
+//
+//go:noinline
+func (s *routerStream) modelNotFound(model string) types.Action {
+	p := s.plugin
+	p.stats.notFound.Increment(1)
+	p.stats.modelNotFound.Increment(1)
+	return s.reject(&requestError{Status: 404, Param: "model", Code: "model_not_found",
+		Message: "The model '" + model + "' does not exist."})
 }
 
 // errClientFields answers a request whose client-only P/D fields could not
@@ -772,17 +843,20 @@ func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 
 // decideFromHeaders is the header-only mode (bodyRouting: false): no
 // prompt, so affinity comes only from the session header and the optional
-// client prefix-key header.
-func (s *routerStream) decideFromHeaders() {
+// client prefix-key header, whose value (prefixKey, read before the
+// x-kvroute-* headers were stripped) is hashed here, in the callback that
+// read it. The key is an opaque name for a prompt prefix (a hash of the
+// system prompt, say), shorter than one block of prompt text: it is the
+// request's one-block chain, so that the prefix scorers (prefix_home's
+// home engine, the index's matches) see requests with the same key as
+// sharing their prefix.
+func (s *routerStream) decideFromHeaders(prefixKey string) {
 	p := s.plugin
 	s.streamed = true // unknown without the body: keep the first-token update
 	in := router.Input{SessionKey: s.sessionKey}
-	if p.cfg.PrefixKeyHeader != "" {
-		if key, err := proxywasm.GetHttpRequestHeader(p.cfg.PrefixKeyHeader); err == nil && key != "" {
-			p.parser.hasher.Reset("", "", "")
-			p.parser.hasher.Text(key)
-			in.Chain = p.parser.hasher.Blocks()
-		}
+	if prefixKey != "" {
+		p.keyChain[0] = xxhash.Sum64String(prefixKey)
+		in.Chain = p.keyChain[:]
 	}
 	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
 		if n, err := strconv.Atoi(cl); err == nil && n > 0 {
@@ -892,18 +966,47 @@ func (s *routerStream) explain(res *scorer.Result, predicted int) {
 	s.explanation = string(strconv.AppendInt(b, int64(predicted), 10))
 }
 
-// failOpen runs after a recovered panic: the client's routing headers must
-// still go (a panic must not turn into an SSRF), then the request goes to the
-// least-loaded candidate.
+// failOpen runs after a recovered panic in the request headers: the
+// client's routing headers must still go (a panic must not turn into an
+// SSRF), then the request goes to the least-loaded candidate, and its body,
+// which follows, is scrubbed of the gateway-only P/D fields (scrubBody).
 func (s *routerStream) failOpen() {
 	p := s.plugin
 	p.stats.failedOpen.Increment(1)
+	s.awaitingBody, s.scrub, s.scrubJSON, s.peeked = false, true, false, 0
 	if err := stripRoutingHeaders(&requestHeaders{destination: p.cfg.DestinationHeader}, nil); err != nil {
 		return
 	}
 	if addr := p.leastLoaded(); addr != "" {
 		_ = proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, addr)
 	}
+}
+
+// failOpenBody is failOpen for a panic in the request body: the body
+// buffered so far goes on with this callback's Continue, so it is
+// scrubbed here, at its end, or, mid-body, refused (unchecked bytes would
+// go upstream).
+func (s *routerStream) failOpenBody() {
+	s.failOpen()
+	s.scrub = false
+	if !s.bodyEOS {
+		s.reject(errFailedMidBody)
+		return
+	}
+	if !s.safeScrub(s.bodySize) {
+		s.plugin.stats.badRequest.Increment(1)
+		s.reject(errClientFieldsUnreadable)
+	}
+}
+
+// testHook acts on the test hook header (testHooks only): "recover-body"
+// panics in the body callback after the parse, the others at once (see
+// hookPanic). Out of line: production never enables it.
+//
+//go:noinline
+func (s *routerStream) testHook(value string) {
+	s.panicInBody = value == "recover-body"
+	hookPanic(value)
 }
 
 // reject answers locally with an OpenAI-style error; the request never

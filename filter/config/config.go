@@ -602,6 +602,16 @@ func (p *parser) crossChecks(c *Config) {
 			p.fail("state.path", "%q is also an inference path", ip)
 		}
 	}
+	// The headers kvroute reads from the request must not be the one it
+	// writes: the client's destination header is removed unread.
+	for _, h := range []struct{ path, name string }{
+		{"sessionHeader", c.SessionHeader}, {"prefixKeyHeader", c.PrefixKeyHeader},
+		{"admission.priorityHeader", c.Admission.PriorityHeader}, {"admission.deadlineHeader", c.Admission.DeadlineHeader},
+	} {
+		if h.name != "" && strings.EqualFold(h.name, c.DestinationHeader) {
+			p.fail(h.path, "%q is the destination header, which kvroute sets and removes from clients: name another header", h.name)
+		}
+	}
 }
 
 // routing validates the decision-layer keys with package scorer and builds
