@@ -1,9 +1,9 @@
 package filter
 
 import (
-	"slices"
 	"encoding/binary"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
