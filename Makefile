@@ -1,8 +1,9 @@
 # kvroute: the two commands that matter are `make demo` and `make test`.
 GO ?= go
 ENVOY_COMPAT ?=
-# The shared Mooncake trace `make bench` replays (8 replicas, every strategy).
-TRACE ?= ../shared/traces/mooncake_synthetic.jsonl
+# The Mooncake JSONL trace `make bench` replays (8 replicas, every strategy);
+# required: make bench TRACE=path/to/trace.jsonl.
+TRACE ?=
 
 .PHONY: all wasm wasm-tinygo test demo bench fuzz oci vet clean
 
@@ -27,25 +28,36 @@ test: wasm
 demo: wasm
 	$(GO) run ./cmd/kvroute demo
 
+# need-trace stops a target before any work when TRACE is not a readable file.
+need-trace = @test -n "$(TRACE)" && test -r "$(TRACE)" || { echo 'make $@: set TRACE to a readable Mooncake JSONL trace (one {"timestamp", "input_length", "output_length", "hash_ids"} object per line), e.g. make $@ TRACE=conversation_trace.jsonl from github.com/kvcache-ai/Mooncake (FAST25-release/traces); without a trace, go run ./cmd/kvroute bench --workload shared-prefix replays a generated workload'; exit 2; }
+
 bench: wasm
+	$(need-trace)
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
 
-# Aggregated vs disaggregated fleets of 8 on the shared trace (kvroute.pd, README "Prefill/decode disaggregation").
+# Aggregated vs disaggregated fleets of 8 on the trace (kvroute.pd: docs/prefill-decode.md).
 .PHONY: bench-pd
 bench-pd:
-	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
+	$(need-trace)
+	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_TRACE=$(abspath $(TRACE)) KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
+
+# Each fuzz target's time goes to fuzzing: by default Go spends up to 60 s
+# minimising each new interesting input, which on a 2-core machine took most
+# of a 30 s target's time. FUZZFLAGS adds flags to every target.
+FUZZMINIMIZE ?= 2s
+FUZZFLAGS ?= -fuzzminimizetime $(FUZZMINIMIZE)
 
 fuzz:
-	for f in FuzzParseRequest FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s ./filter || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s ./filter/config
-	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s ./scorer
-	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s ./index || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s ./internal/metricsvc/kvevents
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s ./internal/metricsvc/scrape
-	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s ./filter
-	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s ./internal/workload
-	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s -parallel 1 ./internal/simserver
+	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./filter || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s $(FUZZFLAGS) ./filter/config
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s $(FUZZFLAGS) ./scorer
+	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s $(FUZZFLAGS) ./index || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/kvevents
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/scrape
+	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s $(FUZZFLAGS) ./filter
+	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s $(FUZZFLAGS) ./internal/workload
+	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s $(FUZZFLAGS) -parallel 1 ./internal/simserver
 
 oci: wasm
 	$(GO) run ./cmd/kvroute oci build --wasm dist/kvroute.wasm --out dist/kvroute-oci.tar

@@ -79,7 +79,7 @@ func startManifest(t *testing.T, file, listener string, remap map[string]string)
 	if err := manifests.DecodeEnvoyYAML(file, read(t, file), b); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := manifests.HostConfig(b, listener, remap)
+	cfg, err := wasmhost.ConfigFromBootstrap(b, listener, remap)
 	if err != nil {
 		t.Fatal(err)
 	}

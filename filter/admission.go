@@ -93,10 +93,10 @@ type admissionHeaders struct {
 	arrivedMs          int64
 }
 
-// readHeaders, admit and streamDone run only with admission on: their
-// callers test p.adm for nil, so that with admission off (the default) a
-// request enters none of them (in Wasm each request pays for every function
-// it enters, however early it returns).
+// readHeaders, admit and streamDone run only with admission on: their callers
+// test p.adm for nil, so that with admission off (the default) a request
+// enters none of them (each function entered costs a request, however early it
+// returns: docs/performance.md).
 func (a *admitter) readHeaders(s *routerStream, h *requestHeaders) {
 	// Copies: the values alias the header map's buffer.
 	s.admHdr.priority, s.admHdr.deadline = strings.Clone(h.priority), strings.Clone(h.deadline)

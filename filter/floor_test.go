@@ -36,16 +36,15 @@ func floorModule(t testing.TB) []byte {
 	return m
 }
 
-// coldFloorModule builds testdata/floor with n generated functions that
-// every routed body runs, one after the other: the floor plus a known
-// amount of code that a request enters once, as kvroute.router's code is
-// entered. BenchmarkRouterInWasm's "8Ktok/floor+cold" measures what that
-// code costs per request in the host, so the README's claim that the
-// router pays for the code it touches, not for its arithmetic, is
-// measured rather than inferred. Each function is 24 straight-line steps,
-// each reading a byte of the body (a bounds check and a memory access,
-// like most Go code); it returns the module and the Wasm bytes the
-// generated code adds.
+// coldFloorModule builds testdata/floor with n generated functions that every
+// routed body runs, one after the other: the floor plus a known amount of code
+// that a request enters once, as kvroute.router's code is entered.
+// BenchmarkRouterInWasm's "8Ktok/floor+cold" measures what that code costs per
+// request in the host, so the cost model in docs/performance.md (a request
+// pays for the code it enters, not for its arithmetic) is measured rather than
+// inferred. Each function is 24 straight-line steps, each reading a byte of
+// the body (a bounds check and a memory access, like most Go code); it returns
+// the module and the Wasm bytes the generated code adds.
 func coldFloorModule(t testing.TB, n int) ([]byte, int) {
 	t.Helper()
 	dir := t.TempDir()

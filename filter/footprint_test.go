@@ -151,19 +151,13 @@ func wasmCodeSizes(t testing.TB, m []byte) (imports int, sizes []int) {
 // In the Wasm host the router's cost is mostly its code coming back into
 // the caches: between two requests the host's own work evicts it, and each
 // request then pays for every function it enters, whatever that function
-// computes (README "Build", "Where the time goes"). The distinct functions
-// entered and the calls made are exact counts, where the benchmark's timings
-// move by 1.5x with the machine; this test fails when a change makes the
-// hot path reach for more code. The budget is today's count (134 functions,
-// 121 KB of Wasm code, 535-575 calls: random tie-breaks vary) plus about
-// 5 %, for a request whose system prompt the index already holds (8K
-// tokens, 16 hosts, the default profile); at the start of session 4 it was
-// 238 functions, 270 KB and about 950 calls, at the start of session 5 197
-// functions, 183 KB and about 780, at the start of session 6 148
-// functions, 128 KB and about 586. Since session 7 the host delivers each
-// body's end as a callback of its own, as Envoy does: 135 functions, 122 KB
-// and about 573 calls. KVROUTE_FOOTPRINT=<callback>
-// lists what one callback enters.
+// computes (docs/performance.md, "The Wasm cost model"). The distinct
+// functions entered and the calls made are exact counts, where the
+// benchmark's timings move by 1.5x with the machine; this test fails when a
+// change makes the hot path reach for more code. The budget is the current
+// count plus about 5 %, for a request whose system prompt the index already
+// holds (8K tokens, 16 hosts, the default profile); -v prints the count.
+// KVROUTE_FOOTPRINT=<callback> lists what one callback enters.
 func TestWasmCodeFootprint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles the module with function listeners")

@@ -55,8 +55,8 @@ func (h *requestHeaders) pick(raw []byte) error {
 		return errHeaderMap
 	}
 	sizes, data := raw[4:4+8*n], unsafeString(raw[4+8*n:])
-	// One loop over a table rather than an inlined comparison per header
-	// name: in Wasm each request pays for the code it enters.
+	// One loop over a table rather than an inlined comparison per header name:
+	// each function entered costs a request (docs/performance.md).
 	picks := [...]struct {
 		name  string
 		value *string
@@ -100,8 +100,8 @@ var errHeaderMap = errors.New("malformed header map")
 
 // strip notes the header name for removal, and the test hook's value (an
 // internal header, so always stripped). Out of pick's line (noinline): few
-// requests carry one, and in Wasm each request pays for every part of a
-// function it enters.
+// requests carry one, and each function entered costs a request
+// (docs/performance.md).
 //
 //go:noinline
 func (h *requestHeaders) strip(name, value string) {

@@ -11,8 +11,8 @@ import (
 // that a change that adds a shared-data round trip, an allocation through
 // the host or a header read per request shows up here rather than only as
 // a slower benchmark. In Wasm every host call is a trip out of the VM, and
-// the ones that return bytes a trip back in for memory (the README's
-// "Build" section has the costs). The budget is today's count for a
+// the ones that return bytes a trip back in for memory (docs/performance.md,
+// "The Wasm cost model"). The budget is today's count for a
 // request whose system prompt the index already holds.
 func TestWasmHostCallBudget(t *testing.T) {
 	addrs := jsonUpstreams(t, 4, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":8}}}`)

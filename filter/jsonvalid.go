@@ -12,11 +12,11 @@ import (
 // whitespace around it. It does not check UTF-8 (the caller runs
 // utf8.Valid, which is fast everywhere).
 //
-// Why not gjson.Valid: it walks byte by byte through small functions, and
-// Go code compiled to Wasm pays for every call; on wazero it validates about
-// 30 MB/s, 8 ms for a 220 KB prompt. This validator is one loop with an
-// explicit nesting stack, and strings (nearly all of a prompt) are skipped
-// 64 to 128 bytes at a time (see plainRun), which is many times faster in Wasm.
+// Why not gjson.Valid: it walks byte by byte through small functions, and Go
+// code compiled to Wasm pays for every call (docs/performance.md). This
+// validator is one loop with an explicit nesting stack, and strings (nearly
+// all of a prompt) are skipped 64 to 128 bytes at a time (see plainRun), which
+// is many times faster in Wasm.
 func validJSON(b []byte) bool { return scanJSON(b, nil) }
 
 // jsonSpans is what one validating pass learns for the passes after it:
@@ -231,12 +231,12 @@ func (s *jsonSpans) add(sp jsonSpan) int32 {
 //go:noinline
 func (s *jsonSpans) grow() { s.spans = slices.Grow(s.spans, 1) }
 
-// integerRun returns the index after the elements ",<integer>" that
-// follow one another from b[j] in an array of plain integers (a token-id
-// prompt), one loop iteration per element. Anything else (space, a
-// fraction, a zero, the end) is left at its comma to the general path.
-// Out of scanJSONWith: in Wasm a request pays for every byte of the
-// functions it enters, and a chat body holds no such array.
+// integerRun returns the index after the elements ",<integer>" that follow one
+// another from b[j] in an array of plain integers (a token-id prompt), one
+// loop iteration per element. Anything else (space, a fraction, a zero, the
+// end) is left at its comma to the general path. Out of scanJSONWith: each
+// function entered costs a request (docs/performance.md), and a chat body
+// holds no such array.
 func integerRun(b []byte, j int) int {
 	for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
 		k := j + 2
@@ -253,8 +253,8 @@ func integerRun(b []byte, j int) int {
 
 // skipSpace returns the index of the first byte from i that is not JSON
 // whitespace, or len(b). A table lookup per byte: the parser inlines it a
-// few dozen times, and in Wasm each copy of a switch was ~60 instructions of
-// functions every request enters.
+// few dozen times, and in Wasm each copy of a switch would be ~60
+// instructions of functions every request enters.
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && jsonSpace[b[i]] {
 		i++
@@ -281,7 +281,8 @@ var plainStringByte = func() (t [256]bool) {
 }()
 
 // simpleEscape marks the bytes that may follow a backslash other than 'u'
-// (a table: in Wasm a switch on them was ~110 instructions of scanString).
+// (a table: in Wasm a switch on them would be ~110 instructions of
+// scanString).
 var simpleEscape = [256]bool{'"': true, '\\': true, '/': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
 
 // skipString returns the index after the string starting at b[i] (a
@@ -348,8 +349,8 @@ scan:
 			// A run of multi-byte characters (text in most scripts other
 			// than Latin is nothing else): found 8 bytes per step, and
 			// checked with one utf8.Valid call (one loop) rather than a
-			// utf8.DecodeRune call per character, which in Wasm made a
-			// 32 KB Chinese prompt cost ~400 µs. A run ends at an ASCII
+			// utf8.DecodeRune call per character, which in Wasm costs
+			// several times more for such text. A run ends at an ASCII
 			// byte, which no UTF-8 sequence holds, so the run is valid
 			// exactly when its characters are.
 			if i = mixedRun(b, i); i < 0 {
@@ -493,11 +494,10 @@ const badUTF8 = -2
 // end of b when there is none. A prompt is mostly such runs, so it steps 64
 // bytes at a time (128 in plainRunASCII) while none of them needs a look:
 // in Go's Wasm port every loop iteration is a jump through the function's
-// dispatch table, so the longer the step the less that costs (32 to 64 to
-// 128 bytes took the validation of an 8K-token body on wazero from about
-// 12.8 to 9.4 to 8 µs). Then it steps 8, and in the word that holds the
-// byte it finds that byte from the word's mask, so the caller's byte loop
-// only ever sees a string's last few bytes.
+// dispatch table, so the longer the step the less that costs
+// (BenchmarkDecideNative's "validate" cases measure it). Then it steps 8,
+// and in the word that holds the byte it finds that byte from the word's
+// mask, so the caller's byte loop only ever sees a string's last few bytes.
 func plainRun(b []byte, i int, nonASCII uint64) int {
 	if nonASCII != 0 {
 		return plainRunASCII(b, i)
@@ -613,7 +613,7 @@ func needsLook(x uint64) uint64 {
 // isHex4 reports whether h starts with four hex digits: four table
 // lookups ANDed, after one length test that spares their bounds checks.
 // scanString inlines it, and in Wasm a bounds check and a branch per digit
-// were ~40 instructions each of a function every request enters.
+// would be ~40 instructions each of a function every request enters.
 func isHex4(h []byte) bool {
 	if len(h) < 4 {
 		return false

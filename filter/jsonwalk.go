@@ -12,8 +12,8 @@ import (
 // A small walker over JSON that validJSON has accepted. gjson remains the
 // reader of values (numbers, escaped strings, nested lookups in small
 // objects); the walker only finds where each member or element starts and
-// ends. gjson finds the same spans byte by byte, which on long prompts was
-// most of the filter's time in Wasm (about 200 MB/s per pass on wazero).
+// ends. gjson finds the same spans byte by byte, which on long prompts
+// would be most of the filter's time in Wasm.
 // With the span table of the validating pass the walker steps over long
 // strings and containers in one lookup; without it, it skips strings 32
 // bytes at a time.
@@ -178,13 +178,13 @@ func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 	}
 }
 
-// member returns the member of the object obj whose key starts at obj[i]
-// (i is skipSpace(obj, 1) for the first member, next of the previous one
-// after that): its raw key (quotes included) and raw value, and where the
-// next member starts. ok is false past the last member. The parser loops
-// over it rather than passing a callback to members: in Wasm each callback
-// is an indirect call into a function of its own, and the fewer functions
-// a request touches the less it pays for cold code.
+// member returns the member of the object obj whose key starts at obj[i] (i is
+// skipSpace(obj, 1) for the first member, next of the previous one after
+// that): its raw key (quotes included) and raw value, and where the next
+// member starts. ok is false past the last member. The parser loops over it
+// rather than passing a callback to members: each callback would be an
+// indirect call into a function of its own, and each function entered costs a
+// request (docs/performance.md).
 func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
 	k, v, e := -1, 0, -1 // the key's end, and the value's start and end
 	if i < len(obj) && obj[i] == '"' {
@@ -287,7 +287,8 @@ func hasBackslash(b []byte) bool {
 
 // jsonType classifies a raw value by its first byte. A table lookup rather
 // than a switch: the parser inlines it a dozen times into functions every
-// request enters, and in Wasm each copy of the switch was ~80 instructions.
+// request enters, and in Wasm each copy of the switch would be ~80
+// instructions.
 func jsonType(v []byte) gjson.Type {
 	if len(v) == 0 {
 		return gjson.Null
@@ -358,9 +359,9 @@ func (d *jsonDoc) unescape(inner []byte) []byte {
 // JSON string, decoded exactly as gjson decodes it (a \u escape of half a
 // surrogate pair takes the \u escape after it as the other half, and
 // decodes to U+FFFD when the two are no pair or there is none). Real
-// prompts nearly always hold escapes (every newline is one): gjson's
-// byte-at-a-time unescape and its copies made a 32 KB prompt with
-// newlines cost ~900 µs in Wasm. Here the runs between escapes are found
+// prompts nearly always hold escapes (every newline is one), and gjson's
+// byte-at-a-time unescape and its copies cost several times more in Wasm.
+// Here the runs between escapes are found
 // 8 bytes per step and copied whole, into a buffer reused across requests.
 func appendUnescaped(dst, s []byte) []byte {
 	const ones = 0x0101010101010101

@@ -45,12 +45,15 @@ type parsedRequest struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
 	Stream         bool
-	// StreamUsage: a streamed request asked for usage in the stream
-	// (stream_options.include_usage or continuous_usage_stats true), so
-	// its chunks may carry cached_tokens.
-	StreamUsage  bool
-	MaxTokens    int
-	PromptTokens int
+	// StreamUsage: a streamed request asked for a usage chunk at the end
+	// of the stream (stream_options.include_usage true), so its chunks are
+	// read for cached_tokens. ContinuousUsage: it asked only for vLLM's
+	// continuous_usage_stats (usage in every chunk), which an engine may
+	// ignore: the first chunk decides whether the rest are read.
+	StreamUsage     bool
+	ContinuousUsage bool
+	MaxTokens       int
+	PromptTokens    int
 }
 
 // requestError is a client error: the filter answers it locally with an
@@ -90,7 +93,7 @@ var (
 	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
 
 	// By field, from fieldMaxTokens on: built once, where an array
-	// literal in parse was built at each request.
+	// literal in parse would be built at each request.
 	errBadMaxTokens = [...]*requestError{maxTokensError("max_tokens"), maxTokensError("max_completion_tokens")}
 )
 
@@ -126,7 +129,8 @@ const (
 type requestParser struct {
 	cfg    *config.Config
 	hasher *index.Hasher
-	ids    []uint32
+	ids    []uint32 // token ids gathered for the hasher (see tokenIDs)
+	text   []byte   // prompt strings gathered for the hasher (see texts)
 
 	// The body being parsed with its span table (see jsonSpans), so that
 	// walking the messages, a message and its content does not rescan the
@@ -187,11 +191,10 @@ var requestFields = [...]string{
 	firstClientOnly + 3: "bootstrap_room",
 }
 
-// fieldOf returns the index of key in fields, or -1. The parser matches
-// keys with this one loop rather than with a comparison per key inlined
-// where it reads them: in Wasm a request pays for every byte of each
-// function it enters, and those copies made parse and chat kilobytes
-// larger.
+// fieldOf returns the index of key in fields, or -1. The parser matches keys
+// with this one loop rather than with a comparison per key inlined where it
+// reads them: each function entered costs a request (docs/performance.md), and
+// those copies would make parse and chat kilobytes larger.
 func fieldOf(key string, fields []string) int {
 	for n, f := range fields {
 		if is(key, f) {
@@ -260,11 +263,10 @@ func (p *requestParser) withoutClientOnly(body []byte) []byte {
 	return p.dropClientOnly(body)
 }
 
-// dropClientOnly is withoutClientOnly for a body with client-only
-// members. It finds them by walking the members again, as parse did:
-// parse only counts them, so that the many bodies without any record no
-// member list (in Wasm every request pays for each byte of the functions
-// it enters, an append's included).
+// dropClientOnly is withoutClientOnly for a body with client-only members. It
+// finds them by walking the members again, as parse did: parse only counts
+// them, so that the many bodies without any record no member list (each
+// function entered costs a request: docs/performance.md).
 func (p *requestParser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
@@ -292,8 +294,8 @@ func (p *requestParser) dropClientOnly(body []byte) []byte {
 
 // parse validates body for kind and feeds its prompt to the hasher. r is
 // a named result so that it is built in place: with a local returned at
-// each of the dozen returns, each one copied the whole struct, and in Wasm
-// that was ~300 bytes of a function every request enters. For the same
+// each of the dozen returns, each one would copy the whole struct, ~300
+// bytes of Wasm in a function every request enters. For the same
 // reason what few requests send (a LoRA adapter, "user" and "cache_salt",
 // an endpoint to sniff, a prompt other than messages) is read out of line.
 func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *requestError) {
@@ -353,7 +355,8 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 		r.Stream = t == gjson.True
 	}
 	if so := fields[fieldStreamOptions]; r.Stream && so != nil && so[0] == '{' {
-		r.StreamUsage = p.streamUsage(so)
+		u := p.streamUsage(so)
+		r.StreamUsage, r.ContinuousUsage = u&usageAtEnd != 0, u == usageContinuous
 	}
 	// fieldMaxTokens, then fieldMaxCompletion; the later one wins.
 	for f, bad := range &errBadMaxTokens {
@@ -439,10 +442,10 @@ func (p *requestParser) notChat(kind apiKind, fields *[firstClientOnly][]byte) *
 	return p.prompt(fields[fieldPrompt], "prompt")
 }
 
-// scanError names why the validating pass rejected body: a failed pass
-// looks at UTF-8 again only to name the error as a separate utf8.Valid pass
-// would have. Out of parse (not inlined): in Wasm every request pays for
-// each byte of the functions it enters, and a valid body never comes here.
+// scanError names why the validating pass rejected body: a failed pass looks
+// at UTF-8 again only to name the error as a separate utf8.Valid pass would
+// have. Out of parse (not inlined): each function entered costs a request
+// (docs/performance.md), and a valid body never comes here.
 //
 //go:noinline
 func (p *requestParser) scanError(body []byte) *requestError {
@@ -486,7 +489,7 @@ func rawWholeNumber(v []byte) (int64, bool) {
 
 // parsedWholeNumber is rawWholeNumber for a number that is not a plain
 // integer: through gjson. Not inlined: gjson.ParseBytes and its result (ten
-// words passed by value) were ~250 bytes of rawWholeNumber, which every
+// words passed by value) would be ~250 bytes of rawWholeNumber, which every
 // request with a max_tokens enters.
 //
 //go:noinline
@@ -509,6 +512,14 @@ func wholeNumber(v gjson.Result) (int64, bool) {
 
 // prompt hashes a completions "prompt" or embeddings "input": a string, an
 // array of strings, an array of token ids, or an array of such arrays.
+//
+// An array may hold hundreds of thousands of small values, so the
+// elements are read by loops of their own that enter no function per
+// element where they can: one walker call, closure call and hasher call
+// per element made a 1 MiB body of [7,8] batches cost 400 times a plain
+// text prompt of the same size in Wasm. The hasher gets the ids and texts
+// in batches, which hash exactly as the pieces would: consecutive token
+// ids, and consecutive texts outside a chat, are concatenated.
 func (p *requestParser) prompt(v []byte, name string) *requestError {
 	switch jsonType(v) {
 	case gjson.Null:
@@ -523,71 +534,130 @@ func (p *requestParser) prompt(v []byte, name string) *requestError {
 	if v[0] != '[' {
 		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
-	var first []byte
-	p.doc.elements(v, func(e []byte) bool { first = e; return false })
-	if first == nil {
-		return badRequest(name, "'%s' must not be empty", name)
+	first := skipSpace(v, 1)
+	if cap(p.ids) < idBatch {
+		p.ids = make([]uint32, 0, idBatch)
 	}
+	p.ids = p.ids[:0]
 	var err *requestError
-	i := 0
-	switch t := jsonType(first); {
-	case t == gjson.Number:
-		return p.tokenIDs(v, name)
-	case t == gjson.String:
-		p.doc.elements(v, func(e []byte) bool {
-			if jsonType(e) != gjson.String {
-				err = badRequest(name, "'%s[%d]' must be a string like the first element", name, i)
-				return false
+	switch c := v[first]; {
+	case c == ']':
+		return badRequest(name, "'%s' must not be empty", name)
+	case jsonTypeOf[c] == gjson.Number:
+		_, err = p.tokenIDs(v, 0, name, -1)
+	case c == '"':
+		return p.texts(v, first, name)
+	case c == '[':
+		for i, n := first, 0; i < len(v) && v[i] != ']'; n++ {
+			if v[i] != '[' || v[skipSpace(v, i+1)] == ']' {
+				return badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, n)
 			}
-			p.hasher.Text(p.doc.text(e))
-			i++
-			return true
-		})
-		return err
-	case first[0] == '[':
-		p.doc.elements(v, func(e []byte) bool {
-			if e[0] != '[' || e[skipSpace(e, 1)] == ']' {
-				err = badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, i)
-				return false
+			if i, err = p.tokenIDs(v, i, name, n); err != nil {
+				return err
 			}
-			err = p.tokenIDs(e, name+"["+strconv.Itoa(i)+"]")
-			i++
-			return err == nil
-		})
-		return err
+			if i = skipSpace(v, i); i < len(v) && v[i] == ',' {
+				i = skipSpace(v, i+1)
+			}
+		}
+	default:
+		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
-	return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
+	if err == nil {
+		p.hasher.Tokens(p.ids)
+	}
+	return err
 }
 
-func (p *requestParser) tokenIDs(arr []byte, name string) *requestError {
-	p.ids = p.ids[:0]
-	for pos, i := skipSpace(arr, 1), 0; ; i++ {
-		// A plain integer of up to 9 digits followed by a comma (nearly
-		// every token id) is read here in one pass; anything else goes
-		// through element and rawWholeNumber.
-		if k := pos; k < len(arr) && arr[k] >= '1' && arr[k] <= '9' {
-			var n uint32
-			for ; k < len(arr) && k-pos < 9 && arr[k] >= '0' && arr[k] <= '9'; k++ {
-				n = n*10 + uint32(arr[k]-'0')
+// idBatch is how many token ids the parser gathers before it hands them
+// to the hasher.
+const idBatch = 256
+
+// tokenIDs gathers into p.ids (handing each full batch to the hasher) the
+// token ids of the array that starts at b[i], element outer of the prompt
+// name (-1: the prompt itself), and returns the index after the array.
+func (p *requestParser) tokenIDs(b []byte, i int, name string, outer int) (int, *requestError) {
+	ids := p.ids // a local: a store into p per id is a write barrier's test in Wasm
+	i = skipSpace(b, i+1)
+	for n := 0; i < len(b) && b[i] != ']'; n++ {
+		// A plain integer of up to 9 digits followed by a comma or the
+		// bracket (nearly every token id) is read here in one pass;
+		// anything else goes through skip and rawWholeNumber.
+		k, id := i, uint32(0)
+		for ; k < len(b) && k-i < 9 && b[k]-'0' <= 9; k++ {
+			id = id*10 + uint32(b[k]-'0')
+		}
+		if k == i || k >= len(b) || (b[k] != ',' && b[k] != ']') {
+			k = p.doc.skip(b, i)
+			v, ok := int64(0), k > i
+			if ok {
+				v, ok = rawWholeNumber(b[i:k])
 			}
-			if k < len(arr) && arr[k] == ',' {
-				p.ids = append(p.ids, n)
-				pos = skipSpace(arr, k+1)
-				continue
+			if !ok || v < 0 || v > maxTokenID {
+				p.ids = ids
+				return i, tokenIDError(name, outer, n)
 			}
+			id = uint32(v)
 		}
-		e, next, ok := p.doc.element(arr, pos)
-		if !ok {
-			break
+		if len(ids) == cap(ids) {
+			p.hasher.Tokens(ids)
+			ids = ids[:0]
 		}
-		pos = next
-		n, ok := rawWholeNumber(e)
-		if !ok || n < 0 || n > maxTokenID {
-			return badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, i, int64(maxTokenID))
+		ids = append(ids, id)
+		if i = skipSpace(b, k); i < len(b) && b[i] == ',' {
+			i = skipSpace(b, i+1)
 		}
-		p.ids = append(p.ids, uint32(n))
 	}
-	p.hasher.Tokens(p.ids)
+	p.ids = ids
+	return i + 1, nil
+}
+
+// tokenIDError is the error for element n of a token-id array: of the
+// prompt name itself (outer -1) or of its element outer.
+func tokenIDError(name string, outer, n int) *requestError {
+	if outer >= 0 {
+		name += "[" + strconv.Itoa(outer) + "]"
+	}
+	return badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, n, int64(maxTokenID))
+}
+
+// textBatch is how many bytes of consecutive prompt strings the parser
+// gathers before it hands them to the hasher as one text.
+const textBatch = 4096
+
+// texts hashes the prompt name, an array of strings whose first element
+// starts at v[i], as one text (the hasher concatenates texts outside a
+// chat): short strings are gathered in p.text and handed over in batches.
+func (p *requestParser) texts(v []byte, i int, name string) *requestError {
+	buf := p.text[:0]
+	for n := 0; i < len(v) && v[i] != ']'; n++ {
+		if v[i] != '"' {
+			p.text = buf
+			return badRequest(name, "'%s[%d]' must be a string like the first element", name, n)
+		}
+		var s string
+		e := shortString(v, i)
+		if e >= 0 { // no escape: the text is the bytes between the quotes
+			s = unsafeString(v[i+1 : e-1])
+		} else {
+			e = p.doc.skip(v, i)
+			s = p.doc.text(v[i:e])
+		}
+		if len(buf)+len(s) > textBatch {
+			p.hasher.Text(unsafeString(buf))
+			buf = buf[:0]
+		}
+		if len(s) > textBatch {
+			p.hasher.Text(s)
+		} else {
+			buf = append(buf, s...)
+		}
+		if i = skipSpace(v, e); i < len(v) && v[i] == ',' {
+			i = skipSpace(v, i+1)
+		}
+	}
+	// Always, even empty: an array of empty strings is a text prompt too.
+	p.hasher.Text(unsafeString(buf))
+	p.text = buf
 	return nil
 }
 
@@ -679,35 +749,40 @@ var messageFields = [...]string{
 	messageToolCallID: `"tool_call_id"`,
 }
 
-// streamUsage reports whether a stream_options object asks for usage in
-// the stream: include_usage (one usage chunk at the end) or vLLM's
-// continuous_usage_stats (usage in every chunk) set to true. Other members
-// and types are the engine's to judge. Out of parse's line (noinline): few
-// requests carry stream_options, and in Wasm each request pays for every
-// part of a function it enters.
+// streamUsage reports which of stream_options' usage members are true:
+// include_usage (one usage chunk at the end, usageAtEnd) and vLLM's
+// continuous_usage_stats (usage in every chunk, usageContinuous). Other
+// members and types are the engine's to judge. Out of parse's line
+// (noinline): few requests carry stream_options, and each function entered
+// costs a request (docs/performance.md).
 //
 //go:noinline
-func (p *requestParser) streamUsage(obj []byte) bool {
+func (p *requestParser) streamUsage(obj []byte) (u uint8) {
 	for i := skipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
-			return false
+			return u
 		}
 		i = next
 		if f := fieldOf(p.doc.text(k), streamUsageFields[:]); f >= 0 && jsonType(v) == gjson.True {
-			return true
+			u |= 1 << f
 		}
 	}
 }
 
 // streamUsageFields are the stream_options members that put usage in a
-// stream.
+// stream, in the order of their bits.
 var streamUsageFields = [...]string{"include_usage", "continuous_usage_stats"}
 
-// messageRest is chat's reading of message i after the role, for a
-// message that is more than a role and a string content: a name, content
-// parts, tool calls. Out of chat: in Wasm a request pays for each byte of
-// the functions it enters, and most messages are a role and a string.
+const (
+	usageAtEnd      = 1 << 0
+	usageContinuous = 1 << 1
+)
+
+// messageRest is chat's reading of message i after the role, for a message
+// that is more than a role and a string content: a name, content parts, tool
+// calls. Out of chat: each function entered costs a request
+// (docs/performance.md), and most messages are a role and a string.
 func (p *requestParser) messageRest(fields *[len(messageFields)][]byte, i int) *requestError {
 	name, content := fields[messageName], fields[messageContent]
 	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
@@ -762,10 +837,10 @@ var messageFaults = [...]struct{ field, format string }{
 	messageBadToolCalls: {".tool_calls", "'%s.tool_calls' must be an array"},
 }
 
-// messageError is the error of kind fault (see messageFaults) about
-// message i. Errors are built out of line, here and in partError, and
-// chat names each by a small number: in Wasm a request pays for every
-// byte of each function it enters, and chat reads every message.
+// messageError is the error of kind fault (see messageFaults) about message i.
+// Errors are built out of line, here and in partError, and chat names each by
+// a small number: each function entered costs a request (docs/performance.md),
+// and chat reads every message.
 func messageError(i, fault int) *requestError {
 	f := messageFaults[fault]
 	at := "messages[" + strconv.Itoa(i) + "]"

@@ -52,7 +52,8 @@ func TestParseStreamUsage(t *testing.T) {
 		{`"stream":true`, false},
 		{`"stream":true,"stream_options":{"include_usage":true}`, true},
 		{`"stream":true,"stream_options":{"include_usage":false}`, false},
-		{`"stream":true,"stream_options":{"continuous_usage_stats":true}`, true},
+		{`"stream":true,"stream_options":{"continuous_usage_stats":true}`, false}, // ContinuousUsage: probed
+		{`"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}`, true},
 		{`"stream":true,"stream_options":{"include\u005fusage":true}`, true},       // the key as the engine decodes it
 		{`"stream":true,"stream_options":{"include_usage":"true"}`, false},         // not a boolean: the engine's to reject
 		{`"stream":true,"stream_options":{"other":{"include_usage":true}}`, false}, // not a member of stream_options
@@ -67,6 +68,9 @@ func TestParseStreamUsage(t *testing.T) {
 		}
 		if r.StreamUsage != tc.want {
 			t.Errorf("%s: StreamUsage %v, want %v", tc.fields, r.StreamUsage, tc.want)
+		}
+		if want := strings.Contains(tc.fields, `"continuous_usage_stats":true`) && !tc.want; r.ContinuousUsage != want {
+			t.Errorf("%s: ContinuousUsage %v, want %v", tc.fields, r.ContinuousUsage, want)
 		}
 	}
 }
@@ -386,13 +390,52 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 	ws := func() string { return []string{"", " ", "\n  ", "\t"}[rng.Intn(4)] }
 	ref := index.NewHasher(index.HashConfig{})
 	p := newParser(t, `{}`)
-	for trial := 0; trial < 300; trial++ {
+	for trial := 0; trial < 400; trial++ {
 		var body strings.Builder
 		model := []string{`"llama-3-8b"`, `"m\u00e9"`, `"mod\"el"`}[rng.Intn(3)]
 		body.WriteString("{" + ws() + `"model"` + ws() + ":" + ws() + model + ws())
 		kind := apiChat
 		tokens := false
-		switch rng.Intn(5) {
+		switch rng.Intn(7) {
+		case 5:
+			// Batches of token ids, many and small (the parser gathers
+			// them across arrays) or few and long.
+			kind, tokens = apiCompletions, true
+			body.WriteString(`,"prompt":[` + ws())
+			long := rng.Intn(2) == 0
+			for i, n := 0, 1+rng.Intn(600); i < n; i++ {
+				if i > 0 {
+					body.WriteString("," + ws())
+				}
+				body.WriteString("[" + ws())
+				for j, m := 0, 1+rng.Intn(3); j < m || long && j < 1+rng.Intn(700); j++ {
+					if j > 0 {
+						body.WriteString([]string{",", ", ", " ,"}[rng.Intn(3)])
+					}
+					fmt.Fprint(&body, []string{"7", "0", "4294967295", "2.0", "123456789", "1234567890"}[rng.Intn(6)])
+				}
+				body.WriteString(ws() + "]")
+			}
+			body.WriteString(ws() + "]")
+		case 6:
+			// Many short strings, empty ones included, and now and then
+			// a long one: the parser gathers them across elements.
+			kind = apiCompletions
+			body.WriteString(`,"prompt":[`)
+			for i, n := 0, 1+rng.Intn(3000); i < n; i++ {
+				if i > 0 {
+					body.WriteString("," + ws())
+				}
+				switch rng.Intn(20) {
+				case 0:
+					body.WriteString(`""`)
+				case 1:
+					body.WriteString(str())
+				default:
+					body.WriteString([]string{`"a"`, `"ab"`, `"\n"`, `"x\"y"`, `"1234567"`, `"12345678"`, `"é"`}[rng.Intn(7)])
+				}
+			}
+			body.WriteString("]")
 		case 4:
 			// Token ids: plain, zero, the largest, whole-valued floats,
 			// with and without spaces around the commas.
@@ -473,7 +516,13 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 			}
 		} else if pr := doc.Get("prompt"); tokens {
 			for _, e := range pr.Array() {
-				ref.Token(uint32(e.Num))
+				if e.IsArray() {
+					for _, id := range e.Array() {
+						ref.Token(uint32(id.Num))
+					}
+				} else {
+					ref.Token(uint32(e.Num))
+				}
 			}
 		} else if pr.IsArray() {
 			for _, e := range pr.Array() {
@@ -490,4 +539,58 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 			t.Fatalf("trial %d: max_tokens %d, gjson %v", trial, r.MaxTokens, mt.Num)
 		}
 	}
+}
+
+// FuzzPromptMatchesGJSONReading checks that a completions prompt the parser
+// accepts hashes as a plain reading of it with gjson does, one hasher call
+// per string or token id: the parser gathers the elements of prompt arrays
+// into batches, which must hash exactly as the pieces.
+func FuzzPromptMatchesGJSONReading(f *testing.F) {
+	for _, s := range bodyShapes {
+		if kindOf(s.path) == apiCompletions {
+			f.Add([]byte(s.body(300, 1)))
+		}
+	}
+	f.Add([]byte(`{"model":"m","prompt":[[1, 2 ,3],[4.0],[5e0,4294967295]]}`))
+	f.Add([]byte(`{"model":"m","prompt":["", "a\nb", "\u00e9", ""],"cache_salt":"s"}`))
+	f.Add([]byte(`{"model":"m","prompt":[7,8,9],"prompt":"last wins"}`))
+	p := newParser(f, `{}`)
+	ref := index.NewHasher(index.HashConfig{})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := p.parse(body, apiCompletions)
+		if err != nil {
+			return
+		}
+		// The last of repeated members counts, as in the parser.
+		var prompt, salt gjson.Result
+		gjson.ParseBytes(body).ForEach(func(k, v gjson.Result) bool {
+			switch k.String() {
+			case "prompt":
+				prompt = v
+			case "cache_salt":
+				salt = v
+			}
+			return true
+		})
+		ref.Reset(r.Model, r.Adapter, salt.String())
+		if !prompt.IsArray() {
+			ref.Text(prompt.String())
+			prompt = gjson.Result{}
+		}
+		for _, e := range prompt.Array() {
+			switch {
+			case e.Type == gjson.String:
+				ref.Text(e.String())
+			case e.IsArray():
+				for _, id := range e.Array() {
+					ref.Token(uint32(id.Num))
+				}
+			default:
+				ref.Token(uint32(e.Num))
+			}
+		}
+		if !slices.Equal(p.hasher.Blocks(), ref.Blocks()) || r.PromptTokens != ref.PromptTokens() {
+			t.Fatalf("parse hashed %d blocks (%d tokens), gjson reading %d (%d tokens)", len(p.hasher.Blocks()), r.PromptTokens, len(ref.Blocks()), ref.PromptTokens())
+		}
+	})
 }

@@ -8,8 +8,8 @@ import (
 
 // The body rewrites of kvroute.pd against a baseline measured in the same
 // run: one validating pass over the same body (validJSON, the router's own
-// validator), the least any filter that touches the JSON must pay. The
-// README reports the ratio.
+// validator), the least any filter that touches the JSON must pay.
+// docs/performance.md reports the ratio.
 
 func pdBenchBody(promptBytes int) []byte {
 	prompt := strings.Repeat("lorem ipsum dolor sit amet ", promptBytes/27+1)[:promptBytes]

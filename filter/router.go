@@ -48,9 +48,25 @@ type routerPlugin struct {
 	// Per address, what this VM last applied to the index from pushed state.
 	capacity  map[string]int
 	clearedAt map[string]int64
+	// The slot table as this VM last applied its candidates to it
+	// (setHosts, syncSlots): pushed says they came from pushed state;
+	// syncHosts and refs are Sync's input and output, in hosts' order;
+	// slotSeq is the table's seq after; syncDue asks the tick for another
+	// Sync (departed slots still kept, or a failed write); departedAt times
+	// the kept departed slots' grace (slotFate), with fateNow and kept as
+	// one Sync's scratch; housekeptAt is the last housekeep.
+	pushed      bool
+	syncHosts   []index.SyncHost
+	refs        []index.HostRef
+	slotSeq     uint32
+	syncDue     bool
+	departedAt  map[index.HostRef]int64
+	fateNow     int64
+	kept        []departure
+	housekeptAt int64
 
-	lastSynced [8]uint64 // the counts syncStats last turned into metrics
-	keyChain   [1]uint64 // a header-only request's chain: its prefix key's hash
+	lastSynced [10]uint64 // the counts syncStats last turned into metrics
+	keyChain   [1]uint64  // a header-only request's chain: its prefix key's hash
 	dest       []byte
 	now        func() time.Time
 	adm        *admitter // nil when admission is off (filter/admission.go)
@@ -95,11 +111,14 @@ type routerStats struct {
 	badRequest, tooLarge, badMethod, notFound     metricCounter
 	parseErrors, staleState, fallbacksUsed        metricCounter
 	predictedCached, confirmedCached              metricCounter
+	feedbackPredicted, predictionError            metricCounter
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
 	statePushes, stateUnauthorized, stateRejected metricCounter
+	stateOlder                                    metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved, modelNotFound            metricCounter
+	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
 }
@@ -130,6 +149,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		fallbacksUsed:       counterMetric("fallbacks_used"),
 		predictedCached:     counterMetric("predicted_cached_tokens"),
 		confirmedCached:     counterMetric("confirmed_cached_tokens"),
+		feedbackPredicted:   counterMetric("feedback.predicted_cached_tokens"),
+		predictionError:     counterMetric("feedback.prediction_error_tokens"),
 		feedback:            counterMetric("feedback.responses"),
 		overPredicted:       counterMetric("feedback.over_predicted"),
 		underPredicted:      counterMetric("feedback.under_predicted"),
@@ -138,10 +159,13 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		statePushes:         counterMetric("state.pushes"),
 		stateUnauthorized:   counterMetric("state.unauthorized"),
 		stateRejected:       counterMetric("state.rejected"),
+		stateOlder:          counterMetric("state.rejected_older"),
 		breakerOpened:       counterMetric("breaker.opened"),
 		disaggregated:       counterMetric("requests.disaggregated"),
 		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
 		modelNotFound:       counterMetric("requests.model_not_found"),
+		slotsFreed:          counterMetric("host_slots.freed"),
+		slotsUnassigned:     counterMetric("host_slots.unassigned"),
 		decisionMicros:      defineHistogram("kvroute.router.decision_us"),
 		bodyMicros:          defineHistogram("kvroute.router.request_body_us"),
 		byProfile:           map[string]metricCounter{},
@@ -167,7 +191,13 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	for i, e := range cfg.Endpoints {
 		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
 	}
-	p.setHosts(static)
+	p.departedAt = map[index.HostRef]int64{}
+	p.setHosts(static, false)
+	// The tick frees the slots of departed hosts and applies pushes off the
+	// request path (housekeep); admission, when on, sets a faster one.
+	if err := proxywasm.SetTickPeriodMilliSeconds(housekeepMs); err != nil {
+		proxywasm.LogWarnf("kvroute.router: setting the tick: %v (departed hosts' index slots are freed on pushes only)", err)
+	}
 	p.adm = newAdmitter(p)
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
@@ -186,18 +216,41 @@ type candidate struct {
 	waiting, running     int
 	kvUsage              float64
 	blockCapacity        int
+	capacityTokens       int   // KV capacity in tokens (0: unknown)
+	clearedAtMs          int64 // when the engine last dropped its cache
 }
 
-// setHosts rebuilds the candidate slice, registering every address with the
-// index (which gives it a slot shared by all workers).
-func (p *routerPlugin) setHosts(cs []candidate) {
+// slotGraceMs is how long a host that left the pushed candidate set keeps
+// its index slot while the gateway still counts requests in flight on it
+// (long streams; or counts a dead worker never gave back). A slot with
+// nothing in flight is freed at once, and any departed slot is reused at
+// once when a new host needs one and the table is full.
+const slotGraceMs = 10 * 60 * 1000
+
+// housekeepMs is how often on_tick revisits the slot table: frees departed
+// slots whose requests ended, and takes back slots another worker's view
+// reassigned.
+const housekeepMs = 1000
+
+// setHosts makes cs the candidates, applying to the index only what
+// changed: one Sync of the slot table (one read, at most one write)
+// registers new addresses, applies capacities and clears, and, for pushed
+// state (pushed), frees the slots of hosts that left it. A push whose
+// addresses, capacities and clears are those already applied, the usual
+// push (only queue numbers move), touches no shared data beyond the slot
+// table's 8-byte stamp.
+func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 	hosts := make([]scorer.Host, 0, len(cs))
 	pos := make(map[string]int, len(cs))
+	changed := len(cs) != len(p.hosts) || pushed != p.pushed
+	p.syncHosts = p.syncHosts[:0]
 	for _, c := range cs {
-		var h scorer.Host
-		if err := p.rt.Register(c.address, &h); err != nil {
-			proxywasm.LogWarnf("kvroute.router: index slot for %s: %v (routed without prefix matches)", c.address, err)
-			h.Address, h.Slot = c.address, -1
+		h := scorer.Host{Address: c.address, Slot: -1}
+		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
+			o := &p.hosts[old]
+			h.Slot, h.Gen, h.LatencyEWMAMs = o.Slot, o.Gen, o.LatencyEWMAMs
+		} else {
+			changed = true
 		}
 		role, err := scorer.ParseRole(c.role)
 		if err != nil {
@@ -207,13 +260,133 @@ func (p *routerPlugin) setHosts(cs []candidate) {
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
-		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
-			h.LatencyEWMAMs = p.hosts[old].LatencyEWMAMs
+		sh := index.SyncHost{Addr: c.address, CapacityTokens: -1}
+		if c.capacityTokens > 0 && p.capacity[c.address] != c.capacityTokens {
+			sh.CapacityTokens = c.capacityTokens
+			changed = true
 		}
+		if c.clearedAtMs > p.clearedAt[c.address] {
+			sh.Clear = true
+			changed = true
+		}
+		p.syncHosts = append(p.syncHosts, sh)
 		pos[c.address] = len(hosts)
 		hosts = append(hosts, h)
 	}
-	p.hosts, p.pos = hosts, pos
+	if changed {
+		for addr := range p.pos { // forget what was applied for departed hosts
+			if _, ok := pos[addr]; !ok {
+				delete(p.capacity, addr)
+				delete(p.clearedAt, addr)
+			}
+		}
+	}
+	p.hosts, p.pos, p.pushed = hosts, pos, pushed
+	if changed || p.syncDue || p.ix.SlotSeq() != p.slotSeq {
+		if p.syncSlots() {
+			for i, c := range cs {
+				if p.syncHosts[i].CapacityTokens >= 0 {
+					p.capacity[c.address] = c.capacityTokens
+				}
+				if p.syncHosts[i].Clear {
+					p.clearedAt[c.address] = c.clearedAtMs
+				}
+			}
+		}
+	}
+}
+
+// syncSlots applies p.syncHosts (the candidates, in p.hosts' order) to the
+// slot table and gives p.hosts their slots. It reports whether the table
+// holds them; on failure the hosts keep the slots they had (new ones get
+// none) and the next tick tries again.
+func (p *routerPlugin) syncSlots() bool {
+	var fate func(index.Departed) index.Fate
+	if p.pushed {
+		// Only pushed state speaks for the gateway's candidates: a router
+		// on static endpoints frees nothing (another plugin sharing the
+		// vm_id may route to the slots it does not know).
+		p.fateNow = p.now().UnixMilli()
+		p.kept = p.kept[:0]
+		fate = p.slotFate
+	}
+	refs, res, err := p.ix.Sync(p.syncHosts, p.refs, fate)
+	p.refs = refs
+	p.syncDue = res.Kept > 0 && p.pushed
+	if p.pushed {
+		p.forgetDepartures()
+	}
+	if res.Freed > 0 {
+		p.stats.slotsFreed.Increment(uint64(res.Freed))
+	}
+	if err != nil {
+		p.syncDue = true
+		proxywasm.LogWarnf("kvroute.router: updating the index's host slots: %v (hosts keep their slots; retried on the next tick)", err)
+	}
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		if r := refs[i]; err == nil || r.Slot >= 0 {
+			h.Slot, h.Gen = r.Slot, r.Gen
+		}
+	}
+	if res.Unassigned > 0 {
+		p.stats.slotsUnassigned.Increment(uint64(res.Unassigned))
+		proxywasm.LogWarnf("kvroute.router: %d of %d hosts got no index slot (the index tracks %d hosts per gateway): they are routed without prefix matches or shared load counts", res.Unassigned, len(p.hosts), index.MaxSlots)
+	}
+	p.slotSeq = p.ix.SlotSeq()
+	return err == nil
+}
+
+// slotFate is what syncSlots does with the slot of a host that left the
+// pushed candidate set: free it once nothing is in flight on it, or after
+// slotGraceMs; meanwhile offer it to a new host that finds the table full.
+// The grace is timed from when this worker first saw the slot departed.
+func (p *routerPlugin) slotFate(d index.Departed) index.Fate {
+	if d.InFlight == 0 {
+		return index.FreeSlot
+	}
+	since, ok := p.departedAt[d.Ref]
+	if !ok {
+		since = p.fateNow
+	}
+	if p.fateNow-since >= slotGraceMs {
+		return index.FreeSlot
+	}
+	p.kept = append(p.kept, departure{d.Ref, since})
+	return index.ReuseSlot
+}
+
+// departure is a departed slot kept, and since when.
+type departure struct {
+	ref   index.HostRef
+	since int64
+}
+
+// forgetDepartures keeps in p.departedAt only the slots the last Sync kept.
+func (p *routerPlugin) forgetDepartures() {
+	clear(p.departedAt)
+	for _, d := range p.kept {
+		p.departedAt[d.ref] = d.since
+	}
+}
+
+// housekeep runs on the tick, at most every housekeepMs: it applies a push
+// another worker stored (off the request path), frees departed slots whose
+// requests have ended, and, when another worker rewrote the slot table,
+// checks this worker's slots against it.
+func (p *routerPlugin) housekeep() {
+	nowMs := p.now().UnixMilli()
+	if nowMs-p.housekeptAt < housekeepMs && nowMs >= p.housekeptAt {
+		return
+	}
+	p.housekeptAt = nowMs
+	p.refreshState()
+	if p.syncDue || p.ix.SlotSeq() != p.slotSeq {
+		for i := range p.syncHosts {
+			p.syncHosts[i].CapacityTokens, p.syncHosts[i].Clear = -1, false
+		}
+		p.syncSlots()
+	}
 }
 
 // refreshState picks up a state push made on any worker.
@@ -233,35 +406,27 @@ func (p *routerPlugin) applyState(gen uint64) {
 		p.stateGen = gen
 		return
 	}
+	p.applyPushed(gen, st)
+}
+
+// applyPushed makes st, the pushed state of generation gen, the
+// candidates: applyState's work once the state is read, which the worker
+// that received the push does with the state it just validated.
+func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	hc := p.ix.Config().Hash
 	tokensPerBlock := max(hc.BlockChars/max(hc.CharsPerToken, 1), 1)
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
 		capacity := h.BlockSize * h.NumGPUBlocks // tokens
 		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
-			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock}
+			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
+			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
 	}
-	p.setHosts(cs)
-	p.stateGen, p.stateTs = gen, st.TimestampMs
-	// Engine facts the index keeps for every worker: KV capacity (drives
+	// Engine facts the index keeps for every worker, KV capacity (drives
 	// eviction of the index's beliefs) and cache clears (AllBlocksCleared,
-	// restarts). Every worker applies them; both are idempotent.
-	for _, h := range st.Hosts {
-		ref, ok := p.ix.Lookup(h.Address)
-		if !ok {
-			continue
-		}
-		if capacity := h.BlockSize * h.NumGPUBlocks; capacity > 0 && p.capacity[h.Address] != capacity {
-			if err := p.ix.SetCapacity(ref, capacity); err == nil {
-				p.capacity[h.Address] = capacity
-			}
-		}
-		if h.ClearedAtMs > p.clearedAt[h.Address] {
-			if err := p.ix.Clear(ref); err == nil {
-				p.clearedAt[h.Address] = h.ClearedAtMs
-			}
-		}
-	}
+	// restarts), ride the same Sync; each worker applies a change once.
+	p.setHosts(cs, true)
+	p.stateGen, p.stateTs = gen, st.TimestampMs
 }
 
 // prepare refreshes per-decision host fields: pushed-state staleness and the
@@ -283,10 +448,10 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	}
 }
 
-// markOpenBreakers is prepare's per-host breaker lookup while some breaker
-// is open, out of line (noinline: inlined, its map lookups would be back in
-// prepare): in Wasm each request pays for every part of a function it
-// enters, and breakers are nearly always all closed.
+// markOpenBreakers is prepare's per-host breaker lookup while some breaker is
+// open, out of line (noinline: inlined, its map lookups would be back in
+// prepare): each function entered costs a request (docs/performance.md), and
+// breakers are nearly always all closed.
 //
 //go:noinline
 func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
@@ -297,16 +462,17 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	}
 }
 
-// syncStats turns the index's and the router's cumulative counters into
-// metric increments. One loop over arrays rather than eight inlined copies
-// of the test and the call: in Wasm each request pays for the code it
-// enters.
+// syncStats turns the index's and the router's cumulative counters into metric
+// increments. One loop over arrays rather than eight inlined copies of the
+// test and the call: each function entered costs a request
+// (docs/performance.md).
 func (p *routerPlugin) syncStats() {
 	rs := p.rt.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
-		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated}
+		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
 	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
-		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated} {
+		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated,
+		&p.stats.feedbackPredicted, &p.stats.predictionError} {
 		if now[i] > p.lastSynced[i] {
 			c.Increment(now[i] - p.lastSynced[i])
 		}
@@ -321,9 +487,9 @@ func (p *routerPlugin) profileCounter(name string) metricCounter {
 	return p.switchProfile(name)
 }
 
-// switchProfile looks up (or defines) the counter of a profile other than
-// the last one. Out of line: one profile serves most requests, and in Wasm
-// each request pays for every part of a function it enters.
+// switchProfile looks up (or defines) the counter of a profile other than the
+// last one. Out of line: one profile serves most requests, and each function
+// entered costs a request (docs/performance.md).
 func (p *routerPlugin) switchProfile(name string) metricCounter {
 	c, ok := p.byProfile(name)
 	if !ok {
@@ -386,13 +552,13 @@ func (p *routerPlugin) byProfile(name string) (metricCounter, bool) {
 const streamSlab = 16
 
 // newStream hands out the next stream of a slab allocated streamSlab at a
-// time: one allocation per 16 streams instead of one each, so that the
-// context creation of a typical request enters none of the allocator's
-// code (in Wasm each request pays for every function it enters). A stream
-// is never handed out twice, so nothing that still holds one (admission's
-// queues, a late callback) can see it reused; a slab's memory (about 7 KB)
-// goes when none of its streams is referenced any more, so a long stream
-// keeps at most 15 finished ones' worth alive.
+// time: one allocation per 16 streams instead of one each, so that the context
+// creation of a typical request enters none of the allocator's code (each
+// function entered costs a request: docs/performance.md). A stream is never
+// handed out twice, so nothing that still holds one (admission's queues, a
+// late callback) can see it reused; a slab's memory (about 7 KB) goes when
+// none of its streams is referenced any more, so a long stream keeps at most
+// 15 finished ones' worth alive.
 func (p *routerPlugin) newStream(id uint32) types.HttpContext {
 	if len(p.streams) == 0 {
 		p.newSlab()
@@ -414,6 +580,7 @@ func (p *routerPlugin) newSlab() {
 func (p *routerPlugin) onTick() {
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
 	p.adm.tick()
+	p.housekeep()
 }
 
 func (p *routerPlugin) isInference(path string) bool {
@@ -474,8 +641,11 @@ type routerStream struct {
 	firstByte   bool
 	streamed    bool // the client asked for a streamed response ("stream": true)
 	// noUsage: the response cannot carry the engine's usage (a stream
-	// that did not ask for it), so its chunks are not read.
+	// that did not ask for it), so its chunks are not read. probeUsage:
+	// the stream asked only for continuous_usage_stats, which engines may
+	// ignore; its first chunk says whether the rest carry usage.
 	noUsage     bool
+	probeUsage  bool
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
@@ -575,9 +745,9 @@ func pathOnly(path string) string {
 }
 
 // decimal reads a header's unsigned decimal number of up to 18 digits
-// (content-length, :status). The header paths read it with this loop
-// rather than strconv: in Wasm, where each request pays for the code it
-// enters, ParseInt is three more functions for three digits.
+// (content-length, :status). The header paths read it with this loop rather
+// than strconv: where each function entered costs a request
+// (docs/performance.md), ParseInt is three more functions for three digits.
 func decimal(v string) (int64, bool) {
 	if len(v) == 0 || len(v) > 18 {
 		return 0, false
@@ -592,14 +762,13 @@ func decimal(v string) (int64, bool) {
 	return n, true
 }
 
-// otherPath passes a request for a path the router does not route, its
-// body scrubbed of the gateway-only P/D fields (see scrubBody), or answers
-// 404 (rejectOtherPaths). Another spelling of the state path (a trailing
-// slash, %2F, a doubled slash, upper case) is the state path: it is
-// answered here and never forwarded with its token. It and badMethod are
-// kept out of OnHttpRequestHeaders so that the code every routed request
-// runs stays small: in Wasm a request pays for each part of a function it
-// touches.
+// otherPath passes a request for a path the router does not route, its body
+// scrubbed of the gateway-only P/D fields (see scrubBody), or answers 404
+// (rejectOtherPaths). Another spelling of the state path (a trailing slash,
+// %2F, a doubled slash, upper case) is the state path: it is answered here
+// and never forwarded with its token. It and badMethod are kept out of
+// OnHttpRequestHeaders so that the code every routed request runs stays small:
+// each function entered costs a request (docs/performance.md).
 func (s *routerStream) otherPath(path, method string, endOfStream bool) types.Action {
 	p := s.plugin
 	if samePath(path, p.cfg.State.Path) {
@@ -622,8 +791,7 @@ func (s *routerStream) badMethod(path string) types.Action {
 
 // readBody reads the request body into p.bodyBuf (lent to the ABI bridge,
 // see filter/hostbuf) instead of a fresh allocation per request: in Wasm the
-// allocation, not the copy, was most of the read (about 70 of 75 µs for a
-// 32 KB body on wazero). The result is valid until the next readBody: the
+// allocation, not the copy, is most of the read. The result is valid until the next readBody: the
 // parser copies what outlives the callback (model, user), the hasher
 // consumes the prompt, and the forwarded body is rewritten into its own
 // buffer.
@@ -665,10 +833,10 @@ func (p *routerPlugin) sdkReadBuffer(n int, get func(start, maxSize int) ([]byte
 	return b, err
 }
 
-// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than
-// maxBodyBytes (the buffer never grows past it). Out of readBuffer's line
-// (noinline): it grows only until the largest body has been seen, and in
-// Wasm each request pays for every part of a function it enters.
+// growBodyBuf makes p.bodyBuf hold n bytes, unless n is more than maxBodyBytes
+// (the buffer never grows past it). Out of readBuffer's line (noinline): it
+// grows only until the largest body has been seen, and each function entered
+// costs a request (docs/performance.md).
 //
 //go:noinline
 func (p *routerPlugin) growBodyBuf(n int) bool {
@@ -680,9 +848,9 @@ func (p *routerPlugin) growBodyBuf(n int) bool {
 }
 
 // emptyBody and bodyTooLarge reject an inference request for its body. They
-// are kept out of the header and body callbacks so that the code every
-// routed request enters stays small (in Wasm a request pays for each part of
-// a function it touches).
+// are kept out of the header and body callbacks so that the code every routed
+// request enters stays small (each function entered costs a request:
+// docs/performance.md).
 func (s *routerStream) emptyBody() types.Action {
 	s.plugin.stats.badRequest.Increment(1)
 	return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
@@ -761,7 +929,8 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
 	}
 	s.streamed = req.Stream
-	s.noUsage = req.Stream && !req.StreamUsage && !p.streamUsageAlways
+	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
+	s.probeUsage = req.ContinuousUsage && !p.streamUsageAlways
 	if p.adm != nil {
 		if action, held := p.adm.admit(s, &in); held {
 			return action
@@ -771,10 +940,10 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	return types.ActionContinue
 }
 
-// unreadableBody answers a request whose body cannot be read: unread, it
-// could not be checked for the gateway-only P/D fields. Out of line: the
-// log call's argument is boxed in place, and in Wasm every request pays for
-// every part of a function it enters.
+// unreadableBody answers a request whose body cannot be read: unread, it could
+// not be checked for the gateway-only P/D fields. Out of line: the log call's
+// argument is boxed in place, and each function entered costs a request
+// (docs/performance.md).
 func (s *routerStream) unreadableBody(err error) types.Action {
 	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (request refused)", err)
 	s.plugin.stats.failedOpen.Increment(1)
@@ -933,9 +1102,8 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 
 // optionalHeaders writes the request headers a decision adds only in some
 // deployments: the prefill host of a disaggregated decision and the ORCA
-// format request. Out of route's line: in Wasm each request pays for every
-// part of a function it enters, and the default configuration needs
-// neither.
+// format request. Out of route's line: each function entered costs a request
+// (docs/performance.md), and the default configuration needs neither.
 func (s *routerStream) optionalHeaders(disaggregated bool) {
 	if addr := s.ticket.PrefillAddress; disaggregated && addr != "" {
 		// kvroute.pd (after the router in the chain) prefills there.
@@ -946,10 +1114,10 @@ func (s *routerStream) optionalHeaders(disaggregated bool) {
 	}
 }
 
-// destinationFailed logs a destination header the host would not take. Out
-// of line, like every rare branch of the request path: in Wasm each request
-// pays for every part of a function it enters, and a log call's arguments
-// are boxed into interfaces in place (hence noinline).
+// destinationFailed logs a destination header the host would not take. Out of
+// line, like every rare branch of the request path: each function entered
+// costs a request (docs/performance.md), and a log call's arguments are boxed
+// into interfaces in place (hence noinline).
 //
 //go:noinline
 func (p *routerPlugin) destinationFailed(err error) {
@@ -1061,8 +1229,8 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 }
 
 // The response path's rare branches live in their own functions so that
-// OnHttpResponseHeaders stays small: in Wasm each request pays for every
-// part of a function it enters, taken or not.
+// OnHttpResponseHeaders stays small: each function entered costs a request
+// (docs/performance.md).
 
 // fellBack records that override_host moved on from primary to served: the
 // primary refused the connection.
@@ -1229,12 +1397,30 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 				s.tail.keep(chunk)
 			}
 		}
+		if s.probeUsage {
+			s.stopUnlessUsage(endOfStream)
+		}
 	}
 	// Not deferred: a panic in the scan leaves finish to stream done.
 	if endOfStream && !s.finished {
 		s.finish()
 	}
 	return types.ActionContinue
+}
+
+// stopUnlessUsage ends the probe of a stream that asked only for
+// continuous_usage_stats: when its first chunk carried no cached_tokens,
+// the engine ignores the option (or reports no cache hits in it), and the
+// chunks that follow, one per token or so, are not read. Out of line
+// (noinline): in Wasm only such streams enter it.
+//
+//go:noinline
+func (s *routerStream) stopUnlessUsage(endOfStream bool) {
+	s.probeUsage = false
+	if !s.feedbackSet && !endOfStream {
+		s.noUsage = true
+		quietbody.Mark(s.id)
+	}
 }
 
 // finish gives the engine's feedback to the router, releases the request's
@@ -1256,13 +1442,13 @@ func (s *routerStream) finish() {
 	p.syncStats()
 }
 
-// OnHttpStreamDone ends what the stream still holds: an admission place,
-// and for a routed response that ended without its last body chunk, the
-// feedback and load that finish gives back. A stream finish already ended,
-// as nearly every routed one is, leaves nothing to do: the callback then
-// enters no other function, and the guard (a deferred recover) sits in
-// streamDone with the work it protects. In Wasm each request pays for
-// every function it enters.
+// OnHttpStreamDone ends what the stream still holds: an admission place, and
+// for a routed response that ended without its last body chunk, the feedback
+// and load that finish gives back. A stream finish already ended, as nearly
+// every routed one is, leaves nothing to do: the callback then enters no other
+// function, and the guard (a deferred recover) sits in streamDone with the
+// work it protects. Each function entered costs a request
+// (docs/performance.md).
 func (s *routerStream) OnHttpStreamDone() {
 	if s.plugin.adm != nil || s.decided && !s.finished {
 		s.streamDone()
@@ -1327,10 +1513,10 @@ func cachedTokens(tail, chunk []byte) (val int, found bool) {
 	return val, found
 }
 
-// seamCachedTokens finds a cached_tokens value across the seam of two
-// chunks: in tail joined with the head of chunk. Out of line (noinline):
-// only a stream whose usage is split across chunks needs it, and in Wasm
-// each response pays for every part of a function it enters.
+// seamCachedTokens finds a cached_tokens value across the seam of two chunks:
+// in tail joined with the head of chunk. Out of line (noinline): only a stream
+// whose usage is split across chunks needs it, and each function entered costs
+// a response (docs/performance.md).
 //
 //go:noinline
 func seamCachedTokens(tail, chunk []byte) (int, bool) {
@@ -1349,9 +1535,9 @@ type tailBuf struct {
 
 func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
 
-// keep replaces the tail with the end of chunk. Out of line (noinline):
-// only a response in several chunks keeps a tail, and in Wasm each
-// response pays for every part of a function it enters.
+// keep replaces the tail with the end of chunk. Out of line (noinline): only a
+// response in several chunks keeps a tail, and each function entered costs a
+// response (docs/performance.md).
 //
 //go:noinline
 func (t *tailBuf) keep(chunk []byte) {

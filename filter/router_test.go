@@ -3,6 +3,7 @@ package filter
 import (
 	"fmt"
 	"math/rand"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10
 // newHost starts an emulated plugin with root id rootID and configuration cfg
 // and fails the test unless start returns want. It returns the router plugin
 // when one started.
-func newHost(t *testing.T, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
+func newHost(t testing.TB, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
 	t.Helper()
 	var started *routerPlugin
 	routerStarted = func(p *routerPlugin) { started = p }
@@ -326,11 +327,16 @@ func TestBadInputTable(t *testing.T) {
 const stateToken = "s3cret-token"
 
 func pushBody(ts int64, addrs ...string) string {
+	return pushBodyRaw(strconv.FormatInt(ts, 10), addrs...)
+}
+
+// pushBodyRaw is pushBody with the timestamp as written in the JSON.
+func pushBodyRaw(ts string, addrs ...string) string {
 	var hs []string
 	for _, a := range addrs {
 		hs = append(hs, fmt.Sprintf(`{"address":%q,"healthy":true,"waiting":0,"running":1,"kvUsage":0.2}`, a))
 	}
-	return fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, ts, strings.Join(hs, ","))
+	return fmt.Sprintf(`{"version":1,"timestampMs":%s,"hosts":[%s]}`, ts, strings.Join(hs, ","))
 }
 
 func TestStateEndpointAuthAndValidation(t *testing.T) {
@@ -352,6 +358,15 @@ func TestStateEndpointAuthAndValidation(t *testing.T) {
 		{"wrong version", "Bearer " + stateToken, `{"version":9,"timestampMs":1,"hosts":[{"address":"a:1"}]}`, 400},
 		{"no hosts", "Bearer " + stateToken, `{"version":1,"timestampMs":1,"hosts":[]}`, 400},
 		{"empty body", "Bearer " + stateToken, "", 400},
+		// A timestamp must be a whole number of milliseconds, not far
+		// ahead of the gateway's clock: 1e400 once read as MaxInt64 and
+		// never went stale.
+		{"timestamp 1e400", "Bearer " + stateToken, pushBodyRaw("1e400", "10.1.0.1:8000"), 400},
+		{"timestamp -1e400", "Bearer " + stateToken, pushBodyRaw("-1e400", "10.1.0.1:8000"), 400},
+		{"fractional timestamp", "Bearer " + stateToken, pushBodyRaw(strconv.FormatInt(now.UnixMilli(), 10)+".5", "10.1.0.1:8000"), 400},
+		{"timestamp past 2^53", "Bearer " + stateToken, pushBodyRaw("9007199254740993", "10.1.0.1:8000"), 400},
+		{"timestamp an hour ahead", "Bearer " + stateToken, pushBody(now.Add(time.Hour).UnixMilli(), "10.1.0.1:8000"), 400},
+		{"string timestamp", "Bearer " + stateToken, pushBodyRaw(`"1800000000000"`, "10.1.0.1:8000"), 400},
 	}
 	for _, tc := range cases {
 		hs := [][2]string{}
@@ -397,6 +412,106 @@ func TestStateEndpointAuthAndValidation(t *testing.T) {
 		if !p.hosts[i].Stale {
 			t.Errorf("host %s not marked stale", p.hosts[i].Address)
 		}
+	}
+}
+
+// A push older than the state in force is refused (409, counted) and
+// changes nothing; the same snapshot again, or a newer one, is accepted.
+func TestStatePushOlderThanInForceRefused(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = nil })
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	push := func(body string) int {
+		t.Helper()
+		id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
+		r := host.GetSentLocalResponse(id)
+		if r == nil {
+			t.Fatal("no reply to the push")
+		}
+		return int(r.StatusCode)
+	}
+	ts := now.UnixMilli()
+	if code := push(pushBody(ts, "10.1.0.1:8000")); code != 200 {
+		t.Fatalf("first push: %d", code)
+	}
+	gen := loadStateGen()
+	if code := push(pushBody(ts-3_600_000, "10.2.0.1:8000")); code != 409 {
+		t.Errorf("a push an hour older than the state in force: %d, want 409", code)
+	}
+	if code := push(pushBody(ts-1, "10.2.0.1:8000")); code != 409 {
+		t.Errorf("a push 1 ms older than the state in force: %d, want 409", code)
+	}
+	if got := counter(t, host, "kvroute.router.state.rejected_older"); got != 2 {
+		t.Errorf("state.rejected_older = %d, want 2", got)
+	}
+	if loadStateGen() != gen || p.stateTs != ts {
+		t.Fatalf("a refused push changed the state: gen %d -> %d, timestamp %d", gen, loadStateGen(), p.stateTs)
+	}
+	for i := 0; i < 3; i++ {
+		id, _ := post(host, completion)
+		if d := destination(host, id); d != "10.1.0.1:8000" {
+			t.Fatalf("after a refused older push destination = %q, want the host in force", d)
+		}
+	}
+	if code := push(pushBody(ts, "10.1.0.1:8000")); code != 200 {
+		t.Errorf("the same snapshot again: %d, want 200", code)
+	}
+	if code := push(pushBody(ts+1, "10.3.0.1:8000")); code != 200 {
+		t.Errorf("a newer push: %d, want 200", code)
+	}
+	id, _ := post(host, completion)
+	if d := destination(host, id); d != "10.3.0.1:8000" {
+		t.Errorf("after a newer push destination = %q", d)
+	}
+}
+
+// When pushed state goes stale (the metrics service stopped pushing),
+// every host is stale at once; a host last pushed unhealthy, and one whose
+// breaker is open, must still stay out while others remain.
+func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = nil })
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000},"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}}`, types.OnPluginStartStatusOK)
+	const sick, broken = "10.1.0.2:8000", "10.1.0.3:8000"
+	body := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":"10.1.0.1:8000"},{"address":%q,"healthy":false},{"address":%q},{"address":"10.1.0.4:8000"}]}`, now.UnixMilli(), sick, broken)
+	id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
+	if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
+		t.Fatalf("push: %+v", r)
+	}
+	respond := func(id uint32) string {
+		d := destination(host, id)
+		status := "200"
+		if d == broken {
+			status = "503"
+		}
+		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
+		host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
+		host.CompleteHttpContext(id)
+		return d
+	}
+	for i := 0; i < 12; i++ { // the broken host fails twice: its breaker opens
+		id, _ := post(host, completion)
+		respond(id)
+	}
+	if got := counter(t, host, "kvroute.router.breaker.opened"); got != 1 {
+		t.Fatalf("breaker.opened = %d, want 1", got)
+	}
+	now = now.Add(6 * time.Second) // past staleAfterMs
+	got := map[string]int{}
+	for i := 0; i < 30; i++ {
+		id, _ := post(host, completion)
+		got[respond(id)]++
+	}
+	if !p.hosts[0].Stale {
+		t.Fatal("the pushed state is not stale")
+	}
+	if got[sick] != 0 || got[broken] != 0 {
+		t.Errorf("with stale state the host last pushed unhealthy got %d of 30 requests and the breaker-open one %d; want 0: %v", got[sick], got[broken], got)
+	}
+	if got["10.1.0.1:8000"] == 0 || got["10.1.0.4:8000"] == 0 {
+		t.Errorf("the healthy hosts did not share the requests: %v", got)
 	}
 }
 
@@ -584,20 +699,26 @@ func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
 // back at the end either way.
 func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 	const prompt = `{"model":"m","prompt":"You are a helpful assistant. Answer briefly.","max_tokens":16,"stream":true`
+	const plain = `data: {"choices":[{"index":0,"delta":{"content":"token"}}]}` + "\n\n"
+	const continuous = `data: {"choices":[{"index":0,"delta":{"content":"token"}}],"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":16}}}` + "\n\n"
 	for _, tc := range []struct {
-		name, config, body string
-		read               bool
+		name, config, body, chunk string
+		read                      bool
 	}{
-		{"no usage asked", "", prompt + `}`, false},
-		{"include_usage", "", prompt + `,"stream_options":{"include_usage":true}}`, true},
-		{"engines always add it", `,"streamUsage":"always"`, prompt + `}`, true},
+		{"no usage asked", "", prompt + `}`, plain, false},
+		{"include_usage", "", prompt + `,"stream_options":{"include_usage":true}}`, plain, true},
+		{"engines always add it", `,"streamUsage":"always"`, prompt + `}`, plain, true},
+		// continuous_usage_stats alone: read on only when the engine
+		// honours it (its first chunk carries usage).
+		{"continuous_usage_stats honoured", "", prompt + `,"stream_options":{"continuous_usage_stats":true}}`, continuous, true},
+		{"continuous_usage_stats ignored", "", prompt + `,"stream_options":{"continuous_usage_stats":true}}`, plain, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			host, p := newHost(t, RootRouter, threeEndpoints+tc.config+`}`, types.OnPluginStartStatusOK)
 			id, _ := post(host, tc.body)
 			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
 			for i := 0; i < 20; i++ {
-				host.CallOnResponseBody(id, []byte(`data: {"choices":[{"index":0,"delta":{"content":"token"}}]}`+"\n\n"), false)
+				host.CallOnResponseBody(id, []byte(tc.chunk), false)
 			}
 			host.CallOnResponseBody(id, []byte(`data: {"choices":[],"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":32}}}`+"\n\ndata: [DONE]\n\n"), false)
 			host.CallOnResponseBody(id, nil, true)
@@ -608,6 +729,14 @@ func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 			}
 			if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != want {
 				t.Errorf("confirmed_cached_tokens = %d, want %d", got, want)
+			}
+			// The prediction error's pair: the first request predicted
+			// nothing, so its error is all it confirmed.
+			if got := counter(t, host, "kvroute.router.feedback.prediction_error_tokens"); got != want {
+				t.Errorf("feedback.prediction_error_tokens = %d, want %d", got, want)
+			}
+			if got := counter(t, host, "kvroute.router.feedback.predicted_cached_tokens"); got != 0 {
+				t.Errorf("feedback.predicted_cached_tokens = %d, want 0", got)
 			}
 			for slot, l := range p.ix.Loads(nil) {
 				if l != (index.Load{}) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/snapshot"
 )
 
@@ -49,11 +51,11 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 	if v := root.Get("version"); v.Type != gjson.Number || v.Int() != snapshot.Version {
 		return st, fmt.Errorf("version: must be %d (this gateway reads snapshot format %d)", snapshot.Version, snapshot.Version)
 	}
-	ts := root.Get("timestampMs")
-	if ts.Type != gjson.Number || ts.Int() <= 0 {
-		return st, errors.New("timestampMs: must be a positive Unix time in milliseconds")
+	ts, ok := unixMs(root.Get("timestampMs"))
+	if !ok || ts <= 0 {
+		return st, errors.New("timestampMs: must be a positive whole Unix time in milliseconds")
 	}
-	st.TimestampMs = ts.Int()
+	st.TimestampMs = ts
 	hosts := root.Get("hosts")
 	if !hosts.IsArray() {
 		return st, errors.New("hosts: must be an array")
@@ -85,12 +87,14 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 }
 
 func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
-	at := fmt.Sprintf("hosts[%d]", i)
+	at := hostAt(i)
 	var host snapshot.Host
 	if !h.IsObject() {
 		return host, fmt.Errorf("%s: must be an object", at)
 	}
-	addr := h.Get("address")
+	var m objectMembers
+	m.read(h)
+	addr := m.get("address")
 	if addr.Type != gjson.String {
 		return host, fmt.Errorf("%s.address: must be a host:port string", at)
 	}
@@ -98,7 +102,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		return host, fmt.Errorf("%s.address: %v", at, err)
 	}
 	host.Address = addr.Str
-	switch role := h.Get("role"); {
+	switch role := m.get("role"); {
 	case !role.Exists() || role.Str == "":
 		host.Role = config.RoleBoth
 	case role.Str == config.RoleBoth || role.Str == config.RolePrefill || role.Str == config.RoleDecode:
@@ -106,13 +110,13 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 	default:
 		return host, fmt.Errorf("%s.role: %q is not prefill, decode or both", at, role.Str)
 	}
-	if m := h.Get("model"); m.Exists() {
+	if m := m.get("model"); m.Exists() {
 		if m.Type != gjson.String {
 			return host, fmt.Errorf("%s.model: must be a string", at)
 		}
 		host.Model = m.Str
 	}
-	if a := h.Get("adapters"); a.Exists() && a.Type != gjson.Null {
+	if a := m.get("adapters"); a.Exists() && a.Type != gjson.Null {
 		if !a.IsArray() {
 			return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
 		}
@@ -123,7 +127,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 			host.Adapters = append(host.Adapters, x.Str)
 		}
 	}
-	healthy := h.Get("healthy")
+	healthy := m.get("healthy")
 	if healthy.Exists() && healthy.Type != gjson.True && healthy.Type != gjson.False {
 		return host, fmt.Errorf("%s.healthy: must be a boolean", at)
 	}
@@ -133,7 +137,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		dst  *int
 	}{{"waiting", &host.Waiting}, {"running", &host.Running}, {"blockSize", &host.BlockSize}, {"numGpuBlocks", &host.NumGPUBlocks}, {"cachedBlocks", &host.CachedBlocks}}
 	for _, f := range ints {
-		v := h.Get(f.name)
+		v := m.get(f.name)
 		if !v.Exists() {
 			continue
 		}
@@ -143,7 +147,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		}
 		*f.dst = int(n)
 	}
-	if v := h.Get("kvUsage"); v.Exists() {
+	if v := m.get("kvUsage"); v.Exists() {
 		if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
 			return host, fmt.Errorf("%s.kvUsage: must be a number from 0 to 1", at)
 		}
@@ -153,15 +157,81 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		name string
 		dst  *int64
 	}{{"clearedAtMs", &host.ClearedAtMs}, {"scrapedAtMs", &host.ScrapedAtMs}} {
-		if v := h.Get(f.name); v.Exists() {
-			if v.Type != gjson.Number || v.Int() < 0 {
-				return host, fmt.Errorf("%s.%s: must be a Unix time in milliseconds", at, f.name)
+		if v := m.get(f.name); v.Exists() {
+			ms, ok := unixMs(v)
+			if !ok || ms < 0 {
+				return host, fmt.Errorf("%s.%s: must be a whole Unix time in milliseconds", at, f.name)
 			}
-			*f.dst = v.Int()
+			*f.dst = ms
 		}
 	}
 	return host, nil
 }
+
+// hostAt names hosts[i] in an error, formatted only when there is one.
+type hostAt int
+
+func (i hostAt) String() string { return "hosts[" + strconv.Itoa(int(i)) + "]" }
+
+// objectMembers holds an object's members as read in one pass: a push carries
+// about ten fields per host, and gjson's Get scans the object again for
+// each, which made decoding a 1,000-host push several times slower.
+type objectMembers struct {
+	obj   gjson.Result
+	n     int
+	over  bool // more members than fit: get falls back to Get
+	names [16]string
+	vals  [16]gjson.Result
+}
+
+func (m *objectMembers) read(obj gjson.Result) {
+	m.obj = obj
+	obj.ForEach(func(k, v gjson.Result) bool {
+		if m.n == len(m.names) {
+			m.over = true
+			return false
+		}
+		m.names[m.n], m.vals[m.n] = k.Str, v
+		m.n++
+		return true
+	})
+}
+
+// get is Get on the object: the first member named name.
+func (m *objectMembers) get(name string) gjson.Result {
+	for i := 0; i < m.n; i++ {
+		if m.names[i] == name {
+			return m.vals[i]
+		}
+	}
+	if m.over {
+		return m.obj.Get(name)
+	}
+	return gjson.Result{}
+}
+
+// maxUnixMs bounds the timestamps a push may carry: 2^53 ms (year
+// 287,396), the largest integer a JSON number holds exactly. Without a
+// bound, 1e400 would read as the largest int64 and never go stale.
+const maxUnixMs = 1 << 53
+
+// unixMs reads a Unix time in milliseconds: a JSON number that is whole
+// and at most maxUnixMs (1.5 and 1e400 are refused, 1e12 is not).
+func unixMs(v gjson.Result) (int64, bool) {
+	// Bounded first (NaN fails the test too): a float beyond int64
+	// converts to an implementation-defined integer.
+	if v.Type != gjson.Number || !(math.Abs(v.Num) <= maxUnixMs) {
+		return 0, false
+	}
+	return wholeNumber(v)
+}
+
+// maxPushAheadMs is how far ahead of the gateway's clock a push may be
+// stamped (clock skew between the metrics service and the gateway). A
+// push stamped further ahead is refused: accepted, it would stay fresh
+// past state.staleAfterMs and make every correctly stamped push until
+// then look older than the state in force (409).
+const maxPushAheadMs = 60_000
 
 // bearerToken extracts the token of an "Authorization: Bearer <token>" value.
 func bearerToken(v string) (string, bool) {
@@ -183,12 +253,44 @@ func authorized(header, want string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
-// storeState publishes a validated body to every worker: the body first,
-// then a bumped generation, so a worker that sees the new generation reads
-// the new body. Returns the new generation.
-func storeState(body []byte) (uint64, error) {
-	if err := setUnconditionally(stateBodyKey, body); err != nil {
-		return 0, err
+// olderStateError refuses a push stamped before the state in force.
+type olderStateError struct{ pushed, inForce int64 }
+
+func (e *olderStateError) Error() string {
+	return fmt.Sprintf("timestampMs %d is older than the state in force (timestampMs %d): this gateway keeps the newest snapshot; a metrics service whose clock runs behind must be fixed, not obeyed", e.pushed, e.inForce)
+}
+
+// storeState publishes a validated body stamped ts to every worker: the
+// body first, then a bumped generation, so a worker that sees the new
+// generation reads the new body. Returns the new generation.
+//
+// The body is replaced under CAS, after comparing stamps with the body in
+// force: of two pushes racing on two workers, the older one is refused
+// (olderStateError) whichever lands first. A push stamped like the one in
+// force (the same snapshot sent again) is accepted.
+func storeState(body []byte, ts int64) (uint64, error) {
+	st := &sharedStore{emulated: emulatedHost}
+	stored := false
+	for attempt := 0; attempt < maxCASAttempts && !stored; attempt++ {
+		cur, cas, err := st.Get(stateBodyKey)
+		switch {
+		case errors.Is(err, index.ErrNotFound):
+			cas = createCAS
+		case err != nil:
+			return 0, err
+		default:
+			if inForce, ok := unixMs(gjson.GetBytes(cur, "timestampMs")); ok && ts < inForce {
+				return 0, &olderStateError{pushed: ts, inForce: inForce}
+			}
+		}
+		err = st.Set(stateBodyKey, body, cas)
+		if err != nil && !errors.Is(err, index.ErrCASMismatch) {
+			return 0, err
+		}
+		stored = err == nil
+	}
+	if !stored {
+		return 0, errors.New("state body: too much contention")
 	}
 	var buf [8]byte
 	for attempt := 0; attempt < maxCASAttempts; attempt++ {
@@ -211,22 +313,10 @@ func storeState(body []byte) (uint64, error) {
 	return 0, errors.New("state generation: too much contention")
 }
 
-// setUnconditionally writes key whatever its current CAS (Envoy treats CAS
-// 0 so; reading the CAS first keeps hosts that do not, like the SDK's
-// emulator, working too).
-func setUnconditionally(key string, value []byte) error {
-	for attempt := 0; attempt < maxCASAttempts; attempt++ {
-		_, cas, err := proxywasm.GetSharedData(key)
-		if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
-			return err
-		}
-		err = proxywasm.SetSharedData(key, value, cas)
-		if err == nil || !errors.Is(err, types.ErrorStatusCasMismatch) {
-			return err
-		}
-	}
-	return errors.New(key + ": too much contention")
-}
+// createCAS is the CAS a missing key is written with, as the index does
+// (index.createCAS): Envoy creates a missing key whatever the CAS, and a
+// nonzero one fails if a racer created the key first.
+const createCAS = ^uint32(0)
 
 // stateGenBuf receives the pushed state's generation, which refreshState
 // reads on every decision: lent to the ABI bridge (GetAppend), the read
@@ -310,17 +400,26 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 	if err != nil {
 		body = nil
 	}
-	if _, err := decodeSnapshot(body); err != nil {
+	st, err := decodeSnapshot(body)
+	if err == nil && st.TimestampMs > p.now().UnixMilli()+maxPushAheadMs {
+		err = fmt.Errorf("timestampMs: %d is more than %d s ahead of this gateway's clock (%d): check the metrics service's clock", st.TimestampMs, maxPushAheadMs/1000, p.now().UnixMilli())
+	}
+	if err != nil {
 		p.stats.stateRejected.Increment(1)
 		return s.reject(badRequest("", "invalid state snapshot: %v", err))
 	}
-	gen, err := storeState(body)
+	gen, err := storeState(body, st.TimestampMs)
+	var older *olderStateError
+	if errors.As(err, &older) {
+		p.stats.stateOlder.Increment(1)
+		return s.reject(&requestError{Status: 409, Message: err.Error()})
+	}
 	if err != nil {
 		proxywasm.LogErrorf("kvroute.router: storing pushed state: %v", err)
 		return s.reject(&requestError{Status: 503, Message: "could not store the state; retry"})
 	}
 	p.stats.statePushes.Increment(1)
-	p.refreshState()
+	p.applyPushed(gen, st) // validated above: no second decode
 	reply := []byte(`{"accepted":true,"generation":`)
 	reply = strconv.AppendUint(reply, gen, 10)
 	reply = append(reply, `,"hosts":`...)

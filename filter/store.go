@@ -57,11 +57,11 @@ func getError(key string, err error) error {
 	return otherGetError(key, err)
 }
 
-// otherGetError is getError for anything but the bare not-found sentinel.
-// It is out of line (hence noinline) because a routed request meets a
-// missing key on every decision and other errors almost never: in Wasm
-// each request pays for the code of every function it enters, and
-// errors.Is and fmt are most of this code.
+// otherGetError is getError for anything but the bare not-found sentinel. It
+// is out of line (hence noinline) because a routed request meets a missing key
+// on every decision and other errors almost never: each function entered costs
+// a request (docs/performance.md), and errors.Is and fmt are most of this
+// code.
 //
 //go:noinline
 func otherGetError(key string, err error) error {

@@ -8,12 +8,12 @@ import (
 	"github.com/kvroute/kvroute/filter/hostbuf"
 )
 
-// hostGetSharedData and hostSetSharedData are the host calls behind the
-// SDK's GetSharedData and SetSharedData, imported here so that the index's
-// reads and writes (about ten per routed request) go straight to the host:
-// through the SDK each call also enters its status-to-error mapping, its
-// buffer handover and, for a missing key, an interface comparison, code a
-// request pays for in Wasm.
+// hostGetSharedData and hostSetSharedData are the host calls behind the SDK's
+// GetSharedData and SetSharedData, imported here so that the index's reads and
+// writes (about ten per routed request) go straight to the host: through the
+// SDK each call also enters its status-to-error mapping, its buffer handover
+// and, for a missing key, an interface comparison, code each request would
+// enter (docs/performance.md).
 //
 //go:wasmimport env proxy_get_shared_data
 func hostGetSharedData(key *byte, keySize uint32, retPtr, retSize, retCAS *uint32) uint32

@@ -209,6 +209,9 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 		{"missing token", "", push, 401},
 		{"wrong token", "Bearer wrong", push, 401},
 		{"malformed body", "Bearer " + stateToken, `{"version":1,`, 400},
+		{"timestamp 1e400", "Bearer " + stateToken, pushBodyRaw("1e400", addrs[2]), 400},
+		{"fractional timestamp", "Bearer " + stateToken, pushBodyRaw("1800000000000.25", addrs[2]), 400},
+		{"timestamp an hour ahead", "Bearer " + stateToken, pushBody(time.Now().Add(time.Hour).UnixMilli(), addrs[2]), 400},
 	} {
 		hdr := map[string]string{}
 		if tc.auth != "" {
@@ -253,15 +256,79 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 	if got := h.CounterValue("kvroute.router.stale_state"); got != 0 {
 		t.Errorf("a push stamped now was counted stale %d times", got)
 	}
-	old := pushBody(time.Now().Add(-time.Hour).UnixMilli(), addrs[2], addrs[3])
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
-		t.Fatalf("old push: %d %s", code, body)
+	// A push older than the state in force is refused and changes nothing.
+	old := pushBody(time.Now().Add(-time.Hour).UnixMilli(), addrs[0], addrs[1])
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 409 {
+		t.Fatalf("a push older than the state in force: %d %s, want 409", code, body)
 	}
+	if got := h.CounterValue("kvroute.router.state.rejected_older"); got != 1 {
+		t.Errorf("state.rejected_older = %d, want 1", got)
+	}
+	before = h.UpstreamRequests()
 	for i := 0; i < 4; i++ {
 		call(t, "POST", url+"/v1/completions", completion, nil)
 	}
-	if got := h.CounterValue("kvroute.router.stale_state"); got == 0 {
+	after = h.UpstreamRequests()
+	if after[addrs[0]] != before[addrs[0]] || after[addrs[1]] != before[addrs[1]] {
+		t.Errorf("the refused older push's hosts got requests: %v -> %v", before, after)
+	}
+	// On a gateway with no state yet, an hour-old push is accepted, and stale.
+	h2, url2 := startRouter(t, addrs, 1, `,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}`)
+	if code, body, _ := call(t, "POST", url2+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		t.Fatalf("old push to a fresh gateway: %d %s", code, body)
+	}
+	for i := 0; i < 4; i++ {
+		call(t, "POST", url2+"/v1/completions", completion, nil)
+	}
+	if got := h2.CounterValue("kvroute.router.stale_state"); got == 0 {
 		t.Error("a push stamped an hour ago was not counted stale")
+	}
+}
+
+// llamaCompletion is a completion for the model the simulated engines serve.
+const llamaCompletion = `{"model":"llama-3-8b","prompt":"hello","max_tokens":2}`
+
+// Stale pushed state (the metrics service down) keeps what it knew about
+// health: the engine last pushed unhealthy and the dead one whose breaker
+// opened get none of the requests while healthy engines remain.
+func TestWasmStaleStateKeepsDeadHostsOut(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 3, TimeScale: 0, TimeScaleSet: true})
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadAddr := dead.Listener.Addr().String()
+	dead.Close() // nothing listens there any more
+	addrs := append(f.Addrs(), deadAddr)
+	sick := addrs[1]
+	h, url := startRouter(t, addrs, 1, `,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000},"state":{"token":"`+stateToken+`","staleAfterMs":5000}`)
+	// The gateway's first push, stamped a minute ago: accepted, and stale.
+	push := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q,"healthy":false},{"address":%q},{"address":%q}]}`,
+		time.Now().Add(-time.Minute).UnixMilli(), addrs[0], sick, addrs[2], deadAddr)
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	failed := 0
+	for i := 0; i < 8; i++ { // the dead engine fails twice: its breaker opens
+		if code, _, _ := call(t, "POST", url+"/v1/completions", llamaCompletion, nil); code != 200 {
+			failed++
+		}
+	}
+	if got := h.CounterValue("kvroute.router.breaker.opened"); got != 1 || failed != 2 {
+		t.Fatalf("breaker.opened = %d after %d failures, want 1 after 2", got, failed)
+	}
+	if h.CounterValue("kvroute.router.stale_state") == 0 {
+		t.Fatal("the pushed state is not stale")
+	}
+	before := h.UpstreamRequests()
+	for i := 0; i < 30; i++ {
+		if code, body, _ := call(t, "POST", url+"/v1/completions", llamaCompletion, nil); code != 200 {
+			t.Errorf("request %d: %d %s (went to the dead engine)", i, code, body)
+		}
+	}
+	after := h.UpstreamRequests()
+	if n := after[sick] - before[sick]; n != 0 {
+		t.Errorf("the engine last pushed unhealthy got %d of 30 requests with stale state, want 0", n)
+	}
+	if n := after[addrs[0]] + after[addrs[2]] - before[addrs[0]] - before[addrs[2]]; n != 30 {
+		t.Errorf("the healthy engines served %d of 30", n)
 	}
 }
 

@@ -370,7 +370,7 @@ func fillChain(c []uint64, seed uint64) {
 // decision for a new prompt and for a repeated one, the sets per new
 // prompt, and the precision lost on partial matches (the tokens between
 // the true shared prefix, uniformly random, and the last block boundary
-// below it). The defaults come from this table (README, Index section).
+// below it). The defaults come from this table (docs/index.md, "Default block size").
 func BenchmarkLayout(b *testing.B) {
 	type layout struct {
 		chars, levels, seg int

@@ -188,8 +188,8 @@ func runDrift(t testing.TB, seed uint64, o driftOpts) driftStats {
 }
 
 // TestEvictionDriftAgainstExactLRU bounds how far the index's eviction
-// drifts from the engines' LRU on a conversation workload (figures in the
-// README, Index section).
+// drifts from the engines' LRU on a conversation workload (figures in
+// docs/index.md, "Eviction and how far it drifts").
 func TestEvictionDriftAgainstExactLRU(t *testing.T) {
 	for _, tc := range []struct {
 		capFraction float64

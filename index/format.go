@@ -155,9 +155,9 @@ func (t *slotTable) words() int { return (t.n + 63) / 64 }
 // This is what makes a removed host's bits stop counting at once, without
 // touching the shards.
 //
-// The epoch test is inlined into presence, run for every probe; the slot
-// loop, needed only after a removal or clear the shard has not seen, stays
-// out of line (in Wasm each request pays for the code it enters).
+// The epoch test is inlined into presence, run for every probe; the slot loop,
+// needed only after a removal or clear the shard has not seen, stays out of
+// line (each function entered costs a request: docs/performance.md).
 func (t *slotTable) staleMask(shardEpoch uint32) (m [maxWords]uint64) {
 	if t.maxGone <= shardEpoch {
 		return m

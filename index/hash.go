@@ -33,7 +33,7 @@ type HashConfig struct {
 	CharsPerToken int
 }
 
-// Defaults, chosen from BenchmarkBlockSize (see the README's Index section).
+// Defaults, chosen with BenchmarkLayout (docs/index.md, "Default block size").
 const (
 	DefaultBlockChars    = 256
 	DefaultLevelBlocks   = 32
@@ -123,6 +123,11 @@ type Hasher struct {
 	// port cost more than the copy.
 	pend []byte
 	scr  [binary.MaxVarintLen64 + 1]byte
+	// tok holds a batch of token ids encoded for Tokens. A field rather
+	// than a local: a local array escaped (the hash functions view it as
+	// a string), and a request of many small token arrays allocated one
+	// per array.
+	tok [1024]byte
 }
 
 // NewHasher returns a Hasher for cfg (zero fields take the defaults).
@@ -238,7 +243,7 @@ func (h *Hasher) Token(id uint32) {
 // and hashes each batch as one write (one call per batch rather than per
 // id, and whole blocks straight from the batch).
 func (h *Hasher) Tokens(ids []uint32) {
-	var buf [1024]byte
+	buf := &h.tok
 	for len(ids) > 0 {
 		h.setKind(kindTokens)
 		n := len(ids)
@@ -314,7 +319,8 @@ func (h *Hasher) writeString(s string) {
 // Reset, element and writeString, which a request enters for every element
 // and block: in Go's Wasm port an append is ~170 instructions (the call
 // that grows the array, the write barrier that stores it, the copy), and
-// each one inlined where it is used was code a request paid for. Two
+// each one inlined where it is used would be code every request enters
+// (docs/performance.md). Two
 // pieces in one call: an element is its header and its text, and a seed
 // string its length and its bytes.
 //

@@ -180,7 +180,8 @@ func TestHashMultiResolution(t *testing.T) {
 
 // TestHashGolden pins the hash function: changing it silently would make
 // every gateway of a rolling upgrade disagree with the others. Update the
-// values only together with a note in the README.
+// values only together with a release note (docs/operations.md, "Rolling
+// out a new filter version").
 func TestHashGolden(t *testing.T) {
 	h := NewHasher(HashConfig{})
 	h.Reset("llama-3-8b", "", "")

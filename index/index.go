@@ -45,7 +45,7 @@ type Config struct {
 	// where presence has holes they stop the search at holes more often:
 	// over 6 seeds of the drift replay the error rose from 4.4% to 4.9%
 	// of matched blocks at 30% capacity and from 4.7% to 7.5% at 60%,
-	// mostly under-reports (README, Index section).
+	// mostly under-reports (docs/index.md).
 	NoQueryHints bool
 	// NoSharedHints keeps the hints per VM: Record does not publish the
 	// lengths it writes in the shared hint line of the chain's first
@@ -231,6 +231,13 @@ type Index struct {
 	pending []usageDelta
 	ins     []uint32   // tags a shard update adds
 	seg     []segBlock // the blocks of a shard update
+	// Sync scratch (sync.go)
+	syncWant  map[uint64]int32 // address hash -> first host index
+	syncSlots map[uint64]int32 // address hash -> slot, of the table being edited
+	syncHash  []uint64
+	syncReuse []int32
+	syncNew   []int32
+	syncLoads []Load
 }
 
 type entry struct {
@@ -349,11 +356,10 @@ func (ix *Index) getInto(buf *[]byte, key string) ([]byte, uint32, bool) {
 	return v, cas, found
 }
 
-// readFailed books a failed read as a store error unless the key is
-// missing (ErrNotFound, bare as the stores return it, or wrapped). It is
-// out of getInto (hence noinline) because most reads of a routed request
-// find their key: in Wasm each request pays for the code of every
-// function it enters.
+// readFailed books a failed read as a store error unless the key is missing
+// (ErrNotFound, bare as the stores return it, or wrapped). It is out of
+// getInto (hence noinline) because most reads of a routed request find their
+// key: each function entered costs a request (docs/performance.md).
 //
 //go:noinline
 func (ix *Index) readFailed(err error) {
@@ -430,10 +436,10 @@ func (ix *Index) refreshSlots() {
 	ix.reloadSlots()
 }
 
-// reloadSlots is refreshSlots' slow path: the stamp moved or the recheck
-// is due. Most requests only read the stamp; keeping this out of line
-// keeps the code they enter small (in Wasm each request pays for the code
-// of every function it enters).
+// reloadSlots is refreshSlots' slow path: the stamp moved or the recheck is
+// due. Most requests only read the stamp; keeping this out of line keeps the
+// code they enter small (each function entered costs a request:
+// docs/performance.md).
 func (ix *Index) reloadSlots() {
 	ix.readSlots()
 	if !ix.tableOK {

@@ -61,10 +61,10 @@ func (ix *Index) AddLoadKV(ref HostRef, prefillTokens, decodeTokens, kvTokens in
 	return t, err // one return: each would copy the ticket
 }
 
-// recheck reads the slot table again and checks ref against it: the table
-// this VM last read may predate the host's registration. Out of AddLoadKV,
-// which runs for every request, because this is rare: in Wasm each request
-// pays for the code of the functions it enters.
+// recheck reads the slot table again and checks ref against it: the table this
+// VM last read may predate the host's registration. Out of AddLoadKV, which
+// runs for every request, because this is rare: each function entered costs a
+// request (docs/performance.md).
 func (ix *Index) recheck(ref HostRef) error {
 	ix.readSlots()
 	return ix.table.check(ref)
@@ -167,12 +167,12 @@ func (ix *Index) updateLoad(ref HostRef, d *LoadTicket, add bool) error {
 	return ErrContended
 }
 
-// growLoad builds in ix.enc a load value of size slots from the slots of
-// v (none when v was not found or is corrupt, which it counts), the new
-// slots zero. It is out of updateLoad because it runs only the first time
-// a slot is counted: in Wasm each request pays for the code of every
-// function it enters, so the hot path stays small (hence noinline:
-// inlined, its appends would be most of updateLoad's code).
+// growLoad builds in ix.enc a load value of size slots from the slots of v
+// (none when v was not found or is corrupt, which it counts), the new slots
+// zero. It is out of updateLoad because it runs only the first time a slot is
+// counted: each function entered costs a request (docs/performance.md), so the
+// hot path stays small (hence noinline: inlined, its appends would be most of
+// updateLoad's code).
 //
 //go:noinline
 func (ix *Index) growLoad(v []byte, found bool, size int) []byte {

@@ -135,9 +135,9 @@ func (ix *Index) Query(blocks []uint64, m *Matches) error {
 	return nil
 }
 
-// grow gives m.Blocks room for every slot, on a Matches' first Query. It
-// is out of line (hence noinline) because in Wasm each request pays for
-// the code of every function it enters: Query's hot path stays small.
+// grow gives m.Blocks room for every slot, on a Matches' first Query. It is
+// out of line (hence noinline) because each function entered costs a request
+// (docs/performance.md): Query's hot path stays small.
 //
 //go:noinline
 func (m *Matches) grow() {
@@ -348,11 +348,10 @@ func (ix *Index) presence(i int) (p [maxWords]uint64, age uint32, ok bool) {
 	return p, age, ok
 }
 
-// addRead makes room for one more shard read per query: a buffer in
-// cacheBuf and a record in reads. It runs only while the VM meets queries
-// reading more shards than any before, so it is out of presence (hence
-// noinline): in Wasm each request pays for the code of every function it
-// enters.
+// addRead makes room for one more shard read per query: a buffer in cacheBuf
+// and a record in reads. It runs only while the VM meets queries reading more
+// shards than any before, so it is out of presence (hence noinline): each
+// function entered costs a request (docs/performance.md).
 //
 //go:noinline
 func (q *queryState) addRead() {

@@ -28,11 +28,11 @@ func (ix *Index) Record(ref HostRef, blocks []uint64, m *Matches) error {
 	return err
 }
 
-// recordFrom is Record once it has blocks to write: chain[start:], plus
-// the shared hint. It is out of Record (hence noinline) because a repeated
-// prompt, whose blocks the host holds and refreshed recently, writes
-// nothing: in Wasm each request pays for the code of every function it
-// enters, and the write path is most of Record's.
+// recordFrom is Record once it has blocks to write: chain[start:], plus the
+// shared hint. It is out of Record (hence noinline) because a repeated prompt,
+// whose blocks the host holds and refreshed recently, writes nothing: each
+// function entered costs a request (docs/performance.md), and the write path
+// is most of Record's.
 //
 //go:noinline
 func (ix *Index) recordFrom(ref HostRef, blocks []uint64, start int, m *Matches) error {

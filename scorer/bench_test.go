@@ -36,7 +36,7 @@ func benchFleet(n int) ([]Host, *Request) {
 
 // BenchmarkDecision measures one decision (filters, scorers, picker,
 // fallbacks) per strategy and fleet size. round_robin is the baseline the
-// README's ratios are against.
+// ratios in docs/performance.md are against.
 func BenchmarkDecision(b *testing.B) {
 	for _, name := range PresetNames() {
 		for _, n := range []int{8, 64, 256} {

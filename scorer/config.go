@@ -743,7 +743,7 @@ func (b *builder) profile(spec *ProfileSpec) *Profile {
 			b.warnings = append(b.warnings, fmt.Sprintf("%s: picker %q ranks by score but the profile has no scorers: every pick is a random tie-break", path, pickerName))
 		}
 	}
-	// The hotspot recipe (DESIGN.md): affinity alone sends every request
+	// The hotspot recipe (docs/strategies.md, "Model"): affinity alone sends every request
 	// for a warm prefix to one host until it melts.
 	if len(affinity) > 0 && !spreads {
 		if spec.AllowHotspot {

@@ -52,10 +52,10 @@ func (f *healthyFilter) ok(h *Host) bool {
 	return !h.BreakerOpen && !h.Unhealthy && !(f.dropStale && h.Stale)
 }
 
-// Filter compacts cand in place in one pass. When nobody is healthy
-// nothing was moved, so failing open can still return cand as it came.
-// One loop rather than a count then a copy: in Wasm each request pays for
-// the code it enters, and this filter runs on every request.
+// Filter compacts cand in place in one pass. When nobody is healthy nothing
+// was moved, so failing open can still return cand as it came. One loop rather
+// than a count then a copy: each function entered costs a request
+// (docs/performance.md), and this filter runs on every request.
 func (f *healthyFilter) Filter(c *Cycle, cand []int) []int {
 	n := 0
 	for _, h := range cand {
@@ -65,13 +65,37 @@ func (f *healthyFilter) Filter(c *Cycle, cand []int) []int {
 		}
 	}
 	if n == 0 && f.failOpen {
-		// Nobody healthy: a stale or breaker-open host may still answer,
-		// and Envoy's retries follow the fallbacks. Refusing would turn a
-		// partial outage into a total one.
-		c.Note("no healthy host: failing open")
-		return cand
+		return f.failOpenTo(c, cand)
 	}
 	return cand[:n]
+}
+
+// failOpenTo is Filter when nobody passed, out of its line (noinline): each
+// function entered costs a request (docs/performance.md). Stale pushed state
+// (the metrics service down) makes every host stale at once: then the
+// hosts last known healthy with a closed breaker are kept, since stale
+// state may drop load numbers but not what it knew about health. Only when
+// none is left does it keep everyone: a breaker-open or unhealthy host may
+// still answer, and Envoy's retries follow the fallbacks, where refusing
+// would turn a partial outage into a total one.
+//
+//go:noinline
+func (f *healthyFilter) failOpenTo(c *Cycle, cand []int) []int {
+	n := 0
+	if f.dropStale {
+		for _, h := range cand {
+			if host := &c.Hosts[h]; !host.BreakerOpen && !host.Unhealthy {
+				cand[n] = h
+				n++
+			}
+		}
+	}
+	if n > 0 {
+		c.Note("pushed state stale: keeping the hosts last known healthy")
+		return cand[:n]
+	}
+	c.Note("no healthy host: failing open")
+	return cand
 }
 
 type roleFilter struct {
@@ -141,8 +165,8 @@ func servesModel(m, model string) bool { return m == "" || m == model }
 
 // filterAdapter is Filter for requests that name an adapter the filter
 // requires: a function of its own so that the common case, a model alone,
-// enters only the short loop above (in Wasm each request pays for the code
-// of the functions it enters).
+// enters only the short loop above (each function entered costs a request:
+// docs/performance.md).
 func (f *modelFilter) filterAdapter(c *Cycle, cand []int, model, adapter string) []int {
 	out := cand[:0]
 	for _, i := range cand {
@@ -215,7 +239,7 @@ func (f *saturationFilter) Filter(c *Cycle, cand []int) []int {
 // holds 38k of a 40k-token prompt costs 42k, about what an idle host that
 // must compute all 40k costs, and keeps the request. With basis "load"
 // only outstanding work counts, which evicts affinity far too early on
-// long prompts (measured in the README).
+// long prompts (docs/strategies.md, "kv_cache_aware: the knobs").
 type loadGuard struct {
 	absTokens    float64
 	rel          float64

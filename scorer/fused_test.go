@@ -69,7 +69,7 @@ func TestMaxScorePickMatchesTwoPasses(t *testing.T) {
 	}
 }
 
-// Each load scorer reads its own host figure (a switch now, not a closure).
+// Each load scorer reads its own host figure (a switch, not a closure).
 func TestLoadScorersReadTheirFigure(t *testing.T) {
 	hosts := fleet(4)
 	// Host i is the least loaded by figure i alone.

@@ -5,7 +5,7 @@ import "math"
 // Peer emulations, implemented from the peers' public descriptions so the
 // benchmark compares kvroute with what they do, on the same index and load
 // accounting (only the decision differs). Sources are cited per plugin and in
-// the README's "Routing strategies" section.
+// docs/strategies.md, "Peer emulations".
 
 func init() {
 	Register("sglang_cache_aware", KindPicker,

@@ -175,11 +175,11 @@ func (m *tieMax) tie(c *Cycle, h int) {
 	}
 }
 
-// maxScorePicker takes the best total score, ties broken at random.
-// tieBreak round_robin builds a maxScoreRoundRobinPicker instead: two types
-// rather than one with a flag, so that the Pick every routed request enters
-// is the picking itself, not a dispatch in front of it (in Wasm each
-// request pays for the code of every function it enters).
+// maxScorePicker takes the best total score, ties broken at random. tieBreak
+// round_robin builds a maxScoreRoundRobinPicker instead: two types rather than
+// one with a flag, so that the Pick every routed request enters is the picking
+// itself, not a dispatch in front of it (each function entered costs a
+// request: docs/performance.md).
 type maxScorePicker struct{}
 
 func (*maxScorePicker) Type() string { return "max_score" }
@@ -265,10 +265,10 @@ func (p *maxScoreRoundRobinPicker) Pick(c *Cycle, cand []int, scores []float64, 
 	return appendByScore(order, cand, scores, c.MaxPicks)
 }
 
-// pickBestRandomTieSlow is maxScorePicker.Pick in two passes, for more
-// picks than its fixed arrays hold or an order that already has entries.
-// It is a function of its own so that the common case does not carry its
-// calls: in Wasm each request pays for the code of the functions it enters.
+// pickBestRandomTieSlow is maxScorePicker.Pick in two passes, for more picks
+// than its fixed arrays hold or an order that already has entries. It is a
+// function of its own so that the common case does not carry its calls: each
+// function entered costs a request (docs/performance.md).
 func pickBestRandomTieSlow(c *Cycle, cand []int, v []float64, order []int) []int {
 	order = append(order, argmaxRandomTie(c, cand, v))
 	return appendByScore(order, cand, v, c.MaxPicks)

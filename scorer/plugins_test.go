@@ -69,6 +69,25 @@ func TestFilters(t *testing.T) {
 				h[0].BreakerOpen, h[1].Unhealthy = true, true
 				return h
 			}, want: []int{0, 1}},
+		// Stale pushed state marks every host stale at once: health
+		// knowledge (unhealthy, breaker open) still keeps hosts out while
+		// another candidate remains.
+		{name: "healthy keeps the last known healthy when all are stale", typ: "healthy",
+			hosts: func() []Host {
+				h := fleet(4)
+				for i := range h {
+					h[i].Stale = true
+				}
+				h[0].Unhealthy, h[2].BreakerOpen = true, true
+				return h
+			}, want: []int{1, 3}},
+		{name: "healthy fails open when all are stale and none known healthy", typ: "healthy",
+			hosts: func() []Host {
+				h := fleet(2)
+				h[0].Stale, h[1].Stale = true, true
+				h[0].Unhealthy, h[1].BreakerOpen = true, true
+				return h
+			}, want: []int{0, 1}},
 		{name: "healthy can refuse instead", typ: "healthy", params: `{"failOpen": false}`,
 			hosts: func() []Host {
 				h := fleet(2)

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// presetOrder is the bench contract's strategy list (DESIGN.md).
+// presetOrder is the bench contract's strategy list (docs/simulator.md).
 var presetOrder = []string{
 	"round_robin", "random", "least_request", "prefix_hash", "sticky_session",
 	"kv_cache_aware", "sglang_cache_aware", "gie_default", "dynamo_kv",
@@ -32,7 +32,7 @@ var presetConfigs = map[string]string{
 		"scorers": [{"plugin": "session_affinity", "weight": 1}],
 		"picker": "rr_ties", "allowHotspot": true}}}`,
 	// kvroute's default; tuned on the shared Mooncake trace with the fleet
-	// simulator (README, "Routing strategies", explains every knob).
+	// simulator (docs/strategies.md explains every knob).
 	"kv_cache_aware": `{
 		"plugins": [
 		  {"name": "guard", "type": "load_guard",

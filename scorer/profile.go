@@ -212,6 +212,23 @@ func (h *Handler) ReadsLatency() bool {
 	return false
 }
 
+// ReadsPrefixMemory reports whether a profile of h scores hosts by the
+// router's prefix memory (Request.PrefixAddress): without a prefix_memory
+// scorer the router neither looks it up nor stores to it.
+func (h *Handler) ReadsPrefixMemory() bool {
+	for _, prof := range [...]*Profile{h.Decode, h.Prefill} {
+		if prof == nil {
+			continue
+		}
+		for _, ws := range prof.Scorers {
+			if a, ok := ws.Scorer.(*addressScorer); ok && a.memory {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Picks is the primary plus fallbacks each profile picks: MaxPicks, or 3
 // when unset.
 func (h *Handler) Picks() int {
@@ -221,9 +238,9 @@ func (h *Handler) Picks() int {
 	return h.MaxPicks
 }
 
-// runDisaggregated is Run with a prefill profile. It is a function of its
-// own so that Run stays small for the common single-profile handler: in
-// Wasm each request pays for the code of the functions it enters.
+// runDisaggregated is Run with a prefill profile. It is a function of its own
+// so that Run stays small for the common single-profile handler: each function
+// entered costs a request (docs/performance.md).
 func (h *Handler) runDisaggregated(req *Request, hosts []Host, maxPicks int, s *Scratch) Result {
 	var r Result
 	r.Decode = h.Decode.run(req, hosts, maxPicks, RoleDecode, s)

@@ -213,10 +213,10 @@ func (s *prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 	}
 }
 
-// costRatios turns the costs in out into the ratio scores, cheapest/cost.
-// It is a function of its own because the default profile scores with
-// scaleTokens: in Wasm each request pays for the code of every function it
-// enters, so Score keeps to that path (hence noinline).
+// costRatios turns the costs in out into the ratio scores, cheapest/cost. It
+// is a function of its own because the default profile scores with
+// scaleTokens: each function entered costs a request (docs/performance.md), so
+// Score keeps to that path (hence noinline).
 //
 //go:noinline
 func costRatios(cand []int, out []float64, best float64) {
@@ -244,8 +244,8 @@ func costRatios(cand []int, out []float64, best float64) {
 // instead of wherever load is lowest.
 //
 // One type for both, so the default profile, which weighs both, enters one
-// copy of the loop: in Wasm each request pays for the code of every
-// function it enters.
+// copy of the loop: each function entered costs a request
+// (docs/performance.md).
 type addressScorer struct {
 	typ    string
 	memory bool // PrefixAddress rather than PinnedAddress

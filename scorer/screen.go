@@ -9,9 +9,9 @@ package scorer
 // keeps their fail-open rules (nobody healthy, everybody saturated) exact.
 //
 // A healthy homogeneous fleet, the common case, so enters one loop per
-// decision instead of four filter calls: in Wasm each request pays for the
-// code of every function it enters. The profile builder prepares it once
-// (newScreen); a Profile assembled by hand has none and runs every filter.
+// decision instead of four filter calls: each function entered costs a request
+// (docs/performance.md). The profile builder prepares it once (newScreen); a
+// Profile assembled by hand has none and runs every filter.
 type screen struct {
 	filters    int // how many leading filters it stands for (0: none)
 	healthy    *healthyFilter

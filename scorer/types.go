@@ -94,6 +94,19 @@ type Host struct {
 	// gateway knows them: prompt tokens plus max tokens of each. Dynamo's
 	// "active blocks" is the same quantity in blocks.
 	InFlightTokens int64
+	// RemoteInFlight, RemotePrefillTokens and RemoteDecodeTokens carry
+	// the other gateways' share of the same counts, as their reports
+	// merged by the metrics service last said, and LoadMirror is how many
+	// gateways report (docs/topology.md). The router estimates each count
+	// as LoadMirror x own + Remote (at least own): what changed since the
+	// last report is assumed to have changed alike on every gateway, and
+	// Remote is the reported total less LoadMirror x the own count at the
+	// report (so it may be negative). Several gateways then see each
+	// other's requests without herding on one stale picture. Zero (and
+	// LoadMirror 0) with one gateway or without reports.
+	RemoteInFlight                          int
+	RemotePrefillTokens, RemoteDecodeTokens int64
+	LoadMirror                              int
 
 	// LatencyEWMAMs is an exponentially weighted mean of time to first byte
 	// in milliseconds; 0 means no sample yet.
@@ -296,10 +309,10 @@ func NewScratch(seed uint64) *Scratch {
 }
 
 // prepare seeds a zero Scratch's random source on first use and sizes the
-// per-run buffers for n hosts and k scorers. Profile.run checks whether
-// either is needed and calls it only then (the first decision, a change of
-// fleet size or scorer count): in Wasm each request pays for every
-// function it enters, and one rare call site is less code than two.
+// per-run buffers for n hosts and k scorers. Profile.run checks whether either
+// is needed and calls it only then (the first decision, a change of fleet size
+// or scorer count): each function entered costs a request
+// (docs/performance.md), and one rare call site is less code than two.
 //
 //go:noinline
 func (s *Scratch) prepare(n, k int) {
@@ -317,11 +330,11 @@ func (s *Scratch) seed() {
 	s.seeded = true
 }
 
-// size makes the per-run buffers (cand, total and at least k raw score
-// slices) n hosts long. Profile.run calls it only when the fleet size or
-// the scorer count changed, so a steady decision neither stores the
-// buffers back (a write barrier each) nor enters the allocator's code: in
-// Wasm each request pays for the code it enters.
+// size makes the per-run buffers (cand, total and at least k raw score slices)
+// n hosts long. Profile.run calls it only when the fleet size or the scorer
+// count changed, so a steady decision neither stores the buffers back (a write
+// barrier each) nor enters the allocator's code: each function entered costs a
+// request (docs/performance.md).
 func (s *Scratch) size(n, k int) {
 	s.cand = growInts(s.cand, n)
 	s.total = growFloats(s.total, n)

@@ -35,6 +35,9 @@ type benchOptions struct {
 	parallel   int
 	config     string
 	sessions   bool
+	top        fleet.Topology
+	spread     string
+	reports    bool
 }
 
 func init() {
@@ -44,12 +47,13 @@ func init() {
 		Short: "Compare routing strategies on a simulated fleet replaying a Mooncake trace",
 		Long: `bench replays a Mooncake JSONL trace through a fleet of simulated vLLM-like
 engines in virtual time, once per strategy, with the real routing code deciding.
-It writes the bench contract's JSON (see DESIGN.md), a PNG next to it (TTFT CDF
-per strategy, hit ratio per strategy against the fleet's ceiling) and prints a
-markdown table.
+It writes the bench contract's JSON (docs/simulator.md, "The bench contract"),
+a PNG next to it (TTFT CDF per strategy, hit ratio per strategy against the
+fleet's ceiling) and prints a markdown table. The folder of --out is created
+if missing.
 
 Instead of a trace, --workload runs one of the built-in generators:
-` + strings.Join(benchWorkloadNames(), ", ") + ` (see the README's Simulator section).
+` + strings.Join(benchWorkloadNames(), ", ") + ` (docs/simulator.md).
 
 Strategies: ` + strings.Join(fleet.StrategyNames, ", ") + `.
 Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
@@ -70,13 +74,20 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
 	f.BoolVar(&o.sessions, "trace-sessions", false, "give trace requests a session id derived from their first hash id (the trace has none)")
+	f.IntVar(&o.top.Gateways, "gateways", 1, "gateway replicas behind the load balancer (docs/topology.md)")
+	f.IntVar(&o.top.Workers, "workers", 1, "Envoy workers per gateway, each its own Wasm VM sharing the gateway's shared data")
+	f.StringVar(&o.spread, "spread", "random", "how connections reach gateways and workers: random (a cloud load balancer, SO_REUSEPORT) or round_robin")
+	f.DurationVar(&o.top.PushDelay, "push-delay", 0, "time from the metrics service's scrape to its push reaching the gateways")
+	f.DurationVar(&o.top.ReportInterval, "report-interval", 50*time.Millisecond, "how often each gateway reports its routing to the metrics service")
+	f.DurationVar(&o.top.ReportDelay, "report-delay", 20*time.Millisecond, "time from a gateway's report to the other gateways applying the merged push")
+	f.BoolVar(&o.reports, "gateway-reports", true, "gateways report their routing and load through the metrics service (false: each gateway knows only its own traffic)")
 	f.StringVar(&o.config, "config", "", "plugin configuration JSON (as given to the filter) defining extra profiles to bench by name")
 	addCommand(cmd)
 }
 
 func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if (o.trace == "") == (o.workload == "") {
-		return errors.New("--trace is required (a Mooncake JSONL file such as ../shared/traces/mooncake_synthetic.jsonl), or --workload instead of it")
+		return fmt.Errorf("give --trace FILE (a Mooncake JSONL trace: one {\"timestamp\", \"input_length\", \"output_length\", \"hash_ids\"} object per line) or --workload NAME (%s)", strings.Join(benchWorkloadNames(), ", "))
 	}
 	if o.replicas < 1 {
 		return fmt.Errorf("--replicas must be at least 1, got %d", o.replicas)
@@ -84,6 +95,19 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if o.rateScale <= 0 {
 		return fmt.Errorf("--rate-scale must be positive, got %g", o.rateScale)
 	}
+	switch o.spread {
+	case "random", "":
+	case "round_robin":
+		o.top.RoundRobin = true
+	default:
+		return fmt.Errorf("--spread %q: use random or round_robin", o.spread)
+	}
+	o.top.Gateways, o.top.Workers = max(o.top.Gateways, 1), max(o.top.Workers, 1)
+	if o.top.Gateways > 64 || o.top.Workers > 256 {
+		return fmt.Errorf("--gateways (at most 64) and --workers (at most 256): got %d and %d", o.top.Gateways, o.top.Workers)
+	}
+	o.top.NoReports = !o.reports
+	o.top.Seed = o.seed
 	prof, err := sim.LookupProfile(o.profile)
 	if err != nil {
 		return err
@@ -96,6 +120,10 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	}
 	if len(names) == 0 {
 		return errors.New("--strategies is empty")
+	}
+	// Create the output folder now, not after minutes of simulation.
+	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
+		return fmt.Errorf("--out %s: %w", o.out, err)
 	}
 	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof}
 	if o.config != "" {
@@ -136,7 +164,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := report.WritePNG(png); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed)
+	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %d gateways x %d workers\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.top.Gateways, o.top.Workers)
 	report.Markdown(stdout)
 	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
 	for i, name := range names {
@@ -151,6 +179,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
 	report := &benchreport.Report{
 		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated",
+		Gateways: o.top.Gateways, Workers: o.top.Workers,
 		Results: make([]benchreport.Result, len(names)),
 	}
 	par := o.parallel
@@ -167,7 +196,13 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			router, err := fleet.NewStrategy(name, o.replicas, sopt)
+			var router fleet.Router
+			var err error
+			if o.top.Gateways == 1 && o.top.Workers == 1 {
+				router, err = fleet.NewStrategy(name, o.replicas, sopt)
+			} else {
+				router, err = fleet.NewTopology(name, o.replicas, sopt, o.top)
+			}
 			if err != nil {
 				errs[i] = err
 				return
@@ -187,6 +222,10 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
+			if rr, ok := router.(*fleet.RealRouter); ok {
+				pe := rr.Stats().PredictionError()
+				report.Results[i].PredictionError = &pe
+			}
 			walls[i] = res.Wall
 		})
 	}

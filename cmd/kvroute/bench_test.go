@@ -10,12 +10,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/benchreport"
 	"github.com/kvroute/kvroute/internal/fleet"
 )
 
 const sharedTrace = "../../../shared/traces/mooncake_synthetic.jsonl"
 
-// The bench contract (DESIGN.md): these keys, these types. Other tools read
+// The bench contract (docs/simulator.md): these keys, these types. Other tools read
 // the file, so a missing or renamed key is a breaking change.
 func validateBenchJSON(t *testing.T, raw []byte, wantStrategies []string, wantReplicas int) {
 	t.Helper()
@@ -120,6 +121,21 @@ func TestBenchWritesTheContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	validateBenchJSON(t, raw, fleet.StrategyNames, 4)
+	// The simulator sees each router's books: every strategy reports its
+	// prediction error, and kvroute's own profile predicts better than a
+	// router that predicts nothing (an error of 100%).
+	var rep benchreport.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.PredictionError == nil || *r.PredictionError < 0 {
+			t.Fatalf("%s: prediction_error = %v", r.Strategy, r.PredictionError)
+		}
+		if r.Strategy == "kv_cache_aware" && *r.PredictionError >= 1 {
+			t.Errorf("kv_cache_aware: prediction_error = %v, want below 1", *r.PredictionError)
+		}
+	}
 
 	f, err := os.Open(filepath.Join(dir, "res.png"))
 	if err != nil {
@@ -143,12 +159,14 @@ func TestBenchWritesTheContract(t *testing.T) {
 
 func TestBenchRejectsBadFlags(t *testing.T) {
 	cases := map[string]benchOptions{
-		"--trace is required":    {replicas: 8, strategies: "round_robin", rateScale: 1},
+		"give --trace FILE":      {replicas: 8, strategies: "round_robin", rateScale: 1},
 		"--replicas":             {trace: "x", replicas: 0, strategies: "round_robin", rateScale: 1},
 		"--rate-scale":           {trace: "x", replicas: 2, strategies: "round_robin", rateScale: -1},
 		"unknown strategy":       {trace: "x", replicas: 2, strategies: "round_robin,fastest", rateScale: 1},
 		"unknown engine profile": {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "tpu"},
 		"open trace":             {trace: filepath.Join(t.TempDir(), "missing.jsonl"), replicas: 2, strategies: "round_robin", rateScale: 1},
+		"--spread":               {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, spread: "sticky"},
+		"--gateways":             {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, top: fleet.Topology{Gateways: 1000}},
 	}
 	for want, o := range cases {
 		var out, errb bytes.Buffer
@@ -171,5 +189,25 @@ func TestBenchGeneratedWorkload(t *testing.T) {
 	validateBenchJSON(t, raw, []string{"round_robin", "kv_cache_aware"}, 4)
 	if !strings.Contains(string(raw), `"trace": "workload:shared-prefix"`) {
 		t.Fatalf("trace field does not name the workload:\n%s", raw[:200])
+	}
+}
+
+// bench runs the production shape: every strategy at 2 gateways x 3
+// workers, the topology in the results file.
+func TestBenchAtTopology(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "topo.json")
+	var stdout bytes.Buffer
+	o := benchOptions{workload: "shared-prefix", replicas: 4, strategies: "round_robin,kv_cache_aware,dynamo_kv",
+		out: out, rateScale: 1, seed: 3, limit: 400, reports: true, top: fleet.Topology{Gateways: 2, Workers: 3}}
+	if err := runBench(o, &stdout, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(out)
+	validateBenchJSON(t, raw, []string{"round_robin", "kv_cache_aware", "dynamo_kv"}, 4)
+	if !strings.Contains(string(raw), `"gateways": 2`) || !strings.Contains(string(raw), `"workers": 3`) {
+		t.Fatalf("results file does not name the topology:\n%s", raw[:300])
+	}
+	if !strings.Contains(stdout.String(), "2 gateways x 3 workers") {
+		t.Fatalf("summary does not name the topology:\n%s", stdout.String())
 	}
 }

@@ -52,6 +52,7 @@ type metricsOptions struct {
 	kvEventsPort       int
 	kvEventsReplayPort int
 	kvEventsTopic      string
+	kvEventsListen     string
 
 	scrapeInterval time.Duration
 	scrapeTimeout  time.Duration
@@ -124,6 +125,7 @@ Every flag can also be set in a YAML --config file under the flag's name
 	fl.IntVar(&o.kvEventsPort, "kv-events-port", 0, "dns/kubernetes discovery: engines' KV event publisher port (0: do not subscribe)")
 	fl.IntVar(&o.kvEventsReplayPort, "kv-events-replay-port", 0, "dns/kubernetes discovery: engines' KV event replay socket port, asked for the batches of a sequence gap (0: gaps are only counted)")
 	fl.StringVar(&o.kvEventsTopic, "kv-events-topic", "", "KV event topic prefix to subscribe to (default: all)")
+	fl.StringVar(&o.kvEventsListen, "kv-events-listen", "", "bind this address (e.g. tcp://*:5557) for engines that connect out to publish KV events under the topic kv@<pod-ip>@<model> (llm-d-inference-sim, llm-d)")
 
 	fl.DurationVar(&o.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each engine is scraped")
 	fl.DurationVar(&o.scrapeTimeout, "scrape-timeout", 0, "timeout of one scrape (default: 80% of the scrape interval)")
@@ -191,7 +193,7 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationsAsText}
 	switch format {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
@@ -199,6 +201,16 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}
+
+// durationsAsText writes durations as Go duration strings ("100ms", "2s"):
+// slog's JSON handler would write them as integer nanoseconds, which no log
+// reader takes for a duration.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -305,6 +317,7 @@ func runMetrics(ctx context.Context, o *metricsOptions, logOut io.Writer) error 
 		PushInterval:   o.pushInterval,
 		PushTimeout:    o.pushTimeout,
 		KVEventsTopic:  o.kvEventsTopic,
+		KVEventsListen: o.kvEventsListen,
 		Name:           name,
 		Log:            log,
 	})

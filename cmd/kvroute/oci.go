@@ -45,7 +45,7 @@ image layout tar. Push it with 'kvroute oci push', or with
 			return describe(cmd, outPath, img, module)
 		},
 	}
-	build.Flags().StringVar(&wasmPath, "wasm", "dist/kvroute.wasm", "the Wasm module to package (written by `make wasm`)")
+	build.Flags().StringVar(&wasmPath, "wasm", "dist/kvroute.wasm", "the Wasm module to package (written by make wasm)")
 	build.Flags().StringVar(&outPath, "out", "dist/kvroute-oci.tar", "where to write the OCI image archive")
 	build.Flags().StringVar(&refName, "tag", "kvroute:latest", "reference name recorded in the archive's index")
 	build.Flags().StringArrayVar(&annotations, "annotation", nil, "extra manifest annotation KEY=VALUE (repeatable), e.g. org.opencontainers.image.revision=$(git rev-parse HEAD)")
@@ -98,10 +98,7 @@ prints the digest reference to pin in the manifests.`,
 	push.Flags().BoolVar(&insecure, "insecure", false, "allow plain HTTP (a local test registry)")
 	push.Flags().StringArrayVar(&pushAnns, "annotation", nil, "extra manifest annotation KEY=VALUE (repeatable)")
 
-	root := &cobra.Command{
-		Use:   "oci",
-		Short: "Package the Wasm module as an OCI image for Istio and Envoy Gateway",
-	}
+	root := groupCommand("oci", "Package the Wasm module as an OCI image for Istio and Envoy Gateway")
 	root.AddCommand(build, push)
 	addCommand(root)
 }
@@ -131,15 +128,29 @@ func buildImage(wasmPath string, annotations []string) (v1.Image, []byte, error)
 
 // describe prints the two checksums users need: the image digest (pinned by
 // Envoy Gateway's image sha256 and by a digest reference in Istio) and the
-// module's own sha256 (Envoy's remote code source sha256).
+// module's own sha256 (Envoy's remote code source sha256), and the size a
+// gateway downloads, so no document has to copy it.
 func describe(cmd *cobra.Command, where string, img v1.Image, module []byte) error {
 	d, err := img.Digest()
 	if err != nil {
 		return err
 	}
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	var layerBytes int64
+	for _, l := range layers {
+		n, err := l.Size()
+		if err != nil {
+			return err
+		}
+		layerBytes += n
+	}
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "wrote %s\n", where)
 	fmt.Fprintf(w, "image digest:       %s\n", d)
 	fmt.Fprintf(w, "plugin.wasm sha256: %x (%d bytes)\n", sha256.Sum256(module), len(module))
+	fmt.Fprintf(w, "layer size:         %d bytes compressed (what a registry stores and a gateway fetches)\n", layerBytes)
 	return nil
 }

@@ -102,8 +102,14 @@ func TestOCIBuildWritesTheModuleIntoTheArchive(t *testing.T) {
 		t.Errorf("manifest annotations = %v", m.Annotations)
 	}
 	digest, _ := img.Digest()
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("layers = %d, %v; want one", len(layers), err)
+	}
+	layerSize, _ := layers[0].Size()
 	for _, want := range []string{
 		"wrote " + out,
+		fmt.Sprintf("layer size:         %d bytes compressed", layerSize),
 		"image digest:       " + digest.String(),
 		fmt.Sprintf("plugin.wasm sha256: %x (%d bytes)", sha256.Sum256(module), len(module)),
 	} {

@@ -29,7 +29,7 @@ import (
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// Defaults. They are also what the README's configuration reference lists.
+// Defaults. They are also what docs/configuration.md lists.
 const (
 	DefaultDestinationHeader = "x-gateway-destination-endpoint"
 	DefaultStrategy          = "kv_cache_aware"
@@ -48,7 +48,7 @@ const (
 // DefaultInferencePaths are the request paths the router decides for.
 var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions", "/v1/embeddings"}
 
-// Presets are the strategy names of the bench contract (DESIGN.md). A
+// Presets are the strategy names of the bench contract (docs/simulator.md). A
 // configuration may also name a profile it defines under "profiles".
 var Presets = scorer.PresetNames()
 

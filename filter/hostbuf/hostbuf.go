@@ -8,7 +8,7 @@
 // keep. For a request body that is one large allocation per request, and in
 // Go compiled to Wasm a large allocation costs far more than the copy (it is
 // zeroed, then swept and collected by a single-threaded GC that runs inside
-// the callbacks): about 70 µs of a 32 KB body's 75 µs read on wazero.
+// the callbacks): on wazero it is most of the time a large body's read takes.
 //
 // A caller that does not keep the bytes beyond its own use lends a buffer
 // of its own before the host call and takes it back after:

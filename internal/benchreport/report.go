@@ -1,5 +1,5 @@
 // Package benchreport is the output side of `kvroute bench` and `make demo`:
-// the bench contract's JSON document (DESIGN.md, "Bench contract"), its
+// the bench contract's JSON document (docs/simulator.md, "The bench contract"), its
 // markdown table and its plot. Keeping it apart from the simulator lets the
 // demo, which measures over real HTTP, report in exactly the same shape.
 package benchreport
@@ -27,6 +27,13 @@ type Report struct {
 	Seed      uint64  `json:"seed"`
 	// Mode is "simulated" (virtual-time fleet) or "live" (real HTTP).
 	Mode string `json:"mode,omitempty"`
+	// Gateways and Workers are the simulated topology (0: one of each).
+	Gateways int `json:"gateways,omitempty"`
+	Workers  int `json:"workers,omitempty"`
+	// CacheState is how the routers learn the engines' caches:
+	// "approximate" (from their own routing and the engines' cached_tokens)
+	// or "precise" (the engines' KV events as well).
+	CacheState string `json:"cache_state,omitempty"`
 }
 
 // Result is one strategy's figures.
@@ -43,6 +50,11 @@ type Result struct {
 	LoadImbalance float64 `json:"load_imbalance"`
 	// RouterUS is the wall-clock time of one routing decision.
 	RouterUS P50P99 `json:"router_us"`
+	// PredictionError is the router's block-weighted prediction error:
+	// the sum of |predicted - confirmed| cached tokens per request over the
+	// confirmed cached tokens (router.Stats.PredictionError). Absent when
+	// the run does not see the router's books (live mode).
+	PredictionError *float64 `json:"prediction_error,omitempty"`
 
 	// TTFTSamples feed the CDF plot; not part of the JSON.
 	TTFTSamples []time.Duration `json:"-"`
@@ -88,12 +100,16 @@ func (r *Report) WriteJSON(path string) error {
 // Markdown writes the results as a markdown table, best hit ratio first
 // within the order given.
 func (r *Report) Markdown(w io.Writer) {
-	fmt.Fprintf(w, "| strategy | hit ratio | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 (ms) | E2E p50 / p99 (ms) | output tok/s | load imbalance | router p50 / p99 (us) |\n")
-	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| strategy | hit ratio | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 (ms) | E2E p50 / p99 (ms) | output tok/s | load imbalance | router p50 / p99 (us) | prediction error |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, x := range r.Results {
-		fmt.Fprintf(w, "| %s | %.1f%% | %.0f / %.0f / %.0f | %.1f / %.1f | %.0f / %.0f | %.0f | %.2f | %.1f / %.1f |\n",
+		pe := "-"
+		if x.PredictionError != nil {
+			pe = fmt.Sprintf("%.1f%%", 100**x.PredictionError)
+		}
+		fmt.Fprintf(w, "| %s | %.1f%% | %.0f / %.0f / %.0f | %.1f / %.1f | %.0f / %.0f | %.0f | %.2f | %.1f / %.1f | %s |\n",
 			x.Strategy, 100*x.CacheHitRatio, x.TTFTms.P50, x.TTFTms.P90, x.TTFTms.P99, x.TPOTms.P50, x.TPOTms.P90,
-			x.E2Ems.P50, x.E2Ems.P99, x.OutputTokPerS, x.LoadImbalance, x.RouterUS.P50, x.RouterUS.P99)
+			x.E2Ems.P50, x.E2Ems.P99, x.OutputTokPerS, x.LoadImbalance, x.RouterUS.P50, x.RouterUS.P99, pe)
 	}
 	fmt.Fprintf(w, "\nceiling hit ratio (one LRU cache of the whole fleet's KV capacity): %.1f%%\n", 100*r.CeilingHitRatio)
 }

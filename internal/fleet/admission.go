@@ -3,7 +3,6 @@ package fleet
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/kvroute/kvroute/index"
@@ -56,7 +55,7 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 	if opt.Class == nil {
 		return nil, errors.New("AdmissionOptions.Class is required")
 	}
-	reps, err := newReplicas(&cfg, w)
+	l, err := newLoop(cfg, w, rr)
 	if err != nil {
 		return nil, err
 	}
@@ -77,23 +76,19 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 	th := opt.Config.Thresholds
 	tick := time.Duration(opt.Config.TickMs) * time.Millisecond
 
-	start := time.Now()
 	n := len(w.Requests)
 	out := &AdmittedResult{
-		Result:  &Result{Records: make([]Record, n), Busy: make([]time.Duration, cfg.Replicas)},
+		Result:  l.res,
 		Classes: make([]admission.Class, n), Refused: make([]bool, n), Wait: make([]time.Duration, n),
 	}
 	res := out.Result
 	engReqs := make([]sim.Request, n)
-	states := make([]sim.Stats, cfg.Replicas)
 	var loads []index.Load
 	var saturation []admission.Load
 	bs := cfg.Profile.BlockSize
-	first := w.Requests[0].Arrival
-	var last time.Duration
-	next, done := 0, 0
-	nextPush := time.Duration(0)
-	nextTick := time.Duration(math.MaxInt64)
+	// nextTick is when the tick timer set last fires (0: none set yet); a
+	// tick that finds nothing held sets no next one.
+	nextTick := time.Duration(0)
 
 	saturated := func() bool {
 		loads = rr.ix.Loads(loads[:0])
@@ -108,20 +103,12 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 		}
 		return th.AllSaturated(saturation)
 	}
-	startStep := func(rp *replica, now time.Duration) {
-		st := rp.eng.Step(now)
-		if st.Duration == 0 {
-			rp.stepping = false
-			return
-		}
-		rp.stepping, rp.stepEnd, rp.pending = true, now+st.Duration, st
-	}
 	refuse := func(idx int, now time.Duration) {
 		rec := &res.Records[idx]
 		rec.Rejected, rec.Replica = true, -1
 		out.Refused[idx] = true
 		out.Wait[idx] = now - w.Requests[idx].Arrival
-		done++
+		l.done++
 	}
 	dispatch := func(idx int, now time.Duration) error {
 		wr := &w.Requests[idx]
@@ -133,118 +120,83 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 			return fmt.Errorf("router sent request %d to replica %d of %d", idx, k, cfg.Replicas)
 		}
 		er := &engReqs[idx]
-		*er = sim.Request{ID: uint64(idx), PromptTokens: wr.PromptTokens, BlockHashes: sim.BlockChain(prompt, bs), MaxTokens: wr.OutputTokens, Arrival: now}
+		*er = engineRequest(idx, wr, sim.BlockChain(prompt, bs), wr.OutputTokens, now)
 		rec := &res.Records[idx]
 		rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, wr.Arrival, rt
 		out.Wait[idx] = now - wr.Arrival
-		rp := reps[k]
-		if err := rp.eng.Add(er); err != nil {
+		if err := l.add(k, er, idx, now); err != nil {
 			rec.Rejected = true
-			done++
+			l.done++
 			rr.Done(wr, k, 0, now)
-			return nil
-		}
-		rp.reqs[er] = idx
-		if !rp.stepping {
-			startStep(rp, now)
 		}
 		return nil
 	}
-
-	for done < n {
-		ri := earliestStep(reps)
-		ta, te, tt := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
-		if next < n {
-			ta = w.Requests[next].Arrival
+	// onTick releases what every worker can, each tick starting from a
+	// different worker, and sets the next tick while anything is held.
+	var onTick func(now time.Duration) error
+	onTick = func(now time.Duration) error {
+		if !heldAnywhere() {
+			return nil
 		}
-		if ri >= 0 {
-			te = reps[ri].stepEnd
-		}
-		held := heldAnywhere()
-		if held {
-			tt = nextTick
-		}
-		if ri < 0 && next >= n && !held {
-			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-done, n)
-		}
-		if nextPush <= ta && nextPush <= te && nextPush <= tt {
-			for i, rp := range reps {
-				states[i] = rp.eng.Stats()
-			}
-			rr.ObserveState(states, nextPush)
-			nextPush += cfg.PushInterval
-			continue
-		}
-		switch {
-		case tt <= ta && tt <= te:
-			now := tt
-			nextTick = now + tick
-			var err error
-			for k := range workers {
-				ctl := ctls[(tickNo+k)%workers]
-				expired := ctl.Tick(now.Milliseconds(), saturated, func(it admission.Item) {
-					if err == nil {
-						err = dispatch(int(it.ID), now)
-					}
-				})
-				if err != nil {
-					return nil, err
+		nextTick = now + tick
+		l.at(nextTick, onTick)
+		var err error
+		for k := range workers {
+			ctl := ctls[(tickNo+k)%workers]
+			expired := ctl.Tick(now.Milliseconds(), saturated, func(it admission.Item) {
+				if err == nil {
+					err = dispatch(int(it.ID), now)
 				}
-				for _, it := range expired {
-					refuse(int(it.ID), now)
-				}
+			})
+			if err != nil {
+				return err
 			}
-			tickNo++
-		case ta <= te:
-			idx := next
-			wr := &w.Requests[idx]
-			now := wr.Arrival
-			next++
-			class := opt.Class(wr)
-			out.Classes[idx] = class
-			res.Records[idx].PromptTokens, res.Records[idx].OutputTokens, res.Records[idx].Arrival = wr.PromptTokens, wr.OutputTokens, now
-			deadline, _ := opt.Config.Deadline(class, "", now.Milliseconds())
-			v, shed, evicted := ctls[idx%workers].Arrive(uint64(idx), class, deadline, now.Milliseconds(), saturated())
-			if evicted {
-				refuse(int(shed.ID), now)
+			for _, it := range expired {
+				refuse(int(it.ID), now)
 			}
-			switch v {
-			case admission.Admit:
-				if err := dispatch(idx, now); err != nil {
-					return nil, err
-				}
-			case admission.Hold:
-				if nextTick == math.MaxInt64 || nextTick <= now {
-					nextTick = (now/tick + 1) * tick
-				}
-			case admission.Refuse:
-				refuse(idx, now)
-			}
-		default:
-			rp := reps[ri]
-			now := rp.stepEnd
-			st := rp.pending
-			for _, er := range st.Tokens {
-				if er.Generated == 1 {
-					rr.FirstToken(&w.Requests[rp.reqs[er]], ri, now)
-				}
-			}
-			for _, er := range st.Finished {
-				idx := rp.reqs[er]
-				delete(rp.reqs, er)
-				wr := &w.Requests[idx]
-				rec := &res.Records[idx]
-				rec.CachedTokens = er.CachedTokens
-				rec.setTimes(er, wr.Arrival)
-				rec.Preemptions = er.Preemptions
-				done++
-				last = max(last, now)
-				rr.Done(wr, ri, er.CachedTokens, now)
-			}
-			startStep(rp, now)
 		}
+		tickNo++
+		return nil
 	}
-	res.totals(reps, last-first, start)
+	l.arrive = func(idx int, now time.Duration) error {
+		wr := &w.Requests[idx]
+		class := opt.Class(wr)
+		out.Classes[idx] = class
+		res.Records[idx].PromptTokens, res.Records[idx].OutputTokens, res.Records[idx].Arrival = wr.PromptTokens, wr.OutputTokens, now
+		deadline, _ := opt.Config.Deadline(class, "", now.Milliseconds())
+		v, shed, evicted := ctls[idx%workers].Arrive(uint64(idx), class, deadline, now.Milliseconds(), saturated())
+		if evicted {
+			refuse(int(shed.ID), now)
+		}
+		switch v {
+		case admission.Admit:
+			return dispatch(idx, now)
+		case admission.Hold:
+			if nextTick <= now {
+				nextTick = (now/tick + 1) * tick
+				l.at(nextTick, onTick)
+			}
+		case admission.Refuse:
+			refuse(idx, now)
+		}
+		return nil
+	}
+	l.token = func(ri int, _ *sim.Request, idx int, now time.Duration) {
+		rr.FirstToken(&w.Requests[idx], ri, now)
+	}
+	l.finish = func(ri int, er *sim.Request, idx int, now time.Duration) error {
+		wr := &w.Requests[idx]
+		rec := &res.Records[idx]
+		rec.CachedTokens = er.CachedTokens
+		rec.setTimes(er, wr.Arrival)
+		rec.Preemptions = er.Preemptions
+		l.finished(now)
+		rr.Done(wr, ri, er.CachedTokens, now)
+		return nil
+	}
+	if _, err := l.run(); err != nil {
+		return nil, err
+	}
 	for _, c := range ctls {
 		st := c.Stats()
 		out.Stats.Admitted += st.Admitted

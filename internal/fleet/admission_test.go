@@ -145,7 +145,7 @@ func TestAdmissionProtectsInteractiveUnderBatchOverload(t *testing.T) {
 	if 2*rows[1].chat.P99 > rows[3].chat.P99 {
 		t.Errorf("interactive TTFT p99 %v with classes, %v holding with one class: classes should at least halve it", rows[1].chat.P99, rows[3].chat.P99)
 	}
-	// Per-worker queues keep the protection (the cost is in the README).
+	// Per-worker queues keep the protection (the cost is in docs/admission.md).
 	if 5*rows[2].chat.P99 > rows[0].chat.P99 {
 		t.Errorf("8 worker queues: interactive TTFT p99 %v, FIFO %v", rows[2].chat.P99, rows[0].chat.P99)
 	}

@@ -48,6 +48,14 @@ type StateObserver interface {
 	ObserveState(states []sim.Stats, now time.Duration)
 }
 
+// Scheduler is a router with timed work of its own in virtual time (the
+// gateways' reports to the metrics service, a push that arrives late):
+// Run hands it the loop's scheduler before the first request. Work set
+// with at runs at its time while the run lasts and never keeps it going.
+type Scheduler interface {
+	Start(at func(t time.Duration, fn func(now time.Duration)))
+}
+
 // Config describes a fleet run.
 type Config struct {
 	Replicas int
@@ -154,125 +162,58 @@ func (rec *Record) setTimes(er *sim.Request, arrival time.Duration) {
 
 // Run replays w through the router on a fresh fleet.
 func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
-	reps, err := newReplicas(&cfg, w)
-	if err != nil {
-		return nil, err
-	}
 	firstObs, _ := router.(FirstTokenObserver)
 	doneObs, _ := router.(DoneObserver)
 	stateObs, _ := router.(StateObserver)
-
-	start := time.Now()
-	n := len(w.Requests)
-	res := &Result{Records: make([]Record, n), Busy: make([]time.Duration, cfg.Replicas)}
-	engReqs := make([]sim.Request, n)
-	states := make([]sim.Stats, cfg.Replicas)
-	nextPush := time.Duration(0)
-	next := 0
-	done := 0
-	progressEvery := max(1, n/100)
-	bs := cfg.Profile.BlockSize
-	first := w.Requests[0].Arrival
-	var last time.Duration
-
-	startStep := func(rp *replica, now time.Duration) {
-		st := rp.eng.Step(now)
-		if st.Duration == 0 {
-			rp.stepping = false
-			return
-		}
-		rp.stepping, rp.stepEnd, rp.pending = true, now+st.Duration, st
+	l, err := newLoop(cfg, w, stateObs)
+	if err != nil {
+		return nil, err
 	}
-
-	for done < n {
-		// Earliest step completion.
-		ri := earliestStep(reps)
-		ta := time.Duration(math.MaxInt64)
-		if next < n {
-			ta = w.Requests[next].Arrival
+	if sc, ok := router.(Scheduler); ok {
+		sc.Start(l.background)
+	}
+	res := l.res
+	engReqs := make([]sim.Request, len(w.Requests))
+	bs := l.cfg.Profile.BlockSize
+	l.arrive = func(idx int, now time.Duration) error {
+		wr := &w.Requests[idx]
+		prompt := wr.Text()
+		t0 := time.Now()
+		k := router.Route(wr, prompt, now)
+		rt := time.Since(t0)
+		if k < 0 || k >= cfg.Replicas {
+			return fmt.Errorf("router sent request %d to replica %d of %d", idx, k, cfg.Replicas)
 		}
-		te := time.Duration(math.MaxInt64)
-		if ri >= 0 {
-			te = reps[ri].stepEnd
-		}
-		if ri < 0 && next >= n {
-			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-done, n)
-		}
-		if stateObs != nil && nextPush <= ta && nextPush <= te {
-			for i, rp := range reps {
-				states[i] = rp.eng.Stats()
-			}
-			stateObs.ObserveState(states, nextPush)
-			nextPush += cfg.PushInterval
-			continue
-		}
-		if ta <= te {
-			// Arrival.
-			wr := &w.Requests[next]
-			now := wr.Arrival
-			prompt := wr.Text()
-			t0 := time.Now()
-			k := router.Route(wr, prompt, now)
-			rt := time.Since(t0)
-			if k < 0 || k >= cfg.Replicas {
-				return nil, fmt.Errorf("router sent request %d to replica %d of %d", next, k, cfg.Replicas)
-			}
-			er := &engReqs[next]
-			*er = sim.Request{
-				ID:           uint64(next),
-				PromptTokens: wr.PromptTokens,
-				BlockHashes:  sim.BlockChain(prompt, bs),
-				MaxTokens:    wr.OutputTokens,
-				Arrival:      now,
-			}
-			rec := &res.Records[next]
-			rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, now, rt
-			rp := reps[k]
-			if err := rp.eng.Add(er); err != nil {
-				rec.Rejected = true
-				done++
-				if doneObs != nil {
-					doneObs.Done(wr, k, 0, now)
-				}
-			} else {
-				rp.reqs[er] = next
-				if !rp.stepping {
-					startStep(rp, now)
-				}
-			}
-			next++
-			if cfg.Progress != nil && (next%progressEvery == 0 || next == n) {
-				cfg.Progress(next, n)
-			}
-			continue
-		}
-		// Step completion on replica ri.
-		rp := reps[ri]
-		now := rp.stepEnd
-		st := rp.pending
-		for _, er := range st.Tokens {
-			if er.Generated == 1 && firstObs != nil {
-				idx := rp.reqs[er]
-				firstObs.FirstToken(&w.Requests[idx], ri, now)
-			}
-		}
-		for _, er := range st.Finished {
-			idx := rp.reqs[er]
-			delete(rp.reqs, er)
-			rec := &res.Records[idx]
-			rec.CachedTokens = er.CachedTokens
-			rec.setTimes(er, er.Arrival)
-			rec.Preemptions = er.Preemptions
-			done++
-			last = max(last, now)
+		er := &engReqs[idx]
+		*er = engineRequest(idx, wr, sim.BlockChain(prompt, bs), wr.OutputTokens, now)
+		rec := &res.Records[idx]
+		rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, now, rt
+		if err := l.add(k, er, idx, now); err != nil {
+			rec.Rejected = true
+			l.done++
 			if doneObs != nil {
-				doneObs.Done(&w.Requests[idx], ri, er.CachedTokens, now)
+				doneObs.Done(wr, k, 0, now)
 			}
 		}
-		startStep(rp, now)
+		return nil
 	}
-	res.totals(reps, last-first, start)
-	return res, nil
+	if firstObs != nil {
+		l.token = func(ri int, _ *sim.Request, idx int, now time.Duration) {
+			firstObs.FirstToken(&w.Requests[idx], ri, now)
+		}
+	}
+	l.finish = func(ri int, er *sim.Request, idx int, now time.Duration) error {
+		rec := &res.Records[idx]
+		rec.CachedTokens = er.CachedTokens
+		rec.setTimes(er, er.Arrival)
+		rec.Preemptions = er.Preemptions
+		l.finished(now)
+		if doneObs != nil {
+			doneObs.Done(&w.Requests[idx], ri, er.CachedTokens, now)
+		}
+		return nil
+	}
+	return l.run()
 }
 
 // Summary is a run reduced to the bench contract's figures.

@@ -23,9 +23,7 @@ package fleet
 // itself.
 
 import (
-	"container/heap"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/router"
@@ -69,32 +67,11 @@ type PDResult struct {
 	Transfer time.Duration
 }
 
-type transfer struct {
-	at  time.Duration
-	idx int
-}
-
-type transferHeap []transfer
-
-func (h transferHeap) Len() int           { return len(h) }
-func (h transferHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h transferHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *transferHeap) Push(x any)        { *h = append(*h, x.(transfer)) }
-func (h *transferHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
-// RunPD replays w through a disaggregating router on a fresh fleet.
+// RunPD replays w through a disaggregating router on a fresh fleet. A KV
+// transfer's end is a timed event of the shared loop.
 func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
 	if len(cfg.Roles) != cfg.Replicas {
 		return nil, fmt.Errorf("%d roles for %d replicas", len(cfg.Roles), cfg.Replicas)
-	}
-	reps, err := newReplicas(&cfg.Config, w)
-	if err != nil {
-		return nil, err
 	}
 	if cfg.KVTransferBandwidth <= 0 {
 		cfg.KVTransferBandwidth = 50e9
@@ -102,36 +79,22 @@ func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
 	firstObs, _ := rt.(FirstTokenObserver)
 	doneObs, _ := rt.(DoneObserver)
 	stateObs, _ := rt.(StateObserver)
-
-	start := time.Now()
+	l, err := newLoop(cfg.Config, w, stateObs)
+	if err != nil {
+		return nil, err
+	}
 	n := len(w.Requests)
-	res := &PDResult{Result: &Result{Records: make([]Record, n), Busy: make([]time.Duration, cfg.Replicas)}, Prefill: make([]int, n)}
+	res := &PDResult{Result: l.res, Prefill: make([]int, n)}
 	prefillReqs := make([]sim.Request, n)
 	decodeReqs := make([]sim.Request, n)
 	chains := make([][]uint64, n)
 	inPrefill := make([]bool, n)
-	states := make([]sim.Stats, cfg.Replicas)
-	var transfers transferHeap
-	nextPush := time.Duration(0)
-	next, done := 0, 0
-	progressEvery := max(1, n/100)
 	bs := cfg.Profile.BlockSize
 	kvBytes := cfg.Profile.KVBytesPerToken()
-	first := w.Requests[0].Arrival
-	var last time.Duration
 
-	startStep := func(rp *replica, now time.Duration) {
-		st := rp.eng.Step(now)
-		if st.Duration == 0 {
-			rp.stepping = false
-			return
-		}
-		rp.stepping, rp.stepEnd, rp.pending = true, now+st.Duration, st
-	}
-	finish := func(idx, k int, er *sim.Request, now time.Duration, rejected bool) {
+	end := func(idx, k int, er *sim.Request, now time.Duration, rejected bool) {
 		rec := &res.Records[idx]
-		done++
-		last = max(last, now)
+		l.finished(now)
 		if rejected {
 			rec.Rejected = true
 			if doneObs != nil {
@@ -153,114 +116,68 @@ func RunPD(cfg PDConfig, w *workload.Workload, rt PDRouter) (*PDResult, error) {
 		wr := &w.Requests[idx]
 		k := res.Records[idx].Replica
 		er := &decodeReqs[idx]
-		*er = sim.Request{ID: uint64(idx), PromptTokens: wr.PromptTokens, BlockHashes: chains[idx],
-			MaxTokens: wr.OutputTokens, Arrival: now, KVTransferred: transferred}
-		rp := reps[k]
-		if err := rp.eng.Add(er); err != nil {
-			finish(idx, k, er, now, true)
-			return
-		}
-		rp.reqs[er] = idx
-		if !rp.stepping {
-			startStep(rp, now)
+		*er = engineRequest(idx, wr, chains[idx], wr.OutputTokens, now)
+		er.KVTransferred = transferred
+		if err := l.add(k, er, idx, now); err != nil {
+			end(idx, k, er, now, true)
 		}
 	}
-
-	for done < n {
-		ri := earliestStep(reps)
-		ta, te, tt := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
-		if next < n {
-			ta = w.Requests[next].Arrival
+	l.arrive = func(idx int, now time.Duration) error {
+		wr := &w.Requests[idx]
+		prompt := wr.Text()
+		t0 := time.Now()
+		k, p := rt.RoutePD(wr, prompt, now)
+		took := time.Since(t0)
+		if k < 0 || k >= cfg.Replicas || p >= cfg.Replicas {
+			return fmt.Errorf("router sent request %d to decode %d, prefill %d of %d replicas", idx, k, p, cfg.Replicas)
 		}
-		if ri >= 0 {
-			te = reps[ri].stepEnd
+		chains[idx] = sim.BlockChain(prompt, bs)
+		rec := &res.Records[idx]
+		rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, now, took
+		res.Prefill[idx] = -1
+		if p >= 0 {
+			er := &prefillReqs[idx]
+			*er = engineRequest(idx, wr, chains[idx], 1, now)
+			if err := l.add(p, er, idx, now); err == nil {
+				res.Prefill[idx] = p
+				res.Disaggregated++
+				inPrefill[idx] = true
+			}
 		}
-		if len(transfers) > 0 {
-			tt = transfers[0].at
+		if res.Prefill[idx] < 0 {
+			// Not split, or the prefill replica refused it: decode-only,
+			// as kvroute.pd falls back.
+			toDecode(idx, now, false)
 		}
-		if ri < 0 && next >= n && len(transfers) == 0 {
-			return nil, fmt.Errorf("simulation stalled with %d of %d requests unfinished", n-done, n)
-		}
-		if stateObs != nil && nextPush <= ta && nextPush <= te && nextPush <= tt {
-			for i, rp := range reps {
-				states[i] = rp.eng.Stats()
-			}
-			stateObs.ObserveState(states, nextPush)
-			nextPush += cfg.PushInterval
-			continue
-		}
-		switch {
-		case tt <= ta && tt <= te:
-			tr := heap.Pop(&transfers).(transfer)
-			toDecode(tr.idx, tr.at, true)
-		case ta <= te:
-			idx := next
-			wr := &w.Requests[idx]
-			now := wr.Arrival
-			prompt := wr.Text()
-			t0 := time.Now()
-			k, p := rt.RoutePD(wr, prompt, now)
-			took := time.Since(t0)
-			if k < 0 || k >= cfg.Replicas || p >= cfg.Replicas {
-				return nil, fmt.Errorf("router sent request %d to decode %d, prefill %d of %d replicas", idx, k, p, cfg.Replicas)
-			}
-			chains[idx] = sim.BlockChain(prompt, bs)
-			rec := &res.Records[idx]
-			rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, now, took
-			res.Prefill[idx] = -1
-			if p >= 0 {
-				er := &prefillReqs[idx]
-				*er = sim.Request{ID: uint64(idx), PromptTokens: wr.PromptTokens, BlockHashes: chains[idx], MaxTokens: 1, Arrival: now}
-				if err := reps[p].eng.Add(er); err == nil {
-					res.Prefill[idx] = p
-					res.Disaggregated++
-					inPrefill[idx] = true
-					reps[p].reqs[er] = idx
-					if !reps[p].stepping {
-						startStep(reps[p], now)
-					}
-				}
-			}
-			if res.Prefill[idx] < 0 {
-				// Not split, or the prefill replica refused it: decode-only,
-				// as kvroute.pd falls back.
-				toDecode(idx, now, false)
-			}
-			next++
-			if cfg.Progress != nil && (next%progressEvery == 0 || next == n) {
-				cfg.Progress(next, n)
-			}
-		default:
-			rp := reps[ri]
-			now := rp.stepEnd
-			st := rp.pending
-			for _, er := range st.Tokens {
-				idx := rp.reqs[er]
-				if er.Generated == 1 && firstObs != nil && er != &prefillReqs[idx] {
-					firstObs.FirstToken(&w.Requests[idx], res.Records[idx].Replica, now)
-				}
-			}
-			for _, er := range st.Finished {
-				idx := rp.reqs[er]
-				delete(rp.reqs, er)
-				if inPrefill[idx] && er == &prefillReqs[idx] {
-					inPrefill[idx] = false
-					res.Records[idx].CachedTokens = er.CachedTokens
-					res.Records[idx].Preemptions = er.Preemptions
-					// The decode engine pulls only the blocks its own prefix
-					// cache lacks (vLLM's connector matches locally first).
-					pull := max(er.PromptTokens-reps[res.Records[idx].Replica].eng.PeekCached(chains[idx]), 0)
-					d := cfg.KVTransferLatency + time.Duration(float64(pull)*kvBytes/cfg.KVTransferBandwidth*float64(time.Second))
-					res.Transfer += d
-					heap.Push(&transfers, transfer{at: now + d, idx: idx})
-					continue
-				}
-				finish(idx, res.Records[idx].Replica, er, now, false)
-			}
-			startStep(rp, now)
+		return nil
+	}
+	l.token = func(_ int, er *sim.Request, idx int, now time.Duration) {
+		if firstObs != nil && er != &prefillReqs[idx] {
+			firstObs.FirstToken(&w.Requests[idx], res.Records[idx].Replica, now)
 		}
 	}
-	res.totals(reps, last-first, start)
+	l.finish = func(_ int, er *sim.Request, idx int, now time.Duration) error {
+		if inPrefill[idx] && er == &prefillReqs[idx] {
+			inPrefill[idx] = false
+			res.Records[idx].CachedTokens = er.CachedTokens
+			res.Records[idx].Preemptions = er.Preemptions
+			// The decode engine pulls only the blocks its own prefix
+			// cache lacks (vLLM's connector matches locally first).
+			pull := max(er.PromptTokens-l.reps[res.Records[idx].Replica].eng.PeekCached(chains[idx]), 0)
+			d := cfg.KVTransferLatency + time.Duration(float64(pull)*kvBytes/cfg.KVTransferBandwidth*float64(time.Second))
+			res.Transfer += d
+			l.at(now+d, func(at time.Duration) error {
+				toDecode(idx, at, true)
+				return nil
+			})
+			return nil
+		}
+		end(idx, res.Records[idx].Replica, er, now, false)
+		return nil
+	}
+	if _, err := l.run(); err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 

@@ -166,14 +166,14 @@ func TestRunPDWithoutSplitsMatchesRun(t *testing.T) {
 }
 
 // TestPDBenchMooncake is the aggregated-versus-disaggregated comparison on
-// the shared trace (minutes of CPU): KVROUTE_PD_BENCH=1 (make bench-pd).
+// a Mooncake trace (minutes of CPU): KVROUTE_PD_BENCH=1 (make bench-pd).
 func TestPDBenchMooncake(t *testing.T) {
 	if os.Getenv("KVROUTE_PD_BENCH") == "" {
 		t.Skip("the full-trace P/D bench runs with KVROUTE_PD_BENCH=1 (make bench-pd)")
 	}
 	trace := os.Getenv("KVROUTE_PD_TRACE")
 	if trace == "" {
-		trace = "../../../shared/traces/mooncake_synthetic.jsonl"
+		t.Fatal("KVROUTE_PD_TRACE names no trace: run make bench-pd TRACE=FILE.jsonl (a Mooncake JSONL trace)")
 	}
 	rate := 1.0
 	if v := os.Getenv("KVROUTE_PD_RATE"); v != "" {

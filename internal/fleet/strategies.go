@@ -36,6 +36,19 @@ type StrategyOptions struct {
 // index over an in-memory Store with Envoy's CAS rules: the code the Envoy
 // filter runs, clocked by the simulation.
 func NewStrategy(name string, n int, opt StrategyOptions) (Router, error) {
+	store := &index.MemStore{}
+	r, err := newRealRouter(name, n, opt, store, store)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// newRealRouter is NewStrategy over a given shared-data store: the workers
+// of one simulated gateway each get their own router (their own VM) over
+// the gateway's one store. shared is where session pins and prefix memory
+// live (nil: in the router itself, per VM).
+func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.Store) (*RealRouter, error) {
 	var h *scorer.Handler
 	var err error
 	if opt.Config != nil {
@@ -71,13 +84,15 @@ func NewStrategy(name string, n int, opt StrategyOptions) (Router, error) {
 		}
 		icfg.Shards = index.SuggestShards(n*capTokens*sim.CharsPerToken/bc, 0)
 	}
-	ix, err := index.New(&index.MemStore{}, icfg)
+	ix, err := index.New(store, icfg)
 	if err != nil {
 		return nil, err
 	}
 	a.ix = ix
 	a.hasher = index.NewHasher(ix.Config().Hash)
-	a.r = router.New(router.Config{Handler: h, Index: ix, Seed: max(opt.Seed, 1)})
+	// Session pins and prefix memory in shared data, as the filter keeps
+	// them: one table per gateway whatever its worker count.
+	a.r = router.New(router.Config{Handler: h, Index: ix, Seed: max(opt.Seed, 1), Shared: shared})
 	a.hosts = make([]scorer.Host, n)
 	for i := range a.hosts {
 		if err := a.r.Register(fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), &a.hosts[i]); err != nil {
@@ -107,6 +122,9 @@ type RealRouter struct {
 	nowMs   int64
 	// FailedOpen counts decisions with no candidate, routed to replica 0.
 	FailedOpen int
+	// onRoute, when set, is told each decision's host and block chain
+	// (the gateway's report to the metrics service, topology.go).
+	onRoute func(replica int, chain []uint64)
 }
 
 // input hashes the request's prompt the way the filter does and builds the
@@ -141,6 +159,9 @@ func (a *RealRouter) Route(wr *workload.Request, prompt string, now time.Duratio
 		a.tickets = map[int]*router.Ticket{}
 	}
 	a.tickets[wr.ID] = &t
+	if a.onRoute != nil {
+		a.onRoute(t.Host, in.Chain)
+	}
 	return t.Host
 }
 

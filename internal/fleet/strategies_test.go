@@ -51,7 +51,7 @@ func TestEveryStrategyRunsThroughTheRealRouter(t *testing.T) {
 	// request's whole KV footprint (active blocks), so one 3,000-token
 	// request in flight on the warm replica outweighs the prefix it saves,
 	// and at this load it spreads like random. It does beat round robin on
-	// the Mooncake trace (see the README's benchmark table).
+	// the Mooncake trace (docs/performance.md, "Routing quality").
 	for _, name := range []string{"prefix_hash", "kv_cache_aware", "gie_default", "sglang_cache_aware"} {
 		if hits[name] < hits["round_robin"]+0.05 {
 			t.Errorf("%s hit ratio %.3f does not beat round robin's %.3f on shared system prompts", name, hits[name], hits["round_robin"])

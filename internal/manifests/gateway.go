@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -57,14 +58,13 @@ func EGWasmName(namespace, policy string, idx int) string {
 type egWasm struct {
 	policy *egv1a1.EnvoyExtensionPolicy
 	idx    int
-	where  string
 }
 
-func checkEnvoyGateway(res *Result) error {
+func checkEnvoyGateway(r *report, res *Result) {
 	var (
 		gateways []*gwapiv1.Gateway
 		routes   []*gwapiv1.HTTPRoute
-		eeps     []*egv1a1.EnvoyExtensionPolicy
+		eeps     []Object
 		epps     []Object
 	)
 	for _, o := range res.Objects {
@@ -74,20 +74,17 @@ func checkEnvoyGateway(res *Result) error {
 		case *gwapiv1.HTTPRoute:
 			routes = append(routes, v)
 		case *egv1a1.EnvoyExtensionPolicy:
-			eeps = append(eeps, v)
+			eeps = append(eeps, o)
 		case *egv1a1.EnvoyPatchPolicy:
 			epps = append(epps, o)
 		}
 	}
 	if len(eeps) == 0 && len(epps) == 0 {
-		return nil
+		return
 	}
-	for _, e := range eeps {
-		for i, w := range e.Spec.Wasm {
-			where := fmt.Sprintf("EnvoyExtensionPolicy %s spec.wasm[%d]", e.Name, i)
-			if err := checkEGWasm(where, &w); err != nil {
-				return fmt.Errorf("%s: %w", res.File, err)
-			}
+	for _, o := range eeps {
+		for i, w := range o.Value.(*egv1a1.EnvoyExtensionPolicy).Spec.Wasm {
+			checkEGWasm(r, o.Doc, index("spec.wasm", i), &w)
 		}
 	}
 
@@ -98,16 +95,18 @@ func checkEnvoyGateway(res *Result) error {
 		for _, l := range gw.Spec.Listeners {
 			name := gw.Namespace + "/" + gw.Name + "/" + string(l.Name)
 			var wasms []egWasm
-			for _, e := range eeps {
+			for _, o := range eeps {
+				e := o.Value.(*egv1a1.EnvoyExtensionPolicy)
 				if eepAppliesTo(e, gw, string(l.Name), routes) {
 					for i := range e.Spec.Wasm {
-						wasms = append(wasms, egWasm{policy: e, idx: i, where: fmt.Sprintf("EnvoyExtensionPolicy %s spec.wasm[%d]", e.Name, i)})
+						wasms = append(wasms, egWasm{policy: e, idx: i})
 					}
 				}
 			}
 			lis, err := egListener(name, int(l.Port), wasms)
 			if err != nil {
-				return fmt.Errorf("%s: %w", res.File, err)
+				r.add(-1, "", "generating listener %s: %v", name, err)
+				continue
 			}
 			listeners[name] = lis
 			listenerOrder = append(listenerOrder, name)
@@ -117,18 +116,17 @@ func checkEnvoyGateway(res *Result) error {
 	for _, o := range epps {
 		epp := o.Value.(*egv1a1.EnvoyPatchPolicy)
 		if epp.Spec.Type != egv1a1.JSONPatchEnvoyPatchType {
-			return fieldErr(o.Where+" spec.type", fmt.Errorf("%q: only JSONPatch exists", epp.Spec.Type))
+			r.add(o.Doc, "spec.type", "%q: only JSONPatch exists", epp.Spec.Type)
+			continue
 		}
 		for i, p := range epp.Spec.JSONPatches {
-			where := fmt.Sprintf("%s spec.jsonPatches[%d]", o.Where, i)
-			if err := applyEGPatch(res, where, p, listeners); err != nil {
-				return err
-			}
+			applyEGPatch(r, res, o.Doc, index("spec.jsonPatches", i), p, listeners)
 		}
 	}
 	// A policy that reaches no listener of this file (its Gateway is
 	// elsewhere) still has its plugin configurations checked, as written.
-	for _, e := range eeps {
+	for _, o := range eeps {
+		e := o.Value.(*egv1a1.EnvoyExtensionPolicy)
 		attached := false
 		for _, gw := range gateways {
 			for _, l := range gw.Spec.Listeners {
@@ -139,8 +137,8 @@ func checkEnvoyGateway(res *Result) error {
 			continue
 		}
 		for i, w := range e.Spec.Wasm {
-			p := Plugin{Where: fmt.Sprintf("%s: EnvoyExtensionPolicy %s spec.wasm[%d].config", res.File, e.Name, i),
-				VMID: EGWasmName(e.Namespace, e.Name, i)}
+			at := index("spec.wasm", i) + ".config"
+			p := Plugin{Where: o.Where + " " + at, Doc: o.Doc, Path: at, VMID: EGWasmName(e.Namespace, e.Name, i)}
 			if w.RootID != nil {
 				p.RootID = *w.RootID
 			}
@@ -153,40 +151,56 @@ func checkEnvoyGateway(res *Result) error {
 			res.Plugins = append(res.Plugins, p)
 		}
 	}
-	// What Envoy would receive: the patched listeners and the plugins in them.
+	// What Envoy would receive: the patched listeners and the plugins in
+	// them, each plugin located at the policy entry it came from.
 	for _, name := range listenerOrder {
 		lis := listeners[name]
-		where := res.File + ": Envoy Gateway listener " + name
-		if err := validateEnvoy(where, lis); err != nil {
-			return err
+		where := r.file + ": Envoy Gateway listener " + name
+		for _, fp := range validateProto(lis) {
+			r.add(-1, "", "Envoy Gateway listener %s (as generated and patched): %s: %s", name, fp.path, fp.msg)
 		}
-		res.Envoy = append(res.Envoy, EnvoyResource{Where: where, Message: lis})
-		plugins, err := WasmPlugins(where+":", lis)
-		if err != nil {
-			return err
+		res.Envoy = append(res.Envoy, EnvoyResource{Where: where, Message: lis, Doc: -1})
+		for _, p := range r.wasmPlugins(-1, "", lis) {
+			p.Where = where + ": " + p.Path
+			p.Doc, p.Path = egPluginSource(eeps, p)
+			res.Plugins = append(res.Plugins, p)
 		}
-		res.Plugins = append(res.Plugins, plugins...)
 	}
-	return nil
 }
 
-func checkEGWasm(where string, w *egv1a1.Wasm) error {
+// egPluginSource finds the EnvoyExtensionPolicy entry a generated plugin
+// came from (same root id and configuration): its document and config path.
+func egPluginSource(eeps []Object, p Plugin) (int, string) {
+	for _, o := range eeps {
+		for i, w := range o.Value.(*egv1a1.EnvoyExtensionPolicy).Spec.Wasm {
+			raw := ""
+			if w.Config != nil {
+				raw = string(w.Config.Raw)
+			}
+			if w.RootID != nil && *w.RootID == p.RootID && raw == string(p.Config) {
+				return o.Doc, index("spec.wasm", i) + ".config"
+			}
+		}
+	}
+	return -1, ""
+}
+
+func checkEGWasm(r *report, doc int, at string, w *egv1a1.Wasm) {
 	switch w.Code.Type {
 	case egv1a1.ImageWasmCodeSourceType:
 		if w.Code.Image == nil || w.Code.Image.URL == "" {
-			return fieldErr(where+".code.image.url", errors.New("is required when code.type is Image"))
+			r.add(doc, at+".code.image.url", "is required when code.type is Image")
 		}
 	case egv1a1.HTTPWasmCodeSourceType:
 		if w.Code.HTTP == nil || w.Code.HTTP.URL == "" {
-			return fieldErr(where+".code.http.url", errors.New("is required when code.type is HTTP"))
+			r.add(doc, at+".code.http.url", "is required when code.type is HTTP")
 		}
 	default:
-		return fieldErr(where+".code.type", fmt.Errorf("%q: want Image or HTTP", w.Code.Type))
+		r.add(doc, at+".code.type", "%q: want Image or HTTP", w.Code.Type)
 	}
 	if w.Config != nil && !json.Valid(w.Config.Raw) {
-		return fieldErr(where+".config", errors.New("is not JSON"))
+		r.add(doc, at+".config", "is not JSON")
 	}
-	return nil
 }
 
 // eepAppliesTo reports whether policy e puts its filters on listener
@@ -305,9 +319,17 @@ func egWasmFilter(w egWasm) (*hcmv3.HttpFilter, error) {
 
 var egMarshal = protojson.MarshalOptions{UseProtoNames: true}
 
-func applyEGPatch(res *Result, where string, p egv1a1.EnvoyJSONPatchConfig, listeners map[string]*listenerv3.Listener) error {
+func applyEGPatch(r *report, res *Result, doc int, at string, p egv1a1.EnvoyJSONPatchConfig, listeners map[string]*listenerv3.Listener) {
 	op := p.Operation
 	noPath := (op.Path == nil || *op.Path == "") && (op.JSONPath == nil || *op.JSONPath == "")
+	// problems reports what Envoy Gateway would reject in the patched
+	// resource; its paths are in the generated resource, not in this file.
+	problems := func(what string, probs []fieldProblem) bool {
+		for _, fp := range probs {
+			r.add(doc, at+".operation", "the patched %s is invalid at %s: %s", what, fp.path, fp.msg)
+		}
+		return len(probs) == 0
+	}
 	switch string(p.Type) {
 	case egListenerType:
 		lis, ok := listeners[p.Name]
@@ -316,41 +338,46 @@ func applyEGPatch(res *Result, where string, p egv1a1.EnvoyJSONPatchConfig, list
 			for n := range listeners {
 				names = append(names, n)
 			}
-			return fieldErr(where+".name", fmt.Errorf("no listener %q: Envoy Gateway names listeners NAMESPACE/GATEWAY/LISTENER; this file generates %v", p.Name, names))
+			sort.Strings(names)
+			r.add(doc, at+".name", "no listener %q: Envoy Gateway names listeners NAMESPACE/GATEWAY/LISTENER; this file generates %v", p.Name, names)
+			return
 		}
-		doc, err := egMarshal.Marshal(lis)
+		js, err := egMarshal.Marshal(lis)
 		if err != nil {
-			return err
+			r.add(doc, at, "%v", err)
+			return
 		}
-		patched, err := applyJSONPatch(where+".operation", doc, op)
+		out, err := applyJSONPatch(at+".operation", js, op)
 		if err != nil {
-			return err
+			r.addErr(doc, "", err)
+			return
 		}
-		out := &listenerv3.Listener{}
-		if err := DecodeEnvoyJSON(where+" (patched listener "+p.Name+")", patched, out); err != nil {
-			return err
+		next := &listenerv3.Listener{}
+		if problems("listener "+p.Name, decodeProto(out, next)) {
+			listeners[p.Name] = next
 		}
-		listeners[p.Name] = out
-		return nil
 	case egClusterType:
 		if noPath {
 			// A whole new resource.
 			if op.Op != "add" || op.Value == nil {
-				return fieldErr(where+".operation", errors.New("without a path only op add with a value (a complete Cluster) is meaningful"))
+				r.add(doc, at+".operation", "without a path only op add with a value (a complete Cluster) is meaningful")
+				return
 			}
 			c := &clusterv3.Cluster{}
-			if err := DecodeEnvoyJSON(where+".operation.value", op.Value.Raw, c); err != nil {
-				return err
+			probs := envoyProblems(op.Value.Raw, c)
+			for _, fp := range probs {
+				r.add(doc, joinField(at+".operation.value", fp.path), "%s", fp.msg)
 			}
-			if c.GetName() != p.Name {
-				return fieldErr(where+".name", fmt.Errorf("%q differs from the added cluster's name %q", p.Name, c.GetName()))
+			if c.GetName() != p.Name && len(probs) == 0 {
+				r.add(doc, at+".name", "%q differs from the added cluster's name %q", p.Name, c.GetName())
 			}
-			res.Envoy = append(res.Envoy, EnvoyResource{Where: where, Message: c})
-			return nil
+			res.Envoy = append(res.Envoy, EnvoyResource{Where: r.file + ": " + at, Message: c, Doc: doc, Path: at + ".operation.value"})
+			return
 		}
 		// A cluster Envoy Gateway generates for a route rule.
 		if !strings.HasPrefix(p.Name, "httproute/") {
-			return fieldErr(where+".name", fmt.Errorf("%q: the checker only knows route clusters (httproute/NS/NAME/rule/N)", p.Name))
+			r.add(doc, at+".name", "%q: the checker only knows route clusters (httproute/NS/NAME/rule/N)", p.Name)
+			return
 		}
 		base := &clusterv3.Cluster{
 			Name:                 p.Name,
@@ -359,22 +386,23 @@ func applyEGPatch(res *Result, where string, p egv1a1.EnvoyJSONPatchConfig, list
 				ResourceApiVersion: corev3.ApiVersion_V3, ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 			}},
 		}
-		doc, err := egMarshal.Marshal(base)
+		js, err := egMarshal.Marshal(base)
 		if err != nil {
-			return err
+			r.add(doc, at, "%v", err)
+			return
 		}
-		patched, err := applyJSONPatch(where+".operation", doc, op)
+		out, err := applyJSONPatch(at+".operation", js, op)
 		if err != nil {
-			return err
+			r.addErr(doc, "", err)
+			return
 		}
 		c := &clusterv3.Cluster{}
-		if err := DecodeEnvoyJSON(where+" (patched cluster "+p.Name+")", patched, c); err != nil {
-			return err
+		if problems("cluster "+p.Name, envoyProblems(out, c)) {
+			res.Envoy = append(res.Envoy, EnvoyResource{Where: r.file + ": " + at, Message: c, Doc: doc, Path: at + ".operation"})
 		}
-		res.Envoy = append(res.Envoy, EnvoyResource{Where: where, Message: c})
-		return nil
+	default:
+		r.add(doc, at+".type", "%q is not checked yet (Listener and Cluster are)", p.Type)
 	}
-	return fieldErr(where+".type", fmt.Errorf("%q is not checked yet (Listener and Cluster are)", p.Type))
 }
 
 // applyJSONPatch applies one operation as Envoy Gateway does: a JSONPath is
@@ -393,12 +421,12 @@ func applyJSONPatch(where string, doc []byte, op egv1a1.JSONPatchOperation) ([]b
 		}
 		expr, err := jp.ParseString(*op.JSONPath)
 		if err != nil {
-			return nil, fieldErr(where+".jsonPath", err)
+			return nil, pathErr(where+".jsonPath", err)
 		}
 		for _, loc := range expr.Locate(parsed, 0) {
 			ptr, err := pointerOf(loc)
 			if err != nil {
-				return nil, fieldErr(where+".jsonPath", err)
+				return nil, pathErr(where+".jsonPath", err)
 			}
 			if suffix != "" {
 				ptr = strings.TrimSuffix(ptr, "/") + "/" + strings.TrimPrefix(suffix, "/")
@@ -406,11 +434,11 @@ func applyJSONPatch(where string, doc []byte, op egv1a1.JSONPatchOperation) ([]b
 			pointers = append(pointers, ptr)
 		}
 		if len(pointers) == 0 {
-			return nil, fieldErr(where+".jsonPath", fmt.Errorf("%q matches nothing in the generated resource", *op.JSONPath))
+			return nil, pathErr(where+".jsonPath", fmt.Errorf("%q matches nothing in the generated resource", *op.JSONPath))
 		}
 	} else {
 		if suffix == "" {
-			return nil, fieldErr(where+".path", errors.New("path or jsonPath is required"))
+			return nil, pathErr(where+".path", errors.New("path or jsonPath is required"))
 		}
 		pointers = []string{suffix}
 	}
@@ -430,10 +458,10 @@ func applyJSONPatch(where string, doc []byte, op egv1a1.JSONPatchOperation) ([]b
 		}
 		patch, err := jsonpatch.DecodePatch(raw)
 		if err != nil {
-			return nil, fieldErr(where, err)
+			return nil, pathErr(where, err)
 		}
 		if doc, err = patch.ApplyWithOptions(doc, opts); err != nil {
-			return nil, fieldErr(fmt.Sprintf("%s (op %s at %s)", where, op.Op, ptr), err)
+			return nil, pathErr(where, fmt.Errorf("op %s at %s: %w", op.Op, ptr, err))
 		}
 	}
 	return doc, nil

@@ -1,7 +1,6 @@
 package manifests
 
 import (
-	"errors"
 	"fmt"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -61,20 +60,20 @@ func patchTarget(applyTo istionet.EnvoyFilter_ApplyTo) (newMsg func() proto.Mess
 	return nil, nil, fmt.Errorf("applyTo %s is not checked yet (add it to patchTarget)", applyTo)
 }
 
-func checkIstio(res *Result, obj Object, io *IstioObject) error {
+func checkIstio(r *report, res *Result, obj Object, io *IstioObject) {
 	switch spec := io.Spec.(type) {
 	case *istionet.EnvoyFilter:
-		return checkEnvoyFilter(res, obj, spec)
+		checkEnvoyFilter(r, res, obj, spec)
 	case *istioext.WasmPlugin:
-		where := obj.Where + " spec.pluginConfig"
 		if spec.GetUrl() == "" {
-			return fieldErr(obj.Where+" spec.url", errors.New("is required"))
+			r.add(obj.Doc, "spec.url", "is required")
 		}
 		var cfg []byte
 		if spec.GetPluginConfig() != nil {
 			var err error
 			if cfg, err = protojson.Marshal(spec.GetPluginConfig()); err != nil {
-				return fieldErr(where, err)
+				r.add(obj.Doc, "spec.pluginConfig", "%v", err)
+				return
 			}
 		}
 		var env []string
@@ -83,56 +82,64 @@ func checkIstio(res *Result, obj Object, io *IstioObject) error {
 				env = append(env, e.GetName())
 			}
 		}
-		res.Plugins = append(res.Plugins, Plugin{Where: where, RootID: spec.GetPluginName(), Config: cfg, HostEnvKeys: env})
+		res.Plugins = append(res.Plugins, Plugin{Where: obj.Where + " spec.pluginConfig", Doc: obj.Doc, Path: "spec.pluginConfig",
+			RootID: spec.GetPluginName(), Config: cfg, HostEnvKeys: env})
 	}
-	return nil
 }
 
-func checkEnvoyFilter(res *Result, obj Object, ef *istionet.EnvoyFilter) error {
+func checkEnvoyFilter(r *report, res *Result, obj Object, ef *istionet.EnvoyFilter) {
 	if len(ef.GetConfigPatches()) == 0 {
-		return fieldErr(obj.Where+" spec.configPatches", errors.New("is empty"))
+		r.add(obj.Doc, "spec.configPatches", "is empty")
 	}
 	for i, cp := range ef.GetConfigPatches() {
-		where := fmt.Sprintf("%s spec.configPatches[%d]", obj.Where, i)
+		at := index("spec.configPatches", i)
+		if r.has(obj.Doc, at) {
+			continue // the decoder said what is wrong with it
+		}
 		if cp.GetApplyTo() == istionet.EnvoyFilter_INVALID {
-			return fieldErr(where+".applyTo", errors.New("is required"))
+			r.add(obj.Doc, at+".applyTo", "is required")
+			continue
 		}
 		p := cp.GetPatch()
 		if p == nil || p.GetOperation() == istionet.EnvoyFilter_Patch_INVALID {
-			return fieldErr(where+".patch.operation", errors.New("is required"))
+			r.add(obj.Doc, at+".patch.operation", "is required")
+			continue
 		}
 		if p.GetOperation() == istionet.EnvoyFilter_Patch_REMOVE {
 			continue
 		}
+		valueAt := at + ".patch.value"
 		if p.GetValue() == nil {
-			return fieldErr(where+".patch.value", errors.New("is required for "+p.GetOperation().String()))
+			r.add(obj.Doc, valueAt, "is required for %s", p.GetOperation())
+			continue
 		}
 		newMsg, base, err := patchTarget(cp.GetApplyTo())
 		if err != nil {
-			return fieldErr(where+".applyTo", err)
+			r.add(obj.Doc, at+".applyTo", "%v", err)
+			continue
 		}
 		js, err := protojson.Marshal(p.GetValue())
 		if err != nil {
-			return fieldErr(where+".patch.value", err)
+			r.add(obj.Doc, valueAt, "%v", err)
+			continue
 		}
 		msg := newMsg()
-		if err := protojson.Unmarshal(js, msg); err != nil {
-			return fieldErr(where+".patch.value", withContext(err, js))
+		probs := decodeProto(js, msg)
+		for _, fp := range probs {
+			r.add(obj.Doc, joinField(valueAt, fp.path), "%s", fp.msg)
 		}
 		full := msg
 		if p.GetOperation() == istionet.EnvoyFilter_Patch_MERGE && base != nil {
 			full = base()
 			proto.Merge(full, msg)
 		}
-		if err := validateEnvoy(where+".patch.value", full); err != nil {
-			return err
+		if len(probs) == 0 {
+			for _, fp := range validateProto(full) {
+				r.add(obj.Doc, joinField(valueAt, fp.path), "%s", fp.msg)
+			}
 		}
-		res.Envoy = append(res.Envoy, EnvoyResource{Where: where + ".patch.value", Message: full})
-		plugins, err := WasmPlugins(where+".patch.value:", full)
-		if err != nil {
-			return err
-		}
-		res.Plugins = append(res.Plugins, plugins...)
+		where := obj.Where + " " + valueAt
+		res.Envoy = append(res.Envoy, EnvoyResource{Where: where, Message: full, Doc: obj.Doc, Path: valueAt})
+		res.Plugins = append(res.Plugins, r.wasmPlugins(obj.Doc, valueAt, full)...)
 	}
-	return nil
 }

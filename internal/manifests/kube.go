@@ -5,11 +5,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
+	"regexp"
+	"strconv"
+	"strings"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	istioext "istio.io/api/extensions/v1alpha1"
 	istionet "istio.io/api/networking/v1alpha3"
@@ -21,12 +22,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
 // Object is one Kubernetes object decoded into its Go type.
 type Object struct {
-	Where      string
+	Where string
+	// Doc is the index of its document among the file's non-empty ones.
+	Doc        int
 	APIVersion string
 	Kind       string
 	Name       string
@@ -91,19 +95,35 @@ type istioEnvelope struct {
 
 // SplitDocuments returns the non-empty YAML documents of data as JSON.
 func SplitDocuments(name string, data []byte) ([][]byte, error) {
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	r := &report{file: name}
+	docs := splitDocuments(r, data)
+	if len(r.probs) > 0 {
+		return nil, r.probs
+	}
+	return docs, nil
+}
+
+func splitDocuments(r *report, data []byte) [][]byte {
+	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var docs [][]byte
-	for i := 0; ; i++ {
-		doc, err := r.Read()
+	for {
+		doc, err := rd.Read()
 		if errors.Is(err, io.EOF) {
-			return docs, nil
+			return docs
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", name, i, err)
+			r.add(len(docs), "", "%v", err)
+			return docs
 		}
 		js, err := yaml.YAMLToJSONStrict(doc)
 		if err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", name, i, err)
+			// The parser's line counts from the document's start.
+			line := yamlErrLine(err)
+			if at := bytes.Index(data, doc); line > 0 && at >= 0 {
+				line += bytes.Count(data[:at], []byte("\n"))
+			}
+			r.probs = append(r.probs, Problem{File: r.file, Line: line, Msg: err.Error(), doc: -1})
+			continue
 		}
 		if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
 			continue
@@ -112,93 +132,111 @@ func SplitDocuments(name string, data []byte) ([][]byte, error) {
 	}
 }
 
-func checkKubernetes(name string, data []byte) (*Result, error) {
-	docs, err := SplitDocuments(name, data)
-	if err != nil {
-		return nil, err
-	}
-	res := &Result{File: name}
-	for i, doc := range docs {
-		obj, err := decodeObject(fmt.Sprintf("%s: document %d", name, i), doc)
-		if err != nil {
-			return nil, err
+func checkKubernetes(r *report, data []byte) *Result {
+	res := &Result{File: r.file}
+	for i, doc := range splitDocuments(r, data) {
+		if obj, ok := decodeObject(r, i, doc); ok {
+			res.Objects = append(res.Objects, obj)
 		}
-		res.Objects = append(res.Objects, obj)
 	}
 	for _, obj := range res.Objects {
 		switch v := obj.Value.(type) {
 		case *IstioObject:
-			if err := checkIstio(res, obj, v); err != nil {
-				return nil, err
-			}
+			checkIstio(r, res, obj, v)
 		case *corev1.Secret:
-			if len(v.Data) > 0 || len(v.StringData) > 0 {
-				if err := checkSecretPlaceholder(obj, v); err != nil {
-					return nil, err
-				}
-			}
+			checkSecretPlaceholder(r, obj, v)
 		}
 	}
-	if err := checkEnvoyGateway(res); err != nil {
-		return nil, err
-	}
-	return res, nil
+	checkEnvoyGateway(r, res)
+	return res
 }
 
-// decodeObject decodes one document by apiVersion and kind, rejecting
-// unknown fields at every level.
-func decodeObject(where string, doc []byte) (Object, error) {
+// decodeObject decodes one document by apiVersion and kind, finding every
+// unknown or duplicate field at every level.
+func decodeObject(r *report, doc int, js []byte) (Object, bool) {
 	var tm typeMeta
-	if err := json.Unmarshal(doc, &tm); err != nil {
-		return Object{}, fieldErr(where, err)
+	if err := json.Unmarshal(js, &tm); err != nil {
+		r.add(doc, "", "%v", err)
+		return Object{}, false
 	}
 	if tm.APIVersion == "" || tm.Kind == "" {
-		return Object{}, fieldErr(where, errors.New("apiVersion and kind are required"))
+		r.add(doc, "", "apiVersion and kind are required")
+		return Object{}, false
 	}
 	key := tm.APIVersion + "/" + tm.Kind
-	where = fmt.Sprintf("%s (%s)", where, tm.Kind)
+	obj := Object{APIVersion: tm.APIVersion, Kind: tm.Kind, Doc: doc}
 	if mk, ok := istioTypes[key]; ok {
 		var env istioEnvelope
-		if err := yaml.UnmarshalStrict(doc, &env); err != nil {
-			return Object{}, fieldErr(where, err)
+		if !decodeStrict(r, doc, js, &env) {
+			return Object{}, false
 		}
 		spec := mk()
-		if err := protojson.Unmarshal(env.Spec, spec); err != nil {
-			return Object{}, fieldErr(where+" spec", withContext(err, env.Spec))
+		for _, p := range decodeProto(env.Spec, spec) {
+			r.add(doc, joinField("spec", p.path), "%s", p.msg)
 		}
-		if env.Metadata.Name == "" {
-			return Object{}, fieldErr(where, errors.New("metadata.name is required"))
+		obj.Name, obj.Namespace = env.Metadata.Name, env.Metadata.Namespace
+		obj.Value = &IstioObject{Metadata: env.Metadata, Spec: spec}
+	} else {
+		mk, ok := kubeTypes[key]
+		if !ok {
+			r.add(doc, "kind", "unknown apiVersion/kind %q: the checker knows no type for it (add it to kubeTypes in internal/manifests)", key)
+			return Object{}, false
 		}
-		return Object{Where: where + " " + env.Metadata.Name, APIVersion: tm.APIVersion, Kind: tm.Kind,
-			Name: env.Metadata.Name, Namespace: env.Metadata.Namespace,
-			Value: &IstioObject{Metadata: env.Metadata, Spec: spec}}, nil
+		v := mk()
+		if !decodeStrict(r, doc, js, v) {
+			return Object{}, false
+		}
+		if meta, ok := v.(metav1.Object); ok {
+			obj.Name, obj.Namespace = meta.GetName(), meta.GetNamespace()
+		}
+		obj.Value = v
 	}
-	mk, ok := kubeTypes[key]
-	if !ok {
-		return Object{}, fieldErr(where, fmt.Errorf("unknown apiVersion/kind %q: the checker knows no type for it (add it to kubeTypes in internal/manifests)", key))
+	if obj.Name == "" {
+		r.add(doc, "metadata", "metadata.name is required")
 	}
-	v := mk()
-	if err := yaml.UnmarshalStrict(doc, v); err != nil {
-		return Object{}, fieldErr(where, err)
+	obj.Where = r.file + ": " + tm.Kind + " " + obj.Name
+	return obj, true
+}
+
+// decodeStrict decodes a Kubernetes object, reporting each unknown or
+// duplicate field at its path; false when the document does not decode.
+func decodeStrict(r *report, doc int, js []byte, v any) bool {
+	strict, err := kjson.UnmarshalStrict(js, v)
+	if err != nil {
+		r.add(doc, typeErrPath(err), "%v", err)
+		return false
 	}
-	meta, ok := v.(metav1.Object)
-	if !ok || meta.GetName() == "" {
-		return Object{}, fieldErr(where, errors.New("metadata.name is required"))
+	for _, e := range strict {
+		var fe kjson.FieldError
+		if errors.As(e, &fe) {
+			r.add(doc, fe.FieldPath(), "%s", strings.TrimSuffix(e.Error(), " "+strconv.Quote(fe.FieldPath())))
+			continue
+		}
+		r.add(doc, "", "%v", e)
 	}
-	return Object{Where: where + " " + meta.GetName(), APIVersion: tm.APIVersion, Kind: tm.Kind,
-		Name: meta.GetName(), Namespace: meta.GetNamespace(), Value: v}, nil
+	return true
+}
+
+// goStructField finds the path in encoding/json's type errors: "Go struct
+// field Deployment.spec.replicas of type int32".
+var goStructField = regexp.MustCompile(`Go struct field [A-Za-z0-9_]+\.(\S+) of type`)
+
+func typeErrPath(err error) string {
+	if m := goStructField.FindStringSubmatch(err.Error()); m != nil {
+		return m[1]
+	}
+	return ""
 }
 
 // checkSecretPlaceholder refuses a shipped Secret that carries what looks
 // like a real token: manifests ship a placeholder the user replaces.
-func checkSecretPlaceholder(obj Object, s *corev1.Secret) error {
+func checkSecretPlaceholder(r *report, obj Object, s *corev1.Secret) {
 	for k, v := range s.StringData {
-		if !bytes.Contains([]byte(v), []byte("REPLACE")) {
-			return fieldErr(obj.Where, fmt.Errorf("stringData.%s must be a REPLACE-ME placeholder, never a real token", k))
+		if !strings.Contains(v, "REPLACE") {
+			r.add(obj.Doc, key("stringData", k), "must be a REPLACE-ME placeholder, never a real token")
 		}
 	}
 	if len(s.Data) > 0 {
-		return fieldErr(obj.Where, errors.New("data: ship the token as a stringData placeholder, never encoded"))
+		r.add(obj.Doc, "data", "ship the token as a stringData placeholder, never encoded")
 	}
-	return nil
 }

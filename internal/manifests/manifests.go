@@ -31,16 +31,26 @@ package manifests
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Plugin is one Wasm plugin configuration found in a manifest.
 type Plugin struct {
-	// Where locates it: file, object and field path.
+	// Where locates it for messages: file, object and field path.
 	Where string
+	// Doc and Path locate the configuration in the file: the document
+	// index and the field path of the configuration value (-1 and "" when
+	// it has no place in the file).
+	Doc  int
+	Path string
 	// RootID is the plugin's root id (WasmPlugin pluginName, EnvoyExtensionPolicy rootID).
 	RootID string
 	// VMID is the vm_id the plugin runs in ("" where the platform sets it).
@@ -68,8 +78,7 @@ type Result struct {
 	Plugins []Plugin
 }
 
-// CheckFile checks one file: Kubernetes manifests (documents with apiVersion
-// and kind) or an Envoy bootstrap.
+// CheckFile checks one file: see Check.
 func CheckFile(path string) (*Result, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -78,37 +87,121 @@ func CheckFile(path string) (*Result, error) {
 	return Check(filepath.ToSlash(path), data)
 }
 
-// Check checks data read from name (used in messages only).
+// Check checks data read from name (used in messages only): Kubernetes
+// manifests (documents with apiVersion and kind), an Envoy bootstrap, or a
+// kvroute plugin configuration (JSON that is neither). It decodes it into
+// the real API types, then runs kvroute's own checks (checkKvroute): the
+// error, a Problems, lists every problem with its line and field path. The
+// Result holds what decoded, also when there are problems.
 func Check(name string, data []byte) (*Result, error) {
-	if isKubernetes(data) {
-		return checkKubernetes(name, data)
+	r := &report{file: name}
+	var res *Result
+	switch detect(data) {
+	case kindKubernetes:
+		res = checkKubernetes(r, data)
+	case kindPlugin:
+		res = checkPluginFile(r, data)
+	default:
+		res = checkBootstrap(r, data)
 	}
-	return checkBootstrap(name, data)
+	checkKvroute(r, res)
+	return res, r.result(data)
 }
 
-// isKubernetes reports whether data looks like Kubernetes manifests: a
-// top-level apiVersion key. Envoy bootstraps never have one.
-func isKubernetes(data []byte) bool {
+// CheckTogether checks Kubernetes manifest files as one deployment, for a
+// deployment split across files: each file is checked as Check does, and
+// kvroute's wiring checks see the objects of all of them (a Gateway in one
+// file, its policies in another). Each problem names the file and line it
+// is in; a problem of the whole deployment names every file.
+func CheckTogether(paths []string) (*Result, error) {
+	type span struct {
+		name  string
+		first int // the file's first line in the joined text
+	}
+	var all bytes.Buffer
+	var spans []span
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		if detect(data) != kindKubernetes {
+			return nil, fmt.Errorf("%s: not Kubernetes manifests: only those can be checked together", p)
+		}
+		spans = append(spans, span{filepath.ToSlash(p), bytes.Count(all.Bytes(), []byte("\n")) + 1})
+		all.Write(data)
+		if !bytes.HasSuffix(data, []byte("\n")) {
+			all.WriteByte('\n')
+		}
+		all.WriteString("---\n")
+	}
+	names := make([]string, len(spans))
+	for i, s := range spans {
+		names[i] = s.name
+	}
+	joined := strings.Join(names, "+")
+	res, err := Check(joined, all.Bytes())
+	var ps Problems
+	if !errors.As(err, &ps) {
+		return res, err
+	}
+	for i := range ps {
+		line := ps[i].Line
+		for _, s := range spans {
+			if line > 0 && line >= s.first {
+				ps[i].File, ps[i].Line = s.name, line-s.first+1
+			}
+		}
+	}
+	return res, ps
+}
+
+// IsKubernetesFile reports whether the file at path holds Kubernetes
+// manifests (false when it cannot be read: CheckFile says why).
+func IsKubernetesFile(path string) bool {
+	data, err := os.ReadFile(path)
+	return err == nil && detect(data) == kindKubernetes
+}
+
+type fileKind int
+
+const (
+	kindBootstrap fileKind = iota
+	kindKubernetes
+	kindPlugin
+)
+
+// detect tells the three kinds apart: Kubernetes manifests have a top-level
+// apiVersion, a bootstrap has top-level fields of Bootstrap, and a plugin
+// configuration is a JSON object with neither.
+func detect(data []byte) fileKind {
 	for _, line := range bytes.Split(data, []byte("\n")) {
 		if bytes.HasPrefix(line, []byte("apiVersion:")) {
-			return true
+			return kindKubernetes
 		}
 	}
-	return false
-}
-
-// fieldErr prefixes an error with where it happened.
-func fieldErr(where string, err error) error {
-	return fmt.Errorf("%s: %w", where, err)
-}
-
-// joinPath joins field path elements with dots, skipping empty ones.
-func joinPath(parts ...string) string {
-	var out []string
-	for _, p := range parts {
-		if p != "" {
-			out = append(out, p)
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return kindBootstrap
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(trimmed, &top) != nil {
+		return kindPlugin // config.Parse says what is wrong with it
+	}
+	if _, ok := top["apiVersion"]; ok {
+		return kindKubernetes
+	}
+	fields := (&bootstrapv3.Bootstrap{}).ProtoReflect().Descriptor().Fields()
+	for k := range top {
+		if fields.ByName(protoreflect.Name(k)) != nil || fields.ByJSONName(k) != nil {
+			return kindBootstrap
 		}
 	}
-	return strings.Join(out, ".")
+	return kindPlugin
+}
+
+// checkPluginFile takes the whole file as one plugin configuration; its
+// root id is not known, so both filters' checks apply to what it sets.
+func checkPluginFile(r *report, data []byte) *Result {
+	return &Result{File: r.file, Plugins: []Plugin{{Where: r.file, Doc: 0, Config: data}}}
 }

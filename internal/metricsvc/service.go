@@ -65,6 +65,12 @@ type Config struct {
 	PushInterval, PushTimeout time.Duration
 	// KVEventsTopic filters KV event messages by topic prefix (default all).
 	KVEventsTopic string
+	// KVEventsListen, when set (e.g. tcp://*:5557), binds a socket that
+	// engines publishing the llm-d way connect out to, each under the topic
+	// kv@<pod-ip>@<model>: their batches go to the discovered engine with
+	// that IP (and that model, when several share the IP). Engines with a
+	// kvEvents endpoint of their own are still dialled (vLLM's way).
+	KVEventsListen string
 	// Name identifies this instance in snapshots (snapshot.State.Source).
 	Name string
 	Log  *slog.Logger
@@ -91,6 +97,7 @@ type Service struct {
 	lastPub   time.Time
 	current   snapshot.State
 	discOK    bool
+	listener  *kvevents.Listener
 }
 
 // host is the service's state for one engine.
@@ -189,6 +196,16 @@ func (s *Service) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() { defer wg.Done(); s.pusher.Run(ctx) }()
 	go func() { defer wg.Done(); s.assembleLoop(ctx) }()
+	if s.cfg.KVEventsListen != "" {
+		s.listener = &kvevents.Listener{Endpoint: s.cfg.KVEventsListen, Topic: s.cfg.KVEventsTopic, Route: s.routeTopic, Log: s.log}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.listener.Run(ctx); err != nil {
+				s.log.Error("KV event listener stopped; engines publishing to it are not followed", "err", err)
+			}
+		}()
+	}
 
 	s.log.Info("metrics service starting", "discovery", s.cfg.Source.Name(),
 		"scrape_interval", s.cfg.ScrapeInterval, "gateways", len(s.cfg.Gateways))
@@ -256,7 +273,7 @@ func (s *Service) startHost(e discovery.Endpoint) {
 		Report:   func(r scrape.Result) { s.onScrape(h, r) },
 	}
 	go loop.Run(hctx)
-	if e.KVEvents != "" {
+	if e.KVEvents != "" || s.cfg.KVEventsListen != "" {
 		h.tracker = &kvevents.Tracker{}
 		h.sub = &kvevents.Subscriber{
 			Endpoint:       e.KVEvents,
@@ -266,8 +283,44 @@ func (s *Service) startHost(e discovery.Endpoint) {
 			Log:            s.log.With("host", e.Address),
 			OnChange:       s.notify,
 		}
-		go h.sub.Run(hctx)
+		if e.KVEvents != "" {
+			go h.sub.Run(hctx)
+		}
 	}
+}
+
+// routeTopic names the engine an llm-d topic (kv@<pod-ip>@<model>) comes
+// from: the discovered engine at that IP, and of that model when several
+// engines share the IP. nil for any other topic, or when the IP's several
+// engines serve other models.
+func (s *Service) routeTopic(topic string) *kvevents.Subscriber {
+	ip, model, ok := kvevents.ParseTopic(topic)
+	if !ok {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var found *kvevents.Subscriber
+	atIP := 0
+	for addr, h := range s.hosts {
+		hip, _, err := net.SplitHostPort(addr)
+		if err != nil || hip != ip || h.sub == nil {
+			continue
+		}
+		m := h.ep.Model
+		if m == "" {
+			m = h.sample.Model
+		}
+		if m == model {
+			return h.sub
+		}
+		atIP++
+		found = h.sub
+	}
+	if atIP != 1 {
+		return nil // several engines at this IP, none of this model
+	}
+	return found
 }
 
 func (s *Service) onScrape(h *host, r scrape.Result) {

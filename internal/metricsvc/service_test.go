@@ -23,6 +23,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/snapshot"
@@ -822,5 +823,50 @@ func TestSameContentCoversEveryField(t *testing.T) {
 		if want := typ.Field(i).Name == "ScrapedAtMs"; same != want {
 			t.Errorf("changing %s: sameContent = %v, want %v", typ.Field(i).Name, same, want)
 		}
+	}
+}
+
+// TestKVEventsListenMode: an engine publishing the llm-d way connects out
+// to the service's bound socket under kv@<pod-ip>@<model>; its batches
+// reach that engine's cached block count in the pushed snapshot, and a
+// topic naming no discovered engine changes nothing.
+func TestKVEventsListenMode(t *testing.T) {
+	eng := newFakeEngine(t, vllmText(0, 0))
+	gw := newGateway(t, "tok")
+	svc, _, _ := startService(t, Config{
+		Source:         discovery.Fixed{{Address: eng.addr(), Model: "m"}},
+		ScrapeInterval: 50 * time.Millisecond,
+		ScrapeTimeout:  time.Second,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+		KVEventsListen: "tcp://127.0.0.1:0",
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for svc.listener == nil || svc.listener.Addr() == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("the service never listened")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ip, _, _ := net.SplitHostPort(eng.addr())
+	pub := zmq4.NewPub(context.Background())
+	t.Cleanup(func() { pub.Close() })
+	if err := pub.Dial(svc.listener.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	topic := "kv@" + ip + "@m"
+	enc := kvevents.Encoder{Layout: kvevents.ArrayLayout}
+	enc.Stored(kvevents.StoredEvent{Hashes: []uint64{1, 2, 3}, BlockSize: 16, Tokens: 48})
+	payload := bytes.Clone(enc.Batch(1))
+	// The subscription reaches a connecting publisher a moment after it
+	// connects: resend the first batch (same seq) until it counts.
+	gw.waitState(t, "3 cached blocks", 10*time.Second, func(st snapshot.State) bool {
+		pub.Send(zmq4.NewMsgFrom(kvevents.Frames("kv@10.255.255.1@m", 0, payload)...))
+		pub.Send(zmq4.NewMsgFrom(kvevents.Frames(topic, 0, payload)...))
+		h, _ := hostOf(st, eng.addr())
+		return h.CachedBlocks == 3
+	})
+	if svc.listener.Unrouted() == 0 {
+		t.Error("the unknown engine's batches were not counted as unrouted")
 	}
 }

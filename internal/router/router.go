@@ -104,10 +104,26 @@ type Stats struct {
 	// the engines reported for them. Their gap is the index's drift.
 	PredictedCachedTokens, ConfirmedCachedTokens    uint64
 	FeedbackRequests, OverPredicted, UnderPredicted uint64
+	// PredictionErrorTokens sums |predicted - confirmed| per request with
+	// feedback: over ConfirmedCachedTokens it is the block-weighted
+	// prediction error (PredictionError), where over- and under-predictions
+	// of different requests do not cancel out.
+	PredictionErrorTokens uint64
 	// IndexErrors counts failed index reads or writes (the decision went on
 	// without them); LoadErrors counts load updates dropped under
 	// contention.
 	IndexErrors, LoadErrors uint64
+}
+
+// PredictionError is the block-weighted prediction error: the sum over
+// requests with feedback of |predicted - confirmed| cached tokens, over the
+// confirmed cached tokens. With nothing confirmed it is 0 when nothing was
+// mispredicted either, and 1 (all wrong) otherwise.
+func (s Stats) PredictionError() float64 {
+	if s.ConfirmedCachedTokens == 0 {
+		return min(float64(s.PredictionErrorTokens), 1)
+	}
+	return float64(s.PredictionErrorTokens) / float64(s.ConfirmedCachedTokens)
 }
 
 // Config assembles a Router.
@@ -117,8 +133,14 @@ type Config struct {
 	// Index holds prefix matches and load counters. nil routes without
 	// prefix matches and keeps load counters in the router.
 	Index *index.Index
-	// Sessions defaults to a MemSessions of 65,536 entries.
+	// Sessions defaults to a SharedSessions over Shared, or without it
+	// to a MemSessions of 65,536 entries.
 	Sessions SessionTable
+	// Shared, when set, is the gateway's shared data (the store the
+	// Index uses): the session pins and the prefix memory then live in it,
+	// one table per gateway whatever its worker count, instead of one per
+	// Router (docs/topology.md).
+	Shared index.Store
 	// Seed seeds the decision randomness (0: random).
 	Seed uint64
 }
@@ -129,15 +151,19 @@ type Router struct {
 	handler  *scorer.Handler
 	ix       *index.Index
 	sessions SessionTable
-	memory   prefixMemory // deep prefix hash -> last host (prefix_memory)
-	scratch  *scorer.Scratch
-	req      scorer.Request
-	matches  index.Matches
-	loads    []index.Load
-	local    []localLoad // by slot: KV footprint, and all counters without an index
-	addrs    []string    // slot addresses without an index
-	trust    []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
-	stats    Stats
+	memory   prefixMemory  // deep prefix hash -> last host (prefix_memory), per Router
+	shared   *sharedMemory // the same in shared data (Config.Shared), per gateway
+	// useMemory: the handler scores by prefix memory, so Decide looks it
+	// up and stores to it.
+	useMemory bool
+	scratch   *scorer.Scratch
+	req       scorer.Request
+	matches   index.Matches
+	loads     []index.Load
+	local     []localLoad // by slot: KV footprint, and all counters without an index
+	addrs     []string    // slot addresses without an index
+	trust     []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	stats     Stats
 }
 
 type localLoad struct {
@@ -146,9 +172,16 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory()}
 	if r.sessions == nil {
-		r.sessions = NewMemSessions(65536)
+		if cfg.Shared != nil {
+			r.sessions = NewSharedSessions(cfg.Shared)
+		} else {
+			r.sessions = NewMemSessions(65536)
+		}
+	}
+	if cfg.Shared != nil && r.useMemory {
+		r.shared = newSharedMemory(cfg.Shared)
 	}
 	if cfg.Seed != 0 {
 		r.scratch = scorer.NewScratch(cfg.Seed)
@@ -202,12 +235,12 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 	return nil
 }
 
-// growLocal extends the local table to hold slot. It runs only when a slot
-// is first seen (Register, or Decide through grow for every host it is
-// given), so book, prefillDone and release index the table directly: a slot
-// they see was booked by a Decide that grew the table to it, and the table
-// never shrinks. Out of line (noinline) so that no request's path carries
-// the growth code: in Wasm each request pays for the code it enters.
+// growLocal extends the local table to hold slot. It runs only when a slot is
+// first seen (Register, or Decide through grow for every host it is given), so
+// book, prefillDone and release index the table directly: a slot they see was
+// booked by a Decide that grew the table to it, and the table never shrinks.
+// Out of line (noinline) so that no request's path carries the growth code:
+// each function entered costs a request (docs/performance.md).
 //
 //go:noinline
 func (r *Router) growLocal(slot int) {
@@ -295,6 +328,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			h.PendingPrefillTokens = l.prefill
 			h.PendingDecodeTokens = l.decode
 		}
+		if h.LoadMirror > 0 {
+			addRemote(h)
+		}
 		if slot < len(blocks) {
 			b := blocks[slot]
 			mb[i] = int32(b)
@@ -311,7 +347,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	if in.SessionKey != "" {
 		r.loadPin(in.SessionKey)
 	}
-	req.PrefixAddress = r.memory.lookup(in.Chain)
+	if r.useMemory {
+		r.lookupMemory(in.Chain)
+	}
 
 	// The common single-profile handler's decision without Handler.Run
 	// around it: one function less entered per request in Wasm.
@@ -333,7 +371,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		if in.SessionKey != "" {
 			r.pin(in.SessionKey, h.Address)
 		}
-		r.memory.store(in.Chain, h.Address)
+		if r.useMemory {
+			r.storeMemory(in.Chain, h.Address)
+		}
 		if res.Disaggregated {
 			r.holdDisaggregated(&t, in, hosts, &res, queried)
 		} else {
@@ -349,16 +389,65 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	return t, res
 }
 
-// loadPin sets the request's PinnedAddress to the address the session
-// table holds for key ("" when none). It and pin are out of Decide's line
-// (noinline) because most requests carry no session key: in Wasm each
-// request pays for the code of the functions it enters, and these are
-// interface calls with strings. It stores the address itself rather than
-// returning it, so that Decide carries no string result and no store of it.
+// addRemote turns a host's own load counts into estimates of the whole
+// fleet's (see scorer.Host.LoadMirror). Out of Decide's line (noinline): a
+// gateway without peers never enters it, and each function entered costs a
+// request (docs/performance.md).
+//
+//go:noinline
+func addRemote(h *scorer.Host) {
+	m := h.LoadMirror
+	h.InFlight = max(h.InFlight*m+h.RemoteInFlight, h.InFlight)
+	h.PendingPrefillTokens = max(h.PendingPrefillTokens*int64(m)+h.RemotePrefillTokens, h.PendingPrefillTokens)
+	h.PendingDecodeTokens = max(h.PendingDecodeTokens*int64(m)+h.RemoteDecodeTokens, h.PendingDecodeTokens)
+}
+
+// loadPin sets the request's PinnedAddress to the address the session table
+// holds for key ("" when none). It and pin are out of Decide's line (noinline)
+// because most requests carry no session key: each function entered costs a
+// request (docs/performance.md), and these are interface calls with strings.
+// It stores the address itself rather than returning it, so that Decide
+// carries no string result and no store of it.
 //
 //go:noinline
 func (r *Router) loadPin(key string) {
 	r.req.PinnedAddress, _ = r.sessions.Get(key)
+}
+
+// lookupMemory sets the request's PrefixAddress from the prefix memory,
+// the gateway's when shared, else this Router's.
+func (r *Router) lookupMemory(chain []uint64) {
+	if r.shared != nil {
+		r.req.PrefixAddress = r.shared.lookup(chain)
+		return
+	}
+	r.req.PrefixAddress = r.memory.lookup(chain)
+}
+
+// storeMemory remembers addr for chain in the prefix memory.
+func (r *Router) storeMemory(chain []uint64, addr string) {
+	if r.shared != nil {
+		r.shared.store(chain, addr)
+		return
+	}
+	r.memory.store(chain, addr)
+}
+
+// Learn takes a route another gateway reported (through the metrics
+// service's merged push): chain went to addr. The index marks the chain
+// on the host (ref, as Register gave it) and the prefix memory remembers
+// it, as if this gateway had routed it; the request's load is not booked
+// (the reports carry the other gateways' load counts as such).
+func (r *Router) Learn(ref index.HostRef, addr string, chain []uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.useMemory && len(chain) > 0 {
+		r.storeMemory(chain, addr)
+	}
+	if r.ix == nil || len(chain) == 0 {
+		return nil
+	}
+	return r.ix.Stored(ref, chain, 0)
 }
 
 // pin pins key's session to addr unless the decision kept the pin.
@@ -393,11 +482,11 @@ func (r *Router) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
 	*res = r.handler.Run(&r.req, hosts, r.scratch)
 }
 
-// holdDisaggregated books a prefill/decode split decision on t: the
-// prefill host computes the uncached prompt and holds its KV until the
-// transfer; the decode host receives the whole prompt. It is out of Decide
-// because most profiles never split: in Wasm each request pays for the
-// code of the functions it enters, so Decide keeps to the common path.
+// holdDisaggregated books a prefill/decode split decision on t: the prefill
+// host computes the uncached prompt and holds its KV until the transfer; the
+// decode host receives the whole prompt. It is out of Decide because most
+// profiles never split: each function entered costs a request
+// (docs/performance.md), so Decide keeps to the common path.
 func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, res *scorer.Result, queried bool) {
 	r.stats.Disaggregated++
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
@@ -441,12 +530,12 @@ func tokensIn(in *Input, blocks int) int {
 	return int(int64(in.PromptTokens) * int64(min(blocks, len(in.Chain))) / int64(len(in.Chain)))
 }
 
-// book records in the index that h now holds the request's chain (as
-// far as it matched, with the query's matches) and counts the request's
-// load on h, keeping in hd, whose slot is -1 until then, what to take
-// back. One function for both, as every booked host gets both: in Wasm
-// each request pays for every function it enters. hd is filled in place
-// rather than returned: each return of a struct copies it.
+// book records in the index that h now holds the request's chain (as far as it
+// matched, with the query's matches) and counts the request's load on h,
+// keeping in hd, whose slot is -1 until then, what to take back. One function
+// for both, as every booked host gets both: each function entered costs a
+// request (docs/performance.md). hd is filled in place rather than returned:
+// each return of a struct copies it.
 func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, prefill, decode, kv int) {
 	if h.Slot < 0 {
 		return
@@ -590,12 +679,12 @@ func (r *Router) Release(t *Ticket) { r.end(t, -1, true) }
 // count, or a negative one when none was reported.
 func (r *Router) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, true) }
 
-// end is Feedback, Release and Finish in one function: the filter ends
-// each routed response with Finish, and in Wasm each response pays for the
-// functions it enters, so feedback and release are one function with one
+// end is Feedback, Release and Finish in one function: the filter ends each
+// routed response with Finish, and each function entered costs a response
+// (docs/performance.md), so feedback and release are one function with one
 // lock acquisition rather than two of each. The unlock is deferred: the
-// index's release can panic (shared data is a host call), and a lock left
-// held would deadlock the next Decide.
+// index's release can panic (shared data is a host call), and a lock left held
+// would deadlock the next Decide.
 func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -609,6 +698,11 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 		}
 		r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 		r.stats.ConfirmedCachedTokens += uint64(cachedTokens)
+		if d := t.PredictedCachedTokens - cachedTokens; d >= 0 {
+			r.stats.PredictionErrorTokens += uint64(d)
+		} else {
+			r.stats.PredictionErrorTokens += uint64(-d)
+		}
 		// Engines count hits in their own blocks (16 tokens in vLLM):
 		// allow one such block either way.
 		const slack = 16

@@ -373,3 +373,33 @@ func TestFinishIsFeedbackThenRelease(t *testing.T) {
 		}
 	}
 }
+
+// TestPredictionErrorDoesNotCancel: an over-prediction on one request and
+// an under-prediction on another add up in the block-weighted error, where
+// the totals alone would show none.
+func TestPredictionErrorDoesNotCancel(t *testing.T) {
+	ix := newIndex(t)
+	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1})
+	hs := registered(t, r, 2)
+	a := &Input{PromptTokens: 1000, MaxTokens: 10, Chain: chain(7, 10)}
+	t1, _ := r.Decide(a, hs)
+	r.Finish(&t1, -1) // no feedback: counts nowhere
+	t2, _ := r.Decide(a, hs)
+	if t2.PredictedCachedTokens != 1000 {
+		t.Fatalf("predicted %d, want 1000", t2.PredictedCachedTokens)
+	}
+	r.Finish(&t2, 600) // over by 400
+	b := &Input{PromptTokens: 1000, MaxTokens: 10, Chain: chain(9, 10)}
+	t3, _ := r.Decide(b, hs)
+	r.Finish(&t3, 400) // predicted 0: under by 400
+	st := r.Stats()
+	if st.PredictedCachedTokens != 1000 || st.ConfirmedCachedTokens != 1000 || st.PredictionErrorTokens != 800 {
+		t.Fatalf("stats %+v", st)
+	}
+	if got := st.PredictionError(); got != 0.8 {
+		t.Errorf("PredictionError = %v, want 0.8", got)
+	}
+	if (Stats{}).PredictionError() != 0 || (Stats{PredictionErrorTokens: 5}).PredictionError() != 1 {
+		t.Error("PredictionError without confirmed tokens")
+	}
+}

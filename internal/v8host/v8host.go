@@ -43,12 +43,11 @@ type Config struct {
 	// (Host.Stderr).
 	Verbose bool
 	// CompileEagerly compiles every function of the module when the host
-	// starts (about 2 s for kvroute's 5 MB) instead of at its first call.
+	// starts (seconds for kvroute's module) instead of at its first call.
 	// Envoy's V8 compiles lazily, so a VM's first requests, and its first
 	// garbage collection, which enters Go's collector for the first time,
-	// pay for compiling what they enter (measured: a quarter of a second of
-	// TurboFan work spread over the first GC cycle, a few thousand requests
-	// in); benchmarks that measure the steady state set it.
+	// pay for compiling what they enter (TurboFan work spread over the first
+	// GC cycle, a few thousand requests in); benchmarks that measure the steady state set it.
 	CompileEagerly bool
 	// TimeHostCalls times every host function call (Stats.HostCalls); it
 	// costs two clock reads per call, so benchmarks leave it off.

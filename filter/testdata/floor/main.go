@@ -7,9 +7,9 @@
 // addresses) and let every other callback return at once.
 //
 // BenchmarkRouterInWasm runs it in the same host and the same run as
-// kvroute.router, so the README can say what any Go filter that reads the
-// body pays in this host (entering Go's Wasm runtime for eight callbacks,
-// the body copy) and how much kvroute adds on top. It parses nothing.
+// kvroute.router, so docs/performance.md can say what any Go filter that
+// reads the body pays in this host (entering Go's Wasm runtime for eight
+// callbacks, the body copy) and how much kvroute adds on top. It parses nothing.
 package main
 
 import (

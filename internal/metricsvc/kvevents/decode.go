@@ -21,7 +21,7 @@
 //
 // Block hashes are 64-bit integers or byte strings depending on the engine's
 // settings; both are kept as opaque keys. Token ids travel in BlockStored but
-// are prompt content: they are skipped without being decoded or kept.
+// are prompt content: only their number is kept (Event.Tokens).
 package kvevents
 
 import (
@@ -80,6 +80,14 @@ type Event struct {
 	// Tag is the type name as sent, kept for Unknown events' logs.
 	Tag    string
 	Hashes []BlockHash
+	// Parent is BlockStored's parent_block_hash: the engine block the
+	// stored ones continue ("" for the start of a prompt, or when the
+	// engine does not say).
+	Parent BlockHash
+	// BlockSize is BlockStored's tokens per block (0 when not sent, as
+	// llm-d-inference-sim does not); Tokens is how many token ids it
+	// carried. The ids themselves are prompt content and are never kept.
+	BlockSize, Tokens int
 	// Medium is where the blocks live ("GPU", "CPU", ...); empty means the
 	// engine did not say, which vLLM uses for GPU.
 	Medium string
@@ -250,6 +258,9 @@ func kindOf(tag string) Kind {
 // order. Fields past the ones listed are skipped.
 const (
 	storedHashes   = 0
+	storedParent   = 1
+	storedTokens   = 2
+	storedSize     = 3
 	storedMedium   = 5
 	storedGroupIdx = 8
 	removedHashes  = 0
@@ -289,6 +300,8 @@ func (c decoder) event() (Event, error) {
 	// The tag usually comes first, but nothing requires it: collect every
 	// field, then decide.
 	var hashes []BlockHash
+	var parent BlockHash
+	var size, tokens int
 	sawType := false
 	for i := 0; i < n; i++ {
 		key, err := c.d.DecodeString()
@@ -301,6 +314,12 @@ func (c decoder) event() (Event, error) {
 			sawType = true
 		case "block_hashes":
 			hashes, err = c.hashes()
+		case "parent_block_hash":
+			parent, err = c.optHash()
+		case "token_ids":
+			tokens, err = c.countSkip()
+		case "block_size":
+			size, err = c.optInt()
 		case "medium":
 			ev.Medium, err = c.optString()
 		case "group_idx":
@@ -319,6 +338,9 @@ func (c decoder) event() (Event, error) {
 	if ev.Kind == BlockStored || ev.Kind == BlockRemoved {
 		ev.Hashes = hashes
 	}
+	if ev.Kind == BlockStored {
+		ev.Parent, ev.BlockSize, ev.Tokens = parent, max(size, 0), tokens
+	}
 	if ev.GroupIdx < 0 {
 		ev.GroupIdx = 0
 	}
@@ -330,6 +352,13 @@ func (c decoder) arrayField(ev *Event, i int) error {
 	switch {
 	case ev.Kind == BlockStored && i == storedHashes, ev.Kind == BlockRemoved && i == removedHashes:
 		ev.Hashes, err = c.hashes()
+	case ev.Kind == BlockStored && i == storedParent:
+		ev.Parent, err = c.optHash()
+	case ev.Kind == BlockStored && i == storedTokens:
+		ev.Tokens, err = c.countSkip()
+	case ev.Kind == BlockStored && i == storedSize:
+		ev.BlockSize, err = c.optInt()
+		ev.BlockSize = max(ev.BlockSize, 0)
 	case ev.Kind == BlockStored && i == storedMedium, ev.Kind == BlockRemoved && i == removedMedium:
 		ev.Medium, err = c.optString()
 	case ev.Kind == BlockStored && i == storedGroupIdx, ev.Kind == BlockRemoved && i == removedGroup:
@@ -384,6 +413,40 @@ func (c decoder) hash() (BlockHash, error) {
 		return IntHash(uint64(v)), err
 	}
 	return "", fmt.Errorf("block hash must be an integer or bytes, got msgpack code 0x%02x", code)
+}
+
+// optHash decodes a block hash or nil (returned as "").
+func (c decoder) optHash() (BlockHash, error) {
+	code, err := c.d.PeekCode()
+	if err != nil {
+		return "", err
+	}
+	if code == msgpcode.Nil {
+		return "", c.d.DecodeNil()
+	}
+	return c.hash()
+}
+
+// countSkip counts an array's elements and skips them (token ids: their
+// number matters, their values are prompt content). nil counts 0.
+func (c decoder) countSkip() (int, error) {
+	code, err := c.d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if code == msgpcode.Nil {
+		return 0, c.d.DecodeNil()
+	}
+	n, err := c.length(c.d.DecodeArrayLen())
+	if err != nil {
+		return 0, err
+	}
+	for i := 0; i < n; i++ {
+		if err := c.d.Skip(); err != nil {
+			return 0, err
+		}
+	}
+	return max(n, 0), nil
 }
 
 // optInt decodes an int or nil (returned as -1).

@@ -38,6 +38,10 @@ type Subscriber struct {
 	// OnChange, when set, is called after each applied batch (the service
 	// uses it to assemble and push a new snapshot).
 	OnChange func()
+	// OnBatch, when set, receives each applied batch (replayed ones too)
+	// with how its sequence number related to the previous one, before
+	// OnChange: the service's cache-state bridge reads the events there.
+	OnBatch func(Batch, SeqResult)
 	// DialTimeout bounds one connection attempt (default 2 s).
 	DialTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between attempts
@@ -116,15 +120,22 @@ func (s *Subscriber) session(ctx context.Context, log *slog.Logger) (received bo
 }
 
 func (s *Subscriber) handle(frames [][]byte, log *slog.Logger) {
-	now := time.Now()
 	if len(frames) != 3 || len(frames[1]) != 8 {
 		s.Tracker.DecodeFailed(0, false)
 		s.limiter.Log(log, slog.LevelWarn, "frames", "KV event message is not [topic, 8-byte seq, payload]; dropped",
 			"frames", len(frames))
 		return
 	}
-	seq := binary.BigEndian.Uint64(frames[1])
-	batch, err := Decode(frames[2])
+	s.Apply(binary.BigEndian.Uint64(frames[1]), frames[2], log)
+}
+
+// Apply decodes one batch with its sequence number and applies it to
+// Tracker, filling a gap from the replay socket first when there is one.
+// Connect mode (Run) calls it for every message; a Listener calls it for
+// the messages whose topic names this subscriber's engine.
+func (s *Subscriber) Apply(seq uint64, payload []byte, log *slog.Logger) {
+	now := time.Now()
+	batch, err := Decode(payload)
 	if err != nil {
 		s.Tracker.DecodeFailed(seq, true)
 		s.limiter.Log(log, slog.LevelWarn, "decode", "KV event batch dropped", "seq", seq, "err", err)
@@ -146,6 +157,14 @@ func (s *Subscriber) handle(frames [][]byte, log *slog.Logger) {
 	case res.Restarted:
 		log.Info("KV event sequence restarted: engine restarted, its blocks are cleared", "seq", seq)
 	}
+	s.batchApplied(seq, batch, res)
+}
+
+// batchApplied tells OnBatch and OnChange about an applied batch.
+func (s *Subscriber) batchApplied(seq uint64, b Batch, res SeqResult) {
+	if s.OnBatch != nil {
+		s.OnBatch(b, res)
+	}
 	if s.OnChange != nil {
 		s.OnChange()
 	}
@@ -157,7 +176,8 @@ const endSeq = ^uint64(0)
 // replay asks the engine's replay socket for batches from..until-1 and
 // applies them in order. vLLM's ROUTER takes [empty, 8-byte start] from a
 // DEALER and answers [empty, seq, payload] per buffered batch from start
-// on, then [empty, -1, ""]. Batches it no longer holds stay missing and
+// on, then [empty, -1, ""] (llm-d-inference-sim puts its topic before
+// each seq, as on its live stream). Batches it no longer holds stay missing and
 // are counted as a gap when the live batch is applied.
 func (s *Subscriber) replay(from, until uint64) (int, error) {
 	timeout := s.ReplayTimeout
@@ -184,10 +204,15 @@ func (s *Subscriber) replay(from, until uint64) (int, error) {
 		}
 		frames := msg.Frames
 		for len(frames) > 0 && len(frames[0]) == 0 {
-			frames = frames[1:] // the DEALER's empty delimiter
+			frames = frames[1:] // the DEALER's empty delimiter (and an empty topic)
+		}
+		// vLLM answers [seq, payload]; llm-d-inference-sim answers as it
+		// publishes, [topic, seq, payload].
+		if len(frames) == 3 && len(frames[1]) == 8 {
+			frames = frames[1:]
 		}
 		if len(frames) < 1 || len(frames[0]) != 8 {
-			return replayed, errors.New("replay answer is not [seq, payload]")
+			return replayed, errors.New("replay answer is neither [seq, payload] nor [topic, seq, payload]")
 		}
 		seq := binary.BigEndian.Uint64(frames[0])
 		if seq == endSeq || seq >= until {
@@ -204,8 +229,11 @@ func (s *Subscriber) replay(from, until uint64) (int, error) {
 			s.Tracker.DecodeFailed(seq, true)
 			continue
 		}
-		s.Tracker.Apply(seq, b, time.Now())
+		res := s.Tracker.Apply(seq, b, time.Now())
 		s.Tracker.Replayed()
 		replayed++
+		if s.OnBatch != nil {
+			s.OnBatch(b, res)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package manifests
+package wasmhost
 
 import (
 	"errors"
@@ -12,14 +12,13 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 
-	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/manifests"
 )
 
-// HostConfig turns one listener of a standalone Envoy bootstrap into the
-// configuration of internal/wasmhost, the Envoy-faithful test host, so a
+// ConfigFromBootstrap turns one listener of a standalone Envoy bootstrap
+// into the configuration of this host, so a
 // shipped bootstrap can run with the real module on loopback: the Wasm
 // filters in chain order with their root ids, configurations and
 // allow_on_headers_stop_iteration, the vm_id, every STATIC cluster, the
@@ -31,8 +30,8 @@ import (
 // remap, when non-nil, rewrites each endpoint address ("10.0.0.11:8000")
 // in the clusters and, textually, in the plugin configurations: it points
 // the shipped addresses at test upstreams without editing the manifest.
-func HostConfig(b *bootstrapv3.Bootstrap, listener string, remap map[string]string) (wasmhost.Config, error) {
-	var cfg wasmhost.Config
+func ConfigFromBootstrap(b *bootstrapv3.Bootstrap, listener string, remap map[string]string) (Config, error) {
+	var cfg Config
 	var lis *listenerv3.Listener
 	for _, l := range b.GetStaticResources().GetListeners() {
 		if l.GetName() == listener {
@@ -62,7 +61,7 @@ func HostConfig(b *bootstrapv3.Bootstrap, listener string, remap map[string]stri
 			return cfg, err
 		}
 		pc := w.GetConfig()
-		conf, err := pluginConfiguration(pc.GetConfiguration())
+		conf, err := manifests.PluginConfiguration(pc.GetConfiguration())
 		if err != nil {
 			return cfg, fmt.Errorf("filter %s: %w", f.GetName(), err)
 		}
@@ -70,7 +69,7 @@ func HostConfig(b *bootstrapv3.Bootstrap, listener string, remap map[string]stri
 		for from, to := range remap {
 			text = strings.ReplaceAll(text, from, to)
 		}
-		cfg.Filters = append(cfg.Filters, wasmhost.Filter{
+		cfg.Filters = append(cfg.Filters, Filter{
 			Name:                        pc.GetName(),
 			RootID:                      pc.GetRootId(),
 			Configuration:               text,
@@ -168,32 +167,11 @@ func onlyHCM(l *listenerv3.Listener) (*hcmv3.HttpConnectionManager, error) {
 
 // hostHeader returns the header a cluster takes its host from.
 func hostHeader(c *clusterv3.Cluster) (string, bool, error) {
-	if c.GetType() == clusterv3.Cluster_ORIGINAL_DST {
-		h := c.GetOriginalDstLbConfig().GetHttpHeaderName()
-		if !c.GetOriginalDstLbConfig().GetUseHttpHeader() {
-			return "", false, errors.New("ORIGINAL_DST without use_http_header")
-		}
-		if h == "" {
-			h = "x-envoy-original-dst-host"
-		}
-		return h, true, nil
+	h, origDst, err := manifests.ClusterHostHeader(c)
+	if err == nil && h == "" {
+		err = errors.New("neither override_host with a header source nor ORIGINAL_DST with use_http_header")
 	}
-	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
-		oh := &overridehostv3.OverrideHost{}
-		tc := p.GetTypedExtensionConfig().GetTypedConfig()
-		if !tc.MessageIs(oh) {
-			continue
-		}
-		if err := tc.UnmarshalTo(oh); err != nil {
-			return "", false, err
-		}
-		for _, s := range oh.GetOverrideHostSources() {
-			if s.GetHeader() != "" {
-				return s.GetHeader(), false, nil
-			}
-		}
-	}
-	return "", false, errors.New("neither override_host with a header source nor ORIGINAL_DST with use_http_header")
+	return h, origDst, err
 }
 
 func mapKeys(m map[string]bool) []string {

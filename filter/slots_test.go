@@ -1,0 +1,279 @@
+package filter
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/simserver"
+	"github.com/kvroute/kvroute/internal/wasmhost"
+)
+
+// churnAddrs returns the n addresses of push number push: every push
+// brings n addresses never seen before, as pod churn does.
+func churnAddrs(push, n int) []string {
+	addrs := make([]string, n)
+	for i := range addrs {
+		a := push*n + i
+		addrs[i] = fmt.Sprintf("10.%d.%d.%d:8000", 100+a>>16, a>>8&255, a&255)
+	}
+	return addrs
+}
+
+// longPrompt is a completion whose prompt spans many index blocks.
+func longPrompt(i int) string {
+	words := strings.Repeat(fmt.Sprintf("tenant %d policy clause ", i), 400)
+	return fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":4}`, words)
+}
+
+// finish answers a routed request with 200 from its destination.
+func finish(host proxytest.HostEmulator, id uint32) {
+	_ = host.SetProperty([]string{"upstream", "address"}, []byte(destination(host, id)))
+	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, true)
+	host.CompleteHttpContext(id)
+}
+
+// Pod churn: 10,000 distinct addresses pushed 60 at a time, with a
+// request in flight across every push. A host that left the candidate set
+// gives its index slot back (at once when idle, once its requests end
+// otherwise), so the hosts pushed last still get prefix matching and
+// shared load accounting.
+func TestStatePushChurnFreesHostSlots(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = nil })
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	push := func(addrs []string) {
+		t.Helper()
+		id, _ := send(host, "POST", "/.kvroute/v1/state", pushBody(now.UnixMilli(), addrs...), [2]string{"authorization", "Bearer " + stateToken})
+		if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
+			t.Fatalf("push: %+v", r)
+		}
+	}
+	const perPush = 60
+	pushes := (10000 + perPush - 1) / perPush
+	var held uint32
+	for k := 0; k < pushes; k++ {
+		now = now.Add(time.Second)
+		push(churnAddrs(k, perPush))
+		if held != 0 {
+			finish(host, held) // its host departed with it in flight
+		}
+		id, _ := post(host, longPrompt(k))
+		finish(host, id)
+		held, _ = post(host, longPrompt(k+1)) // in flight across the next push
+		if k%7 == 0 {
+			now = now.Add(housekeepMs * time.Millisecond)
+			host.Tick()
+		}
+	}
+	finish(host, held)
+	last := churnAddrs(pushes, perPush)
+	now = now.Add(time.Second)
+	push(last)
+	for _, h := range p.hosts {
+		if h.Slot < 0 {
+			t.Fatalf("after %d addresses host %s has no index slot", pushes*perPush, h.Address)
+		}
+	}
+	// Prefix matching: the same prompt again is predicted cached where the
+	// first went.
+	before := counter(t, host, "kvroute.router.predicted_cached_tokens")
+	first, _ := post(host, longPrompt(-1))
+	dest := destination(host, first)
+	finish(host, first)
+	again, _ := post(host, longPrompt(-1))
+	if d := destination(host, again); d != dest {
+		t.Errorf("the repeated prompt went to %s, the first to %s", d, dest)
+	}
+	if got := counter(t, host, "kvroute.router.predicted_cached_tokens") - before; got == 0 {
+		t.Error("the repeated prompt was predicted no cached tokens: the last hosts get no prefix matching")
+	}
+	// Load accounting: the request in flight counts on its host's slot.
+	ref, ok := p.ix.Lookup(dest)
+	if !ok {
+		t.Fatalf("%s is not in the slot table", dest)
+	}
+	if l := p.ix.Loads(nil)[ref.Slot]; l.InFlight != 1 {
+		t.Errorf("load of %s while a request is in flight = %+v, want 1 in flight", dest, l)
+	}
+	finish(host, again)
+	if l := p.ix.Loads(nil)[ref.Slot]; l.InFlight != 0 {
+		t.Errorf("load of %s after the request = %+v, want 0", dest, l)
+	}
+	if got := counter(t, host, "kvroute.router.host_slots.freed"); got < uint64(pushes*perPush-2*perPush) {
+		t.Errorf("host_slots.freed = %d after %d addresses", got, pushes*perPush)
+	}
+	if n := p.ix.Slots(); n > 2*perPush+1 {
+		t.Errorf("the slot table has %d slots for %d hosts at a time", n, perPush)
+	}
+}
+
+// A host that leaves the pushed set with a request in flight keeps its
+// slot until the request ends (the tick then frees it), or until the grace
+// period passes if the request never ends.
+func TestDepartedHostSlotFreedOnTick(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { clock = nil })
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	push := func(addrs ...string) {
+		t.Helper()
+		now = now.Add(time.Second)
+		id, _ := send(host, "POST", "/.kvroute/v1/state", pushBody(now.UnixMilli(), addrs...), [2]string{"authorization", "Bearer " + stateToken})
+		if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
+			t.Fatalf("push: %+v", r)
+		}
+	}
+	tick := func() {
+		now = now.Add(housekeepMs * time.Millisecond)
+		host.Tick()
+	}
+	freed := func() uint64 { return counter(t, host, "kvroute.router.host_slots.freed") }
+	const a, b = "10.1.0.1:8000", "10.1.0.2:8000"
+	push(a)
+	ended, _ := post(host, completion) // to a, ends after a leaves
+	stuck, _ := post(host, completion) // to a, never ends
+	if destination(host, ended) != a || destination(host, stuck) != a {
+		t.Fatal("the requests did not go to the only host")
+	}
+	base := freed()
+	push(b)
+	if _, ok := p.ix.Lookup(a); !ok {
+		t.Fatal("a departed host with requests in flight lost its slot at once")
+	}
+	finish(host, ended)
+	tick()
+	if _, ok := p.ix.Lookup(a); !ok || freed() != base {
+		t.Fatal("a departed host with a request still in flight lost its slot")
+	}
+	now = now.Add(slotGraceMs * time.Millisecond)
+	tick()
+	if _, ok := p.ix.Lookup(a); ok || freed() != base+1 {
+		t.Fatalf("after the grace period the departed host keeps its slot (freed %d)", freed()-base)
+	}
+	finish(host, stuck) // its load goes to an old generation: nothing counts
+	for s, l := range p.ix.Loads(nil) {
+		if l != (index.Load{}) {
+			t.Errorf("slot %d load %+v after the stale request ended", s, l)
+		}
+	}
+	// Idle departed hosts are freed by the push itself.
+	push(a)
+	if _, ok := p.ix.Lookup(b); ok || freed() != base+2 {
+		t.Errorf("an idle departed host kept its slot (freed %d)", freed()-base)
+	}
+}
+
+// The churn through the built module, two workers taking the pushes in
+// turn: after 10,000 distinct addresses the engines pushed last get prefix
+// matching and load counts, and the shared data stops growing.
+func TestWasmPushChurnFreesHostSlots(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	engines := f.Addrs()
+	// The engines are not among the static endpoints: they first appear
+	// in the last push, when 10,000 addresses have come and gone.
+	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+		Module: wasmModule(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
+			Configuration: `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"` + stateToken + `"}}`}},
+		Clusters: map[string][]string{"engines": engines}, RouteCluster: "engines",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	t.Cleanup(func() {
+		front.Close()
+		h.Close()
+	})
+	url := front.URL
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	footprint := func() (keys, bytes int) {
+		for _, k := range h.SharedDataKeys() {
+			v, _, _ := h.SharedData(k)
+			keys++
+			bytes += len(k) + len(v)
+		}
+		return keys, bytes
+	}
+	const perPush = 60
+	pushes := (10000 + perPush - 1) / perPush
+	var keysAt, bytesAt int
+	ts := time.Now().Add(-time.Duration(pushes) * time.Millisecond).UnixMilli()
+	for k := 0; k < pushes; k++ {
+		ts++
+		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
+			t.Fatalf("push %d: %d %s", k, code, body)
+		}
+		if k == pushes/2 {
+			keysAt, bytesAt = footprint()
+		}
+	}
+	// The last push: the engines, new addresses, among hosts that are down.
+	var hosts []string
+	for _, a := range churnAddrs(pushes, perPush-len(engines)) {
+		hosts = append(hosts, fmt.Sprintf(`{"address":%q,"healthy":false}`, a))
+	}
+	for _, a := range engines {
+		hosts = append(hosts, fmt.Sprintf(`{"address":%q}`, a))
+	}
+	last := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, ts+1, strings.Join(hosts, ","))
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", last, auth); code != 200 {
+		t.Fatalf("last push: %d %s", code, body)
+	}
+	before := h.CounterValue("kvroute.router.predicted_cached_tokens")
+	prompt := chatBody(systemPrompt(7), "the same question")
+	for i := 0; i < 4; i++ { // both workers, twice
+		if code, body, _ := call(t, "POST", url+"/v1/chat/completions", prompt, nil); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	if got := h.CounterValue("kvroute.router.predicted_cached_tokens") - before; got == 0 {
+		t.Error("a repeated prompt was predicted no cached tokens: the engines pushed last get no prefix matching")
+	}
+	served := 0
+	for _, n := range h.UpstreamRequests() {
+		if n > 0 {
+			served++
+		}
+	}
+	if served != 1 {
+		t.Errorf("the repeated prompt went to %d engines, want 1: %v", served, h.UpstreamRequests())
+	}
+	// Load accounting: the engine's record in the shared load counters is
+	// this incarnation's (the requests were counted there, and given back).
+	var ix *index.Index
+	ix, err = index.New(hostStore{h}, index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	load, _, _ := h.SharedData("kvroute/index/load")
+	for a, n := range h.UpstreamRequests() {
+		ref, ok := ix.Lookup(a)
+		if !ok {
+			t.Fatalf("engine %s has no index slot", a)
+		}
+		if off := 8 + ref.Slot*20; off+20 > len(load) || binary.LittleEndian.Uint32(load[off:]) != ref.Gen {
+			t.Errorf("engine %s served %d requests, none counted in its load record (slot %d)", a, n, ref.Slot)
+		}
+	}
+	// A stream's last callbacks may run after the client has its answer.
+	waitLoadsZero(t, hostStore{h})
+	keys, bytes := footprint()
+	t.Logf("shared data after %d addresses: %d keys, %d bytes (%d keys, %d bytes halfway)", pushes*perPush+perPush, keys, bytes, keysAt, bytesAt)
+	if keys > keysAt+64 || bytes > 2*bytesAt {
+		t.Errorf("shared data grew from %d keys, %d bytes halfway to %d keys, %d bytes", keysAt, bytesAt, keys, bytes)
+	}
+	if got := h.CounterValue("kvroute.router.host_slots.freed"); got < int64(pushes*perPush-2*perPush) {
+		t.Errorf("host_slots.freed = %d after %d addresses", got, pushes*perPush)
+	}
+}

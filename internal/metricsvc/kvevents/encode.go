@@ -1,0 +1,186 @@
+package kvevents
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Layout is one of the two wire layouts of an EventBatch.
+type Layout uint8
+
+const (
+	// MapLayout is current vLLM's: msgspec Structs without array_like, so
+	// the batch is {"ts", "events", "data_parallel_rank"} and each event a
+	// map whose "type" key comes first.
+	MapLayout Layout = iota
+	// ArrayLayout is earlier vLLM's (array_like=True) and
+	// llm-d-inference-sim's: the batch is [ts, events, dp_rank] and each
+	// event a tagged array of its fields in declaration order.
+	ArrayLayout
+)
+
+// StoredEvent is what Encode needs of one BlockStored: the hashes, their
+// parent, the block size and the number of prompt tokens they hold. The
+// token ids are written as zeros: a simulator has no token ids, and a
+// reader of this package never looks at their values.
+type StoredEvent struct {
+	Hashes    []uint64
+	Parent    uint64 // with HasParent
+	HasParent bool
+	BlockSize int
+	Tokens    int
+}
+
+// Encoder writes EventBatches the way vLLM's publisher does (msgspec's
+// msgpack encoder over vllm.distributed.kv_events' Structs): the same field
+// order, the same omissions of defaulted fields, integers in their shortest
+// form. The simulator's engines publish with it, so the subscriber decodes
+// exactly what it decodes from a real engine. One Encoder is reused across
+// batches and is not safe for concurrent use.
+type Encoder struct {
+	Layout Layout
+	buf    bytes.Buffer
+	enc    *msgpack.Encoder
+	events int
+	body   bytes.Buffer // the events encoded so far
+	ebody  *msgpack.Encoder
+}
+
+func (e *Encoder) init() {
+	if e.enc == nil {
+		e.enc = msgpack.NewEncoder(&e.buf)
+		e.ebody = msgpack.NewEncoder(&e.body)
+	}
+}
+
+// Len is the number of events added since the last Batch.
+func (e *Encoder) Len() int { return e.events }
+
+// Stored adds a BlockStored event with medium "GPU".
+func (e *Encoder) Stored(ev StoredEvent) {
+	e.init()
+	w := e.ebody
+	if e.Layout == ArrayLayout {
+		// BlockStored: block_hashes, parent_block_hash, token_ids,
+		// block_size, lora_id, medium, lora_name (later fields default).
+		w.EncodeArrayLen(8)
+		w.EncodeString("BlockStored")
+	} else {
+		w.EncodeMapLen(8)
+		w.EncodeString("type")
+		w.EncodeString("BlockStored")
+		w.EncodeString("block_hashes")
+	}
+	e.hashes(ev.Hashes)
+	if e.Layout == MapLayout {
+		w.EncodeString("parent_block_hash")
+	}
+	if ev.HasParent {
+		w.EncodeUint(ev.Parent)
+	} else {
+		w.EncodeNil()
+	}
+	if e.Layout == MapLayout {
+		w.EncodeString("token_ids")
+	}
+	w.EncodeArrayLen(ev.Tokens)
+	for range ev.Tokens {
+		w.EncodeUint(0)
+	}
+	if e.Layout == MapLayout {
+		w.EncodeString("block_size")
+	}
+	w.EncodeInt(int64(ev.BlockSize))
+	if e.Layout == MapLayout {
+		w.EncodeString("lora_id")
+	}
+	w.EncodeNil()
+	if e.Layout == MapLayout {
+		w.EncodeString("medium")
+	}
+	w.EncodeString("GPU")
+	if e.Layout == MapLayout {
+		w.EncodeString("lora_name")
+	}
+	w.EncodeNil()
+	e.events++
+}
+
+// Removed adds a BlockRemoved event with medium "GPU".
+func (e *Encoder) Removed(hashes []uint64) {
+	e.init()
+	w := e.ebody
+	if e.Layout == ArrayLayout {
+		w.EncodeArrayLen(3)
+		w.EncodeString("BlockRemoved")
+	} else {
+		w.EncodeMapLen(3)
+		w.EncodeString("type")
+		w.EncodeString("BlockRemoved")
+		w.EncodeString("block_hashes")
+	}
+	e.hashes(hashes)
+	if e.Layout == MapLayout {
+		w.EncodeString("medium")
+	}
+	w.EncodeString("GPU")
+	e.events++
+}
+
+// Cleared adds an AllBlocksCleared event.
+func (e *Encoder) Cleared() {
+	e.init()
+	if e.Layout == ArrayLayout {
+		e.ebody.EncodeArrayLen(1)
+	} else {
+		e.ebody.EncodeMapLen(1)
+		e.ebody.EncodeString("type")
+	}
+	e.ebody.EncodeString("AllBlocksCleared")
+	e.events++
+}
+
+func (e *Encoder) hashes(hs []uint64) {
+	e.ebody.EncodeArrayLen(len(hs))
+	for _, h := range hs {
+		e.ebody.EncodeUint(h)
+	}
+}
+
+// Batch returns the payload of an EventBatch holding the events added
+// since the last call (ts in seconds, data_parallel_rank 0 as vLLM's
+// publisher fills it) and starts a new one. The slice is valid until the
+// next call.
+func (e *Encoder) Batch(ts float64) []byte {
+	e.init()
+	e.buf.Reset()
+	if e.Layout == ArrayLayout {
+		e.enc.EncodeArrayLen(3)
+	} else {
+		e.enc.EncodeMapLen(3)
+		e.enc.EncodeString("ts")
+	}
+	e.enc.EncodeFloat64(ts)
+	if e.Layout == MapLayout {
+		e.enc.EncodeString("events")
+	}
+	e.enc.EncodeArrayLen(e.events)
+	e.buf.Write(e.body.Bytes())
+	if e.Layout == MapLayout {
+		e.enc.EncodeString("data_parallel_rank")
+	}
+	e.enc.EncodeInt(0)
+	e.body.Reset()
+	e.events = 0
+	return e.buf.Bytes()
+}
+
+// Frames returns a batch's message as vLLM's publisher sends it:
+// [topic, 8-byte big-endian seq, payload].
+func Frames(topic string, seq uint64, payload []byte) [][]byte {
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seq)
+	return [][]byte{[]byte(topic), s[:], payload}
+}
