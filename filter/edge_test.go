@@ -392,3 +392,68 @@ func TestWasmFailOpenStillStripsClientPDFields(t *testing.T) {
 		})
 	}
 }
+
+// Header-only mode takes its candidates by pulling the metrics service's
+// snapshot (state.pull), since it cannot take pushes: the pull carries the
+// state token, its hosts become the candidates on every worker, and a
+// snapshot no newer than the one in force is not stored again.
+func TestWasmHeaderOnlyPullsState(t *testing.T) {
+	eng := newRecordingEngines(t, 3)
+	var mu sync.Mutex
+	var auths []string
+	snapshot := pushBody(time.Now().UnixMilli(), eng.addrs[1], eng.addrs[2])
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auths = append(auths, r.Method+" "+r.URL.Path+" "+r.Header.Get("authorization"))
+		mu.Unlock()
+		io.WriteString(w, snapshot)
+	}))
+	defer metrics.Close()
+	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+		Module: wasmModule(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
+		Filters: []wasmhost.Filter{{RootID: RootRouter, Configuration: `{` + endpointsJSON(eng.addrs[:1]) +
+			`,"bodyRouting":false,"strategy":"round_robin","fallbacks":0,"state":{"token":"` + stateToken + `","pull":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
+		Clusters:     map[string][]string{"engines": eng.addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
+		RouteCluster: "engines",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	defer func() { front.Close(); h.Close() }()
+	h.FireTicks()
+	waitFor(t, "both workers' pulls answered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(auths) >= 2 && h.CounterValue("kvroute.router.state.pulls") >= 1
+	})
+	time.Sleep(150 * time.Millisecond)
+	stored := h.CounterValue("kvroute.router.state.pulls") // 1, or 2 when both workers' answers raced
+	h.FireTicks() // the same snapshot again: nothing newer to store
+	waitFor(t, "the second round of pulls", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(auths) >= 4
+	})
+	for i := 0; i < 8; i++ {
+		if code, body, _ := call(t, "POST", front.URL+"/v1/completions", `{"model":"m","prompt":"hi"}`, nil); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	eng.mu.Lock()
+	by := eng.by
+	eng.mu.Unlock()
+	if by[eng.addrs[0]] != 0 || by[eng.addrs[1]] != 4 || by[eng.addrs[2]] != 4 {
+		t.Errorf("requests per engine %v: want the pulled hosts only, 4 each", by)
+	}
+	if got := h.CounterValue("kvroute.router.state.pulls"); got != stored || got > 2 {
+		t.Errorf("state.pulls = %d after pulling the same snapshot again, want %d", got, stored)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, a := range auths {
+		if a != "GET /state Bearer "+stateToken {
+			t.Errorf("a pull asked %q", a)
+		}
+	}
+}

@@ -67,9 +67,12 @@ type routerPlugin struct {
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	keyChain   [1]uint64  // a header-only request's chain: its prefix key's hash
-	dest       []byte
-	now        func() time.Time
-	adm        *admitter // nil when admission is off (filter/admission.go)
+	// The state pull (filter/pull.go): one in flight, when the last began.
+	pulling  bool
+	pulledAt int64
+	dest     []byte
+	now      func() time.Time
+	adm      *admitter // nil when admission is off (filter/admission.go)
 
 	// born is when the plugin started (see mono), and bornMono the
 	// monotonic clock then (monoNanos); stepped says a test clock drives
@@ -115,7 +118,7 @@ type routerStats struct {
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
 	statePushes, stateUnauthorized, stateRejected metricCounter
-	stateOlder                                    metricCounter
+	stateOlder, statePulls, statePullFailed       metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved, modelNotFound            metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
@@ -160,6 +163,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		stateUnauthorized:   counterMetric("state.unauthorized"),
 		stateRejected:       counterMetric("state.rejected"),
 		stateOlder:          counterMetric("state.rejected_older"),
+		statePulls:          counterMetric("state.pulls"),
+		statePullFailed:     counterMetric("state.pull_failed"),
 		breakerOpened:       counterMetric("breaker.opened"),
 		disaggregated:       counterMetric("requests.disaggregated"),
 		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
@@ -581,6 +586,9 @@ func (p *routerPlugin) onTick() {
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
 	p.adm.tick()
 	p.housekeep()
+	if p.cfg.State.Pull.Cluster != "" {
+		p.pullState(p.now().UnixMilli())
+	}
 }
 
 func (p *routerPlugin) isInference(path string) bool {

@@ -381,8 +381,8 @@ func (s *routerStream) stateNeedsBody() types.Action {
 	p.stats.stateRejected.Increment(1)
 	return s.reject(&requestError{Status: 501, Message: "this gateway runs kvroute in header-only mode (bodyRouting: false), " +
 		"where Envoy forwards a request's headers before the filter can read its body: it cannot take state pushes. " +
-		"Push to a kvroute.router with bodyRouting: true and allow_on_headers_stop_iteration: true (same vm_id), " +
-		"or list the engines in the plugin's endpoints"})
+		"Pull the state instead (state.pull), push to a kvroute.router with bodyRouting: true and " +
+		"allow_on_headers_stop_iteration: true (same vm_id), or list the engines in the plugin's endpoints"})
 }
 
 func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
