@@ -1,38 +1,52 @@
 # kvroute: the two commands that matter are `make demo` and `make test`.
+# Install and release targets: docs/install.md.
 GO ?= go
+# ENVOY_COMPAT=1.35 selects the envoy-compat build of the Wasm module, for Envoy 1.33 to 1.38
+# (any version in that range builds the same module). Each build has its own files:
+#   standard      dist/kvroute.wasm               dist/kvroute-oci.tar               kvroute:VERSION
+#   envoy-compat  dist/kvroute-envoy-compat.wasm  dist/kvroute-envoy-compat-oci.tar  kvroute:VERSION-envoy-compat
 ENVOY_COMPAT ?=
+VARIANT_SUFFIX = $(if $(ENVOY_COMPAT),-envoy-compat,)
+WASM = dist/kvroute$(VARIANT_SUFFIX).wasm
+OCI_ARCHIVE = dist/kvroute$(VARIANT_SUFFIX)-oci.tar
+# The metrics service image (envoy/kubernetes/metrics.yaml: REGISTRY/kvroute-metrics:TAG).
+PLATFORMS ?= linux/amd64,linux/arm64
 # The Mooncake JSONL trace `make bench` replays (8 replicas, every strategy);
 # required: make bench TRACE=path/to/trace.jsonl.
 TRACE ?=
 
-.PHONY: all wasm wasm-tinygo test demo bench fuzz oci vet clean
+.PHONY: all wasm wasm-tinygo test demo bench fuzz oci image release vet clean
 
 all: wasm
 
-# dist/kvroute.wasm: official Go toolchain, wasip1, c-shared, ABI bridge overlay.
+# dist/kvroute.wasm (or the envoy-compat module): official Go toolchain, wasip1,
+# c-shared, ABI bridge overlay (docs/wasm-build.md).
 wasm:
-	$(GO) run ./internal/wasmbuild -out dist/kvroute.wasm $(if $(ENVOY_COMPAT),-envoy-compat $(ENVOY_COMPAT),)
+	$(GO) run ./internal/wasmbuild -out $(WASM) $(if $(ENVOY_COMPAT),-envoy-compat $(ENVOY_COMPAT),)
 
 # dist/kvroute-tinygo.wasm for users with TinyGo >= 0.32 (the SDK's own //export
 # path; no bridge). Not tested here: TinyGo cannot be installed on our machines.
 wasm-tinygo:
 	@command -v tinygo >/dev/null || { echo "wasm-tinygo: needs TinyGo >= 0.32 on PATH (untested in kvroute CI; use 'make wasm' otherwise)"; exit 1; }
-	mkdir -p dist && tinygo build -o dist/kvroute-tinygo.wasm -scheduler=none -target=wasip1 -ldflags="-X main.buildVariant=tinygo" ./filter/module
+	mkdir -p dist && tinygo build -o dist/kvroute-tinygo.wasm -scheduler=none -target=wasip1 -ldflags="-X 'main.build=(tinygo build)'" ./filter/module
 
-# Every test, including the Wasm integration tests (which need dist/kvroute.wasm)
-# and the fuzz seed corpora.
-test: wasm
+# Every test, including the Wasm integration tests (which need the standard
+# dist/kvroute.wasm, whatever ENVOY_COMPAT says) and the fuzz seed corpora.
+test:
+	$(GO) run ./internal/wasmbuild
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
 
-demo: wasm
+demo:
+	$(GO) run ./internal/wasmbuild
 	$(GO) run ./cmd/kvroute demo
 
 # need-trace stops a target before any work when TRACE is not a readable file.
 need-trace = @test -n "$(TRACE)" && test -r "$(TRACE)" || { echo 'make $@: set TRACE to a readable Mooncake JSONL trace (one {"timestamp", "input_length", "output_length", "hash_ids"} object per line), e.g. make $@ TRACE=conversation_trace.jsonl from github.com/kvcache-ai/Mooncake (FAST25-release/traces); without a trace, go run ./cmd/kvroute bench --workload shared-prefix replays a generated workload'; exit 2; }
 
-bench: wasm
+bench:
 	$(need-trace)
+	$(GO) run ./internal/wasmbuild
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
 
@@ -59,8 +73,22 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s $(FUZZFLAGS) ./internal/workload
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s $(FUZZFLAGS) -parallel 1 ./internal/simserver
 
+# The Wasm module of the variant asked for, as an OCI image archive.
 oci: wasm
-	$(GO) run ./cmd/kvroute oci build --wasm dist/kvroute.wasm --out dist/kvroute-oci.tar
+	$(GO) run ./cmd/kvroute oci build --wasm $(WASM) --out $(OCI_ARCHIVE)
+
+# dist/kvroute-metrics-oci.tar: the metrics service image for every platform
+# in PLATFORMS, built without a container engine (internal/distbuild).
+image:
+	$(GO) run ./internal/distbuild image -out dist/kvroute-metrics-oci.tar -platforms $(PLATFORMS)
+
+# dist/release/: both Wasm modules and their OCI archives, the metrics image,
+# the CLI for every platform in PLATFORMS, and SHA256SUMS.
+release:
+	$(MAKE) oci ENVOY_COMPAT=
+	$(MAKE) oci ENVOY_COMPAT=1.35
+	$(GO) run ./internal/distbuild release -dir dist/release -platforms $(PLATFORMS) \
+		dist/kvroute.wasm dist/kvroute-oci.tar dist/kvroute-envoy-compat.wasm dist/kvroute-envoy-compat-oci.tar
 
 clean:
 	rm -rf dist .wasmbuild

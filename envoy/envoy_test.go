@@ -99,6 +99,10 @@ func TestBrokenManifestsNameTheField(t *testing.T) {
 		{"standalone/envoy.yaml", "                - remove: x-gateway-destination-endpoint\n", "                - remove: x-other\n", "header_mutation"},
 		{"standalone/envoy.yaml", "                  timeout: 0s\n", "                  timeout: 15s\n", "route timeout"},
 		{"standalone/envoy-original-dst.yaml", `"fallbacks": 0,`, `"fallbacks": 2,`, "fallbacks"},
+		// The stats: kvroute's tags extracted, its µs histograms given buckets.
+		{"standalone/envoy.yaml", "  - {tag_name: kvroute_band, regex: '(kvroute_band=\\.=(.*?);\\.;)'}\n", "", "kvroute_band"},
+		{"standalone/envoy.yaml", ", 30000000, 60000000]", "]", "histogram_bucket_settings"},
+		{"envoy-gateway/kvroute.yaml", "regex: '(kvroute_reason=\\.=(.*?);\\.;)'", "regex: '(kvroute_reason=(.*?);)'", "kvroute_reason"},
 		// The plugin configuration, through the filter's validator.
 		{"standalone/envoy.yaml", `"destinationHeader": "x-gateway-destination-endpoint"`, `"destinationHeadr": "x-gateway-destination-endpoint"`, "destinationHeadr"},
 		{"istio/envoyfilter.yaml", `"strategy": "kv_cache_aware"`, `"strategy": "kv_cache_awesome"`, "strategy"},

@@ -8,6 +8,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/admission"
 	"github.com/kvroute/kvroute/internal/router"
@@ -58,7 +59,7 @@ type admitter struct {
 	overflow    metricCounter
 	cancelled   metricCounter
 	badHeader   metricCounter
-	waitMs      metricHistogram
+	waitMicros  metricHistogram // µs, as every kvroute histogram (held at ms resolution)
 	lastHeldLen [3]int
 }
 
@@ -111,16 +112,16 @@ func newAdmitter(p *routerPlugin) *admitter {
 	}
 	a := &admitter{p: p, ctl: admission.NewController(cfg), held: map[uint64]*routerStream{}}
 	for i, band := range admission.Bands {
-		a.heldGauge[i] = proxywasm.DefineGaugeMetric("kvroute.admission.held." + band)
-		a.heldTotal[i] = defineCounter("kvroute.admission.held_total." + band)
+		a.heldGauge[i] = proxywasm.DefineGaugeMetric(statnames.Tagged(statnames.Admission, statnames.TagBand, band, "held"))
+		a.heldTotal[i] = defineCounter(statnames.Tagged(statnames.Admission, statnames.TagBand, band, "held_total"))
 	}
-	a.released = defineCounter("kvroute.admission.released")
-	a.expired = defineCounter("kvroute.admission.expired")
-	a.shed = defineCounter("kvroute.admission.shed")
-	a.overflow = defineCounter("kvroute.admission.overflow")
-	a.cancelled = defineCounter("kvroute.admission.cancelled")
-	a.badHeader = defineCounter("kvroute.admission.bad_header")
-	a.waitMs = defineHistogram("kvroute.admission.wait_ms")
+	a.released = defineCounter(statnames.Admission + "released")
+	a.expired = defineCounter(statnames.Admission + "expired")
+	a.shed = defineCounter(statnames.Admission + "shed")
+	a.overflow = defineCounter(statnames.Admission + "overflow")
+	a.cancelled = defineCounter(statnames.Admission + "cancelled")
+	a.badHeader = defineCounter(statnames.Admission + "bad_header")
+	a.waitMicros = defineHistogram(statnames.Admission + "wait_us")
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.TickMs)); err != nil {
 		proxywasm.LogCriticalf("kvroute.router: setting the admission tick: %v (held requests would wait for their deadline)", err)
 	}
@@ -258,7 +259,7 @@ func (a *admitter) tick() {
 			return
 		}
 		a.released.Increment(1)
-		a.waitMs.Record(uint64(max(nowMs-it.HeldAtMs, 0)))
+		a.waitMicros.Record(uint64(max(nowMs-it.HeldAtMs, 0)) * 1000)
 		a.release(s)
 	})
 	for _, it := range expired {
@@ -266,7 +267,7 @@ func (a *admitter) tick() {
 		delete(a.held, it.ID)
 		a.expired.Increment(1)
 		if s != nil {
-			a.waitMs.Record(uint64(max(nowMs-it.HeldAtMs, 0)))
+			a.waitMicros.Record(uint64(max(nowMs-it.HeldAtMs, 0)) * 1000)
 			a.answer429(s, "the request's deadline passed while every engine was saturated")
 		}
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
 )
@@ -79,7 +80,7 @@ func noLeakedLoad(t *testing.T, h *wasmhost.Host) {
 	t.Helper()
 	waitLoadsZero(t, hostStore{h})
 	for _, band := range []string{"batch", "standard", "interactive"} {
-		if v := h.CounterValue("kvroute.admission.held." + band); v != 0 {
+		if v := h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, band, "held")); v != 0 {
 			t.Errorf("held.%s gauge = %d after every request ended", band, v)
 		}
 	}
@@ -130,14 +131,14 @@ func heldRequestsResume(t *testing.T, workers int) {
 		}()
 	}
 	wg.Wait()
-	held := h.CounterValue("kvroute.admission.held_total.batch") + h.CounterValue("kvroute.admission.held_total.interactive")
-	released := h.CounterValue("kvroute.admission.released")
+	held := h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "batch", "held_total")) + h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "interactive", "held_total"))
+	released := h.CounterValue(statnames.Admission + "released")
 	t.Logf("completion order %v; held %d, released %d", order, held, released)
 	if held < n/2 || released != held {
 		t.Fatalf("held %d, released %d: want at least %d held and every one released", held, released, n/2)
 	}
-	if m, ok := h.Metric("kvroute.admission.wait_ms"); !ok || int64(len(m.Samples)) != held {
-		t.Errorf("wait_ms histogram has %d samples, want one per held request (%d)", len(m.Samples), held)
+	if m, ok := h.Metric(statnames.Admission + "wait_us"); !ok || int64(len(m.Samples)) != held {
+		t.Errorf("wait_us histogram has %d samples, want one per held request (%d)", len(m.Samples), held)
 	}
 	if want := "[batch interactive interactive interactive interactive batch batch batch]"; workers == 1 && fmt.Sprint(order) != want {
 		t.Errorf("completion order %v, want %s (held interactive before held batch)", order, want)
@@ -164,8 +165,8 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 	if d := time.Since(start); d < 40*time.Millisecond || d > 2*time.Second {
 		t.Errorf("expiry answered after %v, deadline 50 ms", d)
 	}
-	if h.CounterValue("kvroute.admission.expired") != 1 {
-		t.Errorf("expired = %d", h.CounterValue("kvroute.admission.expired"))
+	if h.CounterValue(statnames.Admission+"expired") != 1 {
+		t.Errorf("expired = %d", h.CounterValue(statnames.Admission+"expired"))
 	}
 
 	// Disconnect while held frees the place.
@@ -179,13 +180,15 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 		}
 		gone <- err
 	}()
-	waitFor(t, "the request held", func() bool { return h.CounterValue("kvroute.admission.held.standard") == 1 })
+	waitFor(t, "the request held", func() bool {
+		return h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "standard", "held")) == 1
+	})
 	cancel()
 	<-gone
 	// The counter and the gauge move in two host calls of one callback:
 	// wait for both rather than read the gauge between them.
 	waitFor(t, "the held request cancelled and its place freed", func() bool {
-		return h.CounterValue("kvroute.admission.cancelled") == 1 && h.CounterValue("kvroute.admission.held.standard") == 0
+		return h.CounterValue(statnames.Admission+"cancelled") == 1 && h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "standard", "held")) == 0
 	})
 
 	// The freed place holds a batch request; an interactive one sheds it;
@@ -198,7 +201,9 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 		}
 		shed <- code
 	}()
-	waitFor(t, "the batch request held", func() bool { return h.CounterValue("kvroute.admission.held.batch") == 1 })
+	waitFor(t, "the batch request held", func() bool {
+		return h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "batch", "held")) == 1
+	})
 	inter := make(chan int, 1)
 	go func() {
 		code, _, _ := call(t, "POST", url+"/v1/completions", admCompletion(4, 4), map[string]string{PriorityHeader: "interactive"})
@@ -217,7 +222,7 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 	if c := <-inter; c != 200 {
 		t.Fatalf("the held interactive request: %d", c)
 	}
-	if got := [3]int64{h.CounterValue("kvroute.admission.shed"), h.CounterValue("kvroute.admission.overflow"), h.CounterValue("kvroute.admission.released")}; got != [3]int64{1, 1, 1} {
+	if got := [3]int64{h.CounterValue(statnames.Admission + "shed"), h.CounterValue(statnames.Admission + "overflow"), h.CounterValue(statnames.Admission + "released")}; got != [3]int64{1, 1, 1} {
 		t.Errorf("shed, overflow, released = %v, want [1 1 1]", got)
 	}
 	// A malformed priority is the client's error.
@@ -298,7 +303,7 @@ func BenchmarkAdmissionInWasm(b *testing.B) {
 	if off > 0 {
 		b.ReportMetric(on/off, "ratio")
 	}
-	if onHost.CounterValue("kvroute.admission.held_total.standard") != 0 {
+	if onHost.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "standard", "held_total")) != 0 {
 		b.Fatal("a request was held: the benchmark measures the admitted path")
 	}
 }

@@ -429,7 +429,7 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 	})
 	time.Sleep(150 * time.Millisecond)
 	stored := h.CounterValue("kvroute.router.state.pulls") // 1, or 2 when both workers' answers raced
-	h.FireTicks() // the same snapshot again: nothing newer to store
+	h.FireTicks()                                          // the same snapshot again: nothing newer to store
 	waitFor(t, "the second round of pulls", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

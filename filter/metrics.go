@@ -2,10 +2,11 @@ package filter
 
 import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 
-// Metric names are "kvroute.<filter>.<name>"; Envoy exposes them as
-// wasmcustom.kvroute.<filter>.<name> (Prometheus:
-// envoy_wasmcustom_kvroute_<filter>_<name>). Counters are per VM and Envoy sums
-// same-named stats across workers.
+// Metric names are "kvroute.<filter>.<name>", values that vary carried as
+// tags (package statnames); Envoy defines them as
+// wasmcustom.kvroute.<filter>.<name> and exposes them without "wasmcustom."
+// (Prometheus: kvroute_<filter>_<name>). Counters are per VM and Envoy sums
+// same-named stats across workers. Durations are in microseconds (_us).
 
 // commonStats are the counters every kvroute filter keeps.
 type commonStats struct {
@@ -13,10 +14,11 @@ type commonStats struct {
 	casRetries      metricCounter
 }
 
+// newCommonStats defines them under a filter's prefix (statnames.Router, statnames.PD).
 func newCommonStats(filter string) commonStats {
 	return commonStats{
-		recoveredPanics: defineCounter("kvroute." + filter + ".recovered_panics"),
-		casRetries:      defineCounter("kvroute." + filter + ".cas_retries"),
+		recoveredPanics: defineCounter(filter + "recovered_panics"),
+		casRetries:      defineCounter(filter + "cas_retries"),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/filter/statnames"
 )
 
 // kvroute.pd turns one client request into prefill on one pod, then decode
@@ -59,7 +60,7 @@ const (
 )
 
 // Fallback reasons (marker "fallback=<reason>" and metric
-// kvroute.pd.fallback.<reason>).
+// kvroute.pd.fallbacks with the tag kvroute_reason).
 const (
 	reasonError     = "prefill_error"     // non-200 answer or reset
 	reasonTimeout   = "prefill_timeout"   // no answer within pd.timeoutMs
@@ -124,16 +125,16 @@ type pdStats struct {
 func newPD(cfg *config.Config) (*pdPlugin, error) {
 	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait}
 	p.stats = pdStats{
-		commonStats:    newCommonStats("pd"),
-		disaggregated:  defineCounter("kvroute.pd.requests.disaggregated"),
-		passthrough:    defineCounter("kvroute.pd.requests.passthrough"),
-		lateFallbacks:  defineCounter("kvroute.pd.requests.late_fallback"),
-		fallbackFailed: defineCounter("kvroute.pd.requests.fallback_failed"),
+		commonStats:    newCommonStats(statnames.PD),
+		disaggregated:  defineCounter(statnames.PD + "requests.disaggregated"),
+		passthrough:    defineCounter(statnames.PD + "requests.passthrough"),
+		lateFallbacks:  defineCounter(statnames.PD + "requests.late_fallback"),
+		fallbackFailed: defineCounter(statnames.PD + "requests.fallback_failed"),
 		fallbacks:      map[string]metricCounter{},
-		prefillMicros:  defineHistogram("kvroute.pd.prefill_us"),
+		prefillMicros:  defineHistogram(statnames.PD + "prefill_us"),
 	}
 	for _, r := range []string{reasonError, reasonTimeout, reasonMalformed, reasonDispatch, reasonBody, reasonPanic, reasonNoBody} {
-		p.stats.fallbacks[r] = defineCounter("kvroute.pd.fallback." + r)
+		p.stats.fallbacks[r] = defineCounter(statnames.Tagged(statnames.PD, statnames.TagReason, r, "fallbacks"))
 	}
 	if err := proxywasm.SetTickPeriodMilliSeconds(pdTickMs); err != nil {
 		proxywasm.LogWarnf("kvroute.pd: setting the tick period: %v (requests whose body never arrives will wait for Envoy's stream timeout)", err)

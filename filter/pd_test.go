@@ -10,6 +10,8 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/filter/statnames"
 )
 
 // Native tests of kvroute.pd through the SDK's proxytest emulator. The Wasm
@@ -256,7 +258,7 @@ func TestPDVLLMFallbacks(t *testing.T) {
 			if m, _ := pdMarker(t, host, id, "200"); m != "fallback="+tc.reason {
 				t.Errorf("marker %q, want fallback=%s", m, tc.reason)
 			}
-			if n := pdCounter(t, host, "kvroute.pd.fallback."+tc.reason); n != 1 {
+			if n := pdCounter(t, host, statnames.Tagged(statnames.PD, statnames.TagReason, tc.reason, "fallbacks")); n != 1 {
 				t.Errorf("fallback.%s = %d, want 1", tc.reason, n)
 			}
 			if n := pdCounter(t, host, "kvroute.pd.requests.disaggregated"); n != 0 {
@@ -294,7 +296,7 @@ func TestPDRecoveredPanicFailsOpen(t *testing.T) {
 	if n := pdCounter(t, host, "kvroute.pd.recovered_panics"); n != 1 {
 		t.Errorf("recovered_panics = %d", n)
 	}
-	if n := pdCounter(t, host, "kvroute.pd.fallback.recovered_panic"); n != 1 {
+	if n := pdCounter(t, host, statnames.Tagged(statnames.PD, statnames.TagReason, "recovered_panic", "fallbacks")); n != 1 {
 		t.Errorf("fallback.recovered_panic = %d", n)
 	}
 }
@@ -519,7 +521,7 @@ func TestPDNoBodySendsDecodeOnly(t *testing.T) {
 	if a := host.GetCurrentHttpStreamAction(id); a != types.ActionContinue {
 		t.Fatalf("after the wait: %v, want Continue (decode-only)", a)
 	}
-	if n := pdCounter(t, host, "kvroute.pd.fallback.no_body"); n != 1 {
+	if n := pdCounter(t, host, statnames.Tagged(statnames.PD, statnames.TagReason, "no_body", "fallbacks")); n != 1 {
 		t.Errorf("fallback.no_body = %d", n)
 	}
 	if logs := strings.Join(host.GetErrorLogs(), "\n"); !strings.Contains(logs, "allow_on_headers_stop_iteration") {

@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/filter/config"
 	"github.com/kvroute/kvroute/filter/hostbuf"
 	"github.com/kvroute/kvroute/filter/quietbody"
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/scorer"
@@ -114,6 +115,7 @@ type routerStats struct {
 	badRequest, tooLarge, badMethod, notFound     metricCounter
 	parseErrors, staleState, fallbacksUsed        metricCounter
 	predictedCached, confirmedCached              metricCounter
+	promptTokens, feedbackPromptTokens            metricCounter
 	feedbackPredicted, predictionError            metricCounter
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
@@ -127,7 +129,14 @@ type routerStats struct {
 }
 
 func counterMetric(name string) metricCounter {
-	return defineCounter("kvroute.router." + name)
+	return defineCounter(statnames.Router + name)
+}
+
+// rejectedCounter counts the requests the router answered itself with an
+// error, by reason (400 bad_request, 404 not_found, 405
+// method_not_allowed, 413 too_large).
+func rejectedCounter(reason string) metricCounter {
+	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
 
 func newRouter(cfg *config.Config) (*routerPlugin, error) {
@@ -138,42 +147,44 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p := &routerPlugin{cfg: cfg, now: now, stepped: clock != nil, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
 		hostVal: make([]byte, hostValSize), born: now(), bornMono: monoNanos()}
 	p.stats = routerStats{
-		commonStats:         newCommonStats("router"),
-		routed:              counterMetric("requests.routed"),
-		noCandidate:         counterMetric("requests.no_candidate"),
-		failedOpen:          counterMetric("requests.failed_open"),
-		passThrough:         counterMetric("requests.pass_through"),
-		badRequest:          counterMetric("requests.rejected_400"),
-		tooLarge:            counterMetric("requests.rejected_413"),
-		badMethod:           counterMetric("requests.rejected_405"),
-		notFound:            counterMetric("requests.rejected_404"),
-		parseErrors:         counterMetric("parse_errors"),
-		staleState:          counterMetric("stale_state"),
-		fallbacksUsed:       counterMetric("fallbacks_used"),
-		predictedCached:     counterMetric("predicted_cached_tokens"),
-		confirmedCached:     counterMetric("confirmed_cached_tokens"),
-		feedbackPredicted:   counterMetric("feedback.predicted_cached_tokens"),
-		predictionError:     counterMetric("feedback.prediction_error_tokens"),
-		feedback:            counterMetric("feedback.responses"),
-		overPredicted:       counterMetric("feedback.over_predicted"),
-		underPredicted:      counterMetric("feedback.under_predicted"),
-		indexErrors:         counterMetric("index_errors"),
-		loadErrors:          counterMetric("load_errors"),
-		statePushes:         counterMetric("state.pushes"),
-		stateUnauthorized:   counterMetric("state.unauthorized"),
-		stateRejected:       counterMetric("state.rejected"),
-		stateOlder:          counterMetric("state.rejected_older"),
-		statePulls:          counterMetric("state.pulls"),
-		statePullFailed:     counterMetric("state.pull_failed"),
-		breakerOpened:       counterMetric("breaker.opened"),
-		disaggregated:       counterMetric("requests.disaggregated"),
-		clientFieldsRemoved: counterMetric("client_pd_fields_removed"),
-		modelNotFound:       counterMetric("requests.model_not_found"),
-		slotsFreed:          counterMetric("host_slots.freed"),
-		slotsUnassigned:     counterMetric("host_slots.unassigned"),
-		decisionMicros:      defineHistogram("kvroute.router.decision_us"),
-		bodyMicros:          defineHistogram("kvroute.router.request_body_us"),
-		byProfile:           map[string]metricCounter{},
+		commonStats:          newCommonStats(statnames.Router),
+		routed:               counterMetric("requests.routed"),
+		noCandidate:          counterMetric("requests.no_candidate"),
+		failedOpen:           counterMetric("requests.failed_open"),
+		passThrough:          counterMetric("requests.pass_through"),
+		badRequest:           rejectedCounter("bad_request"),
+		tooLarge:             rejectedCounter("too_large"),
+		badMethod:            rejectedCounter("method_not_allowed"),
+		notFound:             rejectedCounter("not_found"),
+		parseErrors:          counterMetric("parse_errors"),
+		staleState:           counterMetric("stale_state"),
+		fallbacksUsed:        counterMetric("fallbacks_used"),
+		predictedCached:      counterMetric("predicted_cached_tokens"),
+		confirmedCached:      counterMetric("confirmed_cached_tokens"),
+		promptTokens:         counterMetric("prompt_tokens"),
+		feedbackPromptTokens: counterMetric("feedback.prompt_tokens"),
+		feedbackPredicted:    counterMetric("feedback.predicted_cached_tokens"),
+		predictionError:      counterMetric("feedback.prediction_error_tokens"),
+		feedback:             counterMetric("feedback.responses"),
+		overPredicted:        counterMetric("feedback.over_predicted"),
+		underPredicted:       counterMetric("feedback.under_predicted"),
+		indexErrors:          counterMetric("index_errors"),
+		loadErrors:           counterMetric("load_errors"),
+		statePushes:          counterMetric("state.pushes"),
+		stateUnauthorized:    counterMetric("state.unauthorized"),
+		stateRejected:        counterMetric("state.rejected"),
+		stateOlder:           counterMetric("state.rejected_older"),
+		statePulls:           counterMetric("state.pulls"),
+		statePullFailed:      counterMetric("state.pull_failed"),
+		breakerOpened:        counterMetric("breaker.opened"),
+		disaggregated:        counterMetric("requests.disaggregated"),
+		clientFieldsRemoved:  counterMetric("client_pd_fields_removed"),
+		modelNotFound:        counterMetric("requests.model_not_found"),
+		slotsFreed:           counterMetric("host_slots.freed"),
+		slotsUnassigned:      counterMetric("host_slots.unassigned"),
+		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
+		bodyMicros:           defineHistogram(statnames.Router + "request_body_us"),
+		byProfile:            map[string]metricCounter{},
 	}
 	p.token = cfg.State.Token
 	if cfg.State.TokenEnv != "" {
@@ -498,7 +509,7 @@ func (p *routerPlugin) profileCounter(name string) metricCounter {
 func (p *routerPlugin) switchProfile(name string) metricCounter {
 	c, ok := p.byProfile(name)
 	if !ok {
-		c = counterMetric("profile." + name + ".requests")
+		c = defineCounter(statnames.Tagged(statnames.Router+"profile.", statnames.TagProfile, name, "requests"))
 		p.stats.byProfile[name] = c
 	}
 	p.lastProfile, p.lastProfileCounter = name, c
@@ -657,7 +668,10 @@ type routerStream struct {
 	feedbackSet bool
 	finished    bool // feedback given and load released (finish)
 	cached      int
-	tail        tailBuf // end of the previous response chunk, for fields split across chunks
+	// promptTokens is the router's estimate of the prompt's length, for
+	// the hit-ratio counters (prompt_tokens, feedback.prompt_tokens).
+	promptTokens int
+	tail         tailBuf // end of the previous response chunk, for fields split across chunks
 }
 
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
@@ -1057,6 +1071,7 @@ func (s *routerStream) decide(in *router.Input) {
 	p.ix.UnpinClock()
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
+	s.promptTokens = in.PromptTokens
 	// No defer: route cannot panic short of a bug, which the callback's
 	// guard catches, and syncStats catches up with the counters next time.
 	s.route(&res, nowMs)
@@ -1102,6 +1117,9 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64) {
 	p.profileCounter(res.Decode.Profile).Increment(1)
 	if t.PredictedCachedTokens > 0 {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
+	}
+	if s.promptTokens > 0 {
+		p.stats.promptTokens.Increment(uint64(s.promptTokens))
 	}
 	if cfg.DebugHeader != "" {
 		s.explain(res, t.PredictedCachedTokens)
@@ -1445,6 +1463,9 @@ func (s *routerStream) finish() {
 	cached := -1 // Finish's "no feedback"
 	if s.feedbackSet {
 		cached = s.cached
+		if s.promptTokens > 0 {
+			p.stats.feedbackPromptTokens.Increment(uint64(s.promptTokens))
+		}
 	}
 	p.rt.Finish(&s.ticket, cached)
 	p.syncStats()

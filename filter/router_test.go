@@ -12,6 +12,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
 )
 
@@ -104,7 +105,7 @@ func TestRouterRoundRobinWithFallbacks(t *testing.T) {
 	if got := counter(t, host, "kvroute.router.requests.routed"); got != 6 {
 		t.Errorf("routed = %d, want 6", got)
 	}
-	if got := counter(t, host, "kvroute.router.profile.round_robin.requests"); got != 6 {
+	if got := counter(t, host, statnames.Tagged(statnames.Router+"profile.", statnames.TagProfile, "round_robin", "requests")); got != 6 {
 		t.Errorf("profile counter = %d, want 6", got)
 	}
 }

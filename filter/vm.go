@@ -49,18 +49,20 @@ const (
 )
 
 // NewVMContext returns the VM context the Wasm main package registers.
-// buildVariant is logged at VM start.
-func NewVMContext(buildVariant string) types.VMContext {
-	return &vmContext{buildVariant: buildVariant}
+// build describes the module (version, revision, Go, Envoy variant); it is
+// logged once per VM at start, so an operator can tell from Envoy's log
+// which module each worker runs.
+func NewVMContext(build string) types.VMContext {
+	return &vmContext{build: build}
 }
 
 type vmContext struct {
 	types.DefaultVMContext
-	buildVariant string
+	build string
 }
 
 func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
-	proxywasm.LogInfof("kvroute: VM started (build %s)", v.buildVariant)
+	proxywasm.LogInfof("kvroute %s: VM started", v.build)
 	return types.OnVMStartStatusOK
 }
 

@@ -1,9 +1,13 @@
 // Command kvroute is the one CLI of the project: the cluster-metrics service
 // (`metrics`), the engine simulator (`sim`), the routing benchmark (`bench`),
-// the demo (`demo`) and the OCI image tool (`oci`).
+// the demo (`demo`), the OCI image tool (`oci`) and `version`.
 //
 // Each subcommand lives in its own file and registers itself with
-// addCommand from an init function, so the concerns stay apart.
+// addCommand from an init function, so the concerns stay apart. Built with
+// -tags metricsonly (the metrics service image, internal/distbuild), only
+// `metrics` and `version` are compiled in: the files of the other commands
+// carry a !metricsonly constraint, which keeps the simulator, plotting, Wasm
+// runtime and OCI code out of the service's binary.
 package main
 
 import (

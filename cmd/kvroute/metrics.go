@@ -17,6 +17,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	// Mozilla's CA roots, used only where the system has none: the metrics
+	// image has no /etc/ssl, and a gateway state URL may be https.
+	_ "golang.org/x/crypto/x509roots/fallback"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"

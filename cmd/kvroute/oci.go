@@ -1,3 +1,5 @@
+//go:build !metricsonly
+
 package main
 
 import (
@@ -11,12 +13,20 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/spf13/cobra"
 
+	"github.com/kvroute/kvroute/internal/buildinfo"
 	"github.com/kvroute/kvroute/internal/oci"
 )
 
 // The oci command packages dist/kvroute.wasm as the OCI image Istio's
 // WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy pull (see internal/oci).
 func init() {
+	readArchiveModule = func(path string) ([]byte, error) {
+		img, err := oci.ReadArchive(path)
+		if err != nil {
+			return nil, err
+		}
+		return oci.ExtractPlugin(img)
+	}
 	var (
 		wasmPath    string
 		outPath     string
@@ -29,11 +39,21 @@ func init() {
 		Long: `Build packs the module into a one-layer OCI image (plugin.wasm in a tar.gz
 layer, annotation module.wasm.image/variant=compat) and writes it as an OCI
 image layout tar. Push it with 'kvroute oci push', or with
-'skopeo copy oci-archive:dist/kvroute-oci.tar docker://REGISTRY/kvroute:TAG'.`,
+'skopeo copy oci-archive:dist/kvroute-oci.tar docker://REGISTRY/kvroute:TAG'.
+
+The module's build record (see 'kvroute version') picks the defaults, so the
+two Envoy variants never share a file: the standard module (Envoy 1.39 and
+later) goes to dist/kvroute-oci.tar as kvroute:VERSION, the envoy-compat module
+(Envoy 1.33 to 1.38) to dist/kvroute-envoy-compat-oci.tar as
+kvroute:VERSION-envoy-compat. The manifest carries the version, the revision
+and the variant as annotations.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			img, module, err := buildImage(wasmPath, annotations)
+			img, module, info, err := buildImage(wasmPath, annotations)
 			if err != nil {
+				return err
+			}
+			if outPath, refName, err = variantOutputs(info, outPath, refName); err != nil {
 				return err
 			}
 			if err := os.MkdirAll(filepath.Dir(outPath), 0o755); err != nil {
@@ -46,8 +66,8 @@ image layout tar. Push it with 'kvroute oci push', or with
 		},
 	}
 	build.Flags().StringVar(&wasmPath, "wasm", "dist/kvroute.wasm", "the Wasm module to package (written by make wasm)")
-	build.Flags().StringVar(&outPath, "out", "dist/kvroute-oci.tar", "where to write the OCI image archive")
-	build.Flags().StringVar(&refName, "tag", "kvroute:latest", "reference name recorded in the archive's index")
+	build.Flags().StringVar(&outPath, "out", "", "where to write the OCI image archive (default: dist/kvroute-oci.tar, or dist/kvroute-envoy-compat-oci.tar for an envoy-compat module)")
+	build.Flags().StringVar(&refName, "tag", "", "reference name recorded in the archive's index (default: kvroute:VERSION, with -envoy-compat for that variant)")
 	build.Flags().StringArrayVar(&annotations, "annotation", nil, "extra manifest annotation KEY=VALUE (repeatable), e.g. org.opencontainers.image.revision=$(git rev-parse HEAD)")
 
 	var (
@@ -58,10 +78,12 @@ image layout tar. Push it with 'kvroute oci push', or with
 	)
 	push := &cobra.Command{
 		Use:   "push REF",
-		Short: "Push the image to a registry (credentials from the Docker config)",
-		Long: `Push uploads the compat-variant image to REF (registry/repository:tag), built
-from --wasm or read from an archive written by 'oci build' (--archive), and
-prints the digest reference to pin in the manifests.`,
+		Short: "Push an image to a registry (credentials from the Docker config)",
+		Long: `Push uploads an image to REF (registry/repository:tag) and prints the digest
+reference to pin in the manifests. The image is the Wasm module's, built from
+--wasm, or one read from an archive (--archive): the Wasm image 'oci build'
+writes, or the multi-platform metrics service image 'make image' writes
+(dist/kvroute-metrics-oci.tar), which is pushed as its image index.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var (
@@ -73,13 +95,18 @@ prints the digest reference to pin in the manifests.`,
 				if cmd.Flags().Changed("wasm") {
 					return errors.New("give --wasm or --archive, not both")
 				}
-				if img, err = oci.ReadArchive(pushArchive); err != nil {
+				a, err := oci.ReadArchiveArtifact(pushArchive)
+				if err != nil {
 					return err
 				}
+				if a.Index != nil {
+					return pushIndex(cmd, args[0], a.Index, insecure)
+				}
+				img = a.Image
 				if module, err = oci.ExtractPlugin(img); err != nil {
 					return err
 				}
-			} else if img, module, err = buildImage(pushWasm, pushAnns); err != nil {
+			} else if img, module, _, err = buildImage(pushWasm, pushAnns); err != nil {
 				return err
 			}
 			ref, err := oci.Push(cmd.Context(), args[0], img, oci.PushOptions{Insecure: insecure})
@@ -103,27 +130,93 @@ prints the digest reference to pin in the manifests.`,
 	addCommand(root)
 }
 
-func buildImage(wasmPath string, annotations []string) (v1.Image, []byte, error) {
+// pushIndex pushes a multi-platform image and prints its digest and platforms.
+func pushIndex(cmd *cobra.Command, ref string, idx v1.ImageIndex, insecure bool) error {
+	pinned, err := oci.Push(cmd.Context(), ref, idx, oci.PushOptions{Insecure: insecure})
+	if err != nil {
+		return err
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return err
+	}
+	var plats []string
+	for _, m := range im.Manifests {
+		if m.Platform != nil {
+			plats = append(plats, m.Platform.String())
+		}
+	}
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "wrote %s\n", ref)
+	fmt.Fprintf(w, "platforms:        %s\n", strings.Join(plats, ", "))
+	fmt.Fprintf(w, "pinned reference: %s\n", pinned)
+	return nil
+}
+
+// buildImage packs the module at wasmPath. The annotations say which build
+// it is (from the module's build record, when it has one); those given on
+// the command line win.
+func buildImage(wasmPath string, annotations []string) (v1.Image, []byte, buildinfo.Info, error) {
 	module, err := os.ReadFile(wasmPath)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil, fmt.Errorf("%s does not exist: run `make wasm` first or pass --wasm", wasmPath)
+			return nil, nil, buildinfo.Info{}, fmt.Errorf("%s does not exist: run `make wasm` first or pass --wasm", wasmPath)
 		}
-		return nil, nil, err
+		return nil, nil, buildinfo.Info{}, err
 	}
+	info, _ := buildinfo.FromWasm(module) // a module without a record gets no build annotations
 	anns := map[string]string{}
+	if info.Version != "" {
+		anns[oci.VersionAnnotation] = info.Version
+	}
+	if info.Revision != "" {
+		anns[oci.RevisionAnnotation] = info.Revision
+	}
+	if info.Variant != "" {
+		anns[oci.EnvoyVariantAnnotation] = info.Variant
+	}
 	for _, a := range annotations {
 		k, v, ok := strings.Cut(a, "=")
 		if !ok || k == "" {
-			return nil, nil, fmt.Errorf("--annotation %q: want KEY=VALUE", a)
+			return nil, nil, buildinfo.Info{}, fmt.Errorf("--annotation %q: want KEY=VALUE", a)
 		}
 		anns[k] = v
 	}
 	img, err := oci.Build(module, oci.Options{Annotations: anns})
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", wasmPath, err)
+		return nil, nil, buildinfo.Info{}, fmt.Errorf("%s: %w", wasmPath, err)
 	}
-	return img, module, nil
+	return img, module, info, nil
+}
+
+// variantOutputs fills in the archive path and reference name the module's
+// variant calls for, and refuses an archive path named after the other
+// variant's archive (how one build would silently replace the other).
+func variantOutputs(info buildinfo.Info, out, ref string) (string, string, error) {
+	name := info.Variant
+	if name == "" {
+		name = buildinfo.VariantStandard // a module without a build record
+	}
+	v, err := buildinfo.LookupVariant(name)
+	if err != nil {
+		return "", "", err
+	}
+	if out == "" {
+		out = filepath.Join("dist", v.OCIArchive)
+	}
+	for _, other := range buildinfo.Variants {
+		if info.Variant != "" && other.Name != v.Name && filepath.Base(out) == other.OCIArchive {
+			return "", "", fmt.Errorf("--out %s is the %s image's archive name; this module is the %s build (its archive: %s)", out, other.Name, v.Name, v.OCIArchive)
+		}
+	}
+	if ref == "" {
+		ver := info.Version
+		if ver == "" {
+			ver = "latest"
+		}
+		ref = "kvroute:" + v.ImageTag(ver)
+	}
+	return out, ref, nil
 }
 
 // describe prints the two checksums users need: the image digest (pinned by

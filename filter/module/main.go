@@ -12,13 +12,14 @@ import (
 	"github.com/kvroute/kvroute/filter"
 )
 
-// buildVariant is set by internal/wasmbuild with -X: "standard" or
-// "envoy-compat-1.NN". It is logged at VM start so a deployment can tell
-// which build it runs.
-var buildVariant = "dev"
+// build is set by internal/wasmbuild with -X to the module's version line,
+// e.g. "v0.1.0 (revision 0123456789ab, go1.26.8), envoy-compat build, for
+// Envoy 1.33 to 1.38". It is logged once per VM at start; `kvroute version
+// FILE.wasm` reads the same facts from the module's kvroute.buildinfo section.
+var build = "(version unknown: not built by make wasm)"
 
 func init() {
-	proxywasm.SetVMContext(filter.NewVMContext(buildVariant))
+	proxywasm.SetVMContext(filter.NewVMContext(build))
 }
 
 func main() {}

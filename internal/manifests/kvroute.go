@@ -119,6 +119,7 @@ func checkKvroute(r *report, res *Result) {
 		}
 	}
 	checkWiring(r, res, cfgs[0])
+	checkStats(r, res)
 }
 
 // knownClusters lists the Envoy clusters a file defines (standalone), sets

@@ -2,6 +2,8 @@ package metricsvc
 
 import (
 	"net/http"
+	"regexp"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -49,10 +51,54 @@ func newTelemetry(s *Service) *telemetry {
 			Help: "Engines in the last published snapshot, by health.",
 		}, []string{"health"}),
 	}
-	t.reg.MustRegister(t.scrapes, t.scrapeDuration, t.discoveryUpdates, t.snapshots, t.hosts,
-		&pullCollector{s: s},
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	t.reg.MustRegister(t.collectors(s)...)
 	return t
+}
+
+// collectors is every collector the service registers.
+func (t *telemetry) collectors(s *Service) []prometheus.Collector {
+	return []prometheus.Collector{t.scrapes, t.scrapeDuration, t.discoveryUpdates, t.snapshots, t.hosts,
+		&pullCollector{s: s},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
+}
+
+// Family is one metric family the service's /metrics can expose.
+type Family struct {
+	Name   string
+	Labels []string
+}
+
+// descFields reads a Desc's name and variable labels from its String form,
+// the only public view of them.
+var descFields = regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+
+// Families lists every metric family the service registers, its own and
+// the Go runtime's, read from the collectors' descriptions: what a
+// dashboard may query (the Grafana dashboard's check reads it).
+func Families() []Family {
+	t := newTelemetry(&Service{})
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		for _, c := range t.collectors(nil) {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var out []Family
+	for d := range ch {
+		m := descFields.FindStringSubmatch(d.String())
+		if m == nil {
+			continue
+		}
+		f := Family{Name: m[1]}
+		for _, l := range strings.Split(m[2], ",") {
+			if l = strings.TrimSuffix(strings.TrimPrefix(l, "c("), ")"); l != "" {
+				f.Labels = append(f.Labels, l)
+			}
+		}
+		out = append(out, f)
+	}
+	return out
 }
 
 func (t *telemetry) handler() http.Handler {

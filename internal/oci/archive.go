@@ -26,6 +26,16 @@ const RefNameAnnotation = "org.opencontainers.image.ref.name"
 // does the layout; this function only packs its directory with fixed
 // timestamps so equal images give equal archives.
 func WriteArchive(w io.Writer, img v1.Image, refName string) error {
+	return writeLayoutArchive(w, refName, func(p layout.Path, opts []layout.Option) error { return p.AppendImage(img, opts...) })
+}
+
+// WriteIndexArchive is WriteArchive for an image index (one image per
+// platform), as the metrics service image is.
+func WriteIndexArchive(w io.Writer, idx v1.ImageIndex, refName string) error {
+	return writeLayoutArchive(w, refName, func(p layout.Path, opts []layout.Option) error { return p.AppendIndex(idx, opts...) })
+}
+
+func writeLayoutArchive(w io.Writer, refName string, add func(layout.Path, []layout.Option) error) error {
 	dir, err := os.MkdirTemp("", "kvroute-oci-layout-")
 	if err != nil {
 		return fmt.Errorf("oci: temp dir: %w", err)
@@ -40,7 +50,7 @@ func WriteArchive(w io.Writer, img v1.Image, refName string) error {
 	if refName != "" {
 		opts = append(opts, layout.WithAnnotations(map[string]string{RefNameAnnotation: refName}))
 	}
-	if err := p.AppendImage(img, opts...); err != nil {
+	if err := add(p, opts); err != nil {
 		return fmt.Errorf("oci: write image to layout: %w", err)
 	}
 	return tarDir(w, dir)
@@ -48,12 +58,21 @@ func WriteArchive(w io.Writer, img v1.Image, refName string) error {
 
 // WriteArchiveFile is WriteArchive to a file, written whole or not at all.
 func WriteArchiveFile(name string, img v1.Image, refName string) error {
+	return writeFileAtomic(name, func(w io.Writer) error { return WriteArchive(w, img, refName) })
+}
+
+// WriteIndexArchiveFile is WriteIndexArchive to a file, written whole or not at all.
+func WriteIndexArchiveFile(name string, idx v1.ImageIndex, refName string) error {
+	return writeFileAtomic(name, func(w io.Writer) error { return WriteIndexArchive(w, idx, refName) })
+}
+
+func writeFileAtomic(name string, write func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(name), ".kvroute-oci-*.tar")
 	if err != nil {
 		return fmt.Errorf("oci: create %s: %w", name, err)
 	}
 	defer os.Remove(tmp.Name())
-	if err := WriteArchive(tmp, img, refName); err != nil {
+	if err := write(tmp); err != nil {
 		tmp.Close()
 		return err
 	}
@@ -109,41 +128,71 @@ func tarDir(w io.Writer, dir string) error {
 // maxArchiveFile bounds each file read back from an archive.
 const maxArchiveFile = 512 << 20
 
-// ReadArchive opens an oci-archive written by WriteArchive (or by skopeo,
-// podman) and returns its one image. The archive is unpacked into a
-// temporary directory that is removed before returning, so the image's
-// blobs are read into memory first.
+// Artifact is what an archive holds: an image (the Wasm module's) or an
+// image index (the metrics service's, one image per platform).
+type Artifact struct {
+	Image v1.Image
+	Index v1.ImageIndex
+}
+
+// ReadArchive opens an oci-archive holding one image, written by
+// WriteArchive (or by skopeo, podman).
 func ReadArchive(name string) (v1.Image, error) {
+	a, err := ReadArchiveArtifact(name)
+	if err != nil {
+		return nil, err
+	}
+	if a.Image == nil {
+		return nil, fmt.Errorf("oci: %s holds a multi-platform image index, not a single image (is it the metrics service image?)", name)
+	}
+	return a.Image, nil
+}
+
+// ReadArchiveArtifact opens an oci-archive holding one image or one image
+// index. The archive is unpacked into a temporary directory that is removed
+// before returning, so the blobs are read into memory first (and their
+// digests checked).
+func ReadArchiveArtifact(name string) (Artifact, error) {
 	f, err := os.Open(name)
 	if err != nil {
-		return nil, fmt.Errorf("oci: open archive: %w", err)
+		return Artifact{}, fmt.Errorf("oci: open archive: %w", err)
 	}
 	defer f.Close()
 
 	dir, err := os.MkdirTemp("", "kvroute-oci-read-")
 	if err != nil {
-		return nil, fmt.Errorf("oci: temp dir: %w", err)
+		return Artifact{}, fmt.Errorf("oci: temp dir: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	if err := untar(f, dir); err != nil {
-		return nil, fmt.Errorf("oci: %s: %w", name, err)
+		return Artifact{}, fmt.Errorf("oci: %s: %w", name, err)
 	}
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
-		return nil, fmt.Errorf("oci: %s is not an OCI image layout archive: %w", name, err)
+		return Artifact{}, fmt.Errorf("oci: %s is not an OCI image layout archive: %w", name, err)
 	}
 	im, err := idx.IndexManifest()
 	if err != nil {
-		return nil, fmt.Errorf("oci: read index: %w", err)
+		return Artifact{}, fmt.Errorf("oci: read index: %w", err)
 	}
 	if len(im.Manifests) != 1 {
-		return nil, fmt.Errorf("oci: %s holds %d manifests; expected one image", name, len(im.Manifests))
+		return Artifact{}, fmt.Errorf("oci: %s holds %d manifests; expected one image or one index", name, len(im.Manifests))
 	}
-	img, err := idx.Image(im.Manifests[0].Digest)
+	desc := im.Manifests[0]
+	if desc.MediaType.IsIndex() {
+		child, err := idx.ImageIndex(desc.Digest)
+		if err != nil {
+			return Artifact{}, fmt.Errorf("oci: read image index: %w", err)
+		}
+		mi, err := materializeIndex(child)
+		return Artifact{Index: mi}, err
+	}
+	img, err := idx.Image(desc.Digest)
 	if err != nil {
-		return nil, fmt.Errorf("oci: read image: %w", err)
+		return Artifact{}, fmt.Errorf("oci: read image: %w", err)
 	}
-	return materialize(img)
+	mem, err := materialize(img)
+	return Artifact{Image: mem}, err
 }
 
 // untar unpacks regular files from r under dir, refusing paths that escape it.

@@ -89,3 +89,62 @@ func materialize(img v1.Image) (v1.Image, error) {
 	}
 	return partial.CompressedToImage(mem)
 }
+
+// memIndex is an image index held in memory with its manifest byte for
+// byte, so its digest is the one that was read; its images are memImages.
+type memIndex struct {
+	mediaType types.MediaType
+	manifest  []byte
+	images    map[v1.Hash]v1.Image
+}
+
+func (m *memIndex) MediaType() (types.MediaType, error) { return m.mediaType, nil }
+func (m *memIndex) RawManifest() ([]byte, error)        { return m.manifest, nil }
+func (m *memIndex) Size() (int64, error)                { return int64(len(m.manifest)), nil }
+func (m *memIndex) Digest() (v1.Hash, error) {
+	h, _, err := v1.SHA256(bytes.NewReader(m.manifest))
+	return h, err
+}
+func (m *memIndex) IndexManifest() (*v1.IndexManifest, error) {
+	return v1.ParseIndexManifest(bytes.NewReader(m.manifest))
+}
+func (m *memIndex) Image(h v1.Hash) (v1.Image, error) {
+	img, ok := m.images[h]
+	if !ok {
+		return nil, fmt.Errorf("oci: no image with digest %s in the index", h)
+	}
+	return img, nil
+}
+func (m *memIndex) ImageIndex(h v1.Hash) (v1.ImageIndex, error) {
+	return nil, fmt.Errorf("oci: nested index %s: only indexes of images are read", h)
+}
+
+// materializeIndex copies an index of images into memory.
+func materializeIndex(idx v1.ImageIndex) (v1.ImageIndex, error) {
+	mt, err := idx.MediaType()
+	if err != nil {
+		return nil, fmt.Errorf("oci: read index media type: %w", err)
+	}
+	raw, err := idx.RawManifest()
+	if err != nil {
+		return nil, fmt.Errorf("oci: read index: %w", err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("oci: parse index: %w", err)
+	}
+	mem := &memIndex{mediaType: mt, manifest: raw, images: map[v1.Hash]v1.Image{}}
+	for _, d := range im.Manifests {
+		if !d.MediaType.IsImage() {
+			return nil, fmt.Errorf("oci: index entry %s is %s; only images are read", d.Digest, d.MediaType)
+		}
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("oci: image %s: %w", d.Digest, err)
+		}
+		if mem.images[d.Digest], err = materialize(img); err != nil {
+			return nil, err
+		}
+	}
+	return mem, nil
+}

@@ -48,6 +48,14 @@ const (
 	VariantCompat = "compat"
 	// TitleAnnotation is the standard OCI title annotation.
 	TitleAnnotation = "org.opencontainers.image.title"
+	// VersionAnnotation and RevisionAnnotation are the standard OCI
+	// annotations for the release version and the source commit.
+	VersionAnnotation  = "org.opencontainers.image.version"
+	RevisionAnnotation = "org.opencontainers.image.revision"
+	// EnvoyVariantAnnotation names the module's Envoy variant (standard or
+	// envoy-compat; see internal/buildinfo), so an image in a registry says
+	// which Envoy it is for.
+	EnvoyVariantAnnotation = "io.github.kvroute.envoy-variant"
 )
 
 // wasmMagic is the first eight bytes of every binary Wasm module (version 1).

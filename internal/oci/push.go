@@ -19,9 +19,16 @@ type PushOptions struct {
 	Keychain authn.Keychain
 }
 
-// Push uploads img to ref (registry/repository:tag or @digest) and returns
-// the reference by digest, which is what manifests should pin.
-func Push(ctx context.Context, ref string, img v1.Image, opts PushOptions) (name.Digest, error) {
+// Pushable is an image (v1.Image) or an image index (v1.ImageIndex).
+type Pushable interface {
+	remote.Taggable
+	Digest() (v1.Hash, error)
+}
+
+// Push uploads img, an image or an image index, to ref
+// (registry/repository:tag or @digest) and returns the reference by digest,
+// which is what manifests should pin.
+func Push(ctx context.Context, ref string, img Pushable, opts PushOptions) (name.Digest, error) {
 	var nameOpts []name.Option
 	if opts.Insecure {
 		nameOpts = append(nameOpts, name.Insecure)
@@ -34,7 +41,7 @@ func Push(ctx context.Context, ref string, img v1.Image, opts PushOptions) (name
 	if kc == nil {
 		kc = authn.DefaultKeychain
 	}
-	if err := remote.Write(r, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc)); err != nil {
+	if err := remote.Push(r, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc)); err != nil {
 		return name.Digest{}, fmt.Errorf("oci: push %s: %w", r, err)
 	}
 	d, err := img.Digest()

@@ -22,6 +22,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
@@ -518,8 +519,8 @@ func TestVLLMPrefillFailuresFallBackToDecode(t *testing.T) {
 				if m := r.header.Get(markerHeader); m != "fallback="+tc.reason {
 					t.Errorf("marker %q, want fallback=%s", m, tc.reason)
 				}
-				if got := counter(s.host, "kvroute.pd.fallback."+tc.reason); got != 1 {
-					t.Errorf("kvroute.pd.fallback.%s = %d, want 1", tc.reason, got)
+				if got := counter(s.host, statnames.Tagged(statnames.PD, statnames.TagReason, tc.reason, "fallbacks")); got != 1 {
+					t.Errorf("kvroute.pd.fallbacks{kvroute_reason=%s} = %d, want 1", tc.reason, got)
 				}
 				if got := counter(s.host, "kvroute.pd.requests.disaggregated"); got != 0 {
 					t.Errorf("disaggregated = %d", got)
@@ -617,7 +618,7 @@ func TestSGLangPrefillFailureFallsBackToDecode(t *testing.T) {
 			if m := r.header.Get(markerHeader); m != "fallback=prefill_error" {
 				t.Errorf("marker %q, want fallback=prefill_error", m)
 			}
-			if got := counter(s.host, "kvroute.pd.fallback.prefill_error"); got != 1 {
+			if got := counter(s.host, statnames.Tagged(statnames.PD, statnames.TagReason, "prefill_error", "fallbacks")); got != 1 {
 				t.Errorf("fallback.prefill_error = %d", got)
 			}
 			if got := counter(s.host, "kvroute.pd.requests.late_fallback"); got != 1 {
@@ -666,7 +667,7 @@ func TestSGLangPrefillTimeout(t *testing.T) {
 	if m := r.header.Get(markerHeader); m != "fallback=prefill_timeout" {
 		t.Errorf("marker %q", m)
 	}
-	if got := counter(s.host, "kvroute.pd.fallback.prefill_timeout"); got != 1 {
+	if got := counter(s.host, statnames.Tagged(statnames.PD, statnames.TagReason, "prefill_timeout", "fallbacks")); got != 1 {
 		t.Errorf("fallback.prefill_timeout = %d", got)
 	}
 }
@@ -695,7 +696,7 @@ func TestWithoutAllowOnHeadersStopIterationGoesDecodeOnly(t *testing.T) {
 	if dec := s.decode.inference(); len(dec) != 1 || string(dec[0].body) != body {
 		t.Errorf("decode did not get the client's body")
 	}
-	if got := counter(s.host, "kvroute.pd.fallback.no_body"); got != 1 {
+	if got := counter(s.host, statnames.Tagged(statnames.PD, statnames.TagReason, "no_body", "fallbacks")); got != 1 {
 		t.Errorf("fallback.no_body = %d", got)
 	}
 	if len(s.host.LogsContaining("allow_on_headers_stop_iteration")) == 0 {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kvroute/kvroute/internal/buildinfo"
 )
 
 // envoyCompat describes the -envoy-compat build variant.
@@ -35,6 +37,16 @@ const firstFixedEnvoyMinor = 39
 // oldestGoWasip1EnvoyMinor is the first Envoy 1.x release that loads Go
 // wasip1 (wasmexport) modules at all.
 const oldestGoWasip1EnvoyMinor = 33
+
+// variant is the build's entry in buildinfo.Variants.
+func (c envoyCompat) variant() buildinfo.Variant {
+	name := buildinfo.VariantStandard
+	if c.enabled {
+		name = buildinfo.VariantEnvoyCompat
+	}
+	v, _ := buildinfo.LookupVariant(name)
+	return v
+}
 
 func parseEnvoyCompat(s string) (envoyCompat, error) {
 	s = strings.TrimPrefix(strings.TrimSpace(s), "v")

@@ -20,7 +20,12 @@
 //
 // Usage (what `make wasm` runs):
 //
-//	go run ./internal/wasmbuild -out dist/kvroute.wasm [-envoy-compat 1.33]
+//	go run ./internal/wasmbuild [-envoy-compat 1.35] [-out FILE]
+//
+// Each variant has its own default file (dist/kvroute.wasm,
+// dist/kvroute-envoy-compat.wasm), so building one never replaces the other,
+// and the module records its version, revision, Go version and variant in a
+// kvroute.buildinfo custom section (`kvroute version FILE.wasm` reads it).
 package main
 
 import (
@@ -30,6 +35,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kvroute/kvroute/internal/buildinfo"
 )
 
 // mainPackage is the Wasm main package: it registers the root contexts in init().
@@ -37,8 +44,8 @@ const mainPackage = "./filter/module"
 
 func main() {
 	var (
-		out         = flag.String("out", "dist/kvroute.wasm", "where to write the module")
-		envoyCompat = flag.String("envoy-compat", "", "build for an older Envoy `version` (1.33 to 1.38): tolerate poll_oneoff failures in Go's runtime (golang/go#78513)")
+		out         = flag.String("out", "", "where to write the module (default: dist/kvroute.wasm, or dist/kvroute-envoy-compat.wasm with -envoy-compat)")
+		envoyCompat = flag.String("envoy-compat", "", "build the envoy-compat variant for an older Envoy `version` (1.33 to 1.38): tolerate poll_oneoff failures in Go's runtime (golang/go#78513)")
 		pkg         = flag.String("pkg", mainPackage, "Wasm main package to build")
 		verbose     = flag.Bool("v", false, "print the go build command and the module's imports")
 	)
@@ -81,7 +88,11 @@ func run(ctx context.Context, opt options) error {
 	if err != nil {
 		return err
 	}
-	out := opt.out
+	variant := compat.variant()
+	out, err := outputPath(opt.out, variant)
+	if err != nil {
+		return err
+	}
 	if !filepath.IsAbs(out) {
 		out = filepath.Join(root, out)
 	}
@@ -90,7 +101,9 @@ func run(ctx context.Context, opt options) error {
 	}
 	tmp := fmt.Sprintf("%s.tmp-%d", out, os.Getpid())
 	defer os.Remove(tmp)
-	if err := goBuild(ctx, root, goWork, overlay, opt.pkg, tmp, compat, opt.verbose); err != nil {
+	info := buildinfo.Source(ctx, root)
+	info.Variant = variant.Name
+	if err := goBuild(ctx, root, goWork, overlay, opt.pkg, tmp, info.String()+", "+variant.Describe(), opt.verbose); err != nil {
 		return err
 	}
 	wasm, err := os.ReadFile(tmp)
@@ -101,21 +114,38 @@ func run(ctx context.Context, opt options) error {
 	if err != nil {
 		return fmt.Errorf("%s was built but is not a loadable proxy-wasm module: %w", rel(root, out), err)
 	}
+	if wasm, err = buildinfo.AppendToWasm(wasm, info); err != nil {
+		return err
+	}
+	if err := os.WriteFile(tmp, wasm, 0o644); err != nil {
+		return err
+	}
 	if err := os.Rename(tmp, out); err != nil {
 		return err
 	}
-	variant := "standard (Envoy >= 1.39)"
-	if compat.enabled {
-		variant = fmt.Sprintf("envoy-compat %s (tolerates poll_oneoff failures)", compat.version)
-	}
-	fmt.Printf("wasmbuild: wrote %s (%.1f MB, %s): %d exports, imports %s\n",
-		rel(root, out), float64(len(wasm))/1e6, variant, report.exports, strings.Join(report.importSummary(), ", "))
+	fmt.Printf("wasmbuild: wrote %s (%.1f MB, kvroute %s, %s): %d exports, imports %s\n",
+		rel(root, out), float64(len(wasm))/1e6, info, variant.Describe(), report.exports, strings.Join(report.importSummary(), ", "))
 	if opt.verbose {
 		for _, imp := range report.imports {
 			fmt.Println("  import", imp)
 		}
 	}
 	return nil
+}
+
+// outputPath is where the module goes: out when given, else the variant's
+// own file under dist/. A path named after the other variant's file is
+// refused: it is how a compat build would silently replace the standard one.
+func outputPath(out string, v buildinfo.Variant) (string, error) {
+	if out == "" {
+		return filepath.Join("dist", v.WasmFile), nil
+	}
+	for _, other := range buildinfo.Variants {
+		if other.Name != v.Name && filepath.Base(out) == other.WasmFile {
+			return "", fmt.Errorf("-out %s is the %s module's file name; the %s build goes to %s (or a name of your own)", out, other.Name, v.Name, v.WasmFile)
+		}
+	}
+	return out, nil
 }
 
 func rel(root, path string) string {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/kvroute/kvroute/filter/abibridge"
@@ -215,13 +216,10 @@ func writeOverlay(ctx context.Context, work, sdkDir string, compat envoyCompat) 
 }
 
 // goBuild runs the Wasm build itself.
-func goBuild(ctx context.Context, root, goWork, overlay, pkg, out string, compat envoyCompat, verbose bool) error {
-	variant := "standard"
-	if compat.enabled {
-		variant = "envoy-compat-" + compat.version
-	}
+// The module's main package logs build (its version line) at VM start.
+func goBuild(ctx context.Context, root, goWork, overlay, pkg, out, build string, verbose bool) error {
 	args := []string{"build", "-buildmode=c-shared", "-trimpath", "-overlay", overlay,
-		"-ldflags", "-s -w -X main.buildVariant=" + variant, "-o", out, pkg}
+		"-ldflags", "-s -w -X " + strconv.Quote("main.build="+build), "-o", out, pkg}
 	env := []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0", "GOWORK=" + goWork}
 	if verbose {
 		fmt.Println("wasmbuild:", strings.Join(env, " "), "go", strings.Join(args, " "))

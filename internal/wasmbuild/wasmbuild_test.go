@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/kvroute/kvroute/internal/buildinfo"
+
 	"bytes"
 	"context"
 	"os"
@@ -208,6 +210,14 @@ func TestEnvoyCompatSurvivesFailingPollOneoff(t *testing.T) {
 	}
 	if err := run(ctx, options{out: compat, pkg: gcProbePackage, envoyCompat: "1.33"}); err != nil {
 		t.Fatal(err)
+	}
+
+	for path, want := range map[string]string{standard: buildinfo.VariantStandard, compat: buildinfo.VariantEnvoyCompat} {
+		data, _ := os.ReadFile(path)
+		info, err := buildinfo.FromWasm(data)
+		if err != nil || info.Variant != want || info.Version != buildinfo.Release || info.Go == "" {
+			t.Errorf("%s records %+v (%v), want the %s variant of %s", filepath.Base(path), info, err, want, buildinfo.Release)
+		}
 	}
 
 	died, stderr := gcUnderFailingPoll(t, standard)
