@@ -8,6 +8,9 @@ type MatchStamp struct {
 	age    uint32
 }
 
+// After reports whether s's last block was refreshed later than o's.
+func (s MatchStamp) After(o MatchStamp) bool { return int32(s.age-o.age) > 0 }
+
 // Stamp returns slot's MatchStamp from this Query answer.
 func (m *Matches) Stamp(slot int) MatchStamp {
 	if slot < 0 || slot >= len(m.Blocks) || m.Blocks[slot] == 0 {

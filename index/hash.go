@@ -60,6 +60,27 @@ func (c HashConfig) withDefaults() HashConfig {
 	return c
 }
 
+// WithDefaults returns c with its zero fields set to the defaults, as the
+// index and the Hasher use it.
+func (c HashConfig) WithDefaults() HashConfig { return c.withDefaults() }
+
+// BlockSizeAt returns the canonical byte length of block i of a chain.
+func (c HashConfig) BlockSizeAt(i int) int { return c.withDefaults().blockSize(i) }
+
+// BlocksIn returns how many leading blocks of a chain lie wholly within
+// its first chars canonical bytes: the depth a prefix of that length
+// reaches (a count of cached tokens times the characters per token, say).
+func (c HashConfig) BlocksIn(chars int) int {
+	c = c.withDefaults()
+	n := 0
+	for end := 0; ; n++ {
+		end += c.blockSize(n)
+		if end > chars || n >= 1<<20 {
+			return n
+		}
+	}
+}
+
 // blockSize returns the byte length of block i.
 func (c HashConfig) blockSize(i int) int {
 	if c.LevelBlocks < 0 {

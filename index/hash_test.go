@@ -208,3 +208,20 @@ func TestHasherAllocatesNothingWhenWarm(t *testing.T) {
 		t.Fatalf("%v allocations per prompt, want 0", n)
 	}
 }
+
+// BlocksIn inverts the block sizes: blocks double every LevelBlocks, and a
+// partial block does not count.
+func TestBlocksIn(t *testing.T) {
+	c := HashConfig{BlockChars: 10, LevelBlocks: 2, MaxLevel: 2}
+	// sizes 10 10 20 20 40 40 40 ...; ends 10 20 40 60 100 140 180
+	for _, tc := range []struct{ chars, want int }{
+		{0, 0}, {9, 0}, {10, 1}, {39, 2}, {40, 3}, {60, 4}, {99, 4}, {100, 5}, {180, 7}, {-5, 0},
+	} {
+		if got := c.BlocksIn(tc.chars); got != tc.want {
+			t.Errorf("BlocksIn(%d) = %d, want %d", tc.chars, got, tc.want)
+		}
+	}
+	if got := (HashConfig{BlockChars: 8, LevelBlocks: -1}).BlocksIn(100); got != 12 {
+		t.Errorf("fixed blocks: BlocksIn(100) = %d, want 12", got)
+	}
+}

@@ -63,7 +63,9 @@ type ProfileSpec struct {
 	Index        *IndexHint
 	// TrustFeedback: see Profile.TrustFeedback.
 	TrustFeedback bool
-	path          string
+	// CorrectIndex: see Profile.CorrectIndex.
+	CorrectIndex bool
+	path         string
 }
 
 // IndexHint tells the index owner (filter or simulator) how the strategy
@@ -367,6 +369,7 @@ func parseProfile(name, path string, raw json.RawMessage, errs *errList) (Profil
 	p.Picker, _ = o.str("picker")
 	p.AllowHotspot, _ = o.boolean("allowHotspot")
 	p.TrustFeedback, _ = o.boolean("trustFeedback")
+	p.CorrectIndex, _ = o.boolean("correctIndex")
 	if raw, ok := o.take("index"); ok {
 		if io, ok := decodeObject(path+".index", raw, errs); ok {
 			hint := &IndexHint{}
@@ -683,7 +686,8 @@ func (b *builder) profile(spec *ProfileSpec) *Profile {
 		return p
 	}
 	path := spec.path
-	prof := &Profile{Name: spec.Name, AllowHotspot: spec.AllowHotspot, Index: spec.Index, TrustFeedback: spec.TrustFeedback}
+	prof := &Profile{Name: spec.Name, AllowHotspot: spec.AllowHotspot, Index: spec.Index, TrustFeedback: spec.TrustFeedback,
+		CorrectIndex: spec.CorrectIndex}
 	if len(spec.Filters) == 0 && len(spec.Scorers) == 0 && spec.Picker == "" {
 		b.errs.add(path, "empty profile: list filters, scorers and a picker (or use a preset strategy)")
 		b.profiles[spec.Name] = prof

@@ -46,7 +46,7 @@ var presetConfigs = map[string]string{
 		            {"plugin": "kv_utilization", "weight": 1.5},
 		            {"plugin": "prefix_memory", "weight": 1.5},
 		            {"plugin": "session_affinity", "weight": 1.5}],
-		"picker": "max_score"}}}`,
+		"picker": "max_score", "correctIndex": true}}}`,
 	"sglang_cache_aware": `{"profiles": {"sglang_cache_aware": {
 		"filters": ["healthy", "role", "model"], "picker": "sglang_cache_aware"}}}`,
 	// GIE / llm-d default scheduling profile: prefix-cache-scorer 3,

@@ -30,6 +30,12 @@ type Profile struct {
 	// (cached_tokens): an index that over-believes a host stops pulling
 	// traffic there. Peer emulations leave it off; they have no such loop.
 	TrustFeedback bool
+	// CorrectIndex asks the router to correct the index when an engine
+	// confirms fewer cached tokens than predicted (index.Correct): the
+	// host's least recently used blocks, up to the shortfall, stop
+	// counting. kvroute's default profile sets it; peer emulations leave it
+	// off, as their routers have no such loop.
+	CorrectIndex bool
 
 	// screen stands for the leading per-host filters (see screen); the
 	// builder prepares it.
@@ -210,6 +216,12 @@ func (h *Handler) ReadsLatency() bool {
 		}
 	}
 	return false
+}
+
+// CorrectIndex reports whether a profile of h asks for the index to be
+// corrected by the engines' cached_tokens (Profile.CorrectIndex).
+func (h *Handler) CorrectIndex() bool {
+	return h.Decode.CorrectIndex || h.Prefill != nil && h.Prefill.CorrectIndex
 }
 
 // ReadsPrefixMemory reports whether a profile of h scores hosts by the

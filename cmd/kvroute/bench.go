@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -37,6 +38,8 @@ type benchOptions struct {
 	parallel   int
 	config     string
 	sessions   bool
+	noCorrect  bool
+	cacheState string
 	top        fleet.Topology
 	spread     string
 	reports    bool
@@ -76,6 +79,8 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
 	f.BoolVar(&o.sessions, "trace-sessions", false, "give trace requests a session id derived from their first hash id (the trace has none)")
+	f.StringVar(&o.cacheState, "cache-state", "approximate", "how routers learn the engines' caches: approximate (their own routing and the engines' cached_tokens) or precise (the engines' KV events too, bridged by the metrics service)")
+	f.BoolVar(&o.noCorrect, "no-correct", false, "do not correct the index when an engine confirms fewer cached tokens than predicted")
 	f.IntVar(&o.top.Gateways, "gateways", 1, "gateway replicas behind the load balancer (docs/topology.md)")
 	f.IntVar(&o.top.Workers, "workers", 1, "Envoy workers per gateway, each its own Wasm VM sharing the gateway's shared data")
 	f.StringVar(&o.spread, "spread", "random", "how connections reach gateways and workers: random (a cloud load balancer, SO_REUSEPORT) or round_robin")
@@ -96,6 +101,12 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	}
 	if o.rateScale <= 0 {
 		return fmt.Errorf("--rate-scale must be positive, got %g", o.rateScale)
+	}
+	if o.cacheState == "" {
+		o.cacheState = "approximate"
+	}
+	if !slices.Contains(fleet.CacheStates, o.cacheState) {
+		return fmt.Errorf("--cache-state %q: want one of %s", o.cacheState, strings.Join(fleet.CacheStates, ", "))
 	}
 	switch o.spread {
 	case "random", "":
@@ -127,7 +138,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 		return fmt.Errorf("--out %s: %w", o.out, err)
 	}
-	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof}
+	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof, NoCorrect: o.noCorrect}
 	if o.config != "" {
 		if sopt.Config, err = os.ReadFile(o.config); err != nil {
 			return fmt.Errorf("--config: %w", err)
@@ -166,7 +177,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := report.WritePNG(png); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %d gateways x %d workers\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.top.Gateways, o.top.Workers)
+	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %d gateways x %d workers, %s cache state\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.top.Gateways, o.top.Workers, o.cacheState)
 	report.Markdown(stdout)
 	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
 	for i, name := range names {
@@ -180,7 +191,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 // with its own fleet and router) and computes the fleet's ceiling.
 func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
 	report := &benchreport.Report{
-		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated",
+		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated", CacheState: o.cacheState,
 		Gateways: o.top.Gateways, Workers: o.top.Workers,
 		Results: make([]benchreport.Result, len(names)),
 	}
@@ -209,6 +220,12 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				errs[i] = err
 				return
 			}
+			if o.cacheState == "precise" {
+				if router, err = fleet.NewPrecise(router); err != nil {
+					errs[i] = err
+					return
+				}
+			}
 			last := 0
 			res, err := fleet.Run(fleet.Config{
 				Replicas: o.replicas, Profile: prof,
@@ -224,8 +241,8 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 				return
 			}
 			report.Results[i] = toResult(name, res)
-			if rr, ok := router.(*fleet.RealRouter); ok {
-				pe := rr.Stats().PredictionError()
+			if st, ok := fleet.RouterStats(router); ok {
+				pe := st.PredictionError()
 				report.Results[i].PredictionError = &pe
 			}
 			walls[i] = res.Wall

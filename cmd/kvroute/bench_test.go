@@ -165,6 +165,7 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		"unknown strategy":       {trace: "x", replicas: 2, strategies: "round_robin,fastest", rateScale: 1},
 		"unknown engine profile": {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "tpu"},
 		"open trace":             {trace: filepath.Join(t.TempDir(), "missing.jsonl"), replicas: 2, strategies: "round_robin", rateScale: 1},
+		"--cache-state":          {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, cacheState: "exact"},
 		"--spread":               {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, spread: "sticky"},
 		"--gateways":             {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, top: fleet.Topology{Gateways: 1000}},
 	}
@@ -189,6 +190,30 @@ func TestBenchGeneratedWorkload(t *testing.T) {
 	validateBenchJSON(t, raw, []string{"round_robin", "kv_cache_aware"}, 4)
 	if !strings.Contains(string(raw), `"trace": "workload:shared-prefix"`) {
 		t.Fatalf("trace field does not name the workload:\n%s", raw[:200])
+	}
+}
+
+// --cache-state precise runs the same strategies with the engines' KV
+// events bridged into the index, and says so in the results.
+func TestBenchPreciseCacheState(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "precise.json")
+	var stdout bytes.Buffer
+	err := runBench(benchOptions{workload: "shared-prefix", replicas: 4, strategies: "kv_cache_aware",
+		out: out, rateScale: 1, seed: 3, limit: 400, cacheState: "precise"}, &stdout, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(out)
+	validateBenchJSON(t, raw, []string{"kv_cache_aware"}, 4)
+	var rep benchreport.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.CacheState != "precise" || rep.Results[0].PredictionError == nil {
+		t.Fatalf("cache_state %q, prediction_error %v", rep.CacheState, rep.Results[0].PredictionError)
+	}
+	if !strings.Contains(stdout.String(), "precise cache state") {
+		t.Errorf("the table's header does not say the cache state:\n%s", stdout.String())
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/spf13/pflag"
 
@@ -220,5 +221,43 @@ func TestOCIPushToLocalRegistry(t *testing.T) {
 	v3, _ := name.ParseReference(host+"/kvroute/filter:v3", name.Insecure)
 	if _, err := remote.Image(v3); err == nil {
 		t.Error("a failed push still created filter:v3")
+	}
+}
+
+// TestOCIPushesTheMetricsImageIndex: the archive make image writes (an
+// image index, one image per platform) goes up as that index, pinned at its
+// own digest.
+func TestOCIPushesTheMetricsImageIndex(t *testing.T) {
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+
+	idx, err := oci.BinaryIndex([]oci.Binary{
+		{Platform: v1.Platform{OS: "linux", Architecture: "amd64"}, Data: []byte("amd64 binary")},
+		{Platform: v1.Platform{OS: "linux", Architecture: "arm64", Variant: "v8"}, Data: []byte("arm64 binary")},
+	}, oci.BinaryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "kvroute-metrics-oci.tar")
+	if err := oci.WriteIndexArchiveFile(archive, idx, "kvroute-metrics:v0"); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := idx.Digest()
+	stdout, err := runCLI(t, "oci", "push", "--insecure", "--archive", archive, host+"/kvroute-metrics:v0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout, "@"+want.String()) || !strings.Contains(stdout, "linux/amd64, linux/arm64/v8") {
+		t.Errorf("push output does not pin the index %s for both platforms:\n%s", want, stdout)
+	}
+	ref, _ := name.ParseReference(host+"/kvroute-metrics:v0", name.Insecure)
+	pulled, err := remote.Index(ref)
+	if err != nil {
+		t.Fatalf("the registry holds no index at the tag: %v", err)
+	}
+	if got, _ := pulled.Digest(); got != want {
+		t.Errorf("pulled index %s, pushed %s", got, want)
 	}
 }

@@ -1,3 +1,5 @@
+//go:build !metricsonly
+
 package main
 
 import (

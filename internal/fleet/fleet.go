@@ -48,6 +48,13 @@ type StateObserver interface {
 	ObserveState(states []sim.Stats, now time.Duration)
 }
 
+// KVEventObserver receives every engine's KV events: one msgpack
+// EventBatch per engine step, byte for byte as vLLM's ZMQ publisher sends
+// it (kvevents.Encoder). The payload is valid until the call returns.
+type KVEventObserver interface {
+	KVEvents(replica int, payload []byte, now time.Duration)
+}
+
 // Scheduler is a router with timed work of its own in virtual time (the
 // gateways' reports to the metrics service, a push that arrives late):
 // Run hands it the loop's scheduler before the first request. Work set
@@ -168,6 +175,9 @@ func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
 	l, err := newLoop(cfg, w, stateObs)
 	if err != nil {
 		return nil, err
+	}
+	if kv, ok := router.(KVEventObserver); ok {
+		l.observeKV(kv)
 	}
 	if sc, ok := router.(Scheduler); ok {
 		sc.Start(l.background)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -33,6 +34,11 @@ type loop struct {
 	done   int
 	last   time.Duration // latest completion
 	obs    StateObserver
+	// kv, when set, receives every engine's KV events as vLLM publishes
+	// them (one msgpack EventBatch per engine step, in the map layout on
+	// even replicas and the array layout on odd ones).
+	kv   KVEventObserver
+	encs []kvevents.Encoder
 
 	arrive func(idx int, now time.Duration) error
 	token  func(ri int, er *sim.Request, idx int, now time.Duration)
@@ -192,11 +198,46 @@ func (l *loop) run() (*Result, error) {
 					return nil, err
 				}
 			}
+			if l.kv != nil {
+				l.publish(ri, now)
+			}
 			l.step(rp, now)
 		}
 	}
 	l.res.totals(l.reps, l.last-w.Requests[0].Arrival, start)
 	return l.res, nil
+}
+
+// observeKV makes the engines log their KV events for kv.
+func (l *loop) observeKV(kv KVEventObserver) {
+	l.kv = kv
+	l.encs = make([]kvevents.Encoder, len(l.reps))
+	for i, rp := range l.reps {
+		rp.eng.EnableKVEvents()
+		if i%2 == 1 {
+			l.encs[i].Layout = kvevents.ArrayLayout
+		}
+	}
+}
+
+// publish sends replica ri's KV events of the step that ended at now as
+// one EventBatch, encoded as vLLM's publisher encodes it.
+func (l *loop) publish(ri int, now time.Duration) {
+	evs := l.reps[ri].eng.TakeKVEvents()
+	if len(evs) == 0 {
+		return
+	}
+	enc := &l.encs[ri]
+	for _, ev := range evs {
+		switch ev.Kind {
+		case sim.KVStored:
+			enc.Stored(kvevents.StoredEvent{Hashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
+				BlockSize: ev.BlockSize, Tokens: ev.BlockSize * len(ev.Hashes)})
+		case sim.KVRemoved:
+			enc.Removed(ev.Hashes)
+		}
+	}
+	l.kv.KVEvents(ri, enc.Batch(now.Seconds()), now)
 }
 
 // engineRequest is request idx of w as an engine receives it at now, its

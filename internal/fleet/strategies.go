@@ -29,6 +29,9 @@ type StrategyOptions struct {
 	// Envoy filter) whose "strategy", "plugins" and "profiles" are used;
 	// the strategy name then selects among its profiles and the presets.
 	Config []byte
+	// NoCorrect leaves the index uncorrected by the engines' cached_tokens
+	// (router.Config.NoCorrect).
+	NoCorrect bool
 }
 
 // NewStrategy returns a router for a bench strategy over n replicas. Every
@@ -92,7 +95,7 @@ func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.
 	a.hasher = index.NewHasher(ix.Config().Hash)
 	// Session pins and prefix memory in shared data, as the filter keeps
 	// them: one table per gateway whatever its worker count.
-	a.r = router.New(router.Config{Handler: h, Index: ix, Seed: max(opt.Seed, 1), Shared: shared})
+	a.r = router.New(router.Config{Handler: h, Index: ix, Seed: max(opt.Seed, 1), Shared: shared, NoCorrect: opt.NoCorrect})
 	a.hosts = make([]scorer.Host, n)
 	for i := range a.hosts {
 		if err := a.r.Register(fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), &a.hosts[i]); err != nil {

@@ -153,8 +153,23 @@ func baseFiles() []layerFile {
 
 // gzipLayer packs files into a gzip tar layer with fixed times.
 func gzipLayer(files []layerFile) (v1.Layer, error) {
+	data, err := gzipTar(files, gzip.DefaultCompression)
+	if err != nil {
+		return nil, err
+	}
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(data)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+}
+
+// gzipTar returns files as a gzip-compressed tar with fixed times and
+// owners, so its bytes depend only on the files (reproducible digests).
+func gzipTar(files []layerFile, level int) ([]byte, error) {
 	var buf bytes.Buffer
-	gz := gzip.NewWriter(&buf)
+	gz, err := gzip.NewWriterLevel(&buf, level)
+	if err != nil {
+		return nil, err
+	}
 	tw := tar.NewWriter(gz)
 	for _, f := range files {
 		hdr := &tar.Header{Name: f.name, Mode: f.mode, Uid: f.uid, Gid: f.gid, ModTime: epoch, Format: tar.FormatPAX, Typeflag: tar.TypeReg, Size: int64(len(f.data))}
@@ -174,8 +189,5 @@ func gzipLayer(files []layerFile) (v1.Layer, error) {
 	if err := gz.Close(); err != nil {
 		return nil, fmt.Errorf("oci: write layer: %w", err)
 	}
-	data := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(data)), nil
-	}, tarball.WithMediaType(types.OCILayer))
+	return buf.Bytes(), nil
 }

@@ -85,6 +85,10 @@ type Ticket struct {
 	// others it would cost each request a second token count (two calls,
 	// one through an interface, in Wasm) for nothing.
 	predictedRaw int
+	// stamp is the index's answer for the host whose cache the request
+	// used (stampRef), kept for Correct when the engine confirms less.
+	stamp    index.MatchStamp
+	stampRef index.HostRef
 }
 
 // hold is what one request added to one host's counters, so that exactly
@@ -143,6 +147,13 @@ type Config struct {
 	Shared index.Store
 	// Seed seeds the decision randomness (0: random).
 	Seed uint64
+	// NoCorrect keeps the index as routing wrote it when an engine
+	// confirms fewer cached tokens than predicted, whatever the profile.
+	// Under a profile with CorrectIndex (kvroute's default) the host's
+	// least recently used blocks, up to the shortfall and no newer than the
+	// prediction's last block, otherwise stop counting (index.Correct): the
+	// engine evicted them, so its LRU evicted everything older too.
+	NoCorrect bool
 }
 
 // Router makes decisions and keeps the books.
@@ -160,9 +171,11 @@ type Router struct {
 	req       scorer.Request
 	matches   index.Matches
 	loads     []index.Load
-	local     []localLoad // by slot: KV footprint, and all counters without an index
-	addrs     []string    // slot addresses without an index
-	trust     []float64   // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	local     []localLoad        // by slot: KV footprint, and all counters without an index
+	addrs     []string           // slot addresses without an index
+	trust     []float64          // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
+	correct   bool               // Correct the index on over-predictions (Config.NoCorrect unset)
+	corrected []index.MatchStamp // by slot: the stamp of the last correction
 	stats     Stats
 }
 
@@ -172,7 +185,8 @@ type localLoad struct {
 
 // New returns a Router for cfg.
 func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory()}
+	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory(),
+		correct: !cfg.NoCorrect && cfg.Index != nil && cfg.Handler.CorrectIndex()}
 	if r.sessions == nil {
 		if cfg.Shared != nil {
 			r.sessions = NewSharedSessions(cfg.Shared)
@@ -380,6 +394,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 			hb, cached := req.Matched(t.Host)
 			t.PredictedCachedTokens = cached
+			if queried && hb > 0 {
+				t.stamp, t.stampRef = r.matches.Stamp(h.Slot), index.HostRef{Slot: h.Slot, Gen: h.Gen}
+			}
 			if learn {
 				t.predictedRaw = tokensIn(in, hb) // see Ticket.predictedRaw
 			}
@@ -497,6 +514,9 @@ func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, re
 	t.PrefillAddress = p.Address
 	pb, pcached := r.req.Matched(prefill)
 	t.PredictedCachedTokens = pcached
+	if queried && pb > 0 {
+		t.stamp, t.stampRef = r.matches.Stamp(p.Slot), index.HostRef{Slot: p.Slot, Gen: p.Gen}
+	}
 	if r.handler.Decode.TrustFeedback {
 		t.predictedRaw = tokensIn(in, pb) // see Ticket.predictedRaw
 	}
@@ -709,6 +729,9 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 		switch {
 		case t.PredictedCachedTokens > cachedTokens+slack:
 			r.stats.OverPredicted++
+			if r.correct && t.stamp.Blocks > 0 {
+				r.correctIndex(t, cachedTokens)
+			}
 		case t.PredictedCachedTokens+slack < cachedTokens:
 			r.stats.UnderPredicted++
 		}
@@ -719,6 +742,32 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	t.done = true
 	r.release(&t.prefill)
 	r.release(&t.decode)
+}
+
+// correctIndex tells the index that t's host held only cachedTokens of
+// the prefix it predicted (see Config.NoCorrect). Out of end's line
+// (noinline): most responses confirm their prediction.
+//
+//go:noinline
+func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
+	// One correction per host per stamp: a correction evicts what the
+	// host last used before its stamp, so a later over-prediction whose
+	// prediction is no newer (a hot prompt, refreshed at most once per
+	// Config.TouchAfterMs) finds nothing more to evict, and each
+	// correction costs three shared-data calls.
+	slot := t.stampRef.Slot
+	for slot >= len(r.corrected) {
+		r.corrected = append(r.corrected, index.MatchStamp{})
+	}
+	if last := r.corrected[slot]; last.Blocks != 0 && !t.stamp.After(last) {
+		return
+	}
+	r.corrected[slot] = t.stamp
+	hc := r.ix.Config().Hash
+	confirmed := hc.BlocksIn(cachedTokens * hc.CharsPerToken)
+	if _, err := r.ix.Correct(t.stampRef, t.stamp, confirmed); err != nil {
+		r.stats.IndexErrors++
+	}
 }
 
 // AppendExplain appends the one-line explanation of the last decision's

@@ -403,3 +403,42 @@ func TestPredictionErrorDoesNotCancel(t *testing.T) {
 		t.Error("PredictionError without confirmed tokens")
 	}
 }
+
+// TestFeedbackCorrectsTheIndex: a host that confirms none of a predicted
+// prefix had evicted it, and under LRU everything it last used earlier
+// too: that older chain stops counting (unless NoCorrect), while the
+// request's own chain, just computed, stays.
+func TestFeedbackCorrectsTheIndex(t *testing.T) {
+	for _, noCorrect := range []bool{false, true} {
+		now := int64(1 << 30)
+		ix, err := index.New(&index.MemStore{}, index.Config{Shards: 1024, Now: func() int64 { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1, NoCorrect: noCorrect})
+		hs := registered(t, r, 1)
+		in := func(p uint64) *Input { return &Input{PromptTokens: 640, MaxTokens: 1, Chain: chain(p, 10)} }
+		serve := func(p uint64, cached int) Ticket {
+			tk, _ := r.Decide(in(p), hs)
+			r.Finish(&tk, cached)
+			now += 3000 // past a usage bucket and the touch interval
+			return tk
+		}
+		serve(1, 0)                                             // C: oldest
+		serve(2, 0)                                             // A
+		serve(3, 0)                                             // B
+		if tk := serve(2, 0); tk.PredictedCachedTokens != 640 { // A again: the engine had evicted it
+			t.Fatalf("A predicted %d, want 640", tk.PredictedCachedTokens)
+		}
+		c := serve(1, 0)
+		if noCorrect && c.PredictedCachedTokens != 640 {
+			t.Errorf("NoCorrect: C predicted %d, want 640 (uncorrected)", c.PredictedCachedTokens)
+		}
+		if !noCorrect && c.PredictedCachedTokens != 0 {
+			t.Errorf("C predicted %d after the engine showed it evicted newer blocks, want 0", c.PredictedCachedTokens)
+		}
+		if b := serve(3, 640); b.PredictedCachedTokens != 640 {
+			t.Errorf("noCorrect=%v: B (newer than A's stamp) predicted %d, want 640", noCorrect, b.PredictedCachedTokens)
+		}
+	}
+}

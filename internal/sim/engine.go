@@ -106,6 +106,7 @@ type Engine struct {
 	schedN   []int
 	result   StepResult
 	infinite bool
+	events   []KVEvent // KV events since TakeKVEvents (EnableKVEvents)
 }
 
 // Option adjusts an Engine.
@@ -315,12 +316,68 @@ func (e *Engine) schedule(s *seq, n int) {
 }
 
 // registerFull publishes the sequence's newly completed prompt blocks in the
-// prefix cache.
+// prefix cache. With KV events on, each run of newly cached blocks is one
+// BlockStored whose parent is the block before the run, as vLLM reports
+// them.
 func (e *Engine) registerFull(s *seq) {
 	full := min(s.computed/e.prof.BlockSize, len(s.r.BlockHashes), len(s.blocks))
+	run := -1 // index of the open BlockStored in e.events
 	for ; s.registered < full; s.registered++ {
-		e.kv.register(s.blocks[s.registered], s.r.BlockHashes[s.registered])
+		i := s.registered
+		h := s.r.BlockHashes[i]
+		if !e.kv.register(s.blocks[i], h) {
+			run = -1
+			continue
+		}
+		if e.kv.events == nil {
+			continue
+		}
+		if run < 0 {
+			ev := KVEvent{Kind: KVStored, BlockSize: e.prof.BlockSize}
+			if i > 0 {
+				ev.Parent, ev.HasParent = s.r.BlockHashes[i-1], true
+			}
+			e.events = append(e.events, ev)
+			run = len(e.events) - 1
+		}
+		e.events[run].Hashes = append(e.events[run].Hashes, h)
 	}
+}
+
+// KVEventKind is the type of a KVEvent.
+type KVEventKind uint8
+
+const (
+	KVStored KVEventKind = iota
+	KVRemoved
+)
+
+// KVEvent is one change of the prefix cache as vLLM publishes it: blocks
+// stored (with the block before them, their parent) or evicted. Hashes are
+// the engine's own block hashes (Request.BlockHashes).
+type KVEvent struct {
+	Kind      KVEventKind
+	Hashes    []uint64
+	Parent    uint64
+	HasParent bool
+	BlockSize int
+}
+
+// EnableKVEvents makes the engine log its prefix cache's changes for
+// TakeKVEvents, as vLLM does with --kv-events-config. Off by default: the
+// log costs an allocation per stored run.
+func (e *Engine) EnableKVEvents() {
+	if e.kv.events == nil {
+		e.kv.events = &e.events
+	}
+}
+
+// TakeKVEvents returns the events logged since the last call, oldest
+// first, and starts a new log. The slice is the caller's.
+func (e *Engine) TakeKVEvents() []KVEvent {
+	ev := e.events
+	e.events = nil
+	return ev
 }
 
 func (e *Engine) preempt(s *seq) {

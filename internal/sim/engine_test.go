@@ -260,3 +260,54 @@ func TestDecodeThroughputNearPublishedFigure(t *testing.T) {
 		t.Fatalf("%.0f output tok/s, published figure about 12,500", tokPerS)
 	}
 }
+
+// TestKVEventsMirrorTheCache: replaying an engine's KV events into a set
+// yields exactly the blocks its prefix cache holds, with each stored run's
+// parent the block before it.
+func TestKVEventsMirrorTheCache(t *testing.T) {
+	p := testProfile(t)
+	p.NumGPUBlocksOverride = 8
+	e := NewEngine(p)
+	e.EnableKVEvents()
+	held := map[uint64]bool{}
+	now := time.Duration(0)
+	a := chain(1, 1, 4, 4)
+	for i, ch := range [][]uint64{a, chain(1, 2, 2, 4), chain(3, 1, 4, 4), a} {
+		e.Add(&Request{PromptTokens: 64, BlockHashes: ch, MaxTokens: 1, Arrival: now})
+		now = runAlone(e, now)
+		for _, ev := range e.TakeKVEvents() {
+			switch ev.Kind {
+			case KVStored:
+				first := ev.Hashes[0]
+				k := 0
+				for k < len(ch) && ch[k] != first {
+					k++
+				}
+				if k == len(ch) || (k == 0) == ev.HasParent || k > 0 && ev.Parent != ch[k-1] || ev.BlockSize != p.BlockSize {
+					t.Fatalf("request %d: stored event %+v does not continue its chain at its parent", i, ev)
+				}
+				for _, h := range ev.Hashes {
+					held[h] = true
+				}
+			case KVRemoved:
+				for _, h := range ev.Hashes {
+					if !held[h] {
+						t.Fatalf("request %d: removed %x, never stored", i, h)
+					}
+					delete(held, h)
+				}
+			}
+		}
+		if len(held) != e.Stats().CachedBlocks {
+			t.Fatalf("after request %d: events say %d blocks, the cache holds %d", i, len(held), e.Stats().CachedBlocks)
+		}
+		for h := range held {
+			if _, ok := e.kv.byHash[h]; !ok {
+				t.Fatalf("after request %d: events say %x is held, the cache does not", i, h)
+			}
+		}
+	}
+	if len(e.TakeKVEvents()) != 0 {
+		t.Error("TakeKVEvents did not start a new log")
+	}
+}

@@ -12,6 +12,9 @@ type kvCache struct {
 	nFree    int
 	used     int // blocks with ref > 0
 	infinite bool
+	// events, when non-nil, receives the cache's changes as vLLM's KV
+	// events report them (see Engine.EnableKVEvents).
+	events *[]KVEvent
 }
 
 type kvBlock struct {
@@ -130,6 +133,9 @@ func (c *kvCache) allocate(n int, dst []int32) []int32 {
 		if b.hashed {
 			if j, ok := c.byHash[b.hash]; ok && j == i {
 				delete(c.byHash, b.hash)
+				if c.events != nil {
+					c.removed(b.hash)
+				}
 			}
 			b.hashed = false
 		}
@@ -142,13 +148,26 @@ func (c *kvCache) allocate(n int, dst []int32) []int32 {
 
 // register marks block i as holding the content identified by hash, so later
 // requests can hit it. A hash already held by another block keeps that one.
-func (c *kvCache) register(i int32, hash uint64) {
+// It reports whether the hash is newly cached.
+func (c *kvCache) register(i int32, hash uint64) bool {
 	if _, ok := c.byHash[hash]; ok {
-		return
+		return false
 	}
 	b := &c.blocks[i]
 	b.hash, b.hashed = hash, true
 	c.byHash[hash] = i
+	return true
+}
+
+// removed logs an evicted hash, merged into the previous event when that
+// was an eviction too (vLLM reports a step's evictions together).
+func (c *kvCache) removed(hash uint64) {
+	ev := *c.events
+	if n := len(ev); n > 0 && ev[n-1].Kind == KVRemoved {
+		ev[n-1].Hashes = append(ev[n-1].Hashes, hash)
+		return
+	}
+	*c.events = append(ev, KVEvent{Kind: KVRemoved, Hashes: []uint64{hash}})
 }
 
 // release drops one reference from each block. Freed blocks are queued in
