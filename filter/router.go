@@ -942,7 +942,9 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
 	}
-	if !p.servesModel(req.Model) {
+	// The first candidate serves the model in nearly every fleet: only
+	// another answer enters servesModel's loop.
+	if h := p.firstHost(); h != nil && h.Model != "" && h.Model != req.Model && !p.servesModel(req.Model) {
 		return s.modelNotFound(req.Model)
 	}
 	in := router.Input{
@@ -980,11 +982,23 @@ func (s *routerStream) unparsable(perr *requestError) types.Action {
 	return s.reject(perr)
 }
 
+// firstHost is the first candidate, nil with none. Small enough to be
+// inlined into routeBody.
+func (p *routerPlugin) firstHost() *scorer.Host {
+	if len(p.hosts) == 0 {
+		return nil
+	}
+	return &p.hosts[0]
+}
+
 // servesModel reports whether some candidate serves model (a host that
 // declares no model serves any; an adapter a host lists counts as a model
 // it serves). With no candidates at all (no push yet) nothing is known,
 // and Envoy's fallback policy picks as before. It stops at the first host
-// that serves the model: in a fleet of one model, the first.
+// that serves the model. Out of line (noinline): routeBody enters it only
+// when the first candidate does not serve the model.
+//
+//go:noinline
 func (p *routerPlugin) servesModel(model string) bool {
 	if model == "" || len(p.hosts) == 0 {
 		return true
