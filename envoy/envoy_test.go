@@ -8,6 +8,7 @@
 package envoy_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kvroute/kvroute/internal/manifests"
 )
@@ -68,6 +71,9 @@ func TestManifests(t *testing.T) {
 			}
 			if name != "kubernetes/metrics.yaml" && len(res.Plugins) == 0 {
 				t.Fatal("no kvroute plugin configuration found")
+			}
+			if err := secretsArePlaceholders(res); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
@@ -140,7 +146,10 @@ func TestBrokenManifestsNameTheField(t *testing.T) {
 				t.Fatalf("the test's anchor %q is not in %s any more: update the case", c.old, c.file)
 			}
 			broken := strings.Replace(data, c.old, c.new, 1)
-			_, err := manifests.Check(c.file, []byte(broken))
+			res, err := manifests.Check(c.file, []byte(broken))
+			if err == nil {
+				err = secretsArePlaceholders(res)
+			}
 			if err == nil {
 				t.Fatalf("breaking %s (%q -> %q) was not detected", c.file, c.old, c.new)
 			}
@@ -179,4 +188,25 @@ func TestWasmModuleStaysLight(t *testing.T) {
 			}
 		}
 	}
+}
+
+// secretsArePlaceholders: a shipped Secret carries a placeholder the user
+// replaces, never what looks like a real token (a rule for the files in
+// this repository, not for a user's, which `kvroute validate` checks).
+func secretsArePlaceholders(res *manifests.Result) error {
+	for _, o := range res.Objects {
+		s, ok := o.Value.(*corev1.Secret)
+		if !ok {
+			continue
+		}
+		for k, v := range s.StringData {
+			if !strings.Contains(v, "REPLACE") {
+				return fmt.Errorf("%s: stringData.%s must be a REPLACE-ME placeholder, never a real token", o.Where, k)
+			}
+		}
+		if len(s.Data) > 0 {
+			return fmt.Errorf("%s: data: ship the token as a stringData placeholder, never encoded", o.Where)
+		}
+	}
+	return nil
 }

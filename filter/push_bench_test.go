@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -102,5 +103,66 @@ func BenchmarkStatePushApply(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkStatePushInWasm measures applying a push inside the built
+// module (dist/kvroute.wasm, or KVROUTE_WASM), two workers taking streams
+// in turn: each iteration pushes a snapshot of n hosts (worker A validates,
+// stores and applies it), then sends a request to worker B, which applies
+// the push first unless its tick already did, then one to A, which has
+// nothing to apply. Reported per push, in ms: push, first (B's request)
+// and request (A's), and first/request, the apply's cost as a multiple of
+// a routed request measured in the same run.
+func BenchmarkStatePushInWasm(b *testing.B) {
+	for _, n := range []int{16, 128, 1000} {
+		b.Run(fmt.Sprintf("hosts=%d", n), func(b *testing.B) {
+			engines := jsonUpstreams(b, 2, benchCompletion)
+			// The engines lead every snapshot; the other hosts are down,
+			// so requests go to the engines.
+			bodies := make([]string, 8)
+			for j := range bodies {
+				hs := make([]string, 0, n)
+				for i := 0; i < n; i++ {
+					if i < len(engines) {
+						hs = append(hs, fmt.Sprintf(`{"address":%q,"waiting":%d}`, engines[i], j%3))
+						continue
+					}
+					hs = append(hs, fmt.Sprintf(`{"address":"10.%d.%d.%d:8000","healthy":false,"waiting":%d,"running":%d,"kvUsage":0.%d,"blockSize":16,"numGpuBlocks":4096}`,
+						i>>16, i>>8&255, i&255, (i+j)%7, (i*j)%5, (i+j)%9))
+				}
+				bodies[j] = strings.Join(hs, ",")
+			}
+			_, url := startRouter(b, engines, 2, `,"fallbacks":0,"state":{"token":"`+stateToken+`"}`)
+			auth := map[string]string{"authorization": "Bearer " + stateToken}
+			ts := time.Now().Add(-time.Hour).UnixMilli()
+			timed := func(u, body string, hdr map[string]string) float64 {
+				start := time.Now()
+				if code, resp, _ := call(b, "POST", u, body, hdr); code != 200 {
+					b.Fatalf("%s: %d %s", u, code, resp)
+				}
+				return float64(time.Since(start).Microseconds()) / 1000
+			}
+			push := func(j int) float64 {
+				ts++
+				return timed(url+"/.kvroute/v1/state", fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, ts, bodies[j%len(bodies)]), auth)
+			}
+			// Warm both workers (the first push registers every host).
+			for j := 0; j < 4; j++ {
+				push(j)
+				timed(url+"/v1/completions", completion, nil)
+			}
+			var pushMs, firstMs, reqMs float64
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				pushMs += push(i)                                        // worker A
+				firstMs += timed(url+"/v1/completions", completion, nil) // worker B
+				reqMs += timed(url+"/v1/completions", completion, nil)   // worker A
+			}
+			b.ReportMetric(pushMs/float64(b.N), "push-ms")
+			b.ReportMetric(firstMs/float64(b.N), "first-ms")
+			b.ReportMetric(reqMs/float64(b.N), "request-ms")
+			b.ReportMetric(firstMs/reqMs, "first/request")
+		})
 	}
 }

@@ -65,6 +65,10 @@ type routerPlugin struct {
 	fateNow     int64
 	kept        []departure
 	housekeptAt int64
+	// slotGens is, per slot, the generation of the host this worker last
+	// gave it to (0: none), so that a slot reassigned drops what the
+	// router learned about its previous host (Router.ForgetSlot).
+	slotGens [index.MaxSlots]uint32
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	keyChain   [1]uint64  // a header-only request's chain: its prefix key's hash
@@ -343,6 +347,14 @@ func (p *routerPlugin) syncSlots() bool {
 		h := &p.hosts[i]
 		if r := refs[i]; err == nil || r.Slot >= 0 {
 			h.Slot, h.Gen = r.Slot, r.Gen
+		}
+		if h.Slot >= 0 && h.Slot < len(p.slotGens) && p.slotGens[h.Slot] != h.Gen {
+			// Another host than this worker last saw holds the slot: what
+			// the router learned about the previous one must not carry over.
+			if p.slotGens[h.Slot] != 0 {
+				p.rt.ForgetSlot(h.Slot)
+			}
+			p.slotGens[h.Slot] = h.Gen
 		}
 	}
 	if res.Unassigned > 0 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/simserver"
+	"github.com/kvroute/kvroute/internal/v8host"
 	"github.com/kvroute/kvroute/internal/wasmhost"
 )
 
@@ -275,5 +278,92 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 	}
 	if got := h.CounterValue("kvroute.router.host_slots.freed"); got < int64(pushes*perPush-2*perPush) {
 		t.Errorf("host_slots.freed = %d after %d addresses", got, pushes*perPush)
+	}
+}
+
+// v8Call posts body to url on a connection of its own: the V8 host keeps
+// a connection on one worker, so successive calls go to the workers in
+// turn.
+func v8Call(t *testing.T, url, body string, hdr map[string]string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("content-type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	req.Close = true
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The churn in V8 (Envoy's default engine), two workers writing the slot
+// table under the host's CAS: after 10,000 addresses the engines pushed
+// last get slots and prefix matching, and an older push is refused.
+func TestV8PushChurnFreesHostSlots(t *testing.T) {
+	needV8(t)
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	engines := f.Addrs()
+	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: engines, Workers: 2,
+		Configuration: `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"` + stateToken + `"}}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	state := h.Filtered + "/.kvroute/v1/state"
+	const perPush = 60
+	pushes := (10000 + perPush - 1) / perPush
+	ts := time.Now().Add(-time.Duration(pushes) * time.Millisecond).UnixMilli()
+	for k := 0; k < pushes; k++ {
+		ts++
+		if code, body := v8Call(t, state, pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
+			t.Fatalf("push %d: %d %s", k, code, body)
+		}
+	}
+	if code, body := v8Call(t, state, pushBody(ts-1000, engines...), auth); code != 409 {
+		t.Errorf("a push older than the state in force: %d %s, want 409", code, body)
+	}
+	if code, body := v8Call(t, state, pushBody(ts+1, engines...), auth); code != 200 {
+		t.Fatalf("last push: %d %s", code, body)
+	}
+	prompt := chatBody(systemPrompt(3), "the same question")
+	for i := 0; i < 4; i++ {
+		if code, body := v8Call(t, h.Filtered+"/v1/chat/completions", prompt, nil); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	st, err := h.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Metrics["kvroute.router.predicted_cached_tokens"].Value == 0 {
+		t.Error("a repeated prompt was predicted no cached tokens: the engines pushed last get no prefix matching")
+	}
+	if got := st.Metrics["kvroute.router.host_slots.freed"].Value; got < float64(pushes*perPush-2*perPush) {
+		t.Errorf("host_slots.freed = %v after %d addresses", got, pushes*perPush)
+	}
+	if got := st.Metrics["kvroute.router.state.rejected_older"].Value; got != 1 {
+		t.Errorf("state.rejected_older = %v, want 1", got)
+	}
+	ix, err := index.New(v8Store{h}, index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range engines {
+		if _, ok := ix.Lookup(a); !ok {
+			t.Errorf("engine %s has no index slot", a)
+		}
+	}
+	if n := ix.Slots(); n > 2*perPush+1 {
+		t.Errorf("the slot table has %d slots for %d hosts at a time", n, perPush)
+	}
+	waitLoadsZero(t, v8Store{h})
+	if st.Traps != 0 {
+		t.Errorf("traps: %d %v", st.Traps, st.LastErrors)
 	}
 }

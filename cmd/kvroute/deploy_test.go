@@ -26,6 +26,13 @@ func TestShippedMetricsDeploymentArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkMetricsArgs(t, res)
+}
+
+// checkMetricsArgs parses the args of the `kvroute metrics` Deployment in
+// res with the command's own flags and checks what the wiring needs.
+func checkMetricsArgs(t *testing.T, res *manifests.Result) {
+	t.Helper()
 	var args []string
 	for _, o := range res.Objects {
 		if d, ok := o.Value.(*appsv1.Deployment); ok {

@@ -79,7 +79,7 @@ func TestValidateBrokenCopies(t *testing.T) {
 		}},
 		{"../../envoy/kubernetes/metrics.yaml", []breakage{
 			{"      serviceAccountName: kvroute-metrics", "      serviceAccount_name: kvroute-metrics", "spec.template.spec.serviceAccount_name"},
-			{"  token: REPLACE-WITH-STATE-TOKEN", "  token: s3cr3t", "stringData.token"},
+			{"          secretName: kvroute-state-token", "          secretName: kvroute-token", "spec.template.spec.volumes[0].secret.secretName"},
 		}},
 		{"../../testdata/plugin-config/router-full.json", []breakage{
 			{`"fallbacks": 2`, `"fallbacks": 99`, "fallbacks"},

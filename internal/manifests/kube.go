@@ -143,8 +143,6 @@ func checkKubernetes(r *report, data []byte) *Result {
 		switch v := obj.Value.(type) {
 		case *IstioObject:
 			checkIstio(r, res, obj, v)
-		case *corev1.Secret:
-			checkSecretPlaceholder(r, obj, v)
 		}
 	}
 	checkEnvoyGateway(r, res)
@@ -226,17 +224,4 @@ func typeErrPath(err error) string {
 		return m[1]
 	}
 	return ""
-}
-
-// checkSecretPlaceholder refuses a shipped Secret that carries what looks
-// like a real token: manifests ship a placeholder the user replaces.
-func checkSecretPlaceholder(r *report, obj Object, s *corev1.Secret) {
-	for k, v := range s.StringData {
-		if !strings.Contains(v, "REPLACE") {
-			r.add(obj.Doc, key("stringData", k), "must be a REPLACE-ME placeholder, never a real token")
-		}
-	}
-	if len(s.Data) > 0 {
-		r.add(obj.Doc, "data", "ship the token as a stringData placeholder, never encoded")
-	}
 }

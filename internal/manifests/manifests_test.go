@@ -47,7 +47,6 @@ func TestRefusals(t *testing.T) {
 		"unknown k8s field":  {"apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a}\nsecret: []\n", `yaml:4: secret: unknown field`},
 		"istio spec field":   {"apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: a}\nspec: {urll: x}\n", "urll"},
 		"wasm plugin no url": {"apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: a}\nspec: {pluginName: x}\n", "spec.url"},
-		"real secret":        {"apiVersion: v1\nkind: Secret\nmetadata: {name: a}\nstringData: {token: abc}\n", "placeholder"},
 		"envoy bad duration": {"static_resources: {clusters: [{name: a, connect_timeout: soon}]}\n", `yaml:1: static_resources.clusters[0].connect_timeout: invalid google.protobuf.Duration value "soon"`},
 		"envoy unknown":      {"static_resources: {clusterz: []}\n", "clusterz"},
 		"envoy any type":     {"static_resources: {listeners: [{name: l, address: {socket_address: {address: 0.0.0.0, port_value: 1}}, filter_chains: [{filters: [{name: f, typed_config: {'@type': type.googleapis.com/nope.Nope}}]}]}]}\n", "nope.Nope"},

@@ -680,6 +680,18 @@ func (r *Router) learnTrust(t *Ticket, cached int) {
 	}
 }
 
+// ForgetSlot drops what the router learned about the host in slot (its
+// trust in the index's predictions): call it when the slot is given to
+// another host, which must not inherit the previous one's record. The
+// load counters need nothing: they follow the slot's generation.
+func (r *Router) ForgetSlot(slot int) {
+	r.mu.Lock()
+	if slot >= 0 && slot < len(r.trust) {
+		r.trust[slot] = 0
+	}
+	r.mu.Unlock()
+}
+
 // growTrust extends the trust table to hold slot. It runs once per slot,
 // so it is kept out of learnTrust's line (noinline), like growLocal.
 //

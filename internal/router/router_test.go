@@ -272,6 +272,44 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 	r.Release(&tk)
 }
 
+// A slot given to a new host (the old one left the candidate set) does
+// not carry the old host's learned trust: ForgetSlot drops it.
+func TestForgetSlotDropsTheOldHostsTrust(t *testing.T) {
+	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
+		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix := newIndex(t)
+	r := New(Config{Handler: h, Index: ix, Seed: 1})
+	old := registered(t, r, 1)
+	in := &Input{PromptTokens: 1000, Chain: chain(6, 10)}
+	for i := 0; i < 31; i++ {
+		tk, _ := r.Decide(in, old)
+		r.Feedback(&tk, 100) // the engine only ever had a tenth
+		r.Release(&tk)
+	}
+	if err := ix.Remove(old[0].Address); err != nil {
+		t.Fatal(err)
+	}
+	next := make([]scorer.Host, 1)
+	if err := r.Register("10.0.9.1:8000", &next[0]); err != nil || next[0].Slot != old[0].Slot {
+		t.Fatalf("the new host got slot %d (%v), want the freed %d", next[0].Slot, err, old[0].Slot)
+	}
+	r.ForgetSlot(next[0].Slot)
+	t0, _ := r.Decide(in, next)
+	r.Release(&t0)
+	tk, _ := r.Decide(in, next)
+	r.Release(&tk)
+	if tk.PredictedCachedTokens != 1000 {
+		t.Errorf("the new host's prediction is %d, want 1000: it inherited the old host's trust", tk.PredictedCachedTokens)
+	}
+}
+
 func TestPrefixMemoryTable(t *testing.T) {
 	var m prefixMemory
 	turn1 := chain(7, 20)

@@ -78,7 +78,8 @@ func (f *FileToken) Token() (string, error) {
 type GatewayStats struct {
 	URL        string
 	OK, Failed uint64
-	// Failures by reason: "connect", "timeout", "unauthorized", "status", "token".
+	// Failures by reason: "connect", "timeout", "unauthorized", "older"
+	// (the gateway holds a newer snapshot: 409), "status", "token".
 	FailedBy map[string]uint64
 	// Consecutive failures since the last success.
 	Consecutive int
@@ -274,6 +275,8 @@ func (p *Pusher) send(ctx context.Context, url string, body []byte) (reason stri
 		return "", nil
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		return "unauthorized", fmt.Errorf("gateway refused the state token (%s): make the service's token match the gateway plugin's state token", resp.Status)
+	case resp.StatusCode == http.StatusConflict:
+		return "older", fmt.Errorf("gateway holds a newer snapshot than this one (%s): another metrics service pushes to it, or this host's clock runs behind the one that pushed it: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return "status", fmt.Errorf("gateway answered %s: %s", resp.Status, strings.TrimSpace(string(msg)))
 }

@@ -93,8 +93,10 @@ func TestPushTokenAndIsolation(t *testing.T) {
 	failing.status.Store(500)
 	slow := newGateway(t, "s3cret")
 	slow.delay.Store(int64(time.Hour))
+	newer := newGateway(t, "s3cret") // holds a newer snapshot: refuses with 409
+	newer.status.Store(409)
 
-	p := New([]string{slow.url(), failing.url(), wrongTok.url(), good.url()}, StaticToken("s3cret"), nil, quiet())
+	p := New([]string{slow.url(), failing.url(), wrongTok.url(), good.url(), newer.url()}, StaticToken("s3cret"), nil, quiet())
 	p.Timeout = 3 * time.Second
 	p.MinBackoff = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
@@ -113,7 +115,7 @@ func TestPushTokenAndIsolation(t *testing.T) {
 
 	waitFor(t, "failures counted", 10*time.Second, func() bool {
 		st := p.Stats()
-		return st[0].FailedBy["timeout"] >= 1 && st[1].FailedBy["status"] >= 2 && st[2].FailedBy["unauthorized"] >= 2
+		return st[0].FailedBy["timeout"] >= 1 && st[1].FailedBy["status"] >= 2 && st[2].FailedBy["unauthorized"] >= 2 && st[4].FailedBy["older"] >= 2
 	})
 	st := p.Stats()
 	if st[3].OK < 2 || st[3].Failed != 0 {
