@@ -258,7 +258,10 @@ func TestWasmCodeFootprint(t *testing.T) {
 			}
 		}
 	}
-	const maxDistinct, maxBytes, maxCalls = 141, 127 << 10, 600
+	// The gateway-wide prefix memory (docs/topology.md: one shared-data
+	// bucket read per lookup, one compare-and-set per new route) is 3
+	// functions, about 7 KB of them and about 10 more calls.
+	const maxDistinct, maxBytes, maxCalls = 141, 133 << 10, 615
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}

@@ -197,12 +197,15 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
 		}
 	}
-	ix, err := index.New(&sharedStore{emulated: emulatedHost}, index.Config{})
+	store := &sharedStore{emulated: emulatedHost}
+	ix, err := index.New(store, index.Config{})
 	if err != nil {
 		return nil, err
 	}
 	p.ix = ix
-	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix})
+	// Session pins and prefix memory in shared data too: every worker of
+	// the gateway routes a conversation's next turn alike (docs/topology.md).
+	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix, Shared: store})
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()

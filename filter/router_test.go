@@ -481,17 +481,7 @@ func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
 	if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
 		t.Fatalf("push: %+v", r)
 	}
-	respond := func(id uint32) string {
-		d := destination(host, id)
-		status := "200"
-		if d == broken {
-			status = "503"
-		}
-		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
-		host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
-		host.CompleteHttpContext(id)
-		return d
-	}
+	respond := func(id uint32) string { return answer(host, id, broken) }
 	for i := 0; i < 12; i++ { // the broken host fails twice: its breaker opens
 		id, _ := post(host, completion)
 		respond(id)
@@ -754,16 +744,7 @@ func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	t.Cleanup(func() { clock = nil })
 	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
 	bad := "10.0.0.2:8000"
-	respond := func(id uint32) {
-		d := destination(host, id)
-		status := "200"
-		if d == bad {
-			status = "503"
-		}
-		_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
-		host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
-		host.CompleteHttpContext(id)
-	}
+	respond := func(id uint32) { answer(host, id, bad) }
 	sentToBad := 0
 	for i := 0; i < 12; i++ {
 		id, _ := post(host, completion)

@@ -1,12 +1,9 @@
 package filter
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +14,6 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/v8host"
-	"github.com/kvroute/kvroute/internal/wasmhost"
 )
 
 // churnAddrs returns the n addresses of push number push: every push
@@ -38,10 +34,20 @@ func longPrompt(i int) string {
 }
 
 // finish answers a routed request with 200 from its destination.
-func finish(host proxytest.HostEmulator, id uint32) {
-	_ = host.SetProperty([]string{"upstream", "address"}, []byte(destination(host, id)))
-	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, true)
+func finish(host proxytest.HostEmulator, id uint32) { answer(host, id, "") }
+
+// answer ends a routed request with a response from its destination, 503
+// when that is the failing host, else 200, and returns the destination.
+func answer(host proxytest.HostEmulator, id uint32, failing string) string {
+	d := destination(host, id)
+	status := "200"
+	if d == failing {
+		status = "503"
+	}
+	_ = host.SetProperty([]string{"upstream", "address"}, []byte(d))
+	host.CallOnResponseHeaders(id, [][2]string{{":status", status}}, true)
 	host.CompleteHttpContext(id)
+	return d
 }
 
 // Pod churn: 10,000 distinct addresses pushed 60 at a time, with a
@@ -184,21 +190,7 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 	engines := f.Addrs()
 	// The engines are not among the static endpoints: they first appear
 	// in the last push, when 10,000 addresses have come and gone.
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
-		Module: wasmModule(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
-		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
-			Configuration: `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"` + stateToken + `"}}`}},
-		Clusters: map[string][]string{"engines": engines}, RouteCluster: "engines",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	url := front.URL
+	h, url := startRouterConfig(t, engines, 2, `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"`+stateToken+`"}}`)
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
 	footprint := func() (keys, bytes int) {
 		for _, k := range h.SharedDataKeys() {
@@ -254,8 +246,7 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 	}
 	// Load accounting: the engine's record in the shared load counters is
 	// this incarnation's (the requests were counted there, and given back).
-	var ix *index.Index
-	ix, err = index.New(hostStore{h}, index.Config{})
+	ix, err := index.New(hostStore{h}, index.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,26 +272,6 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 	}
 }
 
-// v8Call posts body to url on a connection of its own: the V8 host keeps
-// a connection on one worker, so successive calls go to the workers in
-// turn.
-func v8Call(t *testing.T, url, body string, hdr map[string]string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
-	req.Header.Set("content-type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	req.Close = true
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // The churn in V8 (Envoy's default engine), two workers writing the slot
 // table under the host's CAS: after 10,000 addresses the engines pushed
 // last get slots and prefix matching, and an older push is refused.
@@ -314,26 +285,29 @@ func TestV8PushChurnFreesHostSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Close)
-	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	// A connection of its own per call: the V8 host keeps a connection on
+	// one worker, so successive calls go to the workers in turn.
+	auth := http.Header{"Authorization": {"Bearer " + stateToken}, "Connection": {"close"}}
+	own := http.Header{"Connection": {"close"}}
 	state := h.Filtered + "/.kvroute/v1/state"
 	const perPush = 60
 	pushes := (10000 + perPush - 1) / perPush
 	ts := time.Now().Add(-time.Duration(pushes) * time.Millisecond).UnixMilli()
 	for k := 0; k < pushes; k++ {
 		ts++
-		if code, body := v8Call(t, state, pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
+		if code, body := v8Post(t, state, pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
 			t.Fatalf("push %d: %d %s", k, code, body)
 		}
 	}
-	if code, body := v8Call(t, state, pushBody(ts-1000, engines...), auth); code != 409 {
+	if code, body := v8Post(t, state, pushBody(ts-1000, engines...), auth); code != 409 {
 		t.Errorf("a push older than the state in force: %d %s, want 409", code, body)
 	}
-	if code, body := v8Call(t, state, pushBody(ts+1, engines...), auth); code != 200 {
+	if code, body := v8Post(t, state, pushBody(ts+1, engines...), auth); code != 200 {
 		t.Fatalf("last push: %d %s", code, body)
 	}
 	prompt := chatBody(systemPrompt(3), "the same question")
 	for i := 0; i < 4; i++ {
-		if code, body := v8Call(t, h.Filtered+"/v1/chat/completions", prompt, nil); code != 200 {
+		if code, body := v8Post(t, h.Filtered+"/v1/chat/completions", prompt, own); code != 200 {
 			t.Fatalf("request %d: %d %s", i, code, body)
 		}
 	}

@@ -91,10 +91,17 @@ func endpointsJSON(addrs []string) string {
 // runs every worker VM.
 func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmhost.Host, string) {
 	t.Helper()
+	return startRouterConfig(t, addrs, workers, "{"+endpointsJSON(addrs)+cfg+"}")
+}
+
+// startRouterConfig is startRouter with the whole plugin configuration
+// given, its endpoints other than the cluster's addresses if need be.
+func startRouterConfig(t testing.TB, addrs []string, workers int, config string) (*wasmhost.Host, string) {
+	t.Helper()
 	h, err := wasmhost.New(context.Background(), wasmhost.Config{
 		Module: wasmModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
-			Configuration: "{" + endpointsJSON(addrs) + cfg + "}"}},
+			Configuration: config}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 	})
 	if err != nil {
@@ -609,5 +616,65 @@ func TestWasmBodyUserPinsAcrossReusedBodies(t *testing.T) {
 		if got := served(user, 5); got != want {
 			t.Errorf("%s went to %s, pinned to %s", user, got, want)
 		}
+	}
+}
+
+// One gateway is one router whatever its worker count: with 2 workers, each
+// conversation's turns handed to the workers in turn and nothing but the
+// session to keep them together (sticky_session, a different prompt each
+// turn), every follow-up reaches the host its session was pinned to,
+// because the pins live in shared data (per-worker tables sent about half
+// of them elsewhere).
+func TestWasmSessionsHoldAcrossWorkers(t *testing.T) {
+	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	h, url := startRouter(t, f.Addrs(), 2, `,"strategy":"sticky_session"`)
+	served := func(session string, turn int) string {
+		body := chatBody(systemPrompt(turn), fmt.Sprintf("turn %d of %s: what next?", turn, session))
+		before := h.UpstreamRequests()
+		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, map[string]string{"x-session-id": session}); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+		for a, n := range h.UpstreamRequests() {
+			if n != before[a] {
+				return a
+			}
+		}
+		t.Fatal("no upstream served the request")
+		return ""
+	}
+	first := map[string]string{}
+	hosts := map[string]bool{}
+	for i := range 20 {
+		s := fmt.Sprintf("conv-%02d", i)
+		first[s] = served(s, 0)
+		hosts[first[s]] = true
+	}
+	moved, followUps := 0, 0
+	for turn := 1; turn <= 3; turn++ {
+		// One request without a session first: each round's turns then
+		// reach the other worker than the round before.
+		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", chatBody(systemPrompt(9), "hello"), nil); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+		for i := range 20 {
+			s := fmt.Sprintf("conv-%02d", i)
+			followUps++
+			if served(s, turn) != first[s] {
+				moved++
+			}
+		}
+	}
+	t.Logf("%d of %d follow-ups left their session's host; first turns on %d hosts", moved, followUps, len(hosts))
+	if moved*20 > followUps {
+		t.Fatalf("%d of %d follow-ups left their session's host (at most 5%% may)", moved, followUps)
+	}
+	pins := 0
+	for _, k := range h.SharedDataKeys() {
+		if strings.HasPrefix(k, "kvroute/sess/") {
+			pins++
+		}
+	}
+	if pins == 0 {
+		t.Fatal("no session pin in shared data")
 	}
 }

@@ -95,6 +95,10 @@ func CheckFile(path string) (*Result, error) {
 // Result holds what decoded, also when there are problems.
 func Check(name string, data []byte) (*Result, error) {
 	r := &report{file: name}
+	if len(bytes.TrimSpace(data)) == 0 {
+		r.add(-1, "", "the file is empty")
+		return &Result{File: name}, r.result(data)
+	}
 	var res *Result
 	switch detect(data) {
 	case kindKubernetes:

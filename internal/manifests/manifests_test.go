@@ -49,6 +49,8 @@ func TestRefusals(t *testing.T) {
 		"wasm plugin no url": {"apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: a}\nspec: {pluginName: x}\n", "spec.url"},
 		"envoy bad duration": {"static_resources: {clusters: [{name: a, connect_timeout: soon}]}\n", `yaml:1: static_resources.clusters[0].connect_timeout: invalid google.protobuf.Duration value "soon"`},
 		"envoy unknown":      {"static_resources: {clusterz: []}\n", "clusterz"},
+		"empty":              {" \n", "the file is empty"},
+		"k8s type, no index": {"apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec:\n  ports:\n  - name: x\n    port: eighty\n", "yaml:7: spec.ports.port: json: cannot unmarshal string"},
 		"envoy any type":     {"static_resources: {listeners: [{name: l, address: {socket_address: {address: 0.0.0.0, port_value: 1}}, filter_chains: [{filters: [{name: f, typed_config: {'@type': type.googleapis.com/nope.Nope}}]}]}]}\n", "nope.Nope"},
 	} {
 		t.Run(name, func(t *testing.T) {

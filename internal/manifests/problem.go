@@ -218,6 +218,22 @@ func (l *locator) line(doc int, path string) int {
 			}
 			n = n.Content[s.idx]
 			line = n.Line
+		case n.Kind == yaml.SequenceNode && !s.isIndex:
+			// A path without the index (encoding/json's type errors): the
+			// first element that has the key.
+			found := false
+			for _, el := range n.Content {
+				if el = deref(el); el.Kind == yaml.MappingNode {
+					if k, v, used := lookup(el, segs[i:]); v != nil {
+						i += used - 1
+						n, line, found = v, k.Line, true
+						break
+					}
+				}
+			}
+			if !found {
+				return line
+			}
 		case n.Kind == yaml.MappingNode && !s.isIndex:
 			k, v, used := lookup(n, segs[i:])
 			if v == nil {

@@ -362,7 +362,13 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		r.loadPin(in.SessionKey)
 	}
 	if r.useMemory {
-		r.lookupMemory(in.Chain)
+		if r.shared != nil {
+			if i := r.shared.lookup(in.Chain, hosts); i >= 0 {
+				req.PrefixAddress = hosts[i].Address
+			}
+		} else {
+			req.PrefixAddress = r.memory.lookup(in.Chain)
+		}
 	}
 
 	// The common single-profile handler's decision without Handler.Run
@@ -386,7 +392,11 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			r.pin(in.SessionKey, h.Address)
 		}
 		if r.useMemory {
-			r.storeMemory(in.Chain, h.Address)
+			if r.shared != nil {
+				r.shared.store(in.Chain, h.Address)
+			} else {
+				r.memory.store(in.Chain, h.Address)
+			}
 		}
 		if res.Disaggregated {
 			r.holdDisaggregated(&t, in, hosts, &res, queried)
@@ -429,16 +439,6 @@ func addRemote(h *scorer.Host) {
 //go:noinline
 func (r *Router) loadPin(key string) {
 	r.req.PinnedAddress, _ = r.sessions.Get(key)
-}
-
-// lookupMemory sets the request's PrefixAddress from the prefix memory,
-// the gateway's when shared, else this Router's.
-func (r *Router) lookupMemory(chain []uint64) {
-	if r.shared != nil {
-		r.req.PrefixAddress = r.shared.lookup(chain)
-		return
-	}
-	r.req.PrefixAddress = r.memory.lookup(chain)
 }
 
 // storeMemory remembers addr for chain in the prefix memory.

@@ -240,9 +240,9 @@ func TestPrefixMemory(t *testing.T) {
 	}
 }
 
-// With trustFeedback, a host whose predictions the engine keeps denying
-// has its predicted matches discounted.
-func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
+// trustHandler is a prefix-affinity profile with trustFeedback on.
+func trustHandler(t *testing.T) *scorer.Handler {
+	t.Helper()
 	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
 		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`))
 	if err != nil {
@@ -252,7 +252,13 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := New(Config{Handler: h, Index: newIndex(t), Seed: 1})
+	return h
+}
+
+// With trustFeedback, a host whose predictions the engine keeps denying
+// has its predicted matches discounted.
+func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
+	r := New(Config{Handler: trustHandler(t), Index: newIndex(t), Seed: 1})
 	hs := registered(t, r, 2)
 	in := &Input{PromptTokens: 1000, Chain: chain(5, 10)}
 	t0, _ := r.Decide(in, hs)
@@ -275,17 +281,8 @@ func TestTrustFeedbackDiscountsOverPredictingHosts(t *testing.T) {
 // A slot given to a new host (the old one left the candidate set) does
 // not carry the old host's learned trust: ForgetSlot drops it.
 func TestForgetSlotDropsTheOldHostsTrust(t *testing.T) {
-	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
-		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ix := newIndex(t)
-	r := New(Config{Handler: h, Index: ix, Seed: 1})
+	r := New(Config{Handler: trustHandler(t), Index: ix, Seed: 1})
 	old := registered(t, r, 1)
 	in := &Input{PromptTokens: 1000, Chain: chain(6, 10)}
 	for i := 0; i < 31; i++ {

@@ -2,10 +2,10 @@ package router
 
 import (
 	"encoding/binary"
-	"errors"
 	"strconv"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // sharedMemory is the prefix memory (see prefixMemory) in shared data, so
@@ -52,50 +52,89 @@ var memoryKeys = func() (k [memoryBuckets]string) {
 
 func newSharedMemory(store index.Store) *sharedMemory {
 	m := &sharedMemory{st: store}
-	m.get, _ = store.(index.AppendGetter)
+	var ok bool
+	if m.get, ok = store.(index.AppendGetter); !ok {
+		m.get = &getAppender{store}
+	}
 	return m
+}
+
+// getAppender is GetAppend over a Store without it.
+type getAppender struct{ s index.Store }
+
+func (g *getAppender) GetAppend(dst []byte, key string) ([]byte, uint32, error) {
+	v, cas, err := g.s.Get(key)
+	if err != nil {
+		return dst, 0, err
+	}
+	return append(dst, v...), cas, nil
 }
 
 func (m *sharedMemory) bucket(chain []uint64) string {
 	return memoryKeys[(chain[memoryMinDepth-1]*0x9e3779b97f4a7c15)>>(64-12)]
 }
 
+// read reads key into m.val (nil when missing) and remembers it for
+// store. Only a store that lost a compare-and-set calls it (noinline:
+// lookup reads inline, and in Wasm each request pays for the code of the
+// functions it enters).
+//
+//go:noinline
 func (m *sharedMemory) read(key string) {
-	var v []byte
-	var cas uint32
-	var err error
-	if m.get != nil {
-		v, cas, err = m.get.GetAppend(m.buf[:0], key)
-		if err == nil {
-			m.buf = v
-		}
+	v, cas, err := m.get.GetAppend(m.buf[:0], key)
+	if err == nil {
+		m.buf = v
 	} else {
-		v, cas, err = m.st.Get(key)
+		v = nil
 	}
 	m.key, m.val, m.cas, m.found = key, v, cas, err == nil
-	if err != nil {
-		m.val = nil
-	}
 }
 
-// lookup returns the host remembered at the deepest of chain's depths
-// (8, 16, 32, ... blocks) that the bucket holds, "" when none.
-func (m *sharedMemory) lookup(chain []uint64) string {
+// lookup returns the position in hosts of the host remembered at the
+// deepest of chain's depths (8, 16, 32, ... blocks) that the bucket holds
+// and that hosts has, -1 when none. Returning a host rather than the
+// stored address allocates nothing.
+func (m *sharedMemory) lookup(chain []uint64, hosts []scorer.Host) int {
 	m.key = ""
 	if len(chain) < memoryMinDepth {
-		return ""
+		return -1
 	}
-	m.read(m.bucket(chain))
-	p := memoryMinDepth
-	for p*2 <= len(chain) {
-		p *= 2
+	key := m.bucket(chain)
+	v, cas, err := m.get.GetAppend(m.buf[:0], key)
+	if err == nil {
+		m.buf = v
+	} else {
+		v = nil
 	}
-	for ; p >= memoryMinDepth; p /= 2 {
-		if a, off, _ := findSession(m.val, chain[p-1]); off >= 0 {
-			return string(a)
+	m.key, m.val, m.cas, m.found = key, v, cas, err == nil
+	if a, _ := deepest(v, chain); a != nil {
+		for i := range hosts {
+			if hosts[i].Address == string(a) {
+				return i
+			}
 		}
 	}
-	return ""
+	return -1
+}
+
+// deepest returns the address of the bucket entry (v) at the deepest of
+// chain's depths, and that depth (nil, 0 when none), in one pass over the
+// bucket.
+func deepest(v []byte, chain []uint64) (addr []byte, depth int) {
+	for i := 0; i+9 <= len(v); {
+		l := int(v[i+8])
+		if i+9+l > len(v) {
+			break
+		}
+		h := binary.LittleEndian.Uint64(v[i:])
+		for p := memoryMinDepth; p <= len(chain); p *= 2 {
+			if chain[p-1] == h && p > depth {
+				addr, depth = v[i+9:i+9+l], p
+			}
+		}
+		i += 9 + l
+	}
+	return addr, depth
 }
 
 // store remembers addr at every depth of chain, newest first in the
@@ -109,69 +148,61 @@ func (m *sharedMemory) store(chain []uint64, addr string) {
 		m.read(key)
 	}
 	for attempt := 0; ; attempt++ {
-		if m.holds(chain, addr) {
-			return
-		}
-		out := m.out[:0]
-		kept := 0
+		// The deepest depth already names addr: the bucket says so
+		// (a sibling prompt may have taken a shallower depth since;
+		// the newest route wins there either way).
 		p := memoryMinDepth
 		for p*2 <= len(chain) {
 			p *= 2
 		}
+		if a, d := deepest(m.val, chain); d == p && string(a) == addr {
+			return
+		}
+		out := m.out[:0]
+		kept := 0
 		for ; p >= memoryMinDepth; p /= 2 {
 			out = binary.LittleEndian.AppendUint64(out, chain[p-1])
 			out = append(out, byte(len(addr)))
 			out = append(out, addr...)
 			kept++
 		}
+		// The older entries follow, less this chain's, copied a run of
+		// kept entries at a time (one copy, not one per entry).
 		v := m.val
-		for i := 0; i+9 <= len(v) && kept < memoryPerBucket; {
+		run := 0 // start of the current run of kept entries
+		i := 0
+		for i+9 <= len(v) && kept < memoryPerBucket {
 			l := int(v[i+8])
 			if i+9+l > len(v) {
 				break
 			}
-			if !onChain(chain, binary.LittleEndian.Uint64(v[i:])) {
-				out = append(out, v[i:i+9+l]...)
+			h, mine := binary.LittleEndian.Uint64(v[i:]), false
+			for p := memoryMinDepth; p <= len(chain); p *= 2 {
+				mine = mine || chain[p-1] == h
+			}
+			if mine {
+				out = append(out, v[run:i]...)
+				run = i + 9 + l
+			} else {
 				kept++
 			}
 			i += 9 + l
 		}
+		out = append(out, v[run:min(i, len(v))]...)
 		m.out = out
 		cas := m.cas
 		if !m.found {
 			cas = ^uint32(0) // create: fails if another worker created it first
 		}
-		err := m.st.Set(key, out, cas)
-		if err == nil {
+		if m.st.Set(key, out, cas) == nil {
 			m.key = ""
 			return
 		}
-		if !errors.Is(err, index.ErrCASMismatch) || attempt == 3 {
+		if attempt == 3 {
 			m.Contended++
 			m.key = ""
 			return
 		}
 		m.read(key)
 	}
-}
-
-// holds reports whether the bucket read maps every depth of chain to addr.
-func (m *sharedMemory) holds(chain []uint64, addr string) bool {
-	for p := memoryMinDepth; p <= len(chain); p *= 2 {
-		a, off, _ := findSession(m.val, chain[p-1])
-		if off < 0 || string(a) != addr {
-			return false
-		}
-	}
-	return true
-}
-
-// onChain reports whether h is one of chain's memory keys.
-func onChain(chain []uint64, h uint64) bool {
-	for p := memoryMinDepth; p <= len(chain); p *= 2 {
-		if chain[p-1] == h {
-			return true
-		}
-	}
-	return false
 }
