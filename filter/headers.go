@@ -66,9 +66,6 @@ func (h *requestHeaders) pick(raw []byte) error {
 		{name: ":method", value: &h.method},
 		{name: "content-length", value: &h.contentLength},
 		{name: h.session, value: &h.sessionKey, found: h.session == ""},
-		{name: h.prefixKeyName, value: &h.prefixKey, found: h.prefixKeyName == ""},
-		{name: h.priorityName, value: &h.priority, found: h.priorityName == ""},
-		{name: h.deadlineName, value: &h.deadline, found: h.deadlineName == ""},
 	}
 	for ; len(sizes) >= 8; sizes = sizes[8:] {
 		k := int(binary.LittleEndian.Uint32(sizes))
@@ -78,21 +75,53 @@ func (h *requestHeaders) pick(raw []byte) error {
 		}
 		name, value := data[:k], data[k+1:k+1+v]
 		data = data[k+v+2:]
-		// The configured headers are read before any header is stripped:
-		// one named x-kvroute-* (the shipped x-kvroute-prefix-key) is
-		// kvroute's to read and then to remove. The destination header is
-		// never one of them (config rejects it).
+		if h.stripped(name) {
+			// The host will no longer answer for it: not picked here (see
+			// pickExtra).
+			h.strip(name, value)
+			continue
+		}
 		for i := range picks {
 			if pk := &picks[i]; !pk.found && headerNameIs(name, pk.name) {
 				*pk.value, pk.found = value, true
 			}
 		}
-		if h.stripped(name) {
-			h.strip(name, value)
-		}
 	}
 	h.read = true
+	if h.extra {
+		h.pickExtra(raw)
+	}
 	return nil
+}
+
+// pickExtra reads, from raw (which pick has checked), the configured
+// headers pick does not: the prefix key and admission's priority and
+// deadline, and a session header named x-kvroute-*. They are read whether
+// or not they are stripped: one named x-kvroute-* (the shipped
+// x-kvroute-prefix-key) is kvroute's to read and then to remove. The
+// destination header is never one of them (config rejects it). Out of
+// pick's line (noinline): the default configuration names none of them,
+// and each function entered costs a request (docs/performance.md).
+//
+//go:noinline
+func (h *requestHeaders) pickExtra(raw []byte) {
+	n := int(binary.LittleEndian.Uint32(raw))
+	sizes, data := raw[4:4+8*n], unsafeString(raw[4+8*n:])
+	var found [4]bool
+	for ; len(sizes) >= 8; sizes = sizes[8:] {
+		k := int(binary.LittleEndian.Uint32(sizes))
+		v := int(binary.LittleEndian.Uint32(sizes[4:]))
+		name, value := data[:k], data[k+1:k+1+v]
+		data = data[k+v+2:]
+		for i, pk := range [...]struct {
+			name  string
+			value *string
+		}{{h.prefixKeyName, &h.prefixKey}, {h.priorityName, &h.priority}, {h.deadlineName, &h.deadline}, {h.session, &h.sessionKey}} {
+			if !found[i] && pk.name != "" && headerNameIs(name, pk.name) && (i < 3 || h.stripped(name)) {
+				*pk.value, found[i] = value, true
+			}
+		}
+	}
 }
 
 // errHeaderMap reports a header map the host serialized wrongly.
@@ -129,8 +158,11 @@ type requestHeaders struct {
 	session     string // the session header's name ("" when off)
 	// The other configured headers the router reads ("" when off): the
 	// client's prefix key (header-only mode) and admission's priority and
-	// deadline, which the operator's Envoy configuration sets.
+	// deadline, which the operator's Envoy configuration sets; extra says
+	// some header is read by pickExtra (these, or a session header named
+	// x-kvroute-*).
 	prefixKeyName, priorityName, deadlineName string
+	extra                                     bool
 
 	read bool // the map was read (false: nothing below was picked)
 	// The first value of :path, :method, content-length and the configured

@@ -87,7 +87,7 @@ func TestRequestHeadersPick(t *testing.T) {
 	}
 	// A configured header that is also an internal one (the shipped
 	// x-kvroute-prefix-key) is read, then removed.
-	h = requestHeaders{destination: "x-gateway-destination-endpoint", session: "x-kvroute-prefill-host", prefixKeyName: "X-Kvroute-Test-Panic"}
+	h = requestHeaders{destination: "x-gateway-destination-endpoint", session: "x-kvroute-prefill-host", prefixKeyName: "X-Kvroute-Test-Panic", extra: true}
 	if err := h.pick(raw); err != nil || h.sessionKey != "10.0.0.9:8000" || h.prefixKey != "recover" || !slices.Contains(h.remove, "x-kvroute-prefill-host") {
 		t.Errorf("session key %q, prefix key %q, removed %q (%v), want both read and removed", h.sessionKey, h.prefixKey, h.remove, err)
 	}

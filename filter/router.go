@@ -72,6 +72,8 @@ type routerPlugin struct {
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	keyChain   [1]uint64  // a header-only request's chain: its prefix key's hash
+	// extraHeaders: the configuration names a header pickExtra reads.
+	extraHeaders bool
 	// The state pull (filter/pull.go): one in flight, when the last began.
 	pulling  bool
 	pulledAt int64
@@ -222,6 +224,9 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		proxywasm.LogWarnf("kvroute.router: setting the tick: %v (departed hosts' index slots are freed on pushes only)", err)
 	}
 	p.adm = newAdmitter(p)
+	p.extraHeaders = !cfg.BodyRouting && cfg.PrefixKeyHeader != "" ||
+		p.adm != nil && (cfg.Admission.PriorityHeader != "" || cfg.Admission.DeadlineHeader != "") ||
+		(&requestHeaders{destination: cfg.DestinationHeader}).stripped(cfg.SessionHeader)
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
@@ -701,11 +706,8 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	cfg := p.cfg // one nil check, not one per field read
 	// The values alias p.hostVal: valid in this callback only.
 	headers := requestHeaders{destination: cfg.DestinationHeader, session: cfg.SessionHeader}
-	if !cfg.BodyRouting {
-		headers.prefixKeyName = cfg.PrefixKeyHeader
-	}
-	if p.adm != nil {
-		headers.priorityName, headers.deadlineName = cfg.Admission.PriorityHeader, cfg.Admission.DeadlineHeader
+	if p.extraHeaders {
+		p.nameExtraHeaders(&headers)
 	}
 	if err := stripRoutingHeaders(&headers, p.hostVal); err != nil {
 		headersError(&headers, err)
@@ -722,7 +724,7 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 		return s.stateHeaders(headers.method, endOfStream)
 	}
 	if !p.isInference(path) {
-		return s.otherPath(path, headers.method, endOfStream)
+		return s.otherPath(path, &headers, endOfStream)
 	}
 	if headers.method != "POST" {
 		return s.badMethod(path)
@@ -747,6 +749,21 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	// allow_on_headers_stop_iteration for the body to arrive before the
 	// headers continue (and for our header change to reach the upstream).
 	return types.ActionPause
+}
+
+// nameExtraHeaders names the configured headers pickExtra reads. Out of
+// line (noinline): the default configuration has none.
+//
+//go:noinline
+func (p *routerPlugin) nameExtraHeaders(h *requestHeaders) {
+	cfg := p.cfg
+	h.extra = true
+	if !cfg.BodyRouting {
+		h.prefixKeyName = cfg.PrefixKeyHeader
+	}
+	if p.adm != nil {
+		h.priorityName, h.deadlineName = cfg.Admission.PriorityHeader, cfg.Admission.DeadlineHeader
+	}
 }
 
 // keepSessionKey copies the session header's value, which outlives the
@@ -806,10 +823,10 @@ func decimal(v string) (int64, bool) {
 // and never forwarded with its token. It and badMethod are kept out of
 // OnHttpRequestHeaders so that the code every routed request runs stays small:
 // each function entered costs a request (docs/performance.md).
-func (s *routerStream) otherPath(path, method string, endOfStream bool) types.Action {
+func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream bool) types.Action {
 	p := s.plugin
 	if samePath(path, p.cfg.State.Path) {
-		return s.stateHeaders(method, endOfStream)
+		return s.stateHeaders(h.method, endOfStream)
 	}
 	if p.cfg.RejectOtherPaths {
 		p.stats.notFound.Increment(1)
@@ -914,12 +931,9 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 
 func (s *routerStream) requestBody(bodySize int, endOfStream bool) types.Action {
 	p := s.plugin
-	if s.stateRequest {
-		return s.stateBody(bodySize, endOfStream)
-	}
 	if !s.awaitingBody {
-		if s.scrub {
-			return s.scrubBody(bodySize, endOfStream)
+		if s.stateRequest || s.scrub {
+			return s.unroutedBody(bodySize, endOfStream)
 		}
 		return types.ActionContinue
 	}
@@ -936,6 +950,19 @@ func (s *routerStream) requestBody(bodySize int, endOfStream bool) types.Action 
 	return action
 }
 
+// unroutedBody is the body callback of a request the router does not decide
+// from its body: a state push, or a body it scrubs (see scrubBody). One
+// call site in requestBody for both: each function entered costs a request
+// (docs/performance.md).
+//
+//go:noinline
+func (s *routerStream) unroutedBody(bodySize int, endOfStream bool) types.Action {
+	if s.stateRequest {
+		return s.stateBody(bodySize, endOfStream)
+	}
+	return s.scrubBody(bodySize, endOfStream)
+}
+
 // routeBody parses the whole request body, decides and sets the
 // destination header (or holds or rejects the request).
 func (s *routerStream) routeBody(bodySize int) types.Action {
@@ -948,19 +975,11 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if perr != nil {
 		return s.unparsable(perr)
 	}
-	if s.panicInBody {
-		hookPanic("recover")
-	}
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
 	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
-	}
-	// The first candidate serves the model in nearly every fleet: only
-	// another answer enters servesModel's loop.
-	if h := p.firstHost(); h != nil && h.Model != "" && h.Model != req.Model && !p.servesModel(req.Model) {
-		return s.modelNotFound(req.Model)
 	}
 	in := router.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
@@ -997,23 +1016,11 @@ func (s *routerStream) unparsable(perr *requestError) types.Action {
 	return s.reject(perr)
 }
 
-// firstHost is the first candidate, nil with none. Small enough to be
-// inlined into routeBody.
-func (p *routerPlugin) firstHost() *scorer.Host {
-	if len(p.hosts) == 0 {
-		return nil
-	}
-	return &p.hosts[0]
-}
-
 // servesModel reports whether some candidate serves model (a host that
 // declares no model serves any; an adapter a host lists counts as a model
 // it serves). With no candidates at all (no push yet) nothing is known,
 // and Envoy's fallback policy picks as before. It stops at the first host
-// that serves the model. Out of line (noinline): routeBody enters it only
-// when the first candidate does not serve the model.
-//
-//go:noinline
+// that serves the model.
 func (p *routerPlugin) servesModel(model string) bool {
 	if model == "" || len(p.hosts) == 0 {
 		return true
@@ -1027,16 +1034,24 @@ func (p *routerPlugin) servesModel(model string) bool {
 	return false
 }
 
-// modelNotFound answers a request for a model no candidate serves, as an
-// OpenAI server does, rather than let it reach an engine serving another
-// model. Out of line: a routed request never enters it.
+// noCandidate handles a decision that every candidate was filtered out of.
+// When no candidate serves the request's model at all, it answers as an
+// OpenAI server does (404 model_not_found) rather than let Envoy's
+// fallback policy send it to an engine serving another model (every preset
+// has the model filter, so such a request ends here); otherwise Envoy's
+// fallback policy picks. Out of route's line (noinline): a routed request
+// never enters it.
 //
 //go:noinline
-func (s *routerStream) modelNotFound(model string) types.Action {
+func (s *routerStream) noCandidate(model string) {
 	p := s.plugin
+	if p.servesModel(model) {
+		p.stats.noCandidate.Increment(1)
+		return
+	}
 	p.stats.notFound.Increment(1)
 	p.stats.modelNotFound.Increment(1)
-	return s.reject(&requestError{Status: 404, Param: "model", Code: "model_not_found",
+	s.reject(&requestError{Status: 404, Param: "model", Code: "model_not_found",
 		Message: "The model '" + model + "' does not exist."})
 }
 
@@ -1050,6 +1065,9 @@ var errClientFields = &requestError{Status: 400, Message: "kv_transfer_params an
 // rarely send those fields.
 func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 	p := s.plugin
+	if s.panicInBody {
+		hookPanic("recover") // test hook: fail open with the fields still in the body
+	}
 	clean := p.parser.withoutClientOnly(body)
 	if err := proxywasm.ReplaceHttpRequestBody(clean); err != nil {
 		proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
@@ -1103,20 +1121,19 @@ func (s *routerStream) decide(in *router.Input) {
 	s.promptTokens = in.PromptTokens
 	// No defer: route cannot panic short of a bug, which the callback's
 	// guard catches, and syncStats catches up with the counters next time.
-	s.route(&res, nowMs)
+	s.route(&res, nowMs, in.Model)
 	p.syncStats()
 }
 
 // route writes the decision's destination header (and the optional ones)
 // and counts the dispatch.
-func (s *routerStream) route(res *scorer.Result, nowMs int64) {
+func (s *routerStream) route(res *scorer.Result, nowMs int64, model string) {
 	p := s.plugin
 	cfg := p.cfg // one nil check, not one per field read
 	t := &s.ticket
 	order := res.Decode.Order
 	if len(order) == 0 {
-		// Every candidate was filtered out: let Envoy's fallback policy pick.
-		p.stats.noCandidate.Increment(1)
+		s.noCandidate(model)
 		return
 	}
 	hosts := p.hosts
@@ -1223,8 +1240,8 @@ func (s *routerStream) failOpenBody() {
 }
 
 // testHook acts on the test hook header (testHooks only): "recover-body"
-// panics in the body callback after the parse, the others at once (see
-// hookPanic). Out of line: production never enables it.
+// panics in the body callback after the parse, when the body holds client
+// P/D fields, the others at once (see hookPanic). Out of line: production never enables it.
 //
 //go:noinline
 func (s *routerStream) testHook(value string) {
