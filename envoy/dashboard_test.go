@@ -164,6 +164,7 @@ func TestDashboardQueriesWhatTheCodeEmits(t *testing.T) {
 		}
 	}
 	queried := 0
+	onDashboard := map[string]bool{}
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
 			metrics, used := promqlRefs(tg.Expr)
@@ -172,6 +173,7 @@ func TestDashboardQueriesWhatTheCodeEmits(t *testing.T) {
 			}
 			for _, m := range metrics {
 				queried++
+				onDashboard[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")] = true
 				if !names[m] {
 					t.Errorf("panel %q queries %s, which no code emits", p.Title, m)
 				}
@@ -181,6 +183,20 @@ func TestDashboardQueriesWhatTheCodeEmits(t *testing.T) {
 					t.Errorf("panel %q uses the label %s, which no emitted metric carries", p.Title, l)
 				}
 			}
+		}
+	}
+	// The other way round: every kvroute stat and service metric has a
+	// panel, so a counter added to the code shows up for operators.
+	var families []string
+	for n := range names {
+		if strings.HasPrefix(n, "kvroute_") && !strings.HasSuffix(n, "_bucket") && !strings.HasSuffix(n, "_sum") && !strings.HasSuffix(n, "_count") {
+			families = append(families, n)
+		}
+	}
+	sort.Strings(families)
+	for _, n := range families {
+		if !onDashboard[n] {
+			t.Errorf("%s is emitted but on no panel of %s: add it to a panel (or a new one)", n, dashboardFile)
 		}
 	}
 	if queried < 20 {

@@ -240,6 +240,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 type candidate struct {
 	address, role, model string
 	adapters             []string
+	maxAdapters          int // adapter slots (0: unknown)
+	adapterSlotsUsed     int
 	healthy              bool
 	waiting, running     int
 	kvUsage              float64
@@ -285,6 +287,7 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 			role = scorer.RoleBoth
 		}
 		h.Role, h.Model, h.Adapters = role, c.model, c.adapters
+		h.MaxAdapters, h.AdapterSlotsUsed = c.maxAdapters, c.adapterSlotsUsed
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
@@ -454,7 +457,8 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
 		capacity := h.BlockSize * h.NumGPUBlocks // tokens
-		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters, healthy: h.Healthy,
+		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters,
+			maxAdapters: h.MaxAdapters, adapterSlotsUsed: h.AdapterSlotsUsed, healthy: h.Healthy,
 			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
 			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
 	}
@@ -984,7 +988,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	in := router.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
-		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher,
+		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher, PromptChars: p.parser.hasher.Len(),
 	}
 	s.streamed = req.Stream
 	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
@@ -1464,6 +1468,12 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 		if chunk, err := p.readBuffer(bodySize, bufferResponseBody, proxywasm.GetHttpResponseBody); err == nil {
 			if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
 				s.cached, s.feedbackSet = n, true
+				// The same usage object's prompt_tokens, when the chunk
+				// holds it and the router samples this request: the
+				// model's characters per token.
+				if s.ticket.SampleUsage() {
+					s.ticket.EnginePromptTokens, _ = lastNumber(chunk, promptTokensKey)
+				}
 			}
 			if !endOfStream {
 				s.tail.keep(chunk)
@@ -1563,12 +1573,27 @@ const tailKeep = 64
 // value found in chunk is the last one (a value across the seam starts
 // before it), so the seam is looked at only when chunk has none.
 func cachedTokens(tail, chunk []byte) (val int, found bool) {
-	for b := chunk; ; {
-		i := indexBytes(b, cachedTokensKey)
+	val, found = lastNumber(chunk, cachedTokensKey)
+	if !found && len(tail) > 0 {
+		return seamCachedTokens(tail, chunk)
+	}
+	return val, found
+}
+
+// promptTokensKey is usage.prompt_tokens (the quote after the name keeps
+// prompt_tokens_details out).
+var promptTokensKey = []byte(`"prompt_tokens":`)
+
+// lastNumber finds the last complete value of key in b: a run of up to 18
+// digits after the key (and optional spaces) that something other than a
+// digit follows.
+func lastNumber(b, key []byte) (val int, found bool) {
+	for {
+		i := indexBytes(b, key)
 		if i < 0 {
-			break
+			return val, found
 		}
-		b = b[i+len(cachedTokensKey):]
+		b = b[i+len(key):]
 		j := 0
 		for j < len(b) && b[j] == ' ' {
 			j++
@@ -1582,10 +1607,6 @@ func cachedTokens(tail, chunk []byte) (val int, found bool) {
 			found, val = true, n
 		}
 	}
-	if !found && len(tail) > 0 {
-		return seamCachedTokens(tail, chunk)
-	}
-	return val, found
 }
 
 // seamCachedTokens finds a cached_tokens value across the seam of two chunks:

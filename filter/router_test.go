@@ -978,3 +978,27 @@ func TestDebugHeaderShowsIndexMatches(t *testing.T) {
 		t.Fatalf("debug header carries prompt text: %q", second)
 	}
 }
+
+// TestUsageCalibratesCharsPerToken: the engine's usage.prompt_tokens,
+// read from the same usage object as cached_tokens, teaches the router the
+// model's characters per token: an engine counting half the tokens the
+// index estimates makes the next request of that model count half.
+func TestUsageCalibratesCharsPerToken(t *testing.T) {
+	host, _ := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
+	prompt := `{"model":"m","max_tokens":16,"prompt":"` + strings.Repeat("You are a helpful assistant. ", 40) + `"}`
+	id, _ := post(host, prompt)
+	est := counter(t, host, "kvroute.router.prompt_tokens")
+	if est < 100 {
+		t.Fatalf("estimated %d prompt tokens", est)
+	}
+	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
+	usage := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":0}}}`, est/2, est/2+1)
+	host.CallOnResponseBody(id, []byte(usage), true)
+	host.CompleteHttpContext(id)
+	id, _ = post(host, prompt)
+	second := counter(t, host, "kvroute.router.prompt_tokens") - est
+	if second < est/2-2 || second > est/2+2 {
+		t.Errorf("after the engine counted %d of the %d estimated tokens, the next request counts %d, want about %d", est/2, est, second, est/2)
+	}
+	host.CompleteHttpContext(id)
+}

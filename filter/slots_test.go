@@ -3,8 +3,11 @@ package filter
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -340,4 +343,131 @@ func TestV8PushChurnFreesHostSlots(t *testing.T) {
 	if st.Traps != 0 {
 		t.Errorf("traps: %d %v", st.Traps, st.LastErrors)
 	}
+}
+
+// blockingUpstream answers only when release is closed.
+func blockingUpstream(t testing.TB) (addr string, release func()) {
+	t.Helper()
+	ch := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		<-ch
+		w.Header().Set("content-type", "application/json")
+		io.WriteString(w, benchCompletion)
+	}))
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(func() { release(); up.Close() })
+	return up.Listener.Addr().String(), release
+}
+
+// tickHost is what departedFreedOnTick needs of a host running the router
+// on one worker: a POST, its shared data and a counter.
+type tickHost struct {
+	post    func(path, body string, hdr map[string]string) int
+	store   index.Store
+	counter func(name string) int64
+}
+
+// departedFreedOnTick checks, in a host with its own ticks, that a host
+// leaving the pushed set while a request is in flight on it keeps its slot,
+// and that once the request ends a tick frees it. The router's only static
+// endpoint is 192.0.2.1:8000; slow blocks until release.
+func departedFreedOnTick(t *testing.T, th tickHost, slow, other string, release func()) {
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	ts := time.Now().UnixMilli()
+	if code := th.post("/.kvroute/v1/state", pushBody(ts, slow), auth); code != 200 {
+		t.Fatalf("push: %d", code)
+	}
+	done := make(chan int)
+	go func() { done <- th.post("/v1/completions", llamaCompletion, nil) }()
+	ix, err := index.New(th.store, index.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inFlight := func() bool {
+		ref, ok := ix.Lookup(slow)
+		l := ix.Loads(nil)
+		return ok && ref.Slot < len(l) && l[ref.Slot].InFlight == 1
+	}
+	for deadline := time.Now().Add(5 * time.Second); !inFlight(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never got in flight on the slow engine")
+		}
+	}
+	freed := th.counter("kvroute.router.host_slots.freed")
+	if code := th.post("/.kvroute/v1/state", pushBody(ts+1, other), auth); code != 200 {
+		t.Fatalf("second push: %d", code)
+	}
+	time.Sleep(1500 * time.Millisecond) // a tick or more
+	if _, ok := ix.Lookup(slow); !ok {
+		t.Fatal("the departed engine lost its slot with a request in flight")
+	}
+	release()
+	select {
+	case code := <-done:
+		if code != 200 {
+			t.Fatalf("the request in flight ended with %d", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request in flight never ended")
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, ok := ix.Lookup(slow); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no tick freed the departed engine's slot after its request ended")
+		}
+	}
+	if got := th.counter("kvroute.router.host_slots.freed"); got != freed+1 {
+		t.Errorf("host_slots.freed went from %d to %d, want one more", freed, got)
+	}
+}
+
+const tickConfig = `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"` + stateToken + `"}}`
+
+// In the built module with wasmhost's ticks.
+func TestWasmDepartedHostSlotFreedOnTick(t *testing.T) {
+	slow, release := blockingUpstream(t)
+	other := jsonUpstreams(t, 1, benchCompletion)[0]
+	h, url := startRouterConfig(t, []string{slow, other}, 1, tickConfig)
+	departedFreedOnTick(t, tickHost{
+		post: func(path, body string, hdr map[string]string) int {
+			code, _, _ := call(t, "POST", url+path, body, hdr)
+			return code
+		},
+		store:   hostStore{h},
+		counter: h.CounterValue,
+	}, slow, other, release)
+}
+
+// In V8, whose ticks are node timers.
+func TestV8DepartedHostSlotFreedOnTick(t *testing.T) {
+	needV8(t)
+	slow, release := blockingUpstream(t)
+	other := jsonUpstreams(t, 1, benchCompletion)[0]
+	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: []string{slow, other}, Configuration: tickConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	departedFreedOnTick(t, tickHost{
+		post: func(path, body string, hdr map[string]string) int {
+			hs := http.Header{"Connection": {"close"}}
+			for k, v := range hdr {
+				hs.Set(k, v)
+			}
+			code, _ := v8Post(t, h.Filtered+path, body, hs)
+			return code
+		},
+		store: v8Store{h},
+		counter: func(name string) int64 {
+			st, err := h.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return int64(st.Metrics[name].Value)
+		},
+	}, slow, other, release)
 }

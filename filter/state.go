@@ -135,7 +135,8 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 	ints := []struct {
 		name string
 		dst  *int
-	}{{"waiting", &host.Waiting}, {"running", &host.Running}, {"blockSize", &host.BlockSize}, {"numGpuBlocks", &host.NumGPUBlocks}, {"cachedBlocks", &host.CachedBlocks}}
+	}{{"waiting", &host.Waiting}, {"running", &host.Running}, {"blockSize", &host.BlockSize}, {"numGpuBlocks", &host.NumGPUBlocks}, {"cachedBlocks", &host.CachedBlocks},
+		{"maxAdapters", &host.MaxAdapters}, {"adapterSlotsUsed", &host.AdapterSlotsUsed}}
 	for _, f := range ints {
 		v := m.get(f.name)
 		if !v.Exists() {

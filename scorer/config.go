@@ -723,7 +723,8 @@ func (b *builder) profile(spec *ProfileSpec) *Profile {
 		if w < 0 || w > MaxWeight || math.IsNaN(w) {
 			w = 0
 		}
-		prof.Scorers = append(prof.Scorers, WeightedScorer{Name: ref.Plugin, Scorer: s, Weight: w})
+		_, adapterOnly := s.(loraScorer)
+		prof.Scorers = append(prof.Scorers, WeightedScorer{Name: ref.Plugin, Scorer: s, Weight: w, adapterOnly: adapterOnly})
 		wsum += w
 		if w > 0 {
 			switch s.Category() {

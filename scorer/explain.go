@@ -24,6 +24,9 @@ func AppendExplain(dst []byte, req *Request, hosts []Host, d *Decision) []byte {
 		dst = append(dst, " score="...)
 		dst = strconv.AppendFloat(dst, d.Total[p], 'f', 3, 64)
 		for i, ws := range d.prof.Scorers {
+			if ws.adapterOnly && (req == nil || req.Adapter == "") {
+				continue // not run for this request
+			}
 			dst = append(dst, ' ')
 			dst = append(dst, ws.Name...)
 			dst = append(dst, '=')

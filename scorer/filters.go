@@ -183,12 +183,18 @@ func (f *modelFilter) filterAdapter(c *Cycle, cand []int, model, adapter string)
 }
 
 // adapterState is 2 when the adapter is loaded, 1 when a slot is free to
-// load it (or capacity is unknown), 0 when the host is full.
+// load it (or capacity is unknown), 0 when the host is full: a request for
+// a new adapter there waits until a running adapter's requests drain
+// (vLLM's scheduler skips it while max_loras adapters are in the batch).
 func adapterState(h *Host, adapter string) int {
 	if slices.Contains(h.Adapters, adapter) {
 		return 2
 	}
-	if h.MaxAdapters == 0 || len(h.Adapters) < h.MaxAdapters {
+	used := h.AdapterSlotsUsed
+	if used == 0 {
+		used = len(h.Adapters)
+	}
+	if h.MaxAdapters == 0 || used < h.MaxAdapters {
 		return 1
 	}
 	return 0

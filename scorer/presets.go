@@ -45,7 +45,8 @@ var presetConfigs = map[string]string{
 		            {"plugin": "cost", "weight": 3},
 		            {"plugin": "kv_utilization", "weight": 1.5},
 		            {"plugin": "prefix_memory", "weight": 1.5},
-		            {"plugin": "session_affinity", "weight": 1.5}],
+		            {"plugin": "session_affinity", "weight": 1.5},
+		            {"plugin": "lora_affinity", "weight": 3}],
 		"picker": "max_score", "correctIndex": true}}}`,
 	"sglang_cache_aware": `{"profiles": {"sglang_cache_aware": {
 		"filters": ["healthy", "role", "model"], "picker": "sglang_cache_aware"}}}`,

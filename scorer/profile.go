@@ -7,6 +7,11 @@ type WeightedScorer struct {
 	Name   string // instance name, for explanations
 	Scorer Scorer
 	Weight float64
+	// adapterOnly marks a scorer that tells hosts apart only for requests
+	// naming a LoRA adapter (lora_affinity): run skips it, weight
+	// included, for the others, so a profile with it decides every
+	// base-model request exactly as it would without it, at no cost.
+	adapterOnly bool
 }
 
 // Profile is one filters → weighted scorers → picker pipeline. It is
@@ -108,7 +113,7 @@ func (p *Profile) run(req *Request, hosts []Host, maxPicks int, role Role, s *Sc
 	var wsum float64
 	for i, ws := range p.Scorers {
 		raw := s.raw[i]
-		if len(cand) == 0 {
+		if len(cand) == 0 || ws.adapterOnly && req.Adapter == "" {
 			continue
 		}
 		ws.Scorer.Score(c, cand, raw)

@@ -52,7 +52,7 @@ func init() {
 		"affinity: 1 for the request's home host, the candidate that rendezvous hashing of the prompt-prefix hash ranks first, 0 for the others; keeps a prefix group together when the index has forgotten it",
 		func(p *Params) Plugin { return prefixHomeScorer{} })
 	Register("lora_affinity", KindScorer,
-		"affinity: 1 when the requested LoRA adapter is loaded, 0.5 when it can be loaded, 0 when the host is full",
+		"affinity: 1 when the requested LoRA adapter is loaded, 0.5 when a slot is free to load it, 0 when the host's adapter slots are full; not run (weight included) for requests without an adapter",
 		func(p *Params) Plugin { return loraScorer{} })
 	Register("latency", KindScorer,
 		"balance: time-to-first-byte EWMA, fastest scores 1, others fastest/latency; hosts without samples score 1",
@@ -302,7 +302,7 @@ func (loraScorer) Category() Category { return Affinity }
 func (loraScorer) Score(c *Cycle, cand []int, out []float64) {
 	a := c.Req.Adapter
 	for _, h := range cand {
-		if a == "" {
+		if a == "" { // Profile.run skips it then; a caller of Score may not
 			out[h] = 1
 			continue
 		}

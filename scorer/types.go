@@ -61,11 +61,15 @@ type Host struct {
 	Gen  uint32
 	// Role, Model and Adapters describe what the engine serves. Adapters
 	// lists LoRA adapters loaded now; MaxAdapters is how many it can hold at
-	// once (0: unknown, assume a free one can be loaded).
-	Role        Role
-	Model       string
-	Adapters    []string
-	MaxAdapters int
+	// once (0: unknown, assume a free one can be loaded) and
+	// AdapterSlotsUsed how many of those are taken (vLLM's running and
+	// waiting adapters, SGLang's lora_pool_slots_used). When
+	// AdapterSlotsUsed is 0 the count of Adapters stands for it.
+	Role             Role
+	Model            string
+	Adapters         []string
+	MaxAdapters      int
+	AdapterSlotsUsed int
 
 	// BreakerOpen is the gateway's own circuit breaker for this host.
 	BreakerOpen bool

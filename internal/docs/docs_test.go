@@ -273,6 +273,30 @@ func TestCommentsPointAtTheCostModel(t *testing.T) {
 	}
 }
 
+// TestNoConflictMarkers: a merge that left its markers in a document
+// (Go files fail to compile with them; Markdown and YAML do not).
+func TestNoConflictMarkers(t *testing.T) {
+	root := repoRoot(t)
+	files := repoFiles(t, root, func(p string) bool {
+		switch filepath.Ext(p) {
+		case ".md", ".yaml", ".yml", ".json", ".mjs", ".txt":
+			return true
+		}
+		return filepath.Base(p) == "Makefile"
+	})
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, "<<<<<<< ") || strings.HasPrefix(line, ">>>>>>> ") {
+				t.Errorf("%s:%d: a merge conflict marker: resolve the conflict, keeping both sides' intent", rel(root, f), n+1)
+			}
+		}
+	}
+}
+
 // TestNoFileCitesAMissingDesignDoc: the design lives in docs/; a comment
 // that cites a document must cite one the repository has.
 func TestNoFileCitesAMissingDesignDoc(t *testing.T) {

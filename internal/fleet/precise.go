@@ -33,6 +33,7 @@ type PreciseRouter struct {
 	Delay time.Duration
 
 	gws     []*RealRouter // one router per gateway: its index is the gateway's shared data
+	at      func(time.Duration, func(time.Duration))
 	owner   func(wr *workload.Request) *RealRouter
 	bridges []*cachestate.Bridge
 	due     []dueDelta
@@ -88,8 +89,9 @@ func NewPrecise(r Router) (*PreciseRouter, error) {
 	return p, nil
 }
 
-// Route implements Router: pending deltas first, then the decision, which
-// the gateway reports to the metrics service's bridge of the chosen engine.
+// Route implements Router: deltas already due first (when the run has no
+// scheduler), then the decision, which the gateway reports to the metrics
+// service's bridge of the chosen engine.
 func (p *PreciseRouter) Route(wr *workload.Request, prompt string, now time.Duration) int {
 	p.apply(now)
 	k := p.inner.Route(wr, prompt, now)
@@ -122,8 +124,10 @@ func (p *PreciseRouter) ObserveState(st []sim.Stats, now time.Duration) {
 	}
 }
 
-// Start implements Scheduler.
+// Start implements Scheduler: deltas are applied at their time, as the
+// gateway applies a push when it arrives, outside any routing decision.
 func (p *PreciseRouter) Start(at func(time.Duration, func(time.Duration))) {
+	p.at = at
 	if s, ok := p.inner.(Scheduler); ok {
 		s.Start(at)
 	}
@@ -144,6 +148,9 @@ func (p *PreciseRouter) KVEvents(replica int, payload []byte, now time.Duration)
 	p.scratch = p.bridges[replica].Apply(b, now.Milliseconds(), p.scratch[:0])
 	for _, d := range p.scratch {
 		p.due = append(p.due, dueDelta{at: now + p.Delay, replica: replica, d: d})
+	}
+	if len(p.scratch) > 0 && p.at != nil {
+		p.at(now+p.Delay, p.apply)
 	}
 }
 

@@ -145,7 +145,7 @@ func (a *RealRouter) input(wr *workload.Request, prompt string, now time.Duratio
 	in := &router.Input{
 		Model: wr.Model, SessionKey: wr.Session,
 		PromptTokens: wr.PromptTokens, MaxTokens: wr.OutputTokens,
-		Chain: a.hasher.Blocks(), Tokens: a.hasher,
+		Chain: a.hasher.Blocks(), Tokens: a.hasher, PromptChars: a.hasher.Len(),
 	}
 	return in
 }
@@ -188,6 +188,9 @@ func (a *RealRouter) FirstToken(wr *workload.Request, replica int, now time.Dura
 func (a *RealRouter) Done(wr *workload.Request, _ int, cached int, now time.Duration) {
 	a.nowMs = now.Milliseconds()
 	if t := a.tickets[wr.ID]; t != nil {
+		if t.SampleUsage() {
+			t.EnginePromptTokens = wr.PromptTokens // the engine's usage.prompt_tokens
+		}
 		a.r.Feedback(t, cached)
 		a.r.Release(t)
 		delete(a.tickets, wr.ID)

@@ -465,7 +465,8 @@ func sameContent(a, b []snapshot.Host) bool {
 			!slices.Equal(x.Adapters, y.Adapters) || x.Healthy != y.Healthy ||
 			x.Waiting != y.Waiting || x.Running != y.Running || x.KVUsage != y.KVUsage ||
 			x.BlockSize != y.BlockSize || x.NumGPUBlocks != y.NumGPUBlocks ||
-			x.CachedBlocks != y.CachedBlocks || x.ClearedAtMs != y.ClearedAtMs {
+			x.CachedBlocks != y.CachedBlocks || x.ClearedAtMs != y.ClearedAtMs ||
+			x.MaxAdapters != y.MaxAdapters || x.AdapterSlotsUsed != y.AdapterSlotsUsed {
 			return false
 		}
 	}
@@ -492,6 +493,11 @@ func (s *Service) hostSnapshot(h *host, now time.Time) snapshot.Host {
 		out.Role = "" // the contract's default
 	}
 	out.Adapters = mergeSorted(h.ep.Adapters, h.sample.Adapters)
+	if h.sample.MaxAdapters > 0 {
+		// Slots are what the engine reports in use, not the merged list:
+		// adapters discovery declares need not hold a slot.
+		out.MaxAdapters, out.AdapterSlotsUsed = h.sample.MaxAdapters, len(h.sample.Adapters)
+	}
 	if !h.lastOK.IsZero() {
 		out.ScrapedAtMs = h.lastOK.UnixMilli()
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/snapshot"
 )
@@ -868,5 +869,23 @@ func TestKVEventsListenMode(t *testing.T) {
 	})
 	if svc.listener.Unrouted() == 0 {
 		t.Error("the unknown engine's batches were not counted as unrouted")
+	}
+}
+
+// A host's adapter slots come from its scrape alone: adapters discovery
+// declares join the list the gateways match against but take no slot.
+func TestHostSnapshotAdapterSlots(t *testing.T) {
+	s := &Service{}
+	h := &host{
+		ep:     discovery.Endpoint{Address: "10.0.0.1:8000", Adapters: []string{"declared"}},
+		sample: scrape.Sample{Adapters: []string{"fin", "legal"}, MaxAdapters: 2},
+	}
+	got := s.hostSnapshot(h, time.Now())
+	if !slices.Equal(got.Adapters, []string{"declared", "fin", "legal"}) || got.MaxAdapters != 2 || got.AdapterSlotsUsed != 2 {
+		t.Errorf("snapshot = adapters %v, %d of %d slots; want [declared fin legal], 2 of 2", got.Adapters, got.AdapterSlotsUsed, got.MaxAdapters)
+	}
+	h.sample = scrape.Sample{} // no LoRA metrics: capacity unknown, nothing full
+	if got = s.hostSnapshot(h, time.Now()); got.MaxAdapters != 0 || got.AdapterSlotsUsed != 0 {
+		t.Errorf("without LoRA metrics: %d of %d slots, want 0 of 0", got.AdapterSlotsUsed, got.MaxAdapters)
 	}
 }

@@ -56,6 +56,10 @@ type Input struct {
 	// PrefixBlocks is how many leading blocks make the consistent-hashing
 	// key (prefix_hash); 0 means DefaultPrefixBlocks.
 	PrefixBlocks int
+	// PromptChars is the prompt's canonical length in characters
+	// (index.Hasher.Len): with the engine's usage.prompt_tokens it
+	// calibrates the model's characters per token. 0: no calibration.
+	PromptChars int
 }
 
 // DefaultPrefixBlocks is the prefix length hashed for prefix_hash: with the
@@ -89,7 +93,20 @@ type Ticket struct {
 	// used (stampRef), kept for Correct when the engine confirms less.
 	stamp    index.MatchStamp
 	stampRef index.HostRef
+	// EnginePromptTokens is the engine's usage.prompt_tokens for the
+	// request, set by the caller before Feedback or Finish (0: not
+	// reported); with the prompt's characters it calibrates the model's
+	// characters per token.
+	EnginePromptTokens int
+	promptChars        int
+	model              string
+	sample             bool // SampleUsage
 }
+
+// SampleUsage says whether the router wants the engine's prompt_tokens for
+// this request (EnginePromptTokens): every request of a model until it is
+// calibrated, then one in 16, so most responses skip reading it.
+func (t *Ticket) SampleUsage() bool { return t.sample }
 
 // hold is what one request added to one host's counters, so that exactly
 // that is taken back.
@@ -176,7 +193,16 @@ type Router struct {
 	trust     []float64          // by slot: confirmed over predicted cached tokens, EWMA (0 = no sample)
 	correct   bool               // Correct the index on over-predictions (Config.NoCorrect unset)
 	corrected []index.MatchStamp // by slot: the stamp of the last correction
-	stats     Stats
+	// Characters per token by model, learned from the engines' usage
+	// (calibrate); calModel's value is cached in calCPT (0: not learned),
+	// and hashCPT is the index's fixed estimate the hasher counts with.
+	cal      map[string]float64
+	calModel string
+	calCPT   float64
+	hashCPT  float64
+	calF     float64 // hashCPT / calCPT, 0 when not learned
+	calDirty bool    // calCPT moved since it was stored in cal
+	stats    Stats
 }
 
 type localLoad struct {
@@ -196,6 +222,10 @@ func New(cfg Config) *Router {
 	}
 	if cfg.Shared != nil && r.useMemory {
 		r.shared = newSharedMemory(cfg.Shared)
+	}
+	r.hashCPT = index.DefaultCharsPerToken
+	if cfg.Index != nil {
+		r.hashCPT = float64(cfg.Index.Config().Hash.CharsPerToken)
 	}
 	if cfg.Seed != 0 {
 		r.scratch = scorer.NewScratch(cfg.Seed)
@@ -281,6 +311,18 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			maxSlot = s
 		}
 	}
+	if in.Model != r.calModel {
+		r.loadCal(in.Model)
+	}
+	// A calibrated model's token counts, from the index's fixed characters
+	// per token to the model's (calibrate): the prompt's here, each
+	// matched prefix's in the loop below. Arithmetic in line, no function
+	// entered per request (in Wasm each one costs).
+	f := r.calF
+	prompt := in.PromptTokens
+	if f != 0 {
+		prompt = int(float64(prompt) * f)
+	}
 	req := &r.req
 	if cap(req.MatchedBlocks) < n || cap(req.MatchedTokens) < n || maxSlot >= len(r.local) {
 		r.grow(n, maxSlot)
@@ -292,7 +334,7 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 	// would write every string and slice header twice.
 	*req = scorer.Request{
 		Model: in.Model, Adapter: in.Adapter, SessionKey: in.SessionKey,
-		PromptTokens: in.PromptTokens, MaxTokens: in.MaxTokens,
+		PromptTokens: prompt, MaxTokens: in.MaxTokens,
 		PrefixHash: prefixHash(in), TotalBlocks: len(in.Chain),
 		MatchedBlocks: mb, MatchedTokens: mt,
 	}
@@ -352,12 +394,16 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 				continue // tokensIn(in, b) is 0, and so is any share of it
 			}
 			tok := tokensIn(in, b)
+			if f != 0 {
+				tok = int(float64(tok) * f)
+			}
 			if slot < len(trust) && trust[slot] > 0 {
 				tok = int(float64(tok) * trust[slot])
 			}
 			mt[i] = int32(tok)
 		}
 	}
+	in.PromptTokens = prompt // booked below, and the caller's count
 	if in.SessionKey != "" {
 		r.loadPin(in.SessionKey)
 	}
@@ -379,7 +425,8 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		r.runDisaggregated(&res, hosts)
 	}
 	r.stats.Decisions++
-	t = Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}}
+	t = Ticket{Host: res.Decode.Primary(), Prefill: -1, decode: hold{slot: -1}, prefill: hold{slot: -1}, promptChars: in.PromptChars, model: in.Model,
+		sample: in.PromptChars > 0 && (f == 0 || r.stats.Decisions&15 == 0)}
 	// One return, and named results filled in place: each return of
 	// values copies the Ticket and the Result, code a Wasm build would
 	// carry once per return site.
@@ -722,6 +769,9 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	defer r.mu.Unlock()
 	if cachedTokens >= 0 {
 		r.stats.FeedbackRequests++
+		if t.EnginePromptTokens > 0 && t.promptChars > 0 {
+			r.calibrate(t)
+		}
 		if r.handler.Decode.TrustFeedback {
 			// Only Decide under this profile reads the trust it
 			// learns: for other profiles the learning would be code
@@ -756,6 +806,88 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 	r.release(&t.decode)
 }
 
+// maxCalibratedModels bounds the calibration table: a gateway serves a
+// handful of models, and a client cannot grow the table by naming more.
+const maxCalibratedModels = 256
+
+// loadCal makes model the one whose calibration Decide applies. Out of
+// Decide's line (noinline): a gateway's requests mostly name the model the
+// previous one named.
+//
+//go:noinline
+func (r *Router) loadCal(model string) {
+	if r.calDirty {
+		r.cal[r.calModel] = r.calCPT // the current model's learning, kept in fields meanwhile
+		r.calDirty = false
+	}
+	r.calModel, r.calCPT = model, r.cal[model]
+	r.calF = 0
+	if r.calCPT > 0 {
+		r.calF = r.hashCPT / r.calCPT
+	}
+}
+
+// calibrate learns t's model's characters per token from the engine's
+// usage.prompt_tokens: an EWMA of the prompt's canonical characters over
+// them (the first sample taken as is), kept within 1..16. Out of end's line
+// (noinline): only responses that carry usage enter it.
+//
+//go:noinline
+func (r *Router) calibrate(t *Ticket) {
+	ratio := float64(t.promptChars) / float64(t.EnginePromptTokens)
+	if ratio < 1 {
+		ratio = 1
+	} else if ratio > 16 {
+		ratio = 16
+	}
+	if t.model == r.calModel && r.calCPT > 0 {
+		// The current model, already in the table: no map operation (a
+		// few runtime functions each, in Wasm, per response).
+		r.calCPT += 0.1 * (ratio - r.calCPT)
+		r.calF = r.hashCPT / r.calCPT
+		r.calDirty = true
+		return
+	}
+	r.learnCal(t.model, ratio)
+}
+
+// learnCal is calibrate for a model other than the current one, or its
+// first sample. Out of line: rare.
+//
+//go:noinline
+func (r *Router) learnCal(model string, ratio float64) {
+	c, ok := r.cal[model]
+	if !ok && len(r.cal) >= maxCalibratedModels {
+		return
+	}
+	if r.cal == nil {
+		r.cal = map[string]float64{}
+	}
+	if c == 0 {
+		c = ratio
+	} else {
+		c += 0.1 * (ratio - c)
+	}
+	r.cal[model] = c
+	if model == r.calModel {
+		r.calCPT, r.calF = c, r.hashCPT/c
+	}
+}
+
+// CharsPerToken returns the characters per token learned for model, or the
+// index's fixed estimate when none was.
+func (r *Router) CharsPerToken(model string) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if model == r.calModel && r.calCPT > 0 {
+		return r.calCPT
+	}
+	if c := r.cal[model]; c > 0 {
+		return c
+	}
+	return r.hashCPT
+}
+
 // correctIndex tells the index that t's host held only cachedTokens of
 // the prefix it predicted (see Config.NoCorrect). Out of end's line
 // (noinline): most responses confirm their prediction.
@@ -776,7 +908,13 @@ func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
 	}
 	r.corrected[slot] = t.stamp
 	hc := r.ix.Config().Hash
-	confirmed := hc.BlocksIn(cachedTokens * hc.CharsPerToken)
+	cpt := r.hashCPT
+	if t.model == r.calModel && r.calCPT > 0 {
+		cpt = r.calCPT
+	} else if c := r.cal[t.model]; c > 0 {
+		cpt = c
+	}
+	confirmed := hc.BlocksIn(int(float64(cachedTokens) * cpt))
 	if _, err := r.ix.Correct(t.stampRef, t.stamp, confirmed); err != nil {
 		r.stats.IndexErrors++
 	}

@@ -477,3 +477,39 @@ func TestFeedbackCorrectsTheIndex(t *testing.T) {
 		}
 	}
 }
+
+// TestCalibratesCharsPerTokenPerModel: an engine whose tokenizer makes 6.2
+// characters of a token (the index assumes 4) reports prompt_tokens; the
+// router learns it for that model, and its predictions and prompt counts
+// for that model shrink to the engine's tokens, while another model's do
+// not.
+func TestCalibratesCharsPerTokenPerModel(t *testing.T) {
+	ix := newIndex(t)
+	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1})
+	hs := registered(t, r, 1)
+	in := func(model string, p uint64) *Input {
+		return &Input{Model: model, PromptTokens: 1000, PromptChars: 4000, MaxTokens: 1, Chain: chain(p, 10)}
+	}
+	t1, _ := r.Decide(in("m", 1), hs)
+	t1.EnginePromptTokens = 645 // 4000 / 6.2
+	r.Finish(&t1, 0)
+	if got := r.CharsPerToken("m"); got < 6.19 || got > 6.21 {
+		t.Fatalf("learned %.2f characters per token, want 6.2", got)
+	}
+	if got := r.CharsPerToken("other"); got != 4 {
+		t.Errorf("an unseen model: %.2f, want the index's 4", got)
+	}
+	x := in("m", 1)
+	t2, _ := r.Decide(x, hs)
+	if t2.PredictedCachedTokens != 645 || x.PromptTokens != 645 {
+		t.Errorf("calibrated model: predicted %d of %d prompt tokens, want 645 of 645", t2.PredictedCachedTokens, x.PromptTokens)
+	}
+	r.Finish(&t2, 645)
+	t3, _ := r.Decide(in("n", 1), hs) // same prompt hashes, another model's name: not calibrated
+	if t3.PredictedCachedTokens != 1000 {
+		t.Errorf("uncalibrated model: predicted %d, want 1000", t3.PredictedCachedTokens)
+	}
+	if st := r.Stats(); st.OverPredicted != 0 {
+		t.Errorf("the calibrated prediction was counted over-predicted: %+v", st)
+	}
+}

@@ -76,8 +76,8 @@ func (m *sharedMemory) bucket(chain []uint64) string {
 
 // read reads key into m.val (nil when missing) and remembers it for
 // store. Only a store that lost a compare-and-set calls it (noinline:
-// lookup reads inline, and in Wasm each request pays for the code of the
-// functions it enters).
+// lookup reads inline, and each function entered costs a request:
+// docs/performance.md).
 //
 //go:noinline
 func (m *sharedMemory) read(key string) {

@@ -31,8 +31,16 @@ type Host struct {
 	Role string `json:"role,omitempty"`
 	// Model is the served base model name.
 	Model string `json:"model,omitempty"`
-	// Adapters lists LoRA adapters currently loaded (vllm:lora_requests_info).
+	// Adapters lists LoRA adapters loaded or about to be: those with
+	// requests running or waiting (vllm:lora_requests_info), plus those
+	// discovery declares.
 	Adapters []string `json:"adapters,omitempty"`
+	// MaxAdapters is how many adapters the engine batches at once (vLLM's
+	// max_lora; 0: unknown) and AdapterSlotsUsed how many it holds now; a
+	// host with AdapterSlotsUsed >= MaxAdapters is full: a request for an
+	// adapter it does not hold waits there until one drains.
+	MaxAdapters      int `json:"maxAdapters,omitempty"`
+	AdapterSlotsUsed int `json:"adapterSlotsUsed,omitempty"`
 	// Healthy is false when the engine stopped answering scrapes.
 	Healthy bool `json:"healthy"`
 	// Waiting and Running are the engine's queue: vllm:num_requests_waiting,

@@ -11,7 +11,9 @@
 //	BlockSize        vllm:cache_config_info{block_size}                 sglang:cache_config_info{page_size}
 //	NumGPUBlocks     vllm:cache_config_info{num_gpu_blocks}             sglang:cache_config_info{num_pages}
 //	                                                                    (or sglang:max_total_num_tokens / page size)
-//	Adapters         vllm:lora_requests_info{running_lora_adapters}     -
+//	Adapters         vllm:lora_requests_info{running_lora_adapters,     -
+//	                   waiting_lora_adapters}
+//	MaxAdapters      vllm:lora_requests_info{max_lora}                  -
 //	Model            model_name label of the queue series               model_name label
 //
 // Parsing uses prometheus/common's expfmt. Only the lines of those families
@@ -20,6 +22,13 @@
 // ten times a second for nothing, and an exotic or malformed family
 // elsewhere in the page cannot fail the scrape. A malformed line in one of
 // the families read is still an error.
+//
+// SGLang names no adapters: with LoRA enabled it exports only
+// sglang:lora_pool_slots_used and sglang:lora_pool_slots_total, the GPU
+// pool's occupancy, and the pool keeps idle adapters until a new one
+// evicts them, so a full pool does not mean a new adapter waits. Neither
+// is read: SGLang hosts carry the adapters discovery declares and no
+// adapter capacity (docs/configuration.md, LoRA adapters).
 package scrape
 
 import (
@@ -47,8 +56,13 @@ type Sample struct {
 	KVUsage          float64
 	BlockSize        int
 	NumGPUBlocks     int
-	// Adapters are the LoRA adapters running now, sorted.
-	Adapters []string
+	// Adapters are the LoRA adapters with requests running or waiting on
+	// the engine, sorted: each holds (or is about to take) one of the
+	// engine's MaxAdapters slots (vLLM's max_lora, --max-loras; 0 when the
+	// engine does not say). A request for another adapter waits while
+	// every slot is taken.
+	Adapters    []string
+	MaxAdapters int
 }
 
 const (
@@ -191,7 +205,8 @@ func extract(fams map[string]*dto.MetricFamily) (Sample, error) {
 			s.NumGPUBlocks = labelInt(cc, "num_gpu_blocks")
 		}
 		if lr := latest(fams[vllmLoRA]); lr != nil {
-			s.Adapters = splitList(label(lr, "running_lora_adapters"))
+			s.Adapters = splitList(label(lr, "running_lora_adapters") + "," + label(lr, "waiting_lora_adapters"))
+			s.MaxAdapters = labelInt(lr, "max_lora")
 		}
 	case fams[sglWaiting] != nil || fams[sglRunning] != nil:
 		s.Engine = "sglang"

@@ -36,8 +36,43 @@ func TestParseVLLM(t *testing.T) {
 		t.Errorf("cache config = %d x %d", s.BlockSize, s.NumGPUBlocks)
 	}
 	// the newest lora_requests_info series wins
-	if !slices.Equal(s.Adapters, []string{"alpaca", "sql-lora"}) {
-		t.Errorf("adapters = %v", s.Adapters)
+	if !slices.Equal(s.Adapters, []string{"alpaca", "sql-lora"}) || s.MaxAdapters != 2 {
+		t.Errorf("adapters = %v of %d, want [alpaca sql-lora] of 2", s.Adapters, s.MaxAdapters)
+	}
+}
+
+// A waiting adapter takes a slot as a running one does (the engine loads
+// it as soon as it admits its request); max_lora is the slot count.
+func TestParseVLLMAdapterSlots(t *testing.T) {
+	var p Parser
+	s, err := p.Parse(strings.NewReader(`vllm:num_requests_running 3
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="fin,legal",waiting_lora_adapters="med,fin"} 1.79e+09
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s.Adapters, []string{"fin", "legal", "med"}) || s.MaxAdapters != 4 {
+		t.Errorf("adapters = %v of %d, want [fin legal med] of 4", s.Adapters, s.MaxAdapters)
+	}
+	// Without LoRA (no such family) capacity stays unknown.
+	if s, err = p.Parse(strings.NewReader("vllm:num_requests_running 3\n")); err != nil || s.MaxAdapters != 0 || s.Adapters != nil {
+		t.Errorf("no LoRA: %v of %d (%v)", s.Adapters, s.MaxAdapters, err)
+	}
+}
+
+// SGLang's LoRA pool gauges count occupied slots, idle adapters included,
+// and name none: they do not say that a host is full, so none is read.
+func TestParseSGLangLoRAPoolIgnored(t *testing.T) {
+	var p Parser
+	s, err := p.Parse(strings.NewReader(`sglang:num_running_reqs 2
+sglang:lora_pool_slots_used 8
+sglang:lora_pool_slots_total 8
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MaxAdapters != 0 || s.Adapters != nil {
+		t.Errorf("adapters = %v of %d, want none of unknown", s.Adapters, s.MaxAdapters)
 	}
 }
 

@@ -1,0 +1,69 @@
+package filter
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// loraPush is a pushed snapshot of three engines with LoRA state: the first
+// full (both of its two slots taken: one adapter listed, one running
+// that discovery does not declare), the second holding
+// "fin-lora", the third with free slots.
+func loraPush(addrs []string, finAt int) string {
+	hosts := make([]string, 3)
+	for i, a := range addrs {
+		switch {
+		case i == finAt:
+			hosts[i] = fmt.Sprintf(`{"address":%q,"model":"llama-3-8b","adapters":["fin-lora"],"maxAdapters":2,"adapterSlotsUsed":1}`, a)
+		case i == 0:
+			hosts[i] = fmt.Sprintf(`{"address":%q,"model":"llama-3-8b","adapters":["a"],"maxAdapters":2,"adapterSlotsUsed":2}`, a)
+		default:
+			hosts[i] = fmt.Sprintf(`{"address":%q,"model":"llama-3-8b","adapters":["c"],"maxAdapters":4,"adapterSlotsUsed":1}`, a)
+		}
+	}
+	return fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, time.Now().UnixMilli(), strings.Join(hosts, ","))
+}
+
+// The default profile sends a request naming an adapter to the engine that
+// has it loaded, and when none has, away from the engine whose adapter
+// slots are full; base-model requests still go everywhere.
+func TestWasmDefaultProfilePrefersLoadedAdapterAvoidsFullHost(t *testing.T) {
+	addrs := jsonUpstreams(t, 3, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`)
+	h, url := startRouter(t, addrs, 2, `,"fallbacks":0,"loraAdapters":{"fin-lora":"llama-3-8b"},"state":{"token":"`+stateToken+`"}`)
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	send := func(model string, n int) map[string]int {
+		before := h.UpstreamRequests()
+		for i := 0; i < n; i++ {
+			body := fmt.Sprintf(`{"model":%q,"prompt":"ticket %d: %s","max_tokens":2}`, model, i, strings.Repeat("words ", 40+i))
+			if code, resp, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+				t.Fatalf("%s request %d: %d %s", model, i, code, resp)
+			}
+		}
+		after := h.UpstreamRequests()
+		got := map[string]int{}
+		for _, a := range addrs {
+			got[a] = after[a] - before[a]
+		}
+		return got
+	}
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", loraPush(addrs, 1), auth); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	if got := send("fin-lora", 12); got[addrs[1]] != 12 {
+		t.Errorf("fin-lora loaded on engine 1: requests per engine %v, want all 12 on %s", got, addrs[1])
+	}
+	// Nobody holds it now: the full engine 0 gets none.
+	none := strings.Replace(loraPush(addrs, 1), `"adapters":["fin-lora"]`, `"adapters":["d"]`, 1)
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", none, auth); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	if got := send("fin-lora", 12); got[addrs[0]] != 0 {
+		t.Errorf("engine 0's adapter slots are full: it got %d of 12 fin-lora requests (%v)", got[addrs[0]], got)
+	}
+	// Base-model requests ignore adapter state: the full engine serves them too.
+	if got := send("llama-3-8b", 12); got[addrs[0]] == 0 {
+		t.Errorf("base-model requests per engine %v: engine 0 got none", got)
+	}
+}
