@@ -80,6 +80,9 @@ type routerPlugin struct {
 	dest     []byte
 	now      func() time.Time
 	adm      *admitter // nil when admission is off (filter/admission.go)
+	// reporter is this worker's routing report in the making (nil when
+	// state.report is off: filter/report.go).
+	reporter *reporter
 
 	// born is when the plugin started (see mono), and bornMono the
 	// monotonic clock then (monoNanos); stepped says a test clock drives
@@ -129,6 +132,7 @@ type routerStats struct {
 	stateOlder, statePulls, statePullFailed       metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved, modelNotFound            metricCounter
+	reportsSent, reportsFailed                    metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
@@ -186,6 +190,8 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		disaggregated:        counterMetric("requests.disaggregated"),
 		clientFieldsRemoved:  counterMetric("client_pd_fields_removed"),
 		modelNotFound:        counterMetric("requests.model_not_found"),
+		reportsSent:          counterMetric("reports.sent"),
+		reportsFailed:        counterMetric("reports.failed"),
 		slotsFreed:           counterMetric("host_slots.freed"),
 		slotsUnassigned:      counterMetric("host_slots.unassigned"),
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
@@ -227,6 +233,9 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.extraHeaders = !cfg.BodyRouting && cfg.PrefixKeyHeader != "" ||
 		p.adm != nil && (cfg.Admission.PriorityHeader != "" || cfg.Admission.DeadlineHeader != "") ||
 		(&requestHeaders{destination: cfg.DestinationHeader}).stripped(cfg.SessionHeader)
+	if cfg.State.Report.Cluster != "" {
+		p.startReports()
+	}
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
@@ -467,6 +476,9 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	// restarts), ride the same Sync; each worker applies a change once.
 	p.setHosts(cs, true)
 	p.stateGen, p.stateTs = gen, st.TimestampMs
+	if p.reporter != nil {
+		p.remoteLoads(st.Gateways)
+	}
 }
 
 // prepare refreshes per-decision host fields: pushed-state staleness and the
@@ -476,6 +488,9 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	stale := p.stateGen != 0 && nowMs-p.stateTs > int64(p.cfg.State.StaleAfterMs)
 	if stale {
 		p.stats.staleState.Increment(1)
+		if p.reporter != nil {
+			p.dropRemote()
+		}
 	}
 	if p.breakers.anyOpen() {
 		p.markOpenBreakers(stale, nowMs)
@@ -623,6 +638,9 @@ func (p *routerPlugin) onTick() {
 	p.housekeep()
 	if p.cfg.State.Pull.Cluster != "" {
 		p.pullState(p.now().UnixMilli())
+	}
+	if p.reporter != nil {
+		p.report(p.wallMs())
 	}
 }
 
@@ -1120,6 +1138,9 @@ func (s *routerStream) decide(in *router.Input) {
 	p.prepare(nowMs)
 	t, res := p.rt.Decide(in, p.hosts)
 	p.ix.UnpinClock()
+	if p.reporter != nil && t.Host >= 0 {
+		p.reporter.addRoute(t.Address, in.Chain)
+	}
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
 	s.promptTokens = in.PromptTokens

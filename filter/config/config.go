@@ -154,6 +154,10 @@ type State struct {
 	// itself: header-only mode cannot take pushes (Envoy forwards a
 	// request's headers before the filter sees its body).
 	Pull StatePull
+	// Report, when its Cluster is set, has every worker POST its recent
+	// routing and the gateway's load to the metrics service on its tick,
+	// with the state token (docs/topology.md).
+	Report Report
 }
 
 // StatePull configures fetching the fleet snapshot from the metrics
@@ -175,6 +179,19 @@ const (
 	DefaultPullIntervalMs = 1000
 	DefaultPullTimeoutMs  = 2000
 )
+
+// Report configures the gateway's routing reports to the metrics service.
+type Report struct {
+	// Cluster is the Envoy cluster of the metrics service ("" disables).
+	Cluster string
+	// Path (default /v1/reports) and Authority (default: Cluster) of the POST.
+	Path, Authority string
+	// IntervalMs is how often each worker reports (default 50).
+	IntervalMs int
+}
+
+// DefaultReportPath is where `kvroute metrics` takes gateway reports.
+const DefaultReportPath = "/v1/reports"
 
 // CircuitBreaker configures per-host circuit breaking.
 type CircuitBreaker struct {
@@ -602,6 +619,7 @@ func (p *parser) state(v gjson.Result, path string, s *State) {
 		"tokenEnv":     func(v gjson.Result, fp string) { s.TokenEnv = p.envName(v, fp) },
 		"staleAfterMs": func(v gjson.Result, fp string) { s.StaleAfterMs = p.intRange(v, fp, 1, 24*3600*1000) },
 		"pull":         func(v gjson.Result, fp string) { p.pull(v, fp, &s.Pull) },
+		"report":       func(v gjson.Result, fp string) { p.report(v, fp, &s.Report) },
 	})
 	if s.Token != "" && s.TokenEnv != "" {
 		p.fail(path, "give token or tokenEnv, not both")
@@ -632,6 +650,30 @@ func (p *parser) pull(v gjson.Result, path string, sp *StatePull) {
 	}
 	if sp.Authority == "" {
 		sp.Authority = sp.Cluster
+	}
+}
+
+func (p *parser) report(v gjson.Result, path string, r *Report) {
+	if !v.IsObject() {
+		p.fail(path, "must be an object, got %s", kind(v))
+		return
+	}
+	r.Path, r.IntervalMs = DefaultReportPath, 50
+	p.object(v, path, map[string]func(gjson.Result, string){
+		"cluster":   func(v gjson.Result, fp string) { r.Cluster, _ = p.str(v, fp) },
+		"authority": func(v gjson.Result, fp string) { r.Authority, _ = p.str(v, fp) },
+		"path": func(v gjson.Result, fp string) {
+			if ps := p.paths(gjson.Parse("["+v.Raw+"]"), fp); len(ps) == 1 {
+				r.Path = ps[0]
+			}
+		},
+		"intervalMs": func(v gjson.Result, fp string) { r.IntervalMs = p.intRange(v, fp, 10, 10_000) },
+	})
+	if r.Cluster == "" {
+		p.fail(path+".cluster", "name the Envoy cluster of the metrics service (reports go there with the state token)")
+	}
+	if r.Authority == "" {
+		r.Authority = r.Cluster
 	}
 }
 

@@ -98,6 +98,7 @@ type Service struct {
 	current   snapshot.State
 	discOK    bool
 	listener  *kvevents.Listener
+	reports   reportBook // gateways' routing reports for the next push (reports.go)
 }
 
 // host is the service's state for one engine.
@@ -434,7 +435,9 @@ func (s *Service) assembleAndPublish(now time.Time) {
 	if !warm && now.Sub(started) < time.Second {
 		return
 	}
-	changed := prev == nil || !sameContent(st.Hosts, prev)
+	reports, fresh := s.reports.take(now)
+	st.Gateways = reports
+	changed := prev == nil || !sameContent(st.Hosts, prev) || fresh
 	if !changed && now.Sub(lastPub) < s.cfg.PushInterval {
 		return
 	}
@@ -554,6 +557,7 @@ func (s *Service) Handler() http.Handler {
 	mux.Handle("GET /metrics", s.tel.handler())
 	mux.HandleFunc("GET /healthz", s.serveHealth)
 	mux.HandleFunc("GET /livez", s.serveLive)
+	mux.HandleFunc("POST "+ReportsPath, s.serveReport)
 	mux.HandleFunc("GET /state", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(s.Snapshot())
