@@ -43,6 +43,9 @@ type benchOptions struct {
 	top        fleet.Topology
 	spread     string
 	reports    bool
+	adapters   int
+	maxLoRAs   int
+	loraLoad   time.Duration
 }
 
 func init() {
@@ -89,6 +92,9 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.DurationVar(&o.top.ReportDelay, "report-delay", 20*time.Millisecond, "time from a gateway's report to the other gateways applying the merged push")
 	f.BoolVar(&o.reports, "gateway-reports", true, "gateways report their routing and load through the metrics service (false: each gateway knows only its own traffic)")
 	f.StringVar(&o.config, "config", "", "plugin configuration JSON (as given to the filter) defining extra profiles to bench by name")
+	f.IntVar(&o.adapters, "adapters", 0, "LoRA adapters the requests name (0: none): each conversation runs one, popular ones more often (docs/simulator.md)")
+	f.IntVar(&o.maxLoRAs, "max-loras", 4, "with --adapters: adapters each engine batches at once (vLLM's --max-loras)")
+	f.DurationVar(&o.loraLoad, "lora-load", 50*time.Millisecond, "with --adapters: time an engine step takes longer to bring an adapter into a GPU slot")
 	addCommand(cmd)
 }
 
@@ -124,6 +130,12 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	prof, err := sim.LookupProfile(o.profile)
 	if err != nil {
 		return err
+	}
+	if o.adapters > 0 {
+		if o.maxLoRAs < 1 || o.loraLoad < 0 {
+			return fmt.Errorf("--adapters needs --max-loras >= 1 and --lora-load >= 0, got %d and %v", o.maxLoRAs, o.loraLoad)
+		}
+		prof.MaxLoRAs, prof.LoRALoadTime = o.maxLoRAs, o.loraLoad
 	}
 	var names []string
 	for _, s := range strings.Split(o.strategies, ",") {
@@ -165,6 +177,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	w.AssignAdapters(o.adapters, o.seed)
 	report, walls, err := benchFleet(w, names, prof, o, sopt, progressBar(stderr, len(names)*len(w.Requests)))
 	if err != nil {
 		return err
@@ -177,7 +190,11 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := report.WritePNG(png); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %d gateways x %d workers, %s cache state\n\n", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.top.Gateways, o.top.Workers, o.cacheState)
+	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %d gateways x %d workers, %s cache state", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.top.Gateways, o.top.Workers, o.cacheState)
+	if o.adapters > 0 {
+		fmt.Fprintf(stdout, ", %d LoRA adapters (%d per batch, %v to load)", o.adapters, prof.MaxLoRAs, prof.LoRALoadTime)
+	}
+	fmt.Fprint(stdout, "\n\n")
 	report.Markdown(stdout)
 	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
 	for i, name := range names {

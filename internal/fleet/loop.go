@@ -243,5 +243,6 @@ func (l *loop) publish(ri int, now time.Duration) {
 // engineRequest is request idx of w as an engine receives it at now, its
 // prompt already cut into the engine's blocks.
 func engineRequest(idx int, wr *workload.Request, chain []uint64, maxTokens int, now time.Duration) sim.Request {
-	return sim.Request{ID: uint64(idx), PromptTokens: wr.PromptTokens, BlockHashes: chain, MaxTokens: maxTokens, Arrival: now}
+	chain = sim.WithAdapter(chain, wr.Adapter)
+	return sim.Request{ID: uint64(idx), PromptTokens: wr.PromptTokens, BlockHashes: chain, MaxTokens: maxTokens, Adapter: wr.Adapter, Arrival: now}
 }

@@ -134,7 +134,7 @@ type RealRouter struct {
 // router's input for it; now becomes the router's clock.
 func (a *RealRouter) input(wr *workload.Request, prompt string, now time.Duration) *router.Input {
 	a.nowMs = now.Milliseconds()
-	a.hasher.Reset(wr.Model, "", "")
+	a.hasher.Reset(wr.Model, wr.Adapter, "")
 	if wr.Chat() {
 		for _, m := range wr.Messages {
 			a.hasher.Message(m.Role, m.Content)
@@ -143,7 +143,7 @@ func (a *RealRouter) input(wr *workload.Request, prompt string, now time.Duratio
 		a.hasher.Text(prompt)
 	}
 	in := &router.Input{
-		Model: wr.Model, SessionKey: wr.Session,
+		Model: wr.Model, Adapter: wr.Adapter, SessionKey: wr.Session,
 		PromptTokens: wr.PromptTokens, MaxTokens: wr.OutputTokens,
 		Chain: a.hasher.Blocks(), Tokens: a.hasher, PromptChars: a.hasher.Len(),
 	}
@@ -204,6 +204,8 @@ func (a *RealRouter) ObserveState(st []sim.Stats, now time.Duration) {
 		h := &a.hosts[i]
 		h.Waiting, h.Running, h.KVUsage = st[i].Waiting, st[i].Running, st[i].KVUsage
 		h.IndexedBlocks = st[i].CachedBlocks
+		// vllm:lora_requests_info as the metrics service pushes it.
+		h.Adapters, h.MaxAdapters, h.AdapterSlotsUsed = st[i].Adapters, st[i].MaxLoRAs, len(st[i].Adapters)
 	}
 }
 

@@ -15,7 +15,13 @@
 //   - preemption by recomputation: when a running request needs a block and
 //     none is free, the most recently admitted request is evicted back to
 //     the waiting queue and starts over;
-//   - step time from a roofline cost model (see Profile).
+//   - step time from a roofline cost model (see Profile);
+//   - LoRA adapters (Profile.MaxLoRAs > 0): at most MaxLoRAs distinct
+//     adapters run in a batch, and a waiting request whose adapter would
+//     exceed that is skipped, as vLLM v1's scheduler does; the engine keeps
+//     MaxLoRAs adapters in GPU slots (least recently used evicted) and a
+//     step that brings in an adapter not in a slot takes
+//     Profile.LoRALoadTime longer.
 //
 // Time is virtual: the engine never sleeps. Step plans one step, applies its
 // progress and says how long it takes; the fleet simulator advances a virtual
@@ -25,6 +31,7 @@ package sim
 
 import (
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -40,6 +47,9 @@ type Request struct {
 	// cacheable.
 	BlockHashes []uint64
 	MaxTokens   int // output tokens to generate (at least 1)
+	// Adapter names the LoRA adapter the request runs with ("" for the
+	// base model).
+	Adapter string
 	// KVTransferred says a prefill peer computed the prompt's KV and sent it
 	// (disaggregated prefill/decode): the engine recomputes only the last
 	// prompt token to get logits, as vLLM's NixlConnector decode side does.
@@ -71,6 +81,13 @@ type Stats struct {
 	Steps            int64
 	PromptTokens     int64
 	GenerationTokens int64
+	// Adapters lists the LoRA adapters with requests running or waiting,
+	// sorted (vllm:lora_requests_info's running and waiting adapters);
+	// MaxLoRAs is the profile's slot count (max_lora). LoRALoads counts
+	// adapters brought into a GPU slot.
+	Adapters  []string
+	MaxLoRAs  int
+	LoRALoads int64
 }
 
 // StepResult is what one step did. Tokens lists requests that sampled an
@@ -107,6 +124,8 @@ type Engine struct {
 	result   StepResult
 	infinite bool
 	events   []KVEvent // KV events since TakeKVEvents (EnableKVEvents)
+	// loras are the adapters in GPU slots, least recently used first.
+	loras []string
 }
 
 // Option adjusts an Engine.
@@ -164,7 +183,86 @@ func (e *Engine) Stats() Stats {
 	s.KVUsage = e.kv.usage()
 	s.NumGPUBlocks = len(e.kv.blocks)
 	s.CachedBlocks = len(e.kv.byHash)
+	s.MaxLoRAs = e.prof.MaxLoRAs
+	if e.prof.MaxLoRAs > 0 {
+		for _, q := range [2][]*seq{e.running, e.waiting} {
+			for _, x := range q {
+				if a := x.r.Adapter; a != "" && !slices.Contains(s.Adapters, a) {
+					s.Adapters = append(s.Adapters, a)
+				}
+			}
+		}
+		slices.Sort(s.Adapters)
+	}
 	return s
+}
+
+// runningAdapter reports whether a running request uses adapter a, and
+// counts the distinct adapters running.
+func (e *Engine) runningAdapters(a string) (has bool, distinct int) {
+	var seen [8]string
+	n := 0
+	for i, x := range e.running {
+		ra := x.r.Adapter
+		if ra == "" {
+			continue
+		}
+		if ra == a {
+			has = true
+		}
+		dup := false
+		if n < len(seen) {
+			dup = slices.Contains(seen[:n], ra)
+		} else {
+			for _, y := range e.running[:i] {
+				if y.r.Adapter == ra {
+					dup = true
+					break
+				}
+			}
+		}
+		if !dup {
+			if n < len(seen) {
+				seen[n] = ra
+			}
+			n++
+		}
+	}
+	return has, n
+}
+
+// loraBlocked reports whether r must wait for a slot: its adapter is not
+// among those running and MaxLoRAs adapters already are.
+func (e *Engine) loraBlocked(r *Request) bool {
+	if r.Adapter == "" || e.prof.MaxLoRAs <= 0 {
+		return false
+	}
+	has, n := e.runningAdapters(r.Adapter)
+	return !has && n >= e.prof.MaxLoRAs
+}
+
+// useLoRA marks r's adapter most recently used, bringing it into a GPU
+// slot (evicting the least recently used adapter no running request uses)
+// when it is not in one. It reports whether it had to load it.
+func (e *Engine) useLoRA(a string) bool {
+	if a == "" || e.prof.MaxLoRAs <= 0 {
+		return false
+	}
+	if i := slices.Index(e.loras, a); i >= 0 {
+		e.loras = append(append(e.loras[:i], e.loras[i+1:]...), a)
+		return false
+	}
+	if len(e.loras) >= e.prof.MaxLoRAs {
+		for i, old := range e.loras {
+			if has, _ := e.runningAdapters(old); !has {
+				e.loras = append(e.loras[:i], e.loras[i+1:]...)
+				break
+			}
+		}
+	}
+	e.loras = append(e.loras, a)
+	e.stats.LoRALoads++
+	return true
 }
 
 // PeekCached is how many prompt tokens of the chain the prefix cache holds
@@ -216,9 +314,16 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 	}
 
 	// Then waiting requests, unless memory pressure just forced preemption.
-	for !preempted && budget > 0 && len(e.waiting) > 0 && len(e.running) < e.prof.MaxNumSeqs {
-		s := e.waiting[0]
+	// A request whose adapter cannot join the batch is skipped, not waited
+	// for (vLLM v1 does the same).
+	loads := 0
+	for w := 0; !preempted && budget > 0 && w < len(e.waiting) && len(e.running) < e.prof.MaxNumSeqs; {
+		s := e.waiting[w]
 		r := s.r
+		if e.loraBlocked(r) {
+			w++
+			continue
+		}
 		bs := e.prof.BlockSize
 		s.prefillTo = r.PromptTokens + r.Generated
 		hit := e.kv.lookup(r.BlockHashes)
@@ -254,7 +359,14 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 			e.stats.PrefixQueries += int64(r.PromptTokens)
 			e.stats.PrefixHits += int64(hit * bs)
 		}
-		e.waiting = e.waiting[1:]
+		if w == 0 {
+			e.waiting = e.waiting[1:]
+		} else {
+			e.waiting = append(e.waiting[:w], e.waiting[w+1:]...)
+		}
+		if e.useLoRA(r.Adapter) {
+			loads++
+		}
 		e.running = append(e.running, s)
 		e.schedule(s, n)
 		budget -= n
@@ -263,7 +375,7 @@ func (e *Engine) Step(now time.Duration) *StepResult {
 	if len(e.sched) == 0 {
 		return res
 	}
-	res.Duration = e.prof.StepTime(e.work)
+	res.Duration = e.prof.StepTime(e.work) + time.Duration(loads)*e.prof.LoRALoadTime
 	end := now + res.Duration
 	e.stats.Busy += res.Duration
 	e.stats.Steps++

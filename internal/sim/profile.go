@@ -51,6 +51,13 @@ type Profile struct {
 	MaxBatchedTokens     int     // --max-num-batched-tokens: per-step token budget
 	MaxNumSeqs           int     // --max-num-seqs
 	NumGPUBlocksOverride int     // if > 0, replaces the computed KV capacity (tests)
+
+	// LoRA serving (--enable-lora): MaxLoRAs is --max-loras, the adapters
+	// a batch holds at once (0: requests' adapters are ignored), and
+	// LoRALoadTime what bringing an adapter into a GPU slot adds to the
+	// step that needs it (from host memory; more from disk).
+	MaxLoRAs     int
+	LoRALoadTime time.Duration
 }
 
 // KVBytesPerToken is the KV cache size of one token over the whole model:

@@ -60,3 +60,18 @@ func RenderChat(msgs []ChatMessage) string {
 	b.WriteString("<|assistant|>\n")
 	return b.String()
 }
+
+// WithAdapter makes chain a LoRA adapter's own, in place: vLLM keys a
+// block's hash with the request's adapter as well, so the same prompt run
+// with two adapters (or with one and the base model) shares no KV. Mixing
+// one value into every hash keeps prefixes shared within the adapter.
+func WithAdapter(chain []uint64, adapter string) []uint64 {
+	if adapter == "" {
+		return chain
+	}
+	k := xxhash.Sum64String(adapter)
+	for i := range chain {
+		chain[i] ^= k
+	}
+	return chain
+}

@@ -11,7 +11,10 @@
 package workload
 
 import (
+	"strconv"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/sim"
 )
@@ -21,6 +24,10 @@ type Request struct {
 	ID      int
 	Arrival time.Duration
 	Model   string
+	// Adapter is the LoRA adapter the request names ("" for the base
+	// model); a client sends it as the model, which the gateway maps to
+	// Model (loraAdapters).
+	Adapter string
 	// Session identifies a conversation (multi-turn chat, a trace's user);
 	// routers that pin sessions read it as a header.
 	Session string
@@ -64,4 +71,27 @@ func (w *Workload) InputTokens() int64 {
 		n += int64(w.Requests[i].PromptTokens)
 	}
 	return n
+}
+
+// AssignAdapters makes every request name one of n LoRA adapters,
+// "lora-0" to "lora-<n-1>", for a multi-adapter fleet. A conversation
+// keeps one adapter (the choice hashes the session, or the request's ID
+// when it has none) and popularity is skewed as tenants' traffic is: the
+// adapter is the smaller of two uniform draws, so lora-0 gets about 2/n
+// of the requests and lora-<n-1> about 1/n². n <= 0 removes adapters.
+func (w *Workload) AssignAdapters(n int, seed uint64) {
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		r.Adapter = ""
+		if n <= 0 {
+			continue
+		}
+		key := r.Session
+		if key == "" {
+			key = strconv.Itoa(r.ID)
+		}
+		h := xxhash.Sum64String(strconv.FormatUint(seed, 10) + "/" + key)
+		a, b := h%uint64(n), (h>>32)%uint64(n)
+		r.Adapter = "lora-" + strconv.FormatUint(min(a, b), 10)
+	}
 }

@@ -130,3 +130,28 @@ func TestSharedPrefixAndRAG(t *testing.T) {
 		t.Fatal("more documents per query than documents accepted")
 	}
 }
+
+// A conversation keeps its adapter, popular adapters get more requests,
+// and n = 0 takes adapters away.
+func TestAssignAdapters(t *testing.T) {
+	w, err := MultiTurn{Users: 300, Rounds: 3, SystemTokens: 100, QuestionTokens: 50, OutputTokens: 10, Rate: 10, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.AssignAdapters(8, 1)
+	bySession, count := map[string]string{}, map[string]int{}
+	for _, r := range w.Requests {
+		if a, ok := bySession[r.Session]; ok && a != r.Adapter {
+			t.Fatalf("session %s runs %s and %s", r.Session, a, r.Adapter)
+		}
+		bySession[r.Session] = r.Adapter
+		count[r.Adapter]++
+	}
+	if len(count) < 6 || count["lora-0"] <= 2*count["lora-7"] {
+		t.Errorf("adapter counts %v: want most of 8 adapters used, lora-0 well ahead of lora-7", count)
+	}
+	w.AssignAdapters(0, 1)
+	if w.Requests[0].Adapter != "" {
+		t.Error("n = 0 left adapters")
+	}
+}
