@@ -429,14 +429,25 @@ func (s *routerStream) stateHeaders(method string, endOfStream bool) types.Actio
 		p.stats.stateRejected.Increment(1)
 		return s.reject(badRequest("", "empty body: POST a kvroute state snapshot (JSON)"))
 	}
-	s.stateRequest = true
-	if p.cfg.BodyRouting {
-		return types.ActionPause
+	if !p.cfg.BodyRouting {
+		return s.stateNeedsBody()
 	}
-	// Header-only mode (no allow_on_headers_stop_iteration): a paused header
-	// callback would never see the body, so let the headers go and answer
-	// from the body callback; Envoy resets the upstream request.
-	return types.ActionContinue
+	s.stateRequest = true
+	return types.ActionPause
+}
+
+// stateNeedsBody answers a push in header-only mode. Without
+// allow_on_headers_stop_iteration Envoy hands the filter no body while it
+// holds the headers, and headers let go reach an engine at once (with the
+// bearer token): so the push is answered here, from the headers, and
+// refused. The state path is never forwarded, in any mode.
+func (s *routerStream) stateNeedsBody() types.Action {
+	p := s.plugin
+	p.stats.stateRejected.Increment(1)
+	return s.reject(&requestError{Status: 501, Message: "this gateway runs kvroute in header-only mode (bodyRouting: false), " +
+		"where Envoy forwards a request's headers before the filter can read its body: it cannot take state pushes. " +
+		"Pull the state instead (state.pull), push to a kvroute.router with bodyRouting: true and " +
+		"allow_on_headers_stop_iteration: true (same vm_id), or list the engines in the plugin's endpoints"})
 }
 
 func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
