@@ -62,6 +62,7 @@ type requestError struct {
 	Status  int
 	Param   string // the offending field, "" for the body as a whole
 	Message string
+	Code    string // OpenAI's error code ("model_not_found"); "" writes Status
 }
 
 func badRequest(param, format string, args ...any) *requestError {
@@ -110,7 +111,11 @@ func (e *requestError) body() []byte {
 		b = gjson.AppendJSONString(b, e.Param)
 	}
 	b = append(b, `,"code":`...)
-	b = strconv.AppendInt(b, int64(e.Status), 10)
+	if e.Code != "" {
+		b = gjson.AppendJSONString(b, e.Code)
+	} else {
+		b = strconv.AppendInt(b, int64(e.Status), 10)
+	}
 	return append(b, "}}"...)
 }
 

@@ -136,15 +136,19 @@ func TestDecodeSnapshot(t *testing.T) {
 		t.Errorf("decoded %+v", st)
 	}
 	for body, want := range map[string]string{
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`: "appears twice",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:       "hosts[0].kvUsage",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:      "hosts[0].waiting",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:   "hosts[0].role",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:   "hosts[0].healthy",
-		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                  "timestampMs",
-		`{"version":1,"timestampMs":5,"hosts":{}}`:                                    "hosts: must be an array",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:    "hosts[0].adapters",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                     "hosts[0].address",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`:                                                        "appears twice",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:                                                              "hosts[0].kvUsage",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:                                                             "hosts[0].waiting",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:                                                          "hosts[0].role",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:                                                          "hosts[0].healthy",
+		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                                                                         "timestampMs",
+		`{"version":1,"timestampMs":5,"hosts":{}}`:                                                                                           "hosts: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:                                                           "hosts[0].adapters",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                                                                            "hosts[0].address",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":{}}`:                                                            "gateways: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":""}]}`:                                              "gateways[0].gateway",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","routes":[{"address":"a:1","chain":"AQID"}]}]}`: "gateways[0].routes[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","load":[{"address":"a:1","inFlight":-1}]}]}`:    "gateways[0].load[0]",
 		`not json`: "not valid JSON",
 	} {
 		if _, err := decodeSnapshot([]byte(body)); err == nil || !strings.Contains(err.Error(), want) {

@@ -192,18 +192,7 @@ func routerStats(r Router) router.Stats {
 	}
 	var s router.Stats
 	for _, x := range rs {
-		st := x.Stats()
-		s.Decisions += st.Decisions
-		s.NoCandidate += st.NoCandidate
-		s.Disaggregated += st.Disaggregated
-		s.PredictedCachedTokens += st.PredictedCachedTokens
-		s.ConfirmedCachedTokens += st.ConfirmedCachedTokens
-		s.PredictionErrorTokens += st.PredictionErrorTokens
-		s.FeedbackRequests += st.FeedbackRequests
-		s.OverPredicted += st.OverPredicted
-		s.UnderPredicted += st.UnderPredicted
-		s.IndexErrors += st.IndexErrors
-		s.LoadErrors += st.LoadErrors
+		s.Add(x.Stats())
 	}
 	return s
 }
@@ -237,16 +226,7 @@ func applyDelta(ix *index.Index, ref index.HostRef, d cachestate.Delta) {
 func (p *PreciseRouter) BridgeStats() cachestate.Stats {
 	var s cachestate.Stats
 	for _, b := range p.bridges {
-		x := b.Stats()
-		s.Routes += x.Routes
-		s.Expired += x.Expired
-		s.Matched += x.Matched
-		s.Unmatched += x.Unmatched
-		s.Removed += x.Removed
-		s.Unmapped += x.Unmapped
-		s.Clears += x.Clears
-		s.MappedNow += x.MappedNow
-		s.PendingNow += x.PendingNow
+		s.Add(b.Stats())
 	}
 	return s
 }

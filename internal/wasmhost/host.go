@@ -70,6 +70,12 @@ type Config struct {
 	// the filter untouched.
 	FailOpen bool
 
+	// RemoveRequestHeaders are removed from every request before the Wasm
+	// filters run, as Envoy's header_mutation filter placed before them
+	// does (request_mutations: remove): what still strips a client's
+	// routing headers when a failed VM lets requests pass untouched.
+	RemoveRequestHeaders []string
+
 	// LogLevel is what proxy_get_log_level answers; 0 means LevelInfo,
 	// Envoy's default. Every log line is recorded whatever its level.
 	LogLevel int

@@ -348,6 +348,19 @@ func (b *Bridge) match(parent *route, parentDepth, n, bs int) *route {
 	return nil
 }
 
+// Add adds o's counters to s (a fleet's bridges).
+func (s *Stats) Add(o Stats) {
+	s.Routes += o.Routes
+	s.Expired += o.Expired
+	s.Matched += o.Matched
+	s.Unmatched += o.Unmatched
+	s.Removed += o.Removed
+	s.Unmapped += o.Unmapped
+	s.Clears += o.Clears
+	s.MappedNow += o.MappedNow
+	s.PendingNow += o.PendingNow
+}
+
 // Stats returns the counters.
 func (b *Bridge) Stats() Stats {
 	s := b.stats

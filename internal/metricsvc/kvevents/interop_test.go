@@ -3,7 +3,6 @@ package kvevents
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/hex"
 	"sync"
 	"testing"
@@ -263,31 +262,12 @@ func TestInteropListenMode(t *testing.T) {
 // topicReplayServer answers replay requests as llm-d-inference-sim does:
 // [topic, seq, payload] per batch, then an empty topic, -1 and nothing.
 func topicReplayServer(t *testing.T, ctx context.Context, topic string, buffered map[uint64][]byte) string {
-	t.Helper()
-	r := zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))
-	if err := r.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	go func() {
-		for {
-			msg, err := r.Recv()
-			if err != nil {
-				return
-			}
-			if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
-				continue
-			}
-			id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
-			for seq := start; seq < start+10; seq++ {
-				if p, ok := buffered[seq]; ok {
-					r.Send(zmq4.NewMsgFrom(append([][]byte{id, {}}, Frames(topic, seq, p)...)...))
-				}
-			}
-			r.Send(zmq4.NewMsgFrom(append([][]byte{id, {}}, Frames("", endSeq, nil)...)...))
+	return replayRouter(t, ctx, buffered, func(seq uint64, p []byte) [][]byte {
+		if seq == endSeq {
+			return Frames("", seq, p)
 		}
-	}()
-	return "tcp://" + r.Addr().String()
+		return Frames(topic, seq, p)
+	})
 }
 
 func TestParseTopic(t *testing.T) {

@@ -422,8 +422,15 @@ func TestSubscriberRealZMQ(t *testing.T) {
 }
 
 // replayServer is vLLM's replay socket: a ROUTER that answers an 8-byte
-// start sequence with every buffered batch from there on, then -1.
+// start sequence with every buffered batch from there on, [seq, payload],
+// then -1.
 func replayServer(t *testing.T, ctx context.Context, buffered map[uint64][]byte) string {
+	return replayRouter(t, ctx, buffered, func(seq uint64, p []byte) [][]byte { return Frames("", seq, p)[1:] })
+}
+
+// replayRouter serves replay requests, framing each answer with frame (the
+// end marker too, as frame(-1, nil)).
+func replayRouter(t *testing.T, ctx context.Context, buffered map[uint64][]byte, frame func(seq uint64, p []byte) [][]byte) string {
 	t.Helper()
 	r := zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))
 	if err := r.Listen("tcp://127.0.0.1:0"); err != nil {
@@ -443,12 +450,10 @@ func replayServer(t *testing.T, ctx context.Context, buffered map[uint64][]byte)
 			id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
 			for seq := start; seq < start+100; seq++ {
 				if p, ok := buffered[seq]; ok {
-					var s [8]byte
-					binary.BigEndian.PutUint64(s[:], seq)
-					r.Send(zmq4.NewMsgFrom(id, []byte{}, s[:], p))
+					r.Send(zmq4.NewMsgFrom(append([][]byte{id, {}}, frame(seq, p)...)...))
 				}
 			}
-			r.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, []byte{}))
+			r.Send(zmq4.NewMsgFrom(append([][]byte{id, {}}, frame(endSeq, []byte{})...)...))
 		}
 	}()
 	return "tcp://" + r.Addr().String()
