@@ -1149,7 +1149,7 @@ func (s *routerStream) decide(in *router.Input) {
 	t, res := p.rt.Decide(in, p.hosts)
 	p.ix.UnpinClock()
 	if p.reporter != nil && t.Host >= 0 {
-		p.reporter.addRoute(t.Address, in.Chain)
+		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens)
 	}
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
