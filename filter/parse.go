@@ -872,11 +872,11 @@ func messageError(i, fault int) *requestError {
 	return badRequest(at+f.field, f.format, at)
 }
 
-// toolCalls hashes an assistant message's tool calls, the array calls. Out
-// of messageRest with its gjson lookups. Each call is read in place (gjson
-// on a view of the body: the hasher consumes the texts before the body
-// goes): gjson's Array of the whole array, and ParseBytes's copy, made a
-// body of many tool calls allocate 9 MB per MiB.
+// toolCalls hashes an assistant message's tool calls, the array calls,
+// each read in place with the span walker (lookup, valueString): gjson's
+// Array of a ParseBytes copy made a body of many tool calls allocate 9 MB
+// per MiB, and gjson's lookups scan each call byte by byte and copy every
+// escaped string (arguments are JSON text, full of escaped quotes).
 func (p *requestParser) toolCalls(calls []byte) {
 	for i := skipSpace(calls, 1); ; {
 		c, next, ok := p.doc.element(calls, i)
@@ -884,10 +884,40 @@ func (p *requestParser) toolCalls(calls []byte) {
 			return
 		}
 		i = next
-		call := gjson.Parse(unsafeString(c))
-		fn := call.Get("function")
-		p.hasher.ToolCall(call.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
+		fn := p.lookup(c, "function")
+		p.hasher.ToolCall(p.valueString(p.lookup(c, "id")), p.valueString(p.lookup(fn, "name")), p.valueString(p.lookup(fn, "arguments")))
 	}
+}
+
+// lookup returns the raw value of the first member of obj named key (as
+// gjson's Get finds it: the first match, by the decoded key), or nil when
+// obj is not an object or has no such member.
+func (p *requestParser) lookup(obj []byte, key string) []byte {
+	if len(obj) == 0 || obj[0] != '{' {
+		return nil
+	}
+	for i := skipSpace(obj, 1); ; {
+		k, v, next, ok := p.doc.member(obj, i)
+		if !ok {
+			return nil
+		}
+		if p.doc.text(k) == key {
+			return v
+		}
+		i = next
+	}
+}
+
+// valueString is gjson's Result.String of the raw value v ("" for nil): a
+// string's text read by the doc (no copy), anything else through gjson.
+func (p *requestParser) valueString(v []byte) string {
+	switch {
+	case len(v) == 0:
+		return ""
+	case v[0] == '"':
+		return p.doc.text(v)
+	}
+	return gjson.Parse(unsafeString(v)).String()
 }
 
 // part hashes content part j of message i.
@@ -919,9 +949,9 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 		}
 		p.hasher.Text(p.doc.text(text))
 	case "image_url":
-		p.hasher.Part("image_url", gjson.Get(unsafeString(part), "image_url.url").String())
+		p.hasher.Part("image_url", p.valueString(p.lookup(p.lookup(part, "image_url"), "url")))
 	case "input_audio":
-		p.hasher.Part("input_audio", gjson.Get(unsafeString(part), "input_audio.data").String())
+		p.hasher.Part("input_audio", p.valueString(p.lookup(p.lookup(part, "input_audio"), "data")))
 	default:
 		// Other part types shape the prompt too: hash them whole.
 		p.hasher.Part(t, unsafeString(part))

@@ -608,11 +608,15 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 		`[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]`,
 		`[{"id":"c1","function":{"name":"f","arguments":"{}"}},{"id":7,"function":{"name":"g\u00e9","arguments":{"raw":true}}}]`,
 		`[{"function":{"name":"f"}}, 3, "x", null, {"id":"c2"}, []]`,
+		`[{"id":"first","id":"second","function":{"name":1e3,"arguments":[1,{"a":"\n"}],"name":"late"}},{"\u0069d":"escaped key","function":"not an object"}]`,
+		`[{"id":"c","function":{"name":"` + strings.Repeat("n", 70) + `","arguments":"` + strings.Repeat(`{\"k\":\"v\"}`, 9) + `"},"` + strings.Repeat("k", 70) + `":0}]`,
+		`[{"id":-0.5,"function":{"name":true,"arguments":null}},{"id":12345678901234567890}]`,
 		`[]`,
 	} {
 		for _, parts := range []string{
 			`[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]`,
 			`[{"type":"input_audio","input_audio":{"data":"QUJD","format":"wav"}},{"type":"image_url","image_url":{"url":"data:image/png;base64,\u0041"}}]`,
+			`[{"type":"image_url","image_url":{"detail":"high","url":"https://a","url":"https://b"},"image_url":{"url":"second"}},{"type":"image_url","image_url":"not an object"},{"type":"image_url"},{"type":"input_audio","input_audio":{"data":7}}]`,
 		} {
 			// A long last message, so that the parts and calls are in
 			// complete blocks.
