@@ -95,6 +95,10 @@ type routerPlugin struct {
 	// hosts' LatencyEWMAMs). Otherwise, as with every preset, the response
 	// path reads no clock.
 	timeResponses bool
+	// timeFirstToken says the profile learns each host's time to first
+	// token (predicted_ttft): the first chunk of a streamed response then
+	// reads the clock for the ticket's TTFTMs.
+	timeFirstToken bool
 	// streamUsageAlways: the engines put usage in every stream, asked or
 	// not (config streamUsage "always").
 	streamUsageAlways bool
@@ -217,6 +221,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
+	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
 	static := make([]candidate, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
@@ -1474,6 +1479,11 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 		// delivers even a one-read body as a chunk and then an empty last
 		// one, so this is most non-streamed responses.
 		if !endOfStream && s.streamed {
+			if p.timeFirstToken {
+				// A streamed response's first chunk is its first token
+				// (the headers may come before it).
+				s.ticket.TTFTMs = millis(p.mono() - s.decidedAt)
+			}
 			p.rt.FirstToken(&s.ticket)
 		}
 		if s.noUsage && !endOfStream {
