@@ -1066,15 +1066,20 @@ func (p *routerPlugin) servesModel(model string) bool {
 // OpenAI server does (404 model_not_found) rather than let Envoy's
 // fallback policy send it to an engine serving another model (every preset
 // has the model filter, so such a request ends here); otherwise Envoy's
-// fallback policy picks. Out of route's line (noinline): a routed request
-// never enters it.
+// fallback policy picks. A request naming a LoRA adapter (loraAdapters)
+// whose base model nobody serves is answered the same way, naming the
+// adapter the client asked for. Out of route's line (noinline): a routed
+// request never enters it.
 //
 //go:noinline
-func (s *routerStream) noCandidate(model string) {
+func (s *routerStream) noCandidate(model, adapter string) {
 	p := s.plugin
 	if p.servesModel(model) {
 		p.stats.noCandidate.Increment(1)
 		return
+	}
+	if adapter != "" {
+		model = adapter
 	}
 	p.stats.notFound.Increment(1)
 	p.stats.modelNotFound.Increment(1)
@@ -1151,19 +1156,19 @@ func (s *routerStream) decide(in *router.Input) {
 	s.promptTokens = in.PromptTokens
 	// No defer: route cannot panic short of a bug, which the callback's
 	// guard catches, and syncStats catches up with the counters next time.
-	s.route(&res, nowMs, in.Model)
+	s.route(&res, nowMs, in)
 	p.syncStats()
 }
 
 // route writes the decision's destination header (and the optional ones)
 // and counts the dispatch.
-func (s *routerStream) route(res *scorer.Result, nowMs int64, model string) {
+func (s *routerStream) route(res *scorer.Result, nowMs int64, in *router.Input) {
 	p := s.plugin
 	cfg := p.cfg // one nil check, not one per field read
 	t := &s.ticket
 	order := res.Decode.Order
 	if len(order) == 0 {
-		s.noCandidate(model)
+		s.noCandidate(in.Model, in.Adapter)
 		return
 	}
 	hosts := p.hosts
