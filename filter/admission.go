@@ -2,6 +2,7 @@ package filter
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -27,7 +28,10 @@ import (
 // dispatch) and the pushed engine state, so all workers stop and start
 // sending at about the same moments.
 
-// Request headers read by admission.
+// The names the documentation gives admission's priority and deadline
+// headers (admission.priorityHeader, admission.deadlineHeader): under
+// x-kvroute-*, so that a client's own never reaches an engine. The router
+// reads them only when the configuration names them.
 const (
 	PriorityHeader = "x-kvroute-priority"
 	DeadlineHeader = "x-kvroute-deadline-ms"
@@ -80,9 +84,11 @@ func (b blockTokens) TokensIn(n int) int {
 	return b[min(n, len(b))-1]
 }
 
-// admissionHeaders are the client's admission headers, read in
-// on_request_headers before every x-kvroute-* header is stripped (they never
-// reach an engine), and the arrival time deadlines count from.
+// admissionHeaders are the configured priority and deadline headers' values
+// (admission.priorityHeader, admission.deadlineHeader: set by the operator's
+// Envoy configuration, not by the client), read in on_request_headers before
+// every x-kvroute-* header is stripped, and the arrival time deadlines count
+// from.
 type admissionHeaders struct {
 	priority, deadline string
 	arrivedMs          int64
@@ -92,9 +98,9 @@ type admissionHeaders struct {
 // test p.adm for nil, so that with admission off (the default) a request
 // enters none of them (each function entered costs a request, however early it
 // returns: docs/performance.md).
-func (a *admitter) readHeaders(s *routerStream) {
-	s.admHdr.priority, _ = proxywasm.GetHttpRequestHeader(PriorityHeader)
-	s.admHdr.deadline, _ = proxywasm.GetHttpRequestHeader(DeadlineHeader)
+func (a *admitter) readHeaders(s *routerStream, h *requestHeaders) {
+	// Copies: the values alias the header map's buffer.
+	s.admHdr.priority, s.admHdr.deadline = strings.Clone(h.priority), strings.Clone(h.deadline)
 	s.admHdr.arrivedMs = a.p.now().UnixMilli()
 }
 
@@ -136,13 +142,13 @@ func (a *admitter) admit(s *routerStream, in *router.Input) (action types.Action
 	class, err := cfg.Classify(prio, path, in.Model)
 	if err != nil {
 		a.badHeader.Increment(1)
-		return s.reject(badRequest(PriorityHeader, "%s: %v", PriorityHeader, err)), true
+		return s.reject(badRequest(cfg.PriorityHeader, "%s: %v", cfg.PriorityHeader, err)), true
 	}
 	nowMs := p.now().UnixMilli()
 	deadline, err := cfg.Deadline(class, dl, min(s.admHdr.arrivedMs, nowMs))
 	if err != nil {
 		a.badHeader.Increment(1)
-		return s.reject(badRequest(DeadlineHeader, "%s: %v", DeadlineHeader, err)), true
+		return s.reject(badRequest(cfg.DeadlineHeader, "%s: %v", cfg.DeadlineHeader, err)), true
 	}
 	p.refreshState()
 	v, shed, evicted := a.ctl.Arrive(uint64(s.id), class, deadline, nowMs, a.saturated(in.Model))

@@ -36,6 +36,11 @@ func admissionModule(t testing.TB) []byte {
 	return wasmModule(t)
 }
 
+// operatorHeaders names the priority and deadline headers in the admission
+// configuration: the tests that send them play the operator's Envoy, which
+// sets them.
+const operatorHeaders = `,"priorityHeader":"` + PriorityHeader + `","deadlineHeader":"` + DeadlineHeader + `"`
+
 func startAdmission(t *testing.T, workers int, admission string) (*wasmhost.Host, string) {
 	t.Helper()
 	// TimeScale 1: a request with max_tokens 40 takes a few hundred ms.
@@ -94,7 +99,7 @@ func TestWasmAdmissionHeldRequestsResumeInPriorityOrder(t *testing.T) {
 }
 
 func heldRequestsResume(t *testing.T, workers int) {
-	h, url := startAdmission(t, workers, `,"maxHeld":16`)
+	h, url := startAdmission(t, workers, `,"maxHeld":16`+operatorHeaders)
 	const n = 8
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -142,7 +147,7 @@ func heldRequestsResume(t *testing.T, workers int) {
 }
 
 func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
-	h, url := startAdmission(t, 1, `,"maxHeld":1,"retryAfterS":3`)
+	h, url := startAdmission(t, 1, `,"maxHeld":1,"retryAfterS":3`+operatorHeaders)
 	// Occupy the engine.
 	busy := make(chan int, 1)
 	go func() {

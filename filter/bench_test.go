@@ -29,10 +29,11 @@ import (
 // this host and what kvroute adds above it. "8Ktok/floor+cold" runs the
 // floor with as much generated code per request as the router enters
 // (coldFloorModule): the cost of touching that code, without kvroute. At 8K tokens two more split
-// kvroute's cost: "header-only" runs it with bodyRouting false (no body
-// buffered or parsed: session, load and fallbacks only), "pass-through"
-// sends the request to a path the router does not route (its callbacks
-// run and return at once), and "loaded" sends from 8 clients at once, each
+// kvroute's cost: "header-only" runs it with bodyRouting false (no prompt
+// parsed: session, load and fallbacks, and the body held and scanned for
+// client P/D fields), "pass-through" sends the request to a path the
+// router does not route (no decision; its JSON body is scanned the same
+// way), and "loaded" sends from 8 clients at once, each
 // on its own connection (a busy proxy: streams of both workers interleave
 // on the two cores). "stream" and "stream+usage" ask for a streamed
 // response of streamedTokens events, without and with usage in it, and

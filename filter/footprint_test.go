@@ -263,8 +263,13 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// functions, about 7 KB of them and about 10 more calls. The
 	// prediction error's books, the correction's stamp and the per-model
 	// characters-per-token calibration (docs/cache-state.md) are about
-	// 4 KB more, in Decide and at the response's end.
-	const maxDistinct, maxBytes, maxCalls = 141, 135 << 10, 615
+	// 4 KB more, in Decide and at the response's end. The parser's fast
+	// paths for bodies of many small values (docs/performance.md, "Body
+	// shapes": the validator's word test for short strings, quickEnd in
+	// the walker) are about 2.5 KB more. Between runs of this test the
+	// figures move by up to 3 functions, 2 KB and 45 calls (the runtime's
+	// own work, garbage collection among it): the budgets leave that room.
+	const maxDistinct, maxBytes, maxCalls = 142, 139 << 10, 650
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}

@@ -76,7 +76,8 @@ func (h *requestHeaders) pick(raw []byte) error {
 		name, value := data[:k], data[k+1:k+1+v]
 		data = data[k+v+2:]
 		if h.stripped(name) {
-			// The host will no longer answer for it: not picked.
+			// The host will no longer answer for it: not picked here (see
+			// pickExtra).
 			h.strip(name, value)
 			continue
 		}
@@ -87,7 +88,40 @@ func (h *requestHeaders) pick(raw []byte) error {
 		}
 	}
 	h.read = true
+	if h.extra {
+		h.pickExtra(raw)
+	}
 	return nil
+}
+
+// pickExtra reads, from raw (which pick has checked), the configured
+// headers pick does not: the prefix key and admission's priority and
+// deadline, and a session header named x-kvroute-*. They are read whether
+// or not they are stripped: one named x-kvroute-* (the shipped
+// x-kvroute-prefix-key) is kvroute's to read and then to remove. The
+// destination header is never one of them (config rejects it). Out of
+// pick's line (noinline): the default configuration names none of them,
+// and each function entered costs a request (docs/performance.md).
+//
+//go:noinline
+func (h *requestHeaders) pickExtra(raw []byte) {
+	n := int(binary.LittleEndian.Uint32(raw))
+	sizes, data := raw[4:4+8*n], unsafeString(raw[4+8*n:])
+	var found [4]bool
+	for ; len(sizes) >= 8; sizes = sizes[8:] {
+		k := int(binary.LittleEndian.Uint32(sizes))
+		v := int(binary.LittleEndian.Uint32(sizes[4:]))
+		name, value := data[:k], data[k+1:k+1+v]
+		data = data[k+v+2:]
+		for i, pk := range [...]struct {
+			name  string
+			value *string
+		}{{h.prefixKeyName, &h.prefixKey}, {h.priorityName, &h.priority}, {h.deadlineName, &h.deadline}, {h.session, &h.sessionKey}} {
+			if !found[i] && pk.name != "" && headerNameIs(name, pk.name) && (i < 3 || h.stripped(name)) {
+				*pk.value, found[i] = value, true
+			}
+		}
+	}
 }
 
 // errHeaderMap reports a header map the host serialized wrongly.
@@ -122,12 +156,20 @@ func (h *requestHeaders) removeStripped() error {
 type requestHeaders struct {
 	destination string // the destination header's name
 	session     string // the session header's name ("" when off)
+	// The other configured headers the router reads ("" when off): the
+	// client's prefix key (header-only mode) and admission's priority and
+	// deadline, which the operator's Envoy configuration sets; extra says
+	// some header is read by pickExtra (these, or a session header named
+	// x-kvroute-*).
+	prefixKeyName, priorityName, deadlineName string
+	extra                                     bool
 
 	read bool // the map was read (false: nothing below was picked)
-	// The first value of :path, :method, content-length and the session
-	// header, as the host's get_header_map_value would answer after the
-	// removal ("" for a header absent or removed).
+	// The first value of :path, :method, content-length and the configured
+	// headers, as the request carried them before the removal ("" for a
+	// header absent).
 	path, method, contentLength, sessionKey string
+	prefixKey, priority, deadline           string
 	testHook                                string   // the test hook header's value, read before removal
 	remove                                  []string // the headers to strip, in lower case
 }
@@ -144,9 +186,19 @@ func (h *requestHeaders) askHost() {
 	h.path, _ = proxywasm.GetHttpRequestHeader(":path")
 	h.method, _ = proxywasm.GetHttpRequestHeader(":method")
 	h.contentLength, _ = proxywasm.GetHttpRequestHeader("content-length")
-	if h.session != "" {
-		h.sessionKey, _ = proxywasm.GetHttpRequestHeader(h.session)
+	h.sessionKey = hostHeader(h.session)
+	h.prefixKey = hostHeader(h.prefixKeyName)
+	h.priority = hostHeader(h.priorityName)
+	h.deadline = hostHeader(h.deadlineName)
+}
+
+// hostHeader asks the host for the request header name ("" for none).
+func hostHeader(name string) string {
+	if name == "" {
+		return ""
 	}
+	v, _ := proxywasm.GetHttpRequestHeader(name)
+	return v
 }
 
 // appendHeaderMap appends pairs to b in the serialized form pick reads: how

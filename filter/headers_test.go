@@ -3,6 +3,7 @@ package filter
 import (
 	"encoding/binary"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -84,10 +85,11 @@ func TestRequestHeadersPick(t *testing.T) {
 	if !reflect.DeepEqual(h, want) {
 		t.Errorf("picked %+v, want %+v", h, want)
 	}
-	// A session header that is also an internal one is removed, so never picked.
-	h = requestHeaders{destination: "x-gateway-destination-endpoint", session: "x-kvroute-prefill-host"}
-	if err := h.pick(raw); err != nil || h.sessionKey != "" {
-		t.Errorf("session key %q (%v), want none", h.sessionKey, err)
+	// A configured header that is also an internal one (the shipped
+	// x-kvroute-prefix-key) is read, then removed.
+	h = requestHeaders{destination: "x-gateway-destination-endpoint", session: "x-kvroute-prefill-host", prefixKeyName: "X-Kvroute-Test-Panic", extra: true}
+	if err := h.pick(raw); err != nil || h.sessionKey != "10.0.0.9:8000" || h.prefixKey != "recover" || !slices.Contains(h.remove, "x-kvroute-prefill-host") {
+		t.Errorf("session key %q, prefix key %q, removed %q (%v), want both read and removed", h.sessionKey, h.prefixKey, h.remove, err)
 	}
 	// No session header configured: a header without a name is not it.
 	h = requestHeaders{destination: "x-gateway-destination-endpoint"}

@@ -90,23 +90,10 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 	i := skipSpace(b, 0)
 scan:
 	for key := false; ; {
-		// An object's key and ':' when b[i] starts a member (after '{' or
-		// a comma in an object: one copy of this code for both).
-		if key {
-			if i >= len(b) || b[i] != '"' {
-				break scan
-			}
-			if i, _ = scanString(b, i, nonASCII); i < 0 {
-				break scan
-			}
-			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
-				break scan
-			}
-			i = skipSpace(b, i+1)
-			key = false
-		}
-		// A value starts at b[i].
-		if i >= len(b) {
+		// A value starts at b[i], or with key set an object's key (after
+		// '{' or a comma in an object): a string, read by the value's
+		// string code (one copy of it), then ':'.
+		if i >= len(b) || key && b[i] != '"' {
 			break scan
 		}
 		if rec != nil && len(rec.spans) == cap(rec.spans) {
@@ -115,6 +102,18 @@ scan:
 		switch c := b[i]; {
 		case c == '{' || c == '[':
 			open := i
+			// An array of plain integers (a token-id prompt, or one of
+			// its batches) in one call, without a stack entry; in the
+			// table only when long, as strings are.
+			if c == '[' && i+1 < len(b) && b[i+1]-'1' <= 8 { // a chat body never enters it
+				if e := intArray(b, i); e > 0 {
+					if rec != nil && e-i >= minSpanString {
+						rec.add(jsonSpan{start: int32(i), end: int32(e)})
+					}
+					i = e
+					break
+				}
+			}
 			i = skipSpace(b, i+1)
 			if i < len(b) && b[i] == c+2 { // '{'+2 == '}', '['+2 == ']'
 				i++
@@ -129,13 +128,26 @@ scan:
 			key = c == '{'
 			continue
 		case c == '"':
-			start := i
-			var escaped bool
-			if i, escaped = scanString(b, i, nonASCII); i < 0 {
-				break scan
+			if e := shortPlain(b, i); e >= 0 {
+				i = e // too short for the table
+			} else {
+				start := i
+				var escaped bool
+				if i, escaped = scanString(b, i, nonASCII); i < 0 {
+					break scan
+				}
+				// Long values in the table; keys never (the walker scans them).
+				if rec != nil && !key && i-start >= minSpanString {
+					rec.add(jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
+				}
 			}
-			if rec != nil && i-start >= minSpanString {
-				rec.add(jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
+			if key {
+				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+					break scan
+				}
+				i = skipSpace(b, i+1)
+				key = false
+				continue
 			}
 		case c >= '1' && c <= '9':
 			// A plain integer (token ids, max_tokens) ends here without
@@ -231,6 +243,32 @@ func (s *jsonSpans) add(sp jsonSpan) int32 {
 //go:noinline
 func (s *jsonSpans) grow() { s.spans = slices.Grow(s.spans, 1) }
 
+// intArray returns the index after the array starting at b[i] when it
+// holds nothing but plain integers (no zero, sign, fraction or exponent)
+// separated by commas without spaces, as token-id prompts are sent; and -1
+// for any other array, which the caller then scans its general way (having
+// lost at most this scan of it). A 1 MiB prompt of [7,8] batches spent
+// most of its validation opening and closing each batch as a container.
+// Not inlined: inlined into scanJSONWith it made parsing a body of many
+// unused keys, which holds no array, 1.7 times slower in Wasm (measured
+// with the parser's benchmarks compiled to wasip1 on wazero), though the
+// validation itself was no slower.
+//
+//go:noinline
+func intArray(b []byte, i int) int {
+	for i++; i < len(b) && b[i]-'1' <= 8; i++ { // a digit 1-9 starts each integer
+		for i++; i < len(b) && b[i]-'0' <= 9; i++ {
+		}
+		if i < len(b) && b[i] == ']' {
+			return i + 1
+		}
+		if i >= len(b) || b[i] != ',' {
+			break
+		}
+	}
+	return -1
+}
+
 // integerRun returns the index after the elements ",<integer>" that follow one
 // another from b[j] in an array of plain integers (a token-id prompt), one
 // loop iteration per element. Anything else (space, a fraction, a zero, the
@@ -284,6 +322,26 @@ var plainStringByte = func() (t [256]bool) {
 // (a table: in Wasm a switch on them would be ~110 instructions of
 // scanString).
 var simpleEscape = [256]bool{'"': true, '\\': true, '/': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
+
+// shortPlain returns the index after the string starting at b[i] (a
+// quote) when it closes within the 9 bytes after the quote and holds no
+// escape, no control character and no byte above 0x7f; and -1 otherwise
+// (the caller then scans it in full). One word test, inlined where it is
+// used: keys, roles and short values are most strings of a body, and a
+// call per string made a body of many of them cost tens of times a
+// plain-text one in Wasm.
+func shortPlain(b []byte, i int) (e int) {
+	e = -1
+	if i+10 <= len(b) { // and i >= 0: an index the caller has read
+		// The first byte to look at among the 8 after the quote, or the
+		// 9th when none of them needs a look (stopASCII's lowest flag is
+		// exact).
+		if k := i + 1 + bits.TrailingZeros64(stopASCII(load64(b, i+1))&highBits)>>3; b[k] == '"' {
+			e = k + 1
+		}
+	}
+	return e
+}
 
 // skipString returns the index after the string starting at b[i] (a
 // quote), or -1 if it is not a valid JSON string.

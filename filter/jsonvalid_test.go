@@ -25,6 +25,9 @@ var jsonCases = []string{
 	"\"" + strings.Repeat("\xe4\xb8\xad", 40) + "\xe4\xb8\"", "\"" + strings.Repeat("abcdefgh", 9) + "\xff" + strings.Repeat("x", 40) + "\"",
 	// runs of integers in arrays (the validator's token-id loop)
 	`[1,2,3]`, `[12,345,6789,0,10]`, `[1,2.5,3]`, `[1,2e3,4]`, `[1,2E-3]`, `[1, 2 ,3]`, `{"p":[7,8,9],"q":1}`, `[[1,2],[3,4]]`,
+	// arrays of plain integers (the validator's intArray), short and longer than a table entry
+	`[7]`, `[7,8]`, `[[7,8],[9]]`, `{"p":[[7,8],[9]],"q":[1,2]}`, `[12,0]`, `[1,-2]`, `[1,2 ]`, `[1 ,2]`, `[1,2,]]`, `[1,2`, `[1,2]]`,
+	"[" + strings.Repeat("12345,", 20) + "6]", "{\"p\":[" + strings.Repeat("7,", 40) + "8],\"q\":\"" + strings.Repeat("x", 70) + "\"}",
 	`[1,01]`, `[1,2,]`, `[1,2x]`, `[1,2.]`, `[1,2e]`, `[1,2,-]`, `[1,23`, `{"a":1,2}`, `[1,2}`,
 	// literals (compared as a word), and \u escapes (four hex digits at once)
 	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
@@ -264,6 +267,16 @@ func TestShortStringAndHasBackslash(t *testing.T) {
 							t.Fatalf("shortString(%q) = %d, skipString %d", b, got, full)
 						case !short && got != -1:
 							t.Fatalf("shortString(%q) = %d, want -1", b, got)
+						}
+						// shortPlain: the same end for a string of up to 8
+						// ASCII bytes with room for its word test, else -1.
+						ascii := true
+						for k := 1; k <= plainEnd; k++ {
+							ascii = ascii && b[k] < utf8.RuneSelf
+						}
+						quick := short && ascii && plainEnd <= 8 && len(b) >= 10
+						if got := shortPlain(b, 0); quick && got != full || !quick && got != -1 {
+							t.Fatalf("shortPlain(%q) = %d, skipString %d (want it found: %v)", b, got, full, quick)
 						}
 						if want := bytes.IndexByte(b, '\\') >= 0; hasBackslash(b) != want {
 							t.Fatalf("hasBackslash(%q) = %v", b, !want)

@@ -130,9 +130,7 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 			}
 		}
 	case c == '-' || (c >= '0' && c <= '9'):
-		// Valid JSON: the number ends at the first byte no number holds.
-		for e = i + 1; e < len(b) && numberByte[b[e]]; e++ {
-		}
+		e = numberEnd(b, i)
 	case c == 't' || c == 'n':
 		e = i + 4
 	case c == 'f':
@@ -188,11 +186,17 @@ func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool) {
 	k, v, e := -1, 0, -1 // the key's end, and the value's start and end
 	if i < len(obj) && obj[i] == '"' {
-		k = d.skip(obj, i) // a key is never in the table: skip scans it
+		// A key is never in the table: quickEnd ends a short one, and
+		// skip scans any other.
+		if k = quickEnd(obj, i); k < 0 {
+			k = d.skip(obj, i)
+		}
 	}
 	if k >= 0 {
 		v = skipSpace(obj, skipSpace(obj, k)+1) // past ':'
-		e = d.skip(obj, v)
+		if e = quickEnd(obj, v); e < 0 {
+			e = d.skip(obj, v)
+		}
 	}
 	if e < 0 { // one return for all ends of the walk: in Wasm each is code
 		return nil, nil, i, false
@@ -222,7 +226,9 @@ func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
 func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
 	e := -1 // the element's end
 	if i < len(arr) && arr[i] != ']' {
-		e = d.skip(arr, i)
+		if e = quickEnd(arr, i); e < 0 {
+			e = d.skip(arr, i)
+		}
 	}
 	if e < 0 { // one return for both ends of the walk, as in member
 		return nil, i, false
@@ -232,6 +238,31 @@ func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
 		next = skipSpace(arr, next+1)
 	}
 	return arr[i:e], next, true
+}
+
+// quickEnd is skip for the small values walks meet most, none of which
+// the span table holds: a string of up to 9 plain bytes (most keys and
+// short values) and a number; -1 for any other value (the caller then
+// calls skip). Much smaller than skip, whose lookups a body of many small
+// values paid for at each one.
+func quickEnd(b []byte, i int) (e int) {
+	e = -1
+	if i < len(b) {
+		if c := b[i]; c == '"' {
+			e = shortPlain(b, i)
+		} else if c-'0' <= 9 {
+			e = numberEnd(b, i)
+		}
+	}
+	return e
+}
+
+// numberEnd returns the index after the number starting at b[i]: valid
+// JSON, so the first byte no number holds.
+func numberEnd(b []byte, i int) int {
+	for i++; i < len(b) && numberByte[b[i]]; i++ {
+	}
+	return i
 }
 
 // shortString returns the index after the string starting at b[i] (a

@@ -62,6 +62,7 @@ type requestError struct {
 	Status  int
 	Param   string // the offending field, "" for the body as a whole
 	Message string
+	Code    string // OpenAI's error code ("model_not_found"); "" writes Status
 }
 
 func badRequest(param, format string, args ...any) *requestError {
@@ -110,7 +111,11 @@ func (e *requestError) body() []byte {
 		b = gjson.AppendJSONString(b, e.Param)
 	}
 	b = append(b, `,"code":`...)
-	b = strconv.AppendInt(b, int64(e.Status), 10)
+	if e.Code != "" {
+		b = gjson.AppendJSONString(b, e.Code)
+	} else {
+		b = strconv.AppendInt(b, int64(e.Status), 10)
+	}
 	return append(b, "}}"...)
 }
 
@@ -191,6 +196,9 @@ var requestFields = [...]string{
 // reads them: each function entered costs a request (docs/performance.md), and
 // those copies would make parse and chat kilobytes larger.
 func fieldOf(key string, fields []string) int {
+	if uint(len(key)) >= 64 || fieldLengths>>len(key)&1 == 0 {
+		return -1 // no field of any list is that long
+	}
 	for n, f := range fields {
 		if is(key, f) {
 			return n
@@ -198,6 +206,19 @@ func fieldOf(key string, fields []string) int {
 	}
 	return -1
 }
+
+// fieldLengths has bit n set when a field of requestFields, messageFields
+// or streamUsageFields is n bytes long: fieldOf rejects a key of another
+// length at once, where a body of many unused keys made it compare each
+// with every field.
+var fieldLengths = func() (m uint64) {
+	for _, fields := range [][]string{requestFields[:], messageFields[:], streamUsageFields[:]} {
+		for _, f := range fields {
+			m |= 1 << len(f)
+		}
+	}
+	return m
+}()
 
 // is reports whether s == lit. The parser compares keys with it rather than
 // with == or a switch: in Wasm the compiler calls the runtime's memequal
@@ -621,7 +642,10 @@ const textBatch = 4096
 
 // texts hashes the prompt name, an array of strings whose first element
 // starts at v[i], as one text (the hasher concatenates texts outside a
-// chat): short strings are gathered in p.text and handed over in batches.
+// chat): the strings' texts are gathered in p.text, unescaped there, and
+// handed over in batches. Each string is found by one word test, its
+// table entry, or one scan; a text that needs no unescaping and is longer
+// than a batch goes to the hasher as it is.
 func (p *requestParser) texts(v []byte, i int, name string) *requestError {
 	buf := p.text[:0]
 	for n := 0; i < len(v) && v[i] != ']'; n++ {
@@ -629,22 +653,28 @@ func (p *requestParser) texts(v []byte, i int, name string) *requestError {
 			p.text = buf
 			return badRequest(name, "'%s[%d]' must be a string like the first element", name, n)
 		}
-		var s string
-		e := shortString(v, i)
-		if e >= 0 { // no escape: the text is the bytes between the quotes
-			s = unsafeString(v[i+1 : e-1])
-		} else {
-			e = p.doc.skip(v, i)
-			s = p.doc.text(v[i:e])
+		e, escaped := shortPlain(v, i), false
+		if e < 0 {
+			if s, ok := p.doc.nextSpan(v[i:]); ok {
+				e, escaped = i+int(s.end-s.start), s.escaped
+			} else {
+				e, escaped = scanString(v, i, 0)
+			}
 		}
-		if len(buf)+len(s) > textBatch {
+		inner := v[i+1 : e-1]
+		switch {
+		case escaped:
+			buf = appendUnescaped(buf, inner)
+		case len(inner) > textBatch:
+			p.hasher.Text(unsafeString(buf))
+			p.hasher.Text(unsafeString(inner))
+			buf = buf[:0]
+		default:
+			buf = append(buf, inner...)
+		}
+		if len(buf) >= textBatch {
 			p.hasher.Text(unsafeString(buf))
 			buf = buf[:0]
-		}
-		if len(s) > textBatch {
-			p.hasher.Text(s)
-		} else {
-			buf = append(buf, s...)
 		}
 		if i = skipSpace(v, e); i < len(v) && v[i] == ',' {
 			i = skipSpace(v, i+1)
@@ -843,11 +873,20 @@ func messageError(i, fault int) *requestError {
 }
 
 // toolCalls hashes an assistant message's tool calls, the array calls. Out
-// of messageRest with its gjson lookups.
+// of messageRest with its gjson lookups. Each call is read in place (gjson
+// on a view of the body: the hasher consumes the texts before the body
+// goes): gjson's Array of the whole array, and ParseBytes's copy, made a
+// body of many tool calls allocate 9 MB per MiB.
 func (p *requestParser) toolCalls(calls []byte) {
-	for _, c := range gjson.ParseBytes(calls).Array() {
-		fn := c.Get("function")
-		p.hasher.ToolCall(c.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
+	for i := skipSpace(calls, 1); ; {
+		c, next, ok := p.doc.element(calls, i)
+		if !ok {
+			return
+		}
+		i = next
+		call := gjson.Parse(unsafeString(c))
+		fn := call.Get("function")
+		p.hasher.ToolCall(call.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
 	}
 }
 
@@ -880,9 +919,9 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 		}
 		p.hasher.Text(p.doc.text(text))
 	case "image_url":
-		p.hasher.Part("image_url", gjson.GetBytes(part, "image_url.url").String())
+		p.hasher.Part("image_url", gjson.Get(unsafeString(part), "image_url.url").String())
 	case "input_audio":
-		p.hasher.Part("input_audio", gjson.GetBytes(part, "input_audio.data").String())
+		p.hasher.Part("input_audio", gjson.Get(unsafeString(part), "input_audio.data").String())
 	default:
 		// Other part types shape the prompt too: hash them whole.
 		p.hasher.Part(t, unsafeString(part))

@@ -136,15 +136,19 @@ func TestDecodeSnapshot(t *testing.T) {
 		t.Errorf("decoded %+v", st)
 	}
 	for body, want := range map[string]string{
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`: "appears twice",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:       "hosts[0].kvUsage",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:      "hosts[0].waiting",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:   "hosts[0].role",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:   "hosts[0].healthy",
-		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                  "timestampMs",
-		`{"version":1,"timestampMs":5,"hosts":{}}`:                                    "hosts: must be an array",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:    "hosts[0].adapters",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                     "hosts[0].address",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`:                                                        "appears twice",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:                                                              "hosts[0].kvUsage",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:                                                             "hosts[0].waiting",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:                                                          "hosts[0].role",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:                                                          "hosts[0].healthy",
+		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                                                                         "timestampMs",
+		`{"version":1,"timestampMs":5,"hosts":{}}`:                                                                                           "hosts: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:                                                           "hosts[0].adapters",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                                                                            "hosts[0].address",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":{}}`:                                                            "gateways: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":""}]}`:                                              "gateways[0].gateway",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","routes":[{"address":"a:1","chain":"AQID"}]}]}`: "gateways[0].routes[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","load":[{"address":"a:1","inFlight":-1}]}]}`:    "gateways[0].load[0]",
 		`not json`: "not valid JSON",
 	} {
 		if _, err := decodeSnapshot([]byte(body)); err == nil || !strings.Contains(err.Error(), want) {
@@ -593,4 +597,53 @@ func FuzzPromptMatchesGJSONReading(f *testing.F) {
 			t.Fatalf("parse hashed %d blocks (%d tokens), gjson reading %d (%d tokens)", len(p.hasher.Blocks()), r.PromptTokens, len(ref.Blocks()), ref.PromptTokens())
 		}
 	})
+}
+
+// Tool calls and image and audio parts are read in place (gjson on views of
+// the body) and hash as a reading of the whole body with gjson does.
+func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
+	p := newParser(t, `{}`)
+	ref := index.NewHasher(index.HashConfig{})
+	for _, calls := range []string{
+		`[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]`,
+		`[{"id":"c1","function":{"name":"f","arguments":"{}"}},{"id":7,"function":{"name":"g\u00e9","arguments":{"raw":true}}}]`,
+		`[{"function":{"name":"f"}}, 3, "x", null, {"id":"c2"}, []]`,
+		`[]`,
+	} {
+		for _, parts := range []string{
+			`[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]`,
+			`[{"type":"input_audio","input_audio":{"data":"QUJD","format":"wav"}},{"type":"image_url","image_url":{"url":"data:image/png;base64,\u0041"}}]`,
+		} {
+			// A long last message, so that the parts and calls are in
+			// complete blocks.
+			long := strings.Repeat("after the calls ", 40)
+			body := `{"model":"m","messages":[{"role":"user","content":` + parts + `},{"role":"assistant","content":null,"tool_calls":` + calls + `},{"role":"user","content":"` + long + `"}]}`
+			if _, err := p.parse([]byte(body), apiChat); err != nil {
+				t.Fatalf("%s: %s", body, err.Message)
+			}
+			doc := gjson.Parse(body)
+			ref.Reset("m", "", "")
+			msgs := doc.Get("messages").Array()
+			ref.BeginMessage("user")
+			for _, part := range msgs[0].Get("content").Array() {
+				switch typ := part.Get("type").String(); typ {
+				case "text":
+					ref.Text(part.Get("text").String())
+				case "image_url":
+					ref.Part(typ, part.Get("image_url.url").String())
+				default:
+					ref.Part(typ, part.Get("input_audio.data").String())
+				}
+			}
+			ref.BeginMessage("assistant")
+			for _, c := range msgs[1].Get("tool_calls").Array() {
+				fn := c.Get("function")
+				ref.ToolCall(c.Get("id").String(), fn.Get("name").String(), fn.Get("arguments").String())
+			}
+			ref.Message("user", long)
+			if len(ref.Blocks()) < 2 || !slices.Equal(p.hasher.Blocks(), ref.Blocks()) || p.hasher.Len() != ref.Len() {
+				t.Errorf("%s: parse hashed %d bytes, gjson reading %d", body, p.hasher.Len(), ref.Len())
+			}
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
@@ -70,9 +71,18 @@ type routerPlugin struct {
 	slotGens [index.MaxSlots]uint32
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
-	dest       []byte
-	now        func() time.Time
-	adm        *admitter // nil when admission is off (filter/admission.go)
+	keyChain   [1]uint64  // a header-only request's chain: its prefix key's hash
+	// extraHeaders: the configuration names a header pickExtra reads.
+	extraHeaders bool
+	// The state pull (filter/pull.go): one in flight, when the last began.
+	pulling  bool
+	pulledAt int64
+	dest     []byte
+	now      func() time.Time
+	adm      *admitter // nil when admission is off (filter/admission.go)
+	// reporter is this worker's routing report in the making (nil when
+	// state.report is off: filter/report.go).
+	reporter *reporter
 
 	// born is when the plugin started (see mono), and bornMono the
 	// monotonic clock then (monoNanos); stepped says a test clock drives
@@ -119,9 +129,10 @@ type routerStats struct {
 	feedback, overPredicted, underPredicted       metricCounter
 	indexErrors, loadErrors                       metricCounter
 	statePushes, stateUnauthorized, stateRejected metricCounter
-	stateOlder                                    metricCounter
+	stateOlder, statePulls, statePullFailed       metricCounter
 	breakerOpened, disaggregated                  metricCounter
-	clientFieldsRemoved                           metricCounter
+	clientFieldsRemoved, modelNotFound            metricCounter
+	reportsSent, reportsFailed                    metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
@@ -173,9 +184,14 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		stateUnauthorized:    counterMetric("state.unauthorized"),
 		stateRejected:        counterMetric("state.rejected"),
 		stateOlder:           counterMetric("state.rejected_older"),
+		statePulls:           counterMetric("state.pulls"),
+		statePullFailed:      counterMetric("state.pull_failed"),
 		breakerOpened:        counterMetric("breaker.opened"),
 		disaggregated:        counterMetric("requests.disaggregated"),
 		clientFieldsRemoved:  counterMetric("client_pd_fields_removed"),
+		modelNotFound:        counterMetric("requests.model_not_found"),
+		reportsSent:          counterMetric("reports.sent"),
+		reportsFailed:        counterMetric("reports.failed"),
 		slotsFreed:           counterMetric("host_slots.freed"),
 		slotsUnassigned:      counterMetric("host_slots.unassigned"),
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
@@ -214,6 +230,12 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		proxywasm.LogWarnf("kvroute.router: setting the tick: %v (departed hosts' index slots are freed on pushes only)", err)
 	}
 	p.adm = newAdmitter(p)
+	p.extraHeaders = !cfg.BodyRouting && cfg.PrefixKeyHeader != "" ||
+		p.adm != nil && (cfg.Admission.PriorityHeader != "" || cfg.Admission.DeadlineHeader != "") ||
+		(&requestHeaders{destination: cfg.DestinationHeader}).stripped(cfg.SessionHeader)
+	if cfg.State.Report.Cluster != "" {
+		p.startReports()
+	}
 	for _, w := range cfg.Warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
@@ -454,6 +476,9 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	// restarts), ride the same Sync; each worker applies a change once.
 	p.setHosts(cs, true)
 	p.stateGen, p.stateTs = gen, st.TimestampMs
+	if p.reporter != nil {
+		p.remoteLoads(st.Gateways)
+	}
 }
 
 // prepare refreshes per-decision host fields: pushed-state staleness and the
@@ -463,6 +488,9 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	stale := p.stateGen != 0 && nowMs-p.stateTs > int64(p.cfg.State.StaleAfterMs)
 	if stale {
 		p.stats.staleState.Increment(1)
+		if p.reporter != nil {
+			p.dropRemote()
+		}
 	}
 	if p.breakers.anyOpen() {
 		p.markOpenBreakers(stale, nowMs)
@@ -608,6 +636,12 @@ func (p *routerPlugin) onTick() {
 	defer guard(&p.stats.recoveredPanics, "kvroute.router on_tick", nil, nil)
 	p.adm.tick()
 	p.housekeep()
+	if p.cfg.State.Pull.Cluster != "" {
+		p.pullState(p.now().UnixMilli())
+	}
+	if p.reporter != nil {
+		p.report(p.wallMs())
+	}
 }
 
 func (p *routerPlugin) isInference(path string) bool {
@@ -650,6 +684,15 @@ type routerStream struct {
 	awaitingBody bool // inference request paused for its body
 	stateRequest bool // a push to the state endpoint
 	sessionKey   string
+	// scrub: the body goes on without a decision from it and must lose
+	// the gateway-only P/D fields (scrubBody); scrubJSON: it is a JSON
+	// object, held to its end; peeked: how much of it was whitespace.
+	scrub, scrubJSON bool
+	peeked           int
+	// The body callback's arguments, for failOpenBody.
+	bodySize    int
+	bodyEOS     bool
+	panicInBody bool // test hook "recover-body"
 
 	decided     bool
 	ticket      router.Ticket
@@ -683,22 +726,27 @@ func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action typ
 func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	p := s.plugin
 	cfg := p.cfg // one nil check, not one per field read
-	if p.adm != nil {
-		p.adm.readHeaders(s) // before the x-kvroute-* headers are stripped
-	}
 	// The values alias p.hostVal: valid in this callback only.
 	headers := requestHeaders{destination: cfg.DestinationHeader, session: cfg.SessionHeader}
+	if p.extraHeaders {
+		p.nameExtraHeaders(&headers)
+	}
 	if err := stripRoutingHeaders(&headers, p.hostVal); err != nil {
 		headersError(&headers, err)
 	}
-	testPanic(cfg.TestHooks, headers.testHook)
+	if cfg.TestHooks {
+		s.testHook(headers.testHook)
+	}
+	if p.adm != nil {
+		p.adm.readHeaders(s, &headers)
+	}
 
 	path := pathOnly(headers.path)
 	if path == cfg.State.Path {
 		return s.stateHeaders(headers.method, endOfStream)
 	}
 	if !p.isInference(path) {
-		return s.otherPath()
+		return s.otherPath(path, &headers, endOfStream)
 	}
 	if headers.method != "POST" {
 		return s.badMethod(path)
@@ -707,7 +755,8 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 		s.keepSessionKey(headers.sessionKey)
 	}
 	if !cfg.BodyRouting {
-		s.decideFromHeaders()
+		s.decideFromHeaders(headers.prefixKey)
+		s.scrub = !endOfStream // the body follows the headers upstream: see scrubBody
 		return types.ActionContinue
 	}
 	if endOfStream {
@@ -722,6 +771,21 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	// allow_on_headers_stop_iteration for the body to arrive before the
 	// headers continue (and for our header change to reach the upstream).
 	return types.ActionPause
+}
+
+// nameExtraHeaders names the configured headers pickExtra reads. Out of
+// line (noinline): the default configuration has none.
+//
+//go:noinline
+func (p *routerPlugin) nameExtraHeaders(h *requestHeaders) {
+	cfg := p.cfg
+	h.extra = true
+	if !cfg.BodyRouting {
+		h.prefixKeyName = cfg.PrefixKeyHeader
+	}
+	if p.adm != nil {
+		h.priorityName, h.deadlineName = cfg.Admission.PriorityHeader, cfg.Admission.DeadlineHeader
+	}
 }
 
 // keepSessionKey copies the session header's value, which outlives the
@@ -774,17 +838,24 @@ func decimal(v string) (int64, bool) {
 	return n, true
 }
 
-// otherPath passes a request for a path the router does not route, or answers
-// 404 (rejectOtherPaths). It and badMethod are kept out of
+// otherPath passes a request for a path the router does not route, its body
+// scrubbed of the gateway-only P/D fields (see scrubBody), or answers 404
+// (rejectOtherPaths). Another spelling of the state path (a trailing slash,
+// %2F, a doubled slash, upper case) is the state path: it is answered here
+// and never forwarded with its token. It and badMethod are kept out of
 // OnHttpRequestHeaders so that the code every routed request runs stays small:
 // each function entered costs a request (docs/performance.md).
-func (s *routerStream) otherPath() types.Action {
+func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream bool) types.Action {
 	p := s.plugin
+	if samePath(path, p.cfg.State.Path) {
+		return s.stateHeaders(h.method, endOfStream)
+	}
 	if p.cfg.RejectOtherPaths {
 		p.stats.notFound.Increment(1)
 		return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
 	}
 	p.stats.passThrough.Increment(1)
+	s.scrub = !endOfStream
 	return types.ActionContinue
 }
 
@@ -875,16 +946,17 @@ func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action
 	// One defer and one return: the compiler open-codes the defer. The
 	// body's many returns would make it a runtime defer, whose bookkeeping
 	// is several more runtime functions entered at every request.
-	defer guard(&s.plugin.stats.recoveredPanics, "kvroute.router on_request_body", &action, s.failOpen)
+	defer guard(&s.plugin.stats.recoveredPanics, "kvroute.router on_request_body", &action, s.failOpenBody)
+	s.bodySize, s.bodyEOS = bodySize, endOfStream // for failOpenBody
 	return s.requestBody(bodySize, endOfStream)
 }
 
 func (s *routerStream) requestBody(bodySize int, endOfStream bool) types.Action {
 	p := s.plugin
-	if s.stateRequest {
-		return s.stateBody(bodySize, endOfStream)
-	}
 	if !s.awaitingBody {
+		if s.stateRequest || s.scrub {
+			return s.unroutedBody(bodySize, endOfStream)
+		}
 		return types.ActionContinue
 	}
 	if bodySize > p.cfg.MaxBodyBytes {
@@ -898,6 +970,19 @@ func (s *routerStream) requestBody(bodySize int, endOfStream bool) types.Action 
 	action := s.routeBody(bodySize)
 	p.stats.bodyMicros.Record(micros(p.mono() - start))
 	return action
+}
+
+// unroutedBody is the body callback of a request the router does not decide
+// from its body: a state push, or a body it scrubs (see scrubBody). One
+// call site in requestBody for both: each function entered costs a request
+// (docs/performance.md).
+//
+//go:noinline
+func (s *routerStream) unroutedBody(bodySize int, endOfStream bool) types.Action {
+	if s.stateRequest {
+		return s.stateBody(bodySize, endOfStream)
+	}
+	return s.scrubBody(bodySize, endOfStream)
 }
 
 // routeBody parses the whole request body, decides and sets the
@@ -935,13 +1020,14 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	return types.ActionContinue
 }
 
-// unreadableBody fails a request open when its body cannot be read. Out of
-// line: the log call's argument is boxed in place, and each function entered
-// costs a request (docs/performance.md).
+// unreadableBody answers a request whose body cannot be read: unread, it could
+// not be checked for the gateway-only P/D fields. Out of line: the log call's
+// argument is boxed in place, and each function entered costs a request
+// (docs/performance.md).
 func (s *routerStream) unreadableBody(err error) types.Action {
-	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (failing open)", err)
-	s.failOpen()
-	return types.ActionContinue
+	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (request refused)", err)
+	s.plugin.stats.failedOpen.Increment(1)
+	return s.reject(&requestError{Status: 503, Message: "kvroute could not read the request body; retry"})
 }
 
 // unparsable rejects a body the parser refused. Out of routeBody's line: a
@@ -950,6 +1036,45 @@ func (s *routerStream) unparsable(perr *requestError) types.Action {
 	s.plugin.stats.parseErrors.Increment(1)
 	s.plugin.stats.badRequest.Increment(1)
 	return s.reject(perr)
+}
+
+// servesModel reports whether some candidate serves model (a host that
+// declares no model serves any; an adapter a host lists counts as a model
+// it serves). With no candidates at all (no push yet) nothing is known,
+// and Envoy's fallback policy picks as before. It stops at the first host
+// that serves the model.
+func (p *routerPlugin) servesModel(model string) bool {
+	if model == "" || len(p.hosts) == 0 {
+		return true
+	}
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		if h.Model == "" || h.Model == model || len(h.Adapters) > 0 && hasAdapter(h.Adapters, model) {
+			return true
+		}
+	}
+	return false
+}
+
+// noCandidate handles a decision that every candidate was filtered out of.
+// When no candidate serves the request's model at all, it answers as an
+// OpenAI server does (404 model_not_found) rather than let Envoy's
+// fallback policy send it to an engine serving another model (every preset
+// has the model filter, so such a request ends here); otherwise Envoy's
+// fallback policy picks. Out of route's line (noinline): a routed request
+// never enters it.
+//
+//go:noinline
+func (s *routerStream) noCandidate(model string) {
+	p := s.plugin
+	if p.servesModel(model) {
+		p.stats.noCandidate.Increment(1)
+		return
+	}
+	p.stats.notFound.Increment(1)
+	p.stats.modelNotFound.Increment(1)
+	s.reject(&requestError{Status: 404, Param: "model", Code: "model_not_found",
+		Message: "The model '" + model + "' does not exist."})
 }
 
 // errClientFields answers a request whose client-only P/D fields could not
@@ -962,6 +1087,9 @@ var errClientFields = &requestError{Status: 400, Message: "kv_transfer_params an
 // rarely send those fields.
 func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 	p := s.plugin
+	if s.panicInBody {
+		hookPanic("recover") // test hook: fail open with the fields still in the body
+	}
 	clean := p.parser.withoutClientOnly(body)
 	if err := proxywasm.ReplaceHttpRequestBody(clean); err != nil {
 		proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
@@ -975,17 +1103,20 @@ func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 
 // decideFromHeaders is the header-only mode (bodyRouting: false): no
 // prompt, so affinity comes only from the session header and the optional
-// client prefix-key header.
-func (s *routerStream) decideFromHeaders() {
+// client prefix-key header, whose value (prefixKey, read before the
+// x-kvroute-* headers were stripped) is hashed here, in the callback that
+// read it. The key is an opaque name for a prompt prefix (a hash of the
+// system prompt, say), shorter than one block of prompt text: it is the
+// request's one-block chain, so that the prefix scorers (prefix_home's
+// home engine, the index's matches) see requests with the same key as
+// sharing their prefix.
+func (s *routerStream) decideFromHeaders(prefixKey string) {
 	p := s.plugin
 	s.streamed = true // unknown without the body: keep the first-token update
 	in := router.Input{SessionKey: s.sessionKey}
-	if p.cfg.PrefixKeyHeader != "" {
-		if key, err := proxywasm.GetHttpRequestHeader(p.cfg.PrefixKeyHeader); err == nil && key != "" {
-			p.parser.hasher.Reset("", "", "")
-			p.parser.hasher.Text(key)
-			in.Chain = p.parser.hasher.Blocks()
-		}
+	if prefixKey != "" {
+		p.keyChain[0] = xxhash.Sum64String(prefixKey)
+		in.Chain = p.keyChain[:]
 	}
 	if cl, err := proxywasm.GetHttpRequestHeader("content-length"); err == nil {
 		if n, err := strconv.Atoi(cl); err == nil && n > 0 {
@@ -1007,25 +1138,27 @@ func (s *routerStream) decide(in *router.Input) {
 	p.prepare(nowMs)
 	t, res := p.rt.Decide(in, p.hosts)
 	p.ix.UnpinClock()
+	if p.reporter != nil && t.Host >= 0 {
+		p.reporter.addRoute(t.Address, in.Chain)
+	}
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
 	s.promptTokens = in.PromptTokens
 	// No defer: route cannot panic short of a bug, which the callback's
 	// guard catches, and syncStats catches up with the counters next time.
-	s.route(&res, nowMs)
+	s.route(&res, nowMs, in.Model)
 	p.syncStats()
 }
 
 // route writes the decision's destination header (and the optional ones)
 // and counts the dispatch.
-func (s *routerStream) route(res *scorer.Result, nowMs int64) {
+func (s *routerStream) route(res *scorer.Result, nowMs int64, model string) {
 	p := s.plugin
 	cfg := p.cfg // one nil check, not one per field read
 	t := &s.ticket
 	order := res.Decode.Order
 	if len(order) == 0 {
-		// Every candidate was filtered out: let Envoy's fallback policy pick.
-		p.stats.noCandidate.Increment(1)
+		s.noCandidate(model)
 		return
 	}
 	hosts := p.hosts
@@ -1098,18 +1231,47 @@ func (s *routerStream) explain(res *scorer.Result, predicted int) {
 	s.explanation = string(strconv.AppendInt(b, int64(predicted), 10))
 }
 
-// failOpen runs after a recovered panic: the client's routing headers must
-// still go (a panic must not turn into an SSRF), then the request goes to the
-// least-loaded candidate.
+// failOpen runs after a recovered panic in the request headers: the
+// client's routing headers must still go (a panic must not turn into an
+// SSRF), then the request goes to the least-loaded candidate, and its body,
+// which follows, is scrubbed of the gateway-only P/D fields (scrubBody).
 func (s *routerStream) failOpen() {
 	p := s.plugin
 	p.stats.failedOpen.Increment(1)
+	s.awaitingBody, s.scrub, s.scrubJSON, s.peeked = false, true, false, 0
 	if err := stripRoutingHeaders(&requestHeaders{destination: p.cfg.DestinationHeader}, nil); err != nil {
 		return
 	}
 	if addr := p.leastLoaded(); addr != "" {
 		_ = proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, addr)
 	}
+}
+
+// failOpenBody is failOpen for a panic in the request body: the body
+// buffered so far goes on with this callback's Continue, so it is
+// scrubbed here, at its end, or, mid-body, refused (unchecked bytes would
+// go upstream).
+func (s *routerStream) failOpenBody() {
+	s.failOpen()
+	s.scrub = false
+	if !s.bodyEOS {
+		s.reject(errFailedMidBody)
+		return
+	}
+	if !s.safeScrub(s.bodySize) {
+		s.plugin.stats.badRequest.Increment(1)
+		s.reject(errClientFieldsUnreadable)
+	}
+}
+
+// testHook acts on the test hook header (testHooks only): "recover-body"
+// panics in the body callback after the parse, when the body holds client
+// P/D fields, the others at once (see hookPanic). Out of line: production never enables it.
+//
+//go:noinline
+func (s *routerStream) testHook(value string) {
+	s.panicInBody = value == "recover-body"
+	hookPanic(value)
 }
 
 // reject answers locally with an OpenAI-style error; the request never

@@ -893,17 +893,22 @@ func TestStatePushClearsAndSizesHosts(t *testing.T) {
 	}
 }
 
-// Header-only mode cannot hold the headers for a body, so a push continues
-// its headers and is answered from the body callback; the token can come
-// from the VM's environment.
+// Header-only mode cannot hold the headers for a body, and headers let go
+// would reach an engine with the token: a push is refused from the headers.
+// The token can come from the VM's environment.
 func TestStatePushHeaderOnlyModeAndTokenEnv(t *testing.T) {
 	t.Setenv("KVROUTE_TEST_STATE_TOKEN", stateToken)
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"bodyRouting":false,"state":{"tokenEnv":"KVROUTE_TEST_STATE_TOKEN"}}`, types.OnPluginStartStatusOK)
+	t.Run("header-only", func(t *testing.T) {
+		host, _ := newHost(t, RootRouter, threeEndpoints+`,"bodyRouting":false,"state":{"tokenEnv":"KVROUTE_TEST_STATE_TOKEN"}}`, types.OnPluginStartStatusOK)
+		id := host.InitializeHttpContext()
+		host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/.kvroute/v1/state"}, {"authorization", "Bearer " + stateToken}}, false)
+		if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 501 {
+			t.Fatalf("header-only push: reply %+v, want 501 from the headers", r)
+		}
+	})
+	host, p := newHost(t, RootRouter, threeEndpoints+`,"state":{"tokenEnv":"KVROUTE_TEST_STATE_TOKEN"}}`, types.OnPluginStartStatusOK)
 	id := host.InitializeHttpContext()
-	action := host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/.kvroute/v1/state"}, {"authorization", "Bearer " + stateToken}}, false)
-	if action != types.ActionContinue {
-		t.Fatalf("header-only push: headers action %v, want Continue", action)
-	}
+	host.CallOnRequestHeaders(id, [][2]string{{":method", "POST"}, {":path", "/.kvroute/v1/state"}, {"authorization", "Bearer " + stateToken}}, false)
 	host.CallOnRequestBody(id, []byte(pushBody(time.Now().UnixMilli(), "10.3.0.1:8000")), true)
 	if r := host.GetSentLocalResponse(id); r == nil || r.StatusCode != 200 {
 		t.Fatalf("push reply %+v", r)

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -33,6 +34,8 @@ const maxCASAttempts = 8
 type pushedState struct {
 	TimestampMs int64
 	Hosts       []snapshot.Host
+	// Gateways are the gateways' routing reports (filter/report.go).
+	Gateways []snapshot.GatewayReport
 }
 
 // decodeSnapshot validates a pushed body. The error is the 400 message.
@@ -83,7 +86,67 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 	if len(st.Hosts) == 0 {
 		return pushedState{}, errors.New("hosts: must not be empty (a push replaces the candidate set; an empty one would leave nothing to route to)")
 	}
+	if g := root.Get("gateways"); g.Exists() && g.Type != gjson.Null {
+		if st.Gateways, err = decodeGateways(g); err != nil {
+			return pushedState{}, err
+		}
+	}
 	return st, nil
+}
+
+// decodeGateways validates a push's gateway reports (snapshot.GatewayReport).
+func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
+	if !g.IsArray() {
+		return nil, errors.New("gateways: must be an array")
+	}
+	var out []snapshot.GatewayReport
+	var err error
+	g.ForEach(func(_, r gjson.Result) bool {
+		at := "gateways[" + strconv.Itoa(len(out)) + "]"
+		var rep snapshot.GatewayReport
+		id := r.Get("gateway")
+		if id.Type != gjson.String || id.Str == "" || len(id.Str) > 64 {
+			err = fmt.Errorf("%s.gateway: must be an id of 1 to 64 characters", at)
+			return false
+		}
+		rep.Gateway = id.Str
+		rep.TimestampMs, _ = unixMs(r.Get("timestampMs"))
+		r.Get("routes").ForEach(func(_, rt gjson.Result) bool {
+			addr, chain, from := rt.Get("address"), rt.Get("chain"), rt.Get("from")
+			n, ok := wholeNumber(from)
+			if !from.Exists() {
+				n, ok = 0, true
+			}
+			if addr.Type != gjson.String || config.CheckAddress(addr.Str) != nil || chain.Type != gjson.String ||
+				!ok || n < 0 || n > 1<<20 || base64.StdEncoding.DecodedLen(len(chain.Str))%8 != 0 {
+				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
+				return false
+			}
+			rep.Routes = append(rep.Routes, snapshot.Route{Address: addr.Str, From: int(n), Chain: chain.Str})
+			return true
+		})
+		if err != nil {
+			return false
+		}
+		if l := r.Get("load"); l.Exists() {
+			rep.Load = []snapshot.HostLoad{}
+			l.ForEach(func(_, x gjson.Result) bool {
+				addr := x.Get("address")
+				in, ok1 := wholeNumber(x.Get("inFlight"))
+				pf, ok2 := wholeNumber(x.Get("prefillTokens"))
+				dc, ok3 := wholeNumber(x.Get("decodeTokens"))
+				if addr.Type != gjson.String || !ok1 || !ok2 || !ok3 || in < 0 || pf < 0 || dc < 0 || in > 1<<31 {
+					err = fmt.Errorf("%s.load[%d]: needs an address and whole counts >= 0", at, len(rep.Load))
+					return false
+				}
+				rep.Load = append(rep.Load, snapshot.HostLoad{Address: addr.Str, InFlight: int(in), PrefillTokens: pf, DecodeTokens: dc})
+				return true
+			})
+		}
+		out = append(out, rep)
+		return err == nil
+	})
+	return out, err
 }
 
 func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
@@ -365,14 +428,25 @@ func (s *routerStream) stateHeaders(method string, endOfStream bool) types.Actio
 		p.stats.stateRejected.Increment(1)
 		return s.reject(badRequest("", "empty body: POST a kvroute state snapshot (JSON)"))
 	}
-	s.stateRequest = true
-	if p.cfg.BodyRouting {
-		return types.ActionPause
+	if !p.cfg.BodyRouting {
+		return s.stateNeedsBody()
 	}
-	// Header-only mode (no allow_on_headers_stop_iteration): a paused header
-	// callback would never see the body, so let the headers go and answer
-	// from the body callback; Envoy resets the upstream request.
-	return types.ActionContinue
+	s.stateRequest = true
+	return types.ActionPause
+}
+
+// stateNeedsBody answers a push in header-only mode. Without
+// allow_on_headers_stop_iteration Envoy hands the filter no body while it
+// holds the headers, and headers let go reach an engine at once (with the
+// bearer token): so the push is answered here, from the headers, and
+// refused. The state path is never forwarded, in any mode.
+func (s *routerStream) stateNeedsBody() types.Action {
+	p := s.plugin
+	p.stats.stateRejected.Increment(1)
+	return s.reject(&requestError{Status: 501, Message: "this gateway runs kvroute in header-only mode (bodyRouting: false), " +
+		"where Envoy forwards a request's headers before the filter can read its body: it cannot take state pushes. " +
+		"Pull the state instead (state.pull), push to a kvroute.router with bodyRouting: true and " +
+		"allow_on_headers_stop_iteration: true (same vm_id), or list the engines in the plugin's endpoints"})
 }
 
 func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
@@ -399,6 +473,9 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 		return s.reject(badRequest("", "invalid state snapshot: %v", err))
 	}
 	gen, err := storeState(body, st.TimestampMs)
+	if len(st.Gateways) > 0 && p.reporter != nil {
+		p.learnReports(&st) // even from a push refused as older: routes are facts
+	}
 	var older *olderStateError
 	if errors.As(err, &older) {
 		p.stats.stateOlder.Increment(1)

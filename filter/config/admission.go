@@ -16,8 +16,13 @@ import (
 //	  "pathClasses":  {"/v1/embeddings": "batch"},
 //	  "modelClasses": {"llama-batch": "batch"},
 //	  "deadlineMs":   {"interactive": 10000, "standard": 30000, "batch": 240000},
-//	  "maxWaiting": 4, "maxKvUsage": 0.95, "maxPendingPrefillTokens": 16384
+//	  "maxWaiting": 4, "maxKvUsage": 0.95, "maxPendingPrefillTokens": 16384,
+//	  "priorityHeader": "x-kvroute-priority", "deadlineHeader": "x-kvroute-deadline-ms"
 //	}
+//
+// priorityHeader and deadlineHeader are off by default: a client's own
+// x-kvroute-priority is stripped unread. Name one only when Envoy sets it
+// (or removes the client's) before kvroute runs.
 
 // admissionCfg parses the "admission" object over admission.Defaults.
 func (p *parser) admissionCfg(v gjson.Result, path string) admission.Config {
@@ -76,7 +81,9 @@ func (p *parser) admissionCfg(v gjson.Result, path string) admission.Config {
 			}
 			p.object(v, fp, fields)
 		},
-		"maxWaiting": func(v gjson.Result, fp string) { c.Thresholds.MaxWaiting = p.intRange(v, fp, 0, 1<<20) },
+		"priorityHeader": func(v gjson.Result, fp string) { c.PriorityHeader = p.optionalHeaderName(v, fp) },
+		"deadlineHeader": func(v gjson.Result, fp string) { c.DeadlineHeader = p.optionalHeaderName(v, fp) },
+		"maxWaiting":     func(v gjson.Result, fp string) { c.Thresholds.MaxWaiting = p.intRange(v, fp, 0, 1<<20) },
 		"maxKvUsage": func(v gjson.Result, fp string) {
 			if v.Type != gjson.Number || v.Float() < 0 || v.Float() > 1 {
 				p.fail(fp, "must be a number from 0 (off) to 1, got %s", v.Raw)

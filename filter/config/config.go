@@ -150,7 +150,48 @@ type State struct {
 	TokenEnv string
 	// StaleAfterMs: pushed state older than this is not used for scoring.
 	StaleAfterMs int
+	// Pull, when its Cluster is set, has the router fetch the snapshot
+	// itself: header-only mode cannot take pushes (Envoy forwards a
+	// request's headers before the filter sees its body).
+	Pull StatePull
+	// Report, when its Cluster is set, has every worker POST its recent
+	// routing and the gateway's load to the metrics service on its tick,
+	// with the state token (docs/topology.md).
+	Report Report
 }
+
+// StatePull configures fetching the fleet snapshot from the metrics
+// service (its GET /state) with dispatch_http_call, from each worker's tick.
+type StatePull struct {
+	// Cluster is the Envoy cluster of the metrics service ("" disables).
+	Cluster string
+	// Path and Authority of the request (defaults /state and the cluster
+	// name).
+	Path, Authority string
+	// IntervalMs between pulls (default 1000; the tick is 1 s unless
+	// admission's is faster) and TimeoutMs of one.
+	IntervalMs, TimeoutMs int
+}
+
+// Pull defaults.
+const (
+	DefaultPullPath       = "/state"
+	DefaultPullIntervalMs = 1000
+	DefaultPullTimeoutMs  = 2000
+)
+
+// Report configures the gateway's routing reports to the metrics service.
+type Report struct {
+	// Cluster is the Envoy cluster of the metrics service ("" disables).
+	Cluster string
+	// Path (default /v1/reports) and Authority (default: Cluster) of the POST.
+	Path, Authority string
+	// IntervalMs is how often each worker reports (default 50).
+	IntervalMs int
+}
+
+// DefaultReportPath is where `kvroute metrics` takes gateway reports.
+const DefaultReportPath = "/v1/reports"
 
 // CircuitBreaker configures per-host circuit breaking.
 type CircuitBreaker struct {
@@ -577,9 +618,62 @@ func (p *parser) state(v gjson.Result, path string, s *State) {
 		"token":        func(v gjson.Result, fp string) { s.Token, _ = p.str(v, fp) },
 		"tokenEnv":     func(v gjson.Result, fp string) { s.TokenEnv = p.envName(v, fp) },
 		"staleAfterMs": func(v gjson.Result, fp string) { s.StaleAfterMs = p.intRange(v, fp, 1, 24*3600*1000) },
+		"pull":         func(v gjson.Result, fp string) { p.pull(v, fp, &s.Pull) },
+		"report":       func(v gjson.Result, fp string) { p.report(v, fp, &s.Report) },
 	})
 	if s.Token != "" && s.TokenEnv != "" {
 		p.fail(path, "give token or tokenEnv, not both")
+	}
+}
+
+// pull parses state.pull: {"cluster": "...", "path": "/state",
+// "authority": "...", "intervalMs": 1000, "timeoutMs": 2000}.
+func (p *parser) pull(v gjson.Result, path string, sp *StatePull) {
+	if !v.IsObject() {
+		p.fail(path, "must be an object like {\"cluster\": \"kvroute_metrics\"}, got %s", kind(v))
+		return
+	}
+	sp.Path, sp.IntervalMs, sp.TimeoutMs = DefaultPullPath, DefaultPullIntervalMs, DefaultPullTimeoutMs
+	p.object(v, path, map[string]func(gjson.Result, string){
+		"cluster":   func(v gjson.Result, fp string) { sp.Cluster = p.nonEmptyString(v, fp) },
+		"authority": func(v gjson.Result, fp string) { sp.Authority = p.nonEmptyString(v, fp) },
+		"path": func(v gjson.Result, fp string) {
+			if ps := p.paths(gjson.Parse("["+v.Raw+"]"), fp); len(ps) == 1 {
+				sp.Path = ps[0]
+			}
+		},
+		"intervalMs": func(v gjson.Result, fp string) { sp.IntervalMs = p.intRange(v, fp, 100, 3600*1000) },
+		"timeoutMs":  func(v gjson.Result, fp string) { sp.TimeoutMs = p.intRange(v, fp, 10, 60*1000) },
+	})
+	if sp.Cluster == "" {
+		p.fail(join(path, "cluster"), "is required: the Envoy cluster of the metrics service (Istio: outbound|9090||kvroute-metrics.<namespace>.svc.cluster.local)")
+	}
+	if sp.Authority == "" {
+		sp.Authority = sp.Cluster
+	}
+}
+
+func (p *parser) report(v gjson.Result, path string, r *Report) {
+	if !v.IsObject() {
+		p.fail(path, "must be an object, got %s", kind(v))
+		return
+	}
+	r.Path, r.IntervalMs = DefaultReportPath, 50
+	p.object(v, path, map[string]func(gjson.Result, string){
+		"cluster":   func(v gjson.Result, fp string) { r.Cluster, _ = p.str(v, fp) },
+		"authority": func(v gjson.Result, fp string) { r.Authority, _ = p.str(v, fp) },
+		"path": func(v gjson.Result, fp string) {
+			if ps := p.paths(gjson.Parse("["+v.Raw+"]"), fp); len(ps) == 1 {
+				r.Path = ps[0]
+			}
+		},
+		"intervalMs": func(v gjson.Result, fp string) { r.IntervalMs = p.intRange(v, fp, 10, 10_000) },
+	})
+	if r.Cluster == "" {
+		p.fail(path+".cluster", "name the Envoy cluster of the metrics service (reports go there with the state token)")
+	}
+	if r.Authority == "" {
+		r.Authority = r.Cluster
 	}
 }
 
@@ -600,6 +694,16 @@ func (p *parser) crossChecks(c *Config) {
 	for _, ip := range c.InferencePaths {
 		if ip == c.State.Path {
 			p.fail("state.path", "%q is also an inference path", ip)
+		}
+	}
+	// The headers kvroute reads from the request must not be the one it
+	// writes: the client's destination header is removed unread.
+	for _, h := range []struct{ path, name string }{
+		{"sessionHeader", c.SessionHeader}, {"prefixKeyHeader", c.PrefixKeyHeader},
+		{"admission.priorityHeader", c.Admission.PriorityHeader}, {"admission.deadlineHeader", c.Admission.DeadlineHeader},
+	} {
+		if h.name != "" && strings.EqualFold(h.name, c.DestinationHeader) {
+			p.fail(h.path, "%q is the destination header, which kvroute sets and removes from clients: name another header", h.name)
 		}
 	}
 }

@@ -173,6 +173,12 @@ type Config struct {
 	// counted from arrival at the gateway.
 	DeadlineMs [3]int
 	Thresholds Thresholds
+	// PriorityHeader and DeadlineHeader name the request headers a class
+	// and a deadline are read from ("" reads none, the default). They are
+	// the operator's, not the client's: Envoy must set or remove them before
+	// kvroute runs (a header_mutation filter, per route or after an
+	// authenticating filter), or any client could claim the top class.
+	PriorityHeader, DeadlineHeader string
 }
 
 // Defaults returns the configuration with every default applied and
@@ -206,7 +212,7 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Classify picks a request's class: the x-kvroute-priority header when
+// Classify picks a request's class: the priority header (PriorityHeader) when
 // present, else the model's default, else the path's, else DefaultClass. A
 // malformed header is an error the client should see (400), not a silent
 // default.
@@ -224,7 +230,7 @@ func (c *Config) Classify(header, path, model string) (Class, error) {
 }
 
 // Deadline is the absolute deadline (ms) of a request that arrived at
-// nowMs: the x-kvroute-deadline-ms header (milliseconds from arrival, 1 to
+// nowMs: the deadline header's value (milliseconds from arrival, 1 to
 // MaxDeadlineMs) when present, else the class default.
 func (c *Config) Deadline(class Class, header string, nowMs int64) (int64, error) {
 	if header == "" {

@@ -281,7 +281,7 @@ func (t *TopologyRouter) merge(reps []report, now time.Duration) {
 				if h.Slot < 0 {
 					continue
 				}
-				_ = r0.r.Learn(index.HostRef{Slot: h.Slot, Gen: h.Gen}, h.Address, ro.chain)
+				_ = r0.r.Learn(index.HostRef{Slot: h.Slot, Gen: h.Gen}, h.Address, ro.chain, 0)
 			}
 		}
 		if t.top.noRemoteLoad {

@@ -28,11 +28,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -95,6 +98,7 @@ type Service struct {
 	current   snapshot.State
 	discOK    bool
 	listener  *kvevents.Listener
+	reports   reportBook // gateways' routing reports for the next push (reports.go)
 }
 
 // host is the service's state for one engine.
@@ -134,6 +138,11 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.PushTimeout <= 0 {
 		cfg.PushTimeout = 2 * time.Second
+	}
+	for _, g := range cfg.Gateways {
+		if err := CheckGatewayURL(g); err != nil {
+			return nil, fmt.Errorf("metrics service: %w", err)
+		}
 	}
 	if len(cfg.Gateways) > 0 && cfg.Token == nil {
 		return nil, errors.New("metrics service: gateways are configured but no state token (give a token file or a token environment variable)")
@@ -429,7 +438,9 @@ func (s *Service) assembleAndPublish(now time.Time) {
 	if !warm && now.Sub(started) < time.Second {
 		return
 	}
-	changed := prev == nil || !sameContent(st.Hosts, prev)
+	reports, fresh := s.reports.take(now)
+	st.Gateways = reports
+	changed := prev == nil || !sameContent(st.Hosts, prev) || fresh
 	if !changed && now.Sub(lastPub) < s.cfg.PushInterval {
 		return
 	}
@@ -514,6 +525,27 @@ func mergeSorted(a, b []string) []string {
 	return slices.Compact(out)
 }
 
+// CheckGatewayURL reports whether u is a gateway state URL a push can
+// reach: http or https, a host, and a path (the gateway answers its state
+// path itself; a push to another path would go on to an engine).
+func CheckGatewayURL(u string) error {
+	const example = "e.g. http://gw-0.gw:9002/.kvroute/v1/state"
+	pu, err := url.Parse(u)
+	switch {
+	case err != nil:
+		return fmt.Errorf("gateway %q is not a URL (%v): give the gateway's state URL, %s", u, err, example)
+	case pu.Scheme != "http" && pu.Scheme != "https":
+		return fmt.Errorf("gateway %q: the scheme must be http or https: give the gateway's state URL, %s", u, example)
+	case pu.Host == "" || pu.Hostname() == "":
+		return fmt.Errorf("gateway %q has no host: give the gateway's state URL, %s", u, example)
+	case pu.Path == "" || pu.Path == "/":
+		return fmt.Errorf("gateway %q has no path: give the state path the gateway's plugin serves (state.path), %s", u, example)
+	case pu.User != nil:
+		return fmt.Errorf("gateway %q carries credentials in the URL: the state token goes in --token-file or its environment variable", u)
+	}
+	return nil
+}
+
 // Snapshot returns the last published snapshot.
 func (s *Service) Snapshot() snapshot.State {
 	s.mu.Lock()
@@ -527,6 +559,8 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.tel.handler())
 	mux.HandleFunc("GET /healthz", s.serveHealth)
+	mux.HandleFunc("GET /livez", s.serveLive)
+	mux.HandleFunc("POST "+ReportsPath, s.serveReport)
 	mux.HandleFunc("GET /state", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(s.Snapshot())
@@ -546,12 +580,23 @@ type gatewayHealth struct {
 	URL                 string `json:"url"`
 	Pushed              uint64 `json:"pushed"`
 	ConsecutiveFailures int    `json:"consecutiveFailures"`
+	Failing             bool   `json:"failing"`
 	LastError           string `json:"lastError,omitempty"`
 }
 
-// serveHealth answers 200 while discovery has produced a set and the
-// assembler is ticking. Failing engines or gateways do not make the service
-// unhealthy: restarting it would not fix them, and /metrics reports them.
+// pushFailing reports whether a gateway's pushes are failing: three in a
+// row at least, and none delivered for failWindow (or ever).
+func pushFailing(g push.GatewayStats, now time.Time, failWindow time.Duration) bool {
+	return g.Consecutive >= 3 && (g.LastOK.IsZero() || now.Sub(g.LastOK) > failWindow)
+}
+
+// serveHealth answers 200 while discovery has produced a set, the
+// assembler is ticking and some gateway takes the pushes: 503 "starting",
+// "stalled" or "pushes_failing" (every configured gateway failing, see
+// pushFailing: the service delivers nothing, a wrong token or URL, a
+// gateway unreachable). Failing engines, or some gateways failing, leave it
+// at 200 ("degraded" for the latter): /metrics and this report name them.
+// Restarting fixes none of these, so liveness is /livez.
 func (s *Service) serveHealth(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	s.mu.Lock()
@@ -569,12 +614,40 @@ func (s *Service) serveHealth(w http.ResponseWriter, r *http.Request) {
 		rep.Status, rep.Reason = "stalled", "the snapshot loop has not run for "+now.Sub(s.lastTick).Round(time.Millisecond).String()
 	}
 	s.mu.Unlock()
+	failWindow := max(5*s.cfg.PushInterval, 5*time.Second)
+	failing, lastErr := 0, ""
 	for _, g := range s.pusher.Stats() {
-		rep.Gateways = append(rep.Gateways, gatewayHealth{URL: g.URL, Pushed: g.OK, ConsecutiveFailures: g.Consecutive, LastError: g.LastError})
+		f := pushFailing(g, now, failWindow)
+		if f {
+			failing++
+			lastErr = g.URL + ": " + g.LastError
+		}
+		rep.Gateways = append(rep.Gateways, gatewayHealth{URL: g.URL, Pushed: g.OK, ConsecutiveFailures: g.Consecutive, Failing: f, LastError: g.LastError})
+	}
+	switch {
+	case rep.Status != "ok" || failing == 0:
+	case failing == len(rep.Gateways):
+		rep.Status, rep.Reason = "pushes_failing", "every gateway's pushes are failing (last: "+lastErr+")"
+	default:
+		rep.Status, rep.Reason = "degraded", strconv.Itoa(failing)+" of "+strconv.Itoa(len(rep.Gateways))+" gateways' pushes are failing (last: "+lastErr+")"
 	}
 	w.Header().Set("Content-Type", "application/json")
-	if rep.Status != "ok" {
+	if rep.Status != "ok" && rep.Status != "degraded" {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	json.NewEncoder(w).Encode(rep)
+}
+
+// serveLive is the liveness probe: 503 only when the snapshot loop has
+// stalled, which a restart can fix.
+func (s *Service) serveLive(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	last, started := s.lastTick, s.discOK
+	s.mu.Unlock()
+	stall := max(10*s.cfg.ScrapeInterval, 2*time.Second)
+	if started && time.Since(last) > stall {
+		http.Error(w, "stalled: the snapshot loop has not run for "+time.Since(last).Round(time.Millisecond).String(), http.StatusServiceUnavailable)
+		return
+	}
+	io.WriteString(w, "ok\n")
 }

@@ -736,10 +736,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "discovery") {
 		t.Errorf("no source: %v", err)
 	}
-	if _, err := New(Config{Source: discovery.Fixed{}, Gateways: []string{"http://x"}}); err == nil || !strings.Contains(err.Error(), "token") {
+	if _, err := New(Config{Source: discovery.Fixed{}, Gateways: []string{"http://x/.kvroute/v1/state"}}); err == nil || !strings.Contains(err.Error(), "token") {
 		t.Errorf("no token: %v", err)
 	}
-	if _, err := New(Config{Source: discovery.Fixed{}, Gateways: []string{"http://x"}, Token: push.StaticToken("")}); err == nil {
+	if _, err := New(Config{Source: discovery.Fixed{}, Gateways: []string{"http://x/.kvroute/v1/state"}, Token: push.StaticToken("")}); err == nil {
 		t.Error("empty token accepted")
 	}
 	s, err := New(Config{Source: discovery.Fixed{{Address: "nope"}}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -206,13 +206,15 @@ func TestChainSGLang(t *testing.T) {
 }
 
 // The threshold's edge: 511 estimated uncached tokens stay whole, 512 are
-// split (scorer: split when uncached >= threshold).
+// split (scorer: split when uncached >= threshold). Each case has a chain of
+// its own: a response calibrates the model's characters per token, which
+// would move the next request's estimate off the edge being tested.
 func TestChainThresholdEdge(t *testing.T) {
-	c := startChain(t, 1, 512, "")
 	for _, tc := range []struct {
 		tokens int
 		marker string
 	}{{511, ""}, {512, "prefill=remote"}} {
+		c := startChain(t, 1, 512, "")
 		r := c.send(t, completion(tc.tokens, 2, false, fmt.Sprintf("edge-%d", tc.tokens)))
 		if r.status != 200 {
 			t.Fatalf("%d tokens: %d %s", tc.tokens, r.status, r.body)

@@ -513,20 +513,22 @@ func (r *Router) storeMemory(chain []uint64, addr string) {
 }
 
 // Learn takes a route another gateway reported (through the metrics
-// service's merged push): chain went to addr. The index marks the chain
-// on the host (ref, as Register gave it) and the prefix memory remembers
-// it, as if this gateway had routed it; the request's load is not booked
-// (the reports carry the other gateways' load counts as such).
-func (r *Router) Learn(ref index.HostRef, addr string, chain []uint64) error {
+// service's merged push): addr now holds chain from block from on (the
+// blocks before from may be zero placeholders: from is a multiple of the
+// index's segment length). The index marks them on the host (ref, as
+// Register gave it) and, for a whole chain, the prefix memory remembers
+// it, as if this gateway had routed it. The request's load is not booked:
+// the reports carry the other gateways' load counts as such.
+func (r *Router) Learn(ref index.HostRef, addr string, chain []uint64, from int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.useMemory && len(chain) > 0 {
+	if r.useMemory && from == 0 && len(chain) > 0 {
 		r.storeMemory(chain, addr)
 	}
-	if r.ix == nil || len(chain) == 0 {
+	if r.ix == nil || from >= len(chain) {
 		return nil
 	}
-	return r.ix.Stored(ref, chain, 0)
+	return r.ix.Stored(ref, chain, from)
 }
 
 // pin pins key's session to addr unless the decision kept the pin.

@@ -21,6 +21,10 @@ type State struct {
 	// Source names the pushing service instance, for logs.
 	Source string `json:"source,omitempty"`
 	Hosts  []Host `json:"hosts"`
+	// Gateways are the gateways' routing reports the service received
+	// since its previous push, and each gateway's latest load picture
+	// (docs/topology.md). Absent with one gateway or without reports.
+	Gateways []GatewayReport `json:"gateways,omitempty"`
 }
 
 // Host is one engine replica as last scraped.
@@ -62,4 +66,47 @@ type Host struct {
 	ClearedAtMs int64 `json:"clearedAtMs,omitempty"`
 	// ScrapedAtMs is when this host was last scraped successfully (Unix ms).
 	ScrapedAtMs int64 `json:"scrapedAtMs,omitempty"`
+}
+
+// GatewayReport is one gateway worker's routing since its previous report:
+// what it POSTs to the metrics service on its tick, and what the service
+// pushes on, merged, to every gateway in State.Gateways (docs/topology.md).
+// A gateway applies the reports of the other gateways: each route marks its
+// chain as held by its host, and the load counts are that gateway's
+// outstanding work per host. Applying a report twice changes nothing, so
+// two service replicas that each push everything need no coordination.
+type GatewayReport struct {
+	// Gateway identifies the reporting gateway (every worker of one Envoy
+	// reports the same id, kept in its shared data); a gateway skips its
+	// own reports.
+	Gateway string `json:"gateway"`
+	// TimestampMs is when the report was made (Unix ms); of two load
+	// pictures of one gateway the newer wins.
+	TimestampMs int64 `json:"timestampMs"`
+	// Routes are the worker's routing decisions since its last report.
+	Routes []Route `json:"routes,omitempty"`
+	// Load is the gateway's own outstanding work per host (its shared-data
+	// counters when the report was made).
+	Load []HostLoad `json:"load,omitempty"`
+}
+
+// Route is one routing decision as a block-hash chain delta: Address now
+// holds the request's chain from block From on. Chain is the hashes
+// chain[From:], 8 bytes each, little-endian, base64 (std encoding); From
+// is a multiple of the index's segment length, so a receiver can place
+// the blocks in its own shards without the blocks before From (which the
+// host already held). Engines' KV events (precise cache state) can travel
+// in the same shape.
+type Route struct {
+	Address string `json:"address"`
+	From    int    `json:"from,omitempty"`
+	Chain   string `json:"chain"`
+}
+
+// HostLoad is one gateway's outstanding work on one host.
+type HostLoad struct {
+	Address       string `json:"address"`
+	InFlight      int    `json:"inFlight"`
+	PrefillTokens int64  `json:"prefillTokens"`
+	DecodeTokens  int64  `json:"decodeTokens"`
 }

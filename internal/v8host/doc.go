@@ -42,9 +42,13 @@
 // on_configure only; shared data has Envoy's CAS rule; poll_oneoff answers
 // at once with no events; a trap fails the VM, and its streams get 503.
 //
-// Not modelled: HTTP calls, gRPC, queues, trailers, buffer writes, ORCA and
-// retries. The host functions are JavaScript, slower than Envoy's C++, so
-// the cost measured here is an upper bound for those.
+// A body callback that does not continue after its headers went on buffers
+// the body (Envoy's StopIterationAndBuffer), and a body write
+// (proxy_set_buffer_bytes) replaces what goes upstream.
+//
+// Not modelled: HTTP calls, gRPC, queues, trailers, ORCA and retries. The
+// host functions are JavaScript, slower than Envoy's C++, so the cost
+// measured here is an upper bound for those.
 //
 // Node.js 20 or later must be on PATH (Debian: the nodejs package; CI
 // installs it when missing). Start returns an error naming what is missing.

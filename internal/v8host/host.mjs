@@ -269,7 +269,21 @@ class VM {
         if (!data) return Status.NotFound;
         return vm.give(data.subarray(Math.min(start, data.length), Math.min(data.length, start + max)), retPtr, retLen);
       },
-      proxy_set_buffer_bytes() { return Status.Unimplemented; },
+      // A body write replaces [start, start+length) of the buffered body,
+      // as Envoy does (ReplaceHttpRequestBody writes from 0 over all of it).
+      proxy_set_buffer_bytes(type, start, length, dataPtr, dataLen) {
+        const s = vm.stream;
+        if (!s || (type !== BufferType.RequestBody && type !== BufferType.ResponseBody)) return Status.BadArgument;
+        const key = type === BufferType.RequestBody ? 'reqBuffer' : 'respBuffer';
+        const old = s[key];
+        const whole = Buffer.alloc(old.length);
+        old.copyTo(whole, 0, 0, old.length);
+        const from = Math.min(start, whole.length);
+        const to = Math.min(whole.length, from + length);
+        const data = Buffer.from(vm.mem().subarray(dataPtr, dataPtr + dataLen));
+        s[key] = new Chunks(whole.subarray(0, from), data, whole.subarray(to));
+        return Status.OK;
+      },
       proxy_continue_stream(type) {
         const s = vm.stream;
         if (!s) return Status.BadArgument;
@@ -522,10 +536,16 @@ function filtered(req, res) {
       }
       return;
     }
-    s.reqBuffer = new Chunks(chunk);
-    vm.call('request_body', s, s.id, chunk.length, 0);
+    // After the headers went on, a body callback that does not continue
+    // buffers (Envoy's StopIterationAndBuffer): the chunks so far are handed
+    // to it again with the next one, and go upstream, as the filter left
+    // them, when it continues.
+    if (s.bodyHeld) s.reqBuffer.push(chunk);
+    else s.reqBuffer = new Chunks(chunk);
+    const cont = vm.call('request_body', s, s.id, s.reqBuffer.length, 0) === Action.Continue;
     if (local()) return;
-    upReq.write(chunk);
+    s.bodyHeld = !cont;
+    if (cont) s.reqBuffer.writeTo(upReq);
   });
   req.on('end', () => {
     if (s.local) return;
@@ -541,9 +561,11 @@ function filtered(req, res) {
       return;
     }
     if (hasBody) {
-      s.reqBuffer = new Chunks();
-      vm.call('request_body', s, s.id, 0, 1);
+      if (!s.bodyHeld) s.reqBuffer = new Chunks();
+      const cont = vm.call('request_body', s, s.id, s.reqBuffer.length, 1) === Action.Continue || s.resumeRequest;
       if (local()) return;
+      if (!cont) { reply({ code: 500, body: 'filter paused the request at its end and never resumed it' }); return; }
+      if (s.bodyHeld) s.reqBuffer.writeTo(upReq);
     }
     upReq.end();
   });

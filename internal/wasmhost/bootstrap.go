@@ -10,6 +10,7 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
@@ -21,7 +22,8 @@ import (
 // into the configuration of this host, so a
 // shipped bootstrap can run with the real module on loopback: the Wasm
 // filters in chain order with their root ids, configurations and
-// allow_on_headers_stop_iteration, the vm_id, every STATIC cluster, the
+// allow_on_headers_stop_iteration, the headers a header_mutation filter
+// before them removes, the vm_id, every STATIC cluster, the
 // route's cluster, the header its override_host (or ORIGINAL_DST) reads, the
 // failure policy, the connection buffer limit, the timeouts, and the VM's
 // environment (host_env_keys are read from this process's environment, as
@@ -50,9 +52,21 @@ func ConfigFromBootstrap(b *bootstrapv3.Bootstrap, listener string, remap map[st
 		cfg.StreamIdleTimeout = d.AsDuration()
 	}
 
-	// The Wasm filters, in order.
+	// The Wasm filters, in order, and the headers a header_mutation filter
+	// before them removes.
 	vmIDs := map[string]bool{}
 	for _, f := range hcm.GetHttpFilters() {
+		if hm := (&headermutationv3.HeaderMutation{}); f.GetTypedConfig().MessageIs(hm) && len(cfg.Filters) == 0 {
+			if err := f.GetTypedConfig().UnmarshalTo(hm); err != nil {
+				return cfg, err
+			}
+			for _, m := range hm.GetMutations().GetRequestMutations() {
+				if r := m.GetRemove(); r != "" {
+					cfg.RemoveRequestHeaders = append(cfg.RemoveRequestHeaders, r)
+				}
+			}
+			continue
+		}
 		w := &wasmfilterv3.Wasm{}
 		if !f.GetTypedConfig().MessageIs(w) {
 			continue

@@ -79,7 +79,9 @@
 //   - A trap (a Go panic that escapes, proc_exit, an out-of-bounds access)
 //     marks that VM failed. Later callbacks on it are skipped; its streams
 //     get 503 (fail closed, Envoy's default) or pass the filter untouched
-//     (Config.FailOpen). Other VMs keep serving.
+//     (Config.FailOpen). Other VMs keep serving. Config.RemoveRequestHeaders
+//     stands for a header_mutation filter ahead of the Wasm filters: it runs
+//     whatever state the VMs are in.
 //   - While _initialize runs, proxy_* calls other than proxy_log trap, as
 //     in proxy-wasm-cpp-host. poll_oneoff answers at once with no events.
 //   - Unsupported calls get Envoy's answer for an unknown target: gRPC

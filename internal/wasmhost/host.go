@@ -70,6 +70,12 @@ type Config struct {
 	// the filter untouched.
 	FailOpen bool
 
+	// RemoveRequestHeaders are removed from every request before the Wasm
+	// filters run, as Envoy's header_mutation filter placed before them
+	// does (request_mutations: remove): what still strips a client's
+	// routing headers when a failed VM lets requests pass untouched.
+	RemoveRequestHeaders []string
+
 	// LogLevel is what proxy_get_log_level answers; 0 means LevelInfo,
 	// Envoy's default. Every log line is recorded whatever its level.
 	LogLevel int
@@ -495,6 +501,10 @@ type CallStat struct {
 	Kind  string
 	Count int64
 	Total time.Duration
+	// CPU is, for a callback, the CPU time its thread used (Linux; zero
+	// elsewhere): steadier than Total on a machine whose cores other
+	// processes share.
+	CPU time.Duration
 }
 
 // CallStats returns the call counts and times so far, callbacks first, for

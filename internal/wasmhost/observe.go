@@ -177,6 +177,7 @@ type callStat struct {
 	kind  string
 	count atomic.Int64
 	nanos atomic.Int64
+	cpu   atomic.Int64 // nanoseconds; callbacks only
 }
 
 func (s *callStats) get(name, kind string) *callStat {
@@ -192,12 +193,18 @@ func (c *callStat) add(d time.Duration) {
 	c.nanos.Add(int64(d))
 }
 
+// addCPU is add for a callback, with the CPU time its thread used.
+func (c *callStat) addCPU(d, cpu time.Duration) {
+	c.add(d)
+	c.cpu.Add(int64(cpu))
+}
+
 func (s *callStats) snapshot() []CallStat {
 	var out []CallStat
 	s.m.Range(func(k, v any) bool {
 		c := v.(*callStat)
 		if n := c.count.Load(); n > 0 {
-			out = append(out, CallStat{Name: k.(string), Kind: c.kind, Count: n, Total: time.Duration(c.nanos.Load())})
+			out = append(out, CallStat{Name: k.(string), Kind: c.kind, Count: n, Total: time.Duration(c.nanos.Load()), CPU: time.Duration(c.cpu.Load())})
 		}
 		return true
 	})

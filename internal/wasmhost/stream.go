@@ -155,6 +155,9 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.reqHeaders = requestHeaderMap(r)
+	for _, name := range h.cfg.RemoveRequestHeaders {
+		s.reqHeaders.remove(strings.ToLower(name))
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.EnableFullDuplex()
 

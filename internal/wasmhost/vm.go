@@ -6,6 +6,7 @@ import (
 	crand "crypto/rand"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -143,9 +144,13 @@ func (v *vm) call(c *wctx, name string, fn api.Function, args ...uint64) (res ui
 		return 0, false, false
 	}
 	v.current, v.effective, v.stopNext, v.after = c, 0, false, nil
-	t0 := time.Now()
+	// Locked to its thread for the call, so that the thread's CPU clock
+	// measures the callback alone.
+	runtime.LockOSThread()
+	t0, cpu0 := time.Now(), threadCPU()
 	out, err := fn.Call(v.ctx, args...)
-	v.h.calls.get(name, "callback").add(time.Since(t0))
+	v.h.calls.get(name, "callback").addCPU(time.Since(t0), threadCPU()-cpu0)
+	runtime.UnlockOSThread()
 	stop = v.stopNext
 	after := v.after
 	v.current, v.effective, v.stopNext, v.after = nil, 0, false, nil

@@ -1,0 +1,15 @@
+//go:build !(armbe || arm64be || m68k || mips || mips64 || mips64p32 || ppc || ppc64 || s390 || s390x || shbe || sparc || sparc64)
+
+package filter
+
+import "unsafe"
+
+// load64 returns b[i:i+8] as a little-endian word. On a little-endian
+// machine (Wasm, amd64, arm64) that is one load, and the function is cheap
+// enough for Go's inliner, where binary.LittleEndian.Uint64 is not when
+// compiling for Wasm (the inliner prices it as eight loads and shifts):
+// shortPlain needs to be inlined into the validator and the walker.
+func load64(b []byte, i int) uint64 {
+	_ = b[i+7] // bounds: one check for the eight bytes
+	return *(*uint64)(unsafe.Pointer(&b[i]))
+}

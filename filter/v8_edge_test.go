@@ -1,0 +1,118 @@
+package filter
+
+// The edge tests of edge_test.go in V8 (internal/v8host), for what depends
+// on the host: a local reply from the request headers, a body buffered and
+// rewritten after the headers went on (header-only mode, pass-through
+// paths), a recovered panic's fail-open.
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/internal/v8host"
+)
+
+func startV8(t *testing.T, addrs []string, conf string) *v8host.Host {
+	t.Helper()
+	needV8(t)
+	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: addrs, Configuration: conf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+func v8Mode(t *testing.T, addrs []string, body bool, cfg string) *v8host.Host {
+	return startV8(t, addrs, "{"+endpointsJSON(addrs)+fmt.Sprintf(`,"bodyRouting":%v`, body)+cfg+"}")
+}
+
+func TestV8StatePathNeverReachesAnEngine(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			eng := newRecordingEngines(t, 2)
+			h := v8Mode(t, eng.addrs, m.body, `,"strategy":"round_robin","state":{"token":"`+stateToken+`"}`)
+			want := 200
+			if !m.body {
+				want = 501
+			}
+			for _, path := range []string{"/.kvroute/v1/state", "/.kvroute/v1/state/", "/.KVROUTE//v1/stat%65"} {
+				code, body := v8Post(t, h.Filtered+path, pushBody(time.Now().UnixMilli(), eng.addrs...), http.Header{"Authorization": {"Bearer " + stateToken}})
+				if code != want {
+					t.Errorf("%s: %d %s, want %d", path, code, body, want)
+				}
+			}
+			if got := eng.requests(); len(got) != 0 {
+				t.Errorf("engines received %d requests to the state path (authorization %q)", len(got), got[0].header.Get("authorization"))
+			}
+		})
+	}
+}
+
+func TestV8ShippedWasmPluginPrefixKeyAffinity(t *testing.T) {
+	eng := newRecordingEngines(t, 4)
+	conf, pc := shippedPluginConfig(t, "../envoy/istio/wasmplugin-header-only.yaml", eng.addrs)
+	keyHeader := pc["prefixKeyHeader"].(string)
+	h := startV8(t, eng.addrs, conf)
+	const keys, per = 4, 6
+	for i := range keys * per {
+		if code, body := v8Post(t, h.Filtered+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+			http.Header{http.CanonicalHeaderKey(keyHeader): {fmt.Sprintf("key-%d", i%keys)}}); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	byKey := map[int]map[string]bool{}
+	used := map[string]bool{}
+	for i, r := range eng.requests() {
+		if r.header.Get(keyHeader) != "" {
+			t.Fatalf("the engine received %s", keyHeader)
+		}
+		if byKey[i%keys] == nil {
+			byKey[i%keys] = map[string]bool{}
+		}
+		byKey[i%keys][r.engine], used[r.engine] = true, true
+	}
+	for k, e := range byKey {
+		if len(e) != 1 {
+			t.Errorf("key %d went to %d engines, want 1", k, len(e))
+		}
+	}
+	if len(used) < 2 {
+		t.Errorf("%d keys all went to %v", keys, used)
+	}
+}
+
+func TestV8ClientPDFieldsStrippedOnEveryPathAndMode(t *testing.T) {
+	pd := `"kv_transfer_params":{"remote_host":"169.254.169.254"},"bootstrap_host":"169.254.169.254","bootstrap_room":7`
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			eng := newRecordingEngines(t, 1)
+			h := v8Mode(t, eng.addrs, m.body, `,"fallbacks":0,"testHooks":true`)
+			for _, path := range []string{"/v1/chat/completions", "/v1/chat/completion%73", "/v1/chat/completions/", "/V1/chat/completions",
+				"/v1//chat/completions", "/invocations", "/v1/responses"} {
+				body := `{"model":"m","messages":[{"role":"user","content":"hi"}],` + pd + `}`
+				if code, reply := v8Post(t, h.Filtered+path, body, nil); code != 200 {
+					t.Errorf("%s: %d %s", path, code, reply)
+				}
+			}
+			// Failing open after a recovered panic strips them too.
+			if code, reply := v8Post(t, h.Filtered+"/v1/completions", `{"model":"m","prompt":"hi",`+pd+`}`, http.Header{"X-Kvroute-Test-Panic": {"recover"}}); code != 200 {
+				t.Errorf("recovered panic: %d %s", code, reply)
+			}
+			got := eng.requests()
+			if len(got) != 8 {
+				t.Fatalf("the engine got %d requests, want 8", len(got))
+			}
+			for _, r := range got {
+				if strings.Contains(r.body, "169.254") || gjson.Get(r.body, "model").Str != "m" {
+					t.Errorf("%s: the engine received %q", r.path, r.body)
+				}
+			}
+		})
+	}
+}

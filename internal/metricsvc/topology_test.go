@@ -1,0 +1,135 @@
+package metricsvc
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
+	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/wasmhost"
+)
+
+// Two gateways converge through the metrics service (docs/topology.md):
+// each runs the router from dist/kvroute.wasm with state.report on, so its
+// workers POST their routes to the service, which pushes them to the other
+// gateway. A prompt routed by gateway A, sent again (with another ending)
+// to gateway B, goes where A sent it: B marked A's route in its index.
+// Without the reports B places it on its own (here: anywhere but A's host,
+// since the engines' queues are equal and B has no prefix to follow).
+func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
+	mod, err := os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
+	if err != nil {
+		t.Skipf("SKIPPED: dist/kvroute.wasm is missing (%v); run make wasm", err)
+	}
+	var engines []*servingEngine
+	var addrs, eps []string
+	var fixed discovery.Fixed
+	for range 4 {
+		e := newServingEngine(t)
+		engines = append(engines, e)
+		addrs = append(addrs, e.addr())
+		eps = append(eps, fmt.Sprintf(`{"address": %q}`, e.addr()))
+		fixed = append(fixed, discovery.Endpoint{Address: e.addr()})
+	}
+	// The service's own endpoints, reached by the gateways as the cluster
+	// "metrics"; the handler is set once the service exists.
+	var svcHandler atomic.Value
+	metricsFront := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, _ := svcHandler.Load().(http.Handler)
+		if h == nil {
+			http.Error(w, "not yet", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(metricsFront.Close)
+	gateway := func(report bool) (*wasmhost.Host, string) {
+		rep := ""
+		if report {
+			rep = `, "report": {"cluster": "metrics", "intervalMs": 20}`
+		}
+		cfg := fmt.Sprintf(`{"endpoints": [%s], "state": {"token": "s3cret"%s}, "fallbacks": 0}`, strings.Join(eps, ","), rep)
+		h, err := wasmhost.New(context.Background(), wasmhost.Config{
+			Module: mod, VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
+			Filters:      []wasmhost.Filter{{RootID: "kvroute.router", Configuration: cfg, AllowOnHeadersStopIteration: true}},
+			Clusters:     map[string][]string{"engines": addrs, "metrics": {metricsFront.Listener.Addr().String()}},
+			RouteCluster: "engines",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		front := httptest.NewServer(h)
+		t.Cleanup(func() { front.Close(); h.Close() })
+		return h, front.URL
+	}
+	_, urlA := gateway(true)
+	_, urlB := gateway(true)
+	_, urlC := gateway(false) // the control: reports nothing, pushed nothing but state
+	svc, _, _ := startService(t, Config{
+		Source: fixed, ScrapeInterval: 50 * time.Millisecond, ScrapeTimeout: time.Second,
+		Gateways:     []string{urlA + "/.kvroute/v1/state", urlB + "/.kvroute/v1/state"},
+		Token:        push.StaticToken("s3cret"),
+		PushInterval: 200 * time.Millisecond,
+	})
+	svcHandler.Store(svc.Handler())
+	send := func(url, prompt string) int {
+		t.Helper()
+		before := make([]int64, len(engines))
+		for i, e := range engines {
+			before[i] = e.served.Load()
+		}
+		body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, prompt)
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		for i, e := range engines {
+			if e.served.Load() != before[i] {
+				return i
+			}
+		}
+		t.Fatal("no engine served the request")
+		return -1
+	}
+	// Wait for the first push to reach both gateways.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(svc.Snapshot().Hosts) < 4 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	const n = 8
+	followed, control := 0, 0
+	for i := range n {
+		prefix := fmt.Sprintf("Tenant %d handbook. ", i) + strings.Repeat(fmt.Sprintf("Section %d: be precise, cite, and keep answers short. ", i), 120)
+		a := send(urlA, prefix+"first question")
+		// The route reaches B within a report interval plus two POSTs.
+		time.Sleep(250 * time.Millisecond)
+		if send(urlB, prefix+"second question") == a {
+			followed++
+		}
+		if send(urlC, prefix+"second question") == a {
+			control++
+		}
+	}
+	t.Logf("gateway B followed gateway A's route for %d of %d prompts; a gateway without reports for %d", followed, n, control)
+	if followed < n {
+		t.Fatalf("gateway B followed gateway A's route for only %d of %d prompts", followed, n)
+	}
+	if control == n {
+		t.Fatalf("the control gateway followed every route too: the test cannot tell reports from chance")
+	}
+}
