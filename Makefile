@@ -15,7 +15,7 @@ PLATFORMS ?= linux/amd64,linux/arm64
 # required: make bench TRACE=path/to/trace.jsonl.
 TRACE ?=
 
-.PHONY: all wasm wasm-tinygo test demo bench fuzz oci image release vet clean
+.PHONY: all wasm wasm-tinygo test demo bench bench-topology fuzz oci image release vet clean
 
 all: wasm
 
@@ -49,6 +49,16 @@ bench:
 	$(GO) run ./internal/wasmbuild
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
+	$(MAKE) bench-topology
+
+# The production shapes of docs/topology.md: G gateways x W workers, rate
+# scales 1 and 2, every strategy (docs/performance.md, "Topology").
+.PHONY: bench-topology
+bench-topology:
+	$(need-trace)
+	mkdir -p dist && for rs in 1 2; do for gw in 1x1 1x4 2x4 4x8; do \
+	  $(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --rate-scale $$rs --gateways $${gw%x*} --workers $${gw#*x} \
+	    --out dist/bench-topology-r$$rs-$$gw.json || exit 1; done; done
 
 # Aggregated vs disaggregated fleets of 8 on the trace (kvroute.pd: docs/prefill-decode.md).
 .PHONY: bench-pd

@@ -267,9 +267,10 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// paths for bodies of many small values (docs/performance.md, "Body
 	// shapes": the validator's word test for short strings, quickEnd in
 	// the walker) are about 2.5 KB more. Between runs of this test the
-	// figures move by up to 3 functions, 2 KB and 45 calls (the runtime's
-	// own work, garbage collection among it): the budgets leave that room.
-	const maxDistinct, maxBytes, maxCalls = 142, 139 << 10, 650
+	// figures move by up to 3 functions, 2 KB and 60 calls (the runtime's
+	// own work, garbage collection among it; 137 to 139 KB on 2026-11-26):
+	// the budgets leave that room.
+	const maxDistinct, maxBytes, maxCalls = 142, 141 << 10, 650
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}

@@ -249,7 +249,11 @@ func quickEnd(b []byte, i int) (e int) {
 	e = -1
 	if i < len(b) {
 		if c := b[i]; c == '"' {
-			e = shortPlain(b, i)
+			// The word test may read past the end of b, a view of the
+			// body (b[:cap(b)] is the body's buffer): a short string at
+			// the end of a small object (a message's content) ends within
+			// b all the same, and without it went to skip.
+			e = shortPlain(b[:cap(b)], i)
 		} else if c-'0' <= 9 {
 			e = numberEnd(b, i)
 		}

@@ -67,3 +67,44 @@ func TestWasmDefaultProfilePrefersLoadedAdapterAvoidsFullHost(t *testing.T) {
 		t.Errorf("base-model requests per engine %v: engine 0 got none", got)
 	}
 }
+
+// An adapter nobody serves is answered as an OpenAI server answers an
+// unknown model, naming what the client asked for, and counted; an adapter
+// only the pushed state names (not in loraAdapters) goes to the engines
+// that list it.
+func TestWasmUnknownAdapterIs404(t *testing.T) {
+	addrs := jsonUpstreams(t, 3, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`)
+	h, url := startRouter(t, addrs, 1, `,"fallbacks":0,"loraAdapters":{"fin-lora":"llama-3-8b","orphan-lora":"llama-2-7b"},"state":{"token":"`+stateToken+`"}`)
+	push := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[
+		{"address":%q,"model":"llama-3-8b"},
+		{"address":%q,"model":"llama-3-8b","adapters":["pushed-lora"]},
+		{"address":%q,"model":"llama-3-8b"}]}`, time.Now().UnixMilli(), addrs[0], addrs[1], addrs[2])
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	for _, c := range []struct{ model, want string }{
+		{"no-such-lora", `{"error":{"message":"The model 'no-such-lora' does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`},
+		// Configured, but its base model is served by nobody.
+		{"orphan-lora", `{"error":{"message":"The model 'orphan-lora' does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`},
+	} {
+		code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"`+c.model+`","prompt":"hi","max_tokens":2}`, nil)
+		if code != 404 || body != c.want {
+			t.Errorf("%s: %d %s, want 404 %s", c.model, code, body, c.want)
+		}
+	}
+	if got := h.CounterValue("kvroute.router.requests.model_not_found"); got != 2 {
+		t.Errorf("requests.model_not_found = %d, want 2", got)
+	}
+	before := h.UpstreamRequests()
+	for i := 0; i < 6; i++ {
+		if code, body, _ := call(t, "POST", url+"/v1/completions", fmt.Sprintf(`{"model":"pushed-lora","prompt":"q%d","max_tokens":2}`, i), nil); code != 200 {
+			t.Fatalf("pushed-lora: %d %s", code, body)
+		}
+	}
+	if after := h.UpstreamRequests(); after[addrs[1]]-before[addrs[1]] != 6 {
+		t.Errorf("pushed-lora went to %v, want all 6 on %s, the engine listing it", after, addrs[1])
+	}
+	if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"fin-lora","prompt":"hi","max_tokens":2}`, nil); code != 200 {
+		t.Errorf("fin-lora (base served): %d %s", code, body)
+	}
+}

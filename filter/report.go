@@ -94,7 +94,7 @@ func (p *routerPlugin) startReports() {
 // remember it in its prefix memory, whose keys are spread along the chain.
 //
 //go:noinline
-func (r *reporter) addRoute(addr string, chain []uint64) {
+func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int) {
 	const from = 0
 	if len(chain) == 0 {
 		return
@@ -116,7 +116,9 @@ func (r *reporter) addRoute(addr string, chain []uint64) {
 	r.routes = strconv.AppendInt(r.routes, int64(from), 10)
 	r.routes = append(r.routes, `,"chain":"`...)
 	r.routes = base64.StdEncoding.AppendEncode(r.routes, r.chainBuf)
-	r.routes = append(r.routes, `"}`...)
+	r.routes = append(r.routes, `","promptTokens":`...)
+	r.routes = strconv.AppendInt(r.routes, int64(max(promptTokens, 0)), 10)
+	r.routes = append(r.routes, '}')
 	r.n++
 }
 

@@ -95,6 +95,10 @@ type routerPlugin struct {
 	// hosts' LatencyEWMAMs). Otherwise, as with every preset, the response
 	// path reads no clock.
 	timeResponses bool
+	// timeFirstToken says the profile learns each host's time to first
+	// token (predicted_ttft): the first chunk of a streamed response then
+	// reads the clock for the ticket's TTFTMs.
+	timeFirstToken bool
 	// streamUsageAlways: the engines put usage in every stream, asked or
 	// not (config streamUsage "always").
 	streamUsageAlways bool
@@ -217,6 +221,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
+	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
 	static := make([]candidate, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
@@ -1061,15 +1066,20 @@ func (p *routerPlugin) servesModel(model string) bool {
 // OpenAI server does (404 model_not_found) rather than let Envoy's
 // fallback policy send it to an engine serving another model (every preset
 // has the model filter, so such a request ends here); otherwise Envoy's
-// fallback policy picks. Out of route's line (noinline): a routed request
-// never enters it.
+// fallback policy picks. A request naming a LoRA adapter (loraAdapters)
+// whose base model nobody serves is answered the same way, naming the
+// adapter the client asked for. Out of route's line (noinline): a routed
+// request never enters it.
 //
 //go:noinline
-func (s *routerStream) noCandidate(model string) {
+func (s *routerStream) noCandidate(model, adapter string) {
 	p := s.plugin
 	if p.servesModel(model) {
 		p.stats.noCandidate.Increment(1)
 		return
+	}
+	if adapter != "" {
+		model = adapter
 	}
 	p.stats.notFound.Increment(1)
 	p.stats.modelNotFound.Increment(1)
@@ -1139,26 +1149,26 @@ func (s *routerStream) decide(in *router.Input) {
 	t, res := p.rt.Decide(in, p.hosts)
 	p.ix.UnpinClock()
 	if p.reporter != nil && t.Host >= 0 {
-		p.reporter.addRoute(t.Address, in.Chain)
+		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens)
 	}
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
 	s.promptTokens = in.PromptTokens
 	// No defer: route cannot panic short of a bug, which the callback's
 	// guard catches, and syncStats catches up with the counters next time.
-	s.route(&res, nowMs, in.Model)
+	s.route(&res, nowMs, in)
 	p.syncStats()
 }
 
 // route writes the decision's destination header (and the optional ones)
 // and counts the dispatch.
-func (s *routerStream) route(res *scorer.Result, nowMs int64, model string) {
+func (s *routerStream) route(res *scorer.Result, nowMs int64, in *router.Input) {
 	p := s.plugin
 	cfg := p.cfg // one nil check, not one per field read
 	t := &s.ticket
 	order := res.Decode.Order
 	if len(order) == 0 {
-		s.noCandidate(model)
+		s.noCandidate(in.Model, in.Adapter)
 		return
 	}
 	hosts := p.hosts
@@ -1474,6 +1484,11 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 		// delivers even a one-read body as a chunk and then an empty last
 		// one, so this is most non-streamed responses.
 		if !endOfStream && s.streamed {
+			if p.timeFirstToken {
+				// A streamed response's first chunk is its first token
+				// (the headers may come before it).
+				s.ticket.TTFTMs = millis(p.mono() - s.decidedAt)
+			}
 			p.rt.FirstToken(&s.ticket)
 		}
 		if s.noUsage && !endOfStream {

@@ -1,7 +1,7 @@
 package filter
 
 import (
-	"bytes"
+	"encoding/binary"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -87,14 +87,17 @@ func (s *routerStream) scrubBody(bodySize int, endOfStream bool) types.Action {
 // reads only what it has not looked at yet (s.peeked).
 func (s *routerStream) peekBody(bodySize int) (c byte, found bool) {
 	for s.peeked < bodySize {
-		b, err := proxywasm.GetHttpRequestBody(s.peeked, min(bodySize-s.peeked, 4096))
-		if err != nil || len(b) == 0 {
+		// Read from the start into the router's body buffer (readBody: no
+		// allocation); more than the first 4 KB only for a body that
+		// starts with that much whitespace.
+		b, err := s.plugin.readBody(min(bodySize, s.peeked+4096))
+		if err != nil || len(b) <= s.peeked {
 			return 0, false
 		}
-		if i := skipSpace(b, 0); i < len(b) {
+		if i := skipSpace(b, s.peeked); i < len(b) {
 			return b[i], true
 		}
-		s.peeked += len(b)
+		s.peeked = len(b)
 	}
 	return 0, false
 }
@@ -152,6 +155,9 @@ func (s *routerStream) safeScrub(bodySize int) (ok bool) {
 // reused by the next call.
 func (p *requestParser) scrub(body []byte) (clean []byte, ok bool) {
 	p.dropped = 0
+	if !mayHoldClientOnly(body) {
+		return nil, true // nearly every body: one pass over its bytes, no JSON walk
+	}
 	p.doc.checkUTF8 = true
 	if !p.doc.scan(body) {
 		return nil, !mayHoldClientOnly(body)
@@ -185,10 +191,41 @@ func (p *requestParser) scrub(body []byte) (clean []byte, ok bool) {
 }
 
 // mayHoldClientOnly reports whether body could spell a gateway-only
-// field to a JSON decoder: its name in plain bytes, a \u escape (a key
-// can spell any letter so), or a NUL byte (JSON in UTF-16 or UTF-32).
-// It reads bytes only, for bodies the JSON scan refused.
+// field to a JSON decoder: "kv_" or "bootstrap_" in plain bytes, a \u
+// escape (a key can spell any letter so), or a NUL byte (JSON in UTF-16 or
+// UTF-32). It reads bytes only: the check before scrub's JSON walk, and all
+// there is for a body the JSON scan refused. Eight bytes at a time, as the
+// JSON scan reads (jsonvalid.go): only a word holding a '_', a '\\' or a NUL
+// is looked at byte by byte.
 func mayHoldClientOnly(body []byte) bool {
-	return bytes.Contains(body, []byte("kv_transfer_params")) || bytes.Contains(body, []byte("bootstrap_")) ||
-		bytes.Contains(body, []byte(`\u`)) || bytes.IndexByte(body, 0) >= 0
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(body); i += 8 {
+		w := binary.LittleEndian.Uint64(body[i:])
+		u, b := w^('_'*ones), w^('\\'*ones)
+		if ((w-ones)&^w|(u-ones)&^u|(b-ones)&^b)&highs != 0 && spellsClientOnly(body, i, i+8) {
+			return true
+		}
+	}
+	return spellsClientOnly(body, i, len(body))
+}
+
+// spellsClientOnly is mayHoldClientOnly's byte-by-byte look at body[from:to]
+// (with what precedes and follows it for context).
+func spellsClientOnly(body []byte, from, to int) bool {
+	for i := from; i < to; i++ {
+		switch body[i] {
+		case 0:
+			return true
+		case '\\':
+			if i+1 < len(body) && body[i+1] == 'u' {
+				return true
+			}
+		case '_':
+			if i >= 2 && string(body[i-2:i]) == "kv" || i >= 9 && string(body[i-9:i]) == "bootstrap" {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -73,3 +73,21 @@ func FuzzScrub(f *testing.F) {
 		}
 	})
 }
+
+// mayHoldClientOnly's word-at-a-time scan finds what a byte-by-byte one
+// finds, wherever in a word the byte falls.
+func TestMayHoldClientOnlyAtEveryOffset(t *testing.T) {
+	for _, needle := range []string{"kv_", "bootstrap_", `\u`, "\x00"} {
+		for off := 0; off < 20; off++ {
+			body := strings.Repeat("a", off) + needle + strings.Repeat("b", 17)
+			if !mayHoldClientOnly([]byte(body)) {
+				t.Errorf("%q at %d not found", needle, off)
+			}
+		}
+	}
+	for _, clean := range []string{"", "a_b", "k_v", "bootstra_", `\n\t\\`, strings.Repeat("abc_def\\n", 9)} {
+		if mayHoldClientOnly([]byte(clean)) {
+			t.Errorf("%q flagged", clean)
+		}
+	}
+}

@@ -122,7 +122,8 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
 				return false
 			}
-			rep.Routes = append(rep.Routes, snapshot.Route{Address: addr.Str, From: int(n), Chain: chain.Str})
+			pt, _ := wholeNumber(rt.Get("promptTokens"))
+			rep.Routes = append(rep.Routes, snapshot.Route{Address: addr.Str, From: int(n), Chain: chain.Str, PromptTokens: int(max(min(pt, 1<<30), 0))})
 			return true
 		})
 		if err != nil {

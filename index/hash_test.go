@@ -225,3 +225,49 @@ func TestBlocksIn(t *testing.T) {
 		t.Errorf("fixed blocks: BlocksIn(100) = %d, want 12", got)
 	}
 }
+
+// Message is BeginMessage and Text, whatever the lengths of the role and
+// the content (one-byte and longer lengths) and wherever in a block the
+// message falls; likewise Tokens is Token per id.
+func TestMessageAndTokensMatchTheirPieces(t *testing.T) {
+	a, b := NewHasher(HashConfig{BlockChars: 64, LevelBlocks: 2}), NewHasher(HashConfig{BlockChars: 64, LevelBlocks: 2})
+	text := longText(3, 600)
+	for _, lead := range []int{0, 1, 30, 55, 60, 63, 64, 200} {
+		for _, rl := range []int{0, 1, 4, 127, 128, 129} {
+			for _, cl := range []int{0, 2, 50, 57, 58, 127, 128, 300} {
+				a.Reset("m", "", "")
+				b.Reset("m", "", "")
+				a.Message("system", text[:lead])
+				b.BeginMessage("system")
+				b.Text(text[:lead])
+				for k := 0; k < 3; k++ {
+					a.Message(text[k:k+rl], text[100+k:100+k+cl])
+					b.BeginMessage(text[k : k+rl])
+					b.Text(text[100+k : 100+k+cl])
+				}
+				if !slices.Equal(a.Blocks(), b.Blocks()) || a.Len() != b.Len() {
+					t.Fatalf("lead %d, role %d, content %d bytes: Message hashed %d bytes (%d blocks), BeginMessage+Text %d (%d)",
+						lead, rl, cl, a.Len(), len(a.Blocks()), b.Len(), len(b.Blocks()))
+				}
+			}
+		}
+	}
+	ids := make([]uint32, 700)
+	for i := range ids {
+		ids[i] = uint32(i * 7919)
+	}
+	a.Reset("m", "", "")
+	b.Reset("m", "", "")
+	a.Tokens(ids[:1])
+	a.Tokens(ids[1:300])
+	a.Tokens(ids[300:])
+	for _, id := range ids {
+		b.Token(id)
+	}
+	if !slices.Equal(a.Blocks(), b.Blocks()) || a.Len() != b.Len() || len(a.Blocks()) < 5 {
+		t.Fatalf("Tokens hashed %d bytes (%d blocks), Token per id %d (%d)", a.Len(), len(a.Blocks()), b.Len(), len(b.Blocks()))
+	}
+	if n := testing.AllocsPerRun(10, func() { a.Tokens(ids[:2]) }); n != 0 {
+		t.Fatalf("Tokens allocates %v times per call, want 0", n)
+	}
+}

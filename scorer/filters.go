@@ -151,7 +151,7 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 	// that names a model.
 	n := 0
 	for _, i := range cand {
-		if servesModel(c.Hosts[i].Model, model) {
+		if h := &c.Hosts[i]; servesModel(h.Model, model) || len(h.Adapters) > 0 && slices.Contains(h.Adapters, model) {
 			cand[n] = i
 			n++
 		}
@@ -160,7 +160,10 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 }
 
 // servesModel reports whether a host declaring model m serves requests for
-// model: hosts that declare none serve any.
+// model: hosts that declare none serve any. A host also serves the LoRA
+// adapters it lists (Host.Adapters), which the callers test after this:
+// an adapter the configuration does not map to a base model reaches the
+// filter as the model itself.
 func servesModel(m, model string) bool { return m == "" || m == model }
 
 // filterAdapter is Filter for requests that name an adapter the filter

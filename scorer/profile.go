@@ -223,6 +223,20 @@ func (h *Handler) ReadsLatency() bool {
 	return false
 }
 
+// ReadsTTFT reports whether h's decode profile scores by predicted time to
+// first token, and the decodeWeight its work counts with: the router then
+// keeps each decision's work (TTFTWork) to learn the chosen host's model
+// from the time its first token took. Otherwise it learns nothing and the
+// filter reads no clock for it.
+func (h *Handler) ReadsTTFT() (decodeWeight float64, ok bool) {
+	for _, ws := range h.Decode.Scorers {
+		if t, ok := ws.Scorer.(*ttftScorer); ok {
+			return t.decodeWeight, true
+		}
+	}
+	return 0, false
+}
+
 // CorrectIndex reports whether a profile of h asks for the index to be
 // corrected by the engines' cached_tokens (Profile.CorrectIndex).
 func (h *Handler) CorrectIndex() bool {

@@ -42,6 +42,14 @@ func init() {
 				scaleTokens:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
 			}
 		})
+	Register("predicted_ttft", KindScorer,
+		"distribution: time to first token predicted by each host's learned model, base delay plus milliseconds per token times prefill_cost's work (pending prompt tokens, this request's uncached tokens, decodeWeight times decode tokens); the fastest host scores 1, others fastest/predicted, or with scaleMs 1 - extra/scaleMs",
+		func(p *Params) Plugin {
+			return &ttftScorer{
+				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
+				scaleMs:      float64(p.Int("scaleMs", 0, 0, 1<<30)),
+			}
+		})
 	Register("session_affinity", KindScorer,
 		"affinity: 1 for the host the request's session is pinned to, 0 for the others",
 		func(p *Params) Plugin { return &addressScorer{typ: "session_affinity"} })
@@ -211,6 +219,51 @@ func (s *prefillCostScorer) Score(c *Cycle, cand []int, out []float64) {
 		}
 		out[h] = v
 	}
+}
+
+// ttftScorer is prefill_cost in milliseconds: each host's work in tokens
+// through the time-to-first-token model the router learns for it online
+// (Host.TTFTBaseMs + Host.TTFTMsPerToken x work), so a host that prefills
+// at half the rate costs twice as much for the same tokens. A host with no
+// model yet (TTFTMsPerToken 0) counts its work at one millisecond per
+// token over no base: with no host learned, the scorer ranks as
+// prefill_cost does. The router fills hosts it has not learned with the
+// mean of those it has, so one slow sample does not decide the others.
+type ttftScorer struct{ decodeWeight, scaleMs float64 }
+
+func (ttftScorer) Type() string       { return "predicted_ttft" }
+func (ttftScorer) Category() Category { return Distribution }
+func (s *ttftScorer) Score(c *Cycle, cand []int, out []float64) {
+	best := math.Inf(1)
+	for _, h := range cand {
+		host := &c.Hosts[h]
+		cost := tokenLoad(host, s.decodeWeight, 0) + float64(c.Req.Uncached(h))
+		if host.TTFTMsPerToken > 0 {
+			cost = host.TTFTBaseMs + host.TTFTMsPerToken*cost
+		}
+		out[h] = cost
+		if cost < best || cost != cost {
+			best = cost
+		}
+	}
+	if s.scaleMs <= 0 {
+		costRatios(cand, out, best)
+		return
+	}
+	for _, h := range cand {
+		v := 1 - (out[h]-best)/s.scaleMs
+		if v < 0 || v == 0 {
+			v = 0
+		}
+		out[h] = v
+	}
+}
+
+// TTFTWork is the work the predicted_ttft scorer prices on hosts[i] for
+// req, in tokens: what the router keeps with a decision so that the chosen
+// host's model learns from the time its first token took.
+func TTFTWork(req *Request, hosts []Host, i int, decodeWeight float64) float64 {
+	return tokenLoad(&hosts[i], decodeWeight, 0) + float64(req.Uncached(i))
 }
 
 // costRatios turns the costs in out into the ratio scores, cheapest/cost. It

@@ -115,6 +115,11 @@ type Host struct {
 	// LatencyEWMAMs is an exponentially weighted mean of time to first byte
 	// in milliseconds; 0 means no sample yet.
 	LatencyEWMAMs float64
+	// TTFTBaseMs and TTFTMsPerToken are the host's learned time-to-first-
+	// token model (predicted_ttft): TTFT = base + per-token x work, work in
+	// prefill_cost's tokens. The router fills them for profiles that read
+	// them (Handler.ReadsTTFT); 0 per-token means no model.
+	TTFTBaseMs, TTFTMsPerToken float64
 
 	// BlockCapacity is the host's KV capacity in index blocks (0: unknown);
 	// IndexedBlocks is how many blocks the index currently attributes to it.

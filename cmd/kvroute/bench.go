@@ -79,7 +79,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.StringVar(&o.out, "out", "bench.json", "results file (JSON); the plot is written next to it as .png")
 	f.Float64Var(&o.rateScale, "rate-scale", 1, "request rate multiplier: arrival times are divided by it")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for every random choice (routers, tie-breaks)")
-	f.StringVar(&o.profile, "profile", sim.DefaultProfile, "engine cost profile")
+	f.StringVar(&o.profile, "profile", sim.DefaultProfile, "engine cost profile; a comma list mixes them, replica i running the (i mod n)th")
 	f.IntVar(&o.limit, "limit", 0, "replay only the first N requests (0: all)")
 	f.IntVar(&o.parallel, "parallel", 0, "strategies simulated at once (0: one per CPU)")
 	f.BoolVar(&o.sessions, "trace-sessions", false, "give trace requests a session id derived from their first hash id (the trace has none)")
@@ -129,15 +129,26 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	}
 	o.top.NoReports = !o.reports
 	o.top.Seed = o.seed
-	prof, err := sim.LookupProfile(o.profile)
-	if err != nil {
-		return err
+	// A comma list is a heterogeneous fleet: replica i runs the
+	// (i mod n)th profile.
+	var mixed []sim.Profile
+	for _, name := range strings.Split(o.profile, ",") {
+		p, err := sim.LookupProfile(strings.TrimSpace(name))
+		if err != nil {
+			return err
+		}
+		mixed = append(mixed, p)
 	}
+	prof := mixed[0]
+	var err error
 	if o.adapters > 0 {
 		if o.maxLoRAs < 1 || o.loraLoad < 0 {
 			return fmt.Errorf("--adapters needs --max-loras >= 1 and --lora-load >= 0, got %d and %v", o.maxLoRAs, o.loraLoad)
 		}
-		prof.MaxLoRAs, prof.LoRALoadTime = o.maxLoRAs, o.loraLoad
+		for i := range mixed {
+			mixed[i].MaxLoRAs, mixed[i].LoRALoadTime = o.maxLoRAs, o.loraLoad
+		}
+		prof = mixed[0]
 	}
 	var names []string
 	for _, s := range strings.Split(o.strategies, ",") {
@@ -180,7 +191,12 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	}
 
 	w.AssignAdapters(o.adapters, o.seed)
-	report, walls, err := benchFleet(w, names, prof, o, sopt, progressBar(stderr, len(names)*len(w.Requests)))
+	if len(mixed) == 1 {
+		mixed = nil
+	} else {
+		prof.Name = o.profile
+	}
+	report, walls, err := benchFleet(w, names, prof, mixed, o, sopt, progressBar(stderr, len(names)*len(w.Requests)))
 	if err != nil {
 		return err
 	}
@@ -208,7 +224,7 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 
 // benchFleet simulates every strategy on the workload (in parallel, each
 // with its own fleet and router) and computes the fleet's ceiling.
-func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
+func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
 	report := &benchreport.Report{
 		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated", CacheState: o.cacheState,
 		Gateways: o.top.Gateways, Workers: o.top.Workers,
@@ -247,7 +263,7 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, o benchO
 			}
 			last := 0
 			res, err := fleet.Run(fleet.Config{
-				Replicas: o.replicas, Profile: prof,
+				Replicas: o.replicas, Profile: prof, Mixed: mixed,
 				Progress: func(done, _ int) {
 					if progress != nil {
 						progress(int(routed.Add(int64(done - last))))

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/benchreport"
 	"github.com/kvroute/kvroute/internal/fleet"
@@ -168,6 +169,8 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		"--cache-state":          {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, cacheState: "exact"},
 		"--spread":               {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, spread: "sticky"},
 		"--gateways":             {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, top: fleet.Topology{Gateways: 1000}},
+		"--max-loras":            {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, adapters: 4, maxLoRAs: 0},
+		"\"a100x\"":              {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "llama3-8b-h100,a100x"},
 	}
 	for want, o := range cases {
 		var out, errb bytes.Buffer
@@ -235,4 +238,22 @@ func TestBenchAtTopology(t *testing.T) {
 	if !strings.Contains(stdout.String(), "2 gateways x 3 workers") {
 		t.Fatalf("summary does not name the topology:\n%s", stdout.String())
 	}
+}
+
+// --adapters and a mixed --profile run, and the output says what the fleet
+// is.
+func TestBenchAdaptersOnMixedFleet(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "lora.json")
+	var stdout bytes.Buffer
+	err := runBench(benchOptions{workload: "multi-turn", replicas: 4, strategies: "kv_cache_aware",
+		out: out, rateScale: 1, seed: 3, limit: 300, profile: "llama3-8b-h100,llama3-8b-a100",
+		adapters: 8, maxLoRAs: 2, loraLoad: 20 * time.Millisecond}, &stdout, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := stdout.String(); !strings.Contains(s, "4 x llama3-8b-h100,llama3-8b-a100") || !strings.Contains(s, "8 LoRA adapters (2 per batch, 20ms to load)") {
+		t.Errorf("header does not describe the fleet:\n%s", s)
+	}
+	raw, _ := os.ReadFile(out)
+	validateBenchJSON(t, raw, []string{"kv_cache_aware"}, 4)
 }

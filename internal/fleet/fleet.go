@@ -67,6 +67,9 @@ type Scheduler interface {
 type Config struct {
 	Replicas int
 	Profile  sim.Profile
+	// Mixed, when set, makes a heterogeneous fleet: replica i runs
+	// Mixed[i % len(Mixed)] instead of Profile.
+	Mixed []sim.Profile
 	// InfiniteKV gives every replica unbounded KV memory.
 	InfiniteKV bool
 	// PushInterval is how often StateObserver routers get a snapshot
@@ -127,7 +130,11 @@ func newReplicas(cfg *Config, w *workload.Workload) ([]*replica, error) {
 	}
 	reps := make([]*replica, cfg.Replicas)
 	for i := range reps {
-		reps[i] = &replica{eng: sim.NewEngine(cfg.Profile, opts...), reqs: map[*sim.Request]int{}}
+		p := cfg.Profile
+		if len(cfg.Mixed) > 0 {
+			p = cfg.Mixed[i%len(cfg.Mixed)]
+		}
+		reps[i] = &replica{eng: sim.NewEngine(p, opts...), reqs: map[*sim.Request]int{}}
 	}
 	return reps, nil
 }

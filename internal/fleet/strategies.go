@@ -176,10 +176,11 @@ func (a *RealRouter) Route(wr *workload.Request, prompt string, now time.Duratio
 // time-to-first-byte EWMA the latency scorer reads.
 func (a *RealRouter) FirstToken(wr *workload.Request, replica int, now time.Duration) {
 	a.nowMs = now.Milliseconds()
+	ms := float64(now-wr.Arrival) / float64(time.Millisecond)
 	if t := a.tickets[wr.ID]; t != nil {
+		t.TTFTMs = ms // decided at arrival: the router's own clock would read the same
 		a.r.FirstToken(t)
 	}
-	ms := float64(now-wr.Arrival) / float64(time.Millisecond)
 	if a.latency[replica] == 0 {
 		a.latency[replica] = ms
 	} else {

@@ -101,6 +101,15 @@ type Ticket struct {
 	promptChars        int
 	model              string
 	sample             bool // SampleUsage
+	// TTFTMs is the time from the decision to the first token in
+	// milliseconds, which the caller sets when it sees it (0: not seen, as
+	// for a response that is not streamed). With a predicted_ttft profile,
+	// feedback then teaches the host's model that work (the predicted_ttft
+	// work on the chosen host at the decision, corrected by the engine's
+	// cached tokens) took that long.
+	TTFTMs  float64
+	work    float64
+	workRef index.HostRef
 }
 
 // SampleUsage says whether the router wants the engine's prompt_tokens for
@@ -134,6 +143,9 @@ type Stats struct {
 	// without them); LoadErrors counts load updates dropped under
 	// contention.
 	IndexErrors, LoadErrors uint64
+	// TTFTDropped counts time-to-first-token samples not stored because
+	// other workers kept winning the shared record (predicted_ttft).
+	TTFTDropped uint64
 }
 
 // Add adds o's counters to s (the workers of a simulated gateway).
@@ -217,7 +229,12 @@ type Router struct {
 	hashCPT  float64
 	calF     float64 // hashCPT / calCPT, 0 when not learned
 	calDirty bool    // calCPT moved since it was stored in cal
-	stats    Stats
+	// ttft holds the hosts' time-to-first-token models when the handler
+	// scores by them (predicted_ttft; nil otherwise), ttftDW the decode
+	// weight its work counts with.
+	ttft   *ttftModels
+	ttftDW float64
+	stats  Stats
 }
 
 type localLoad struct {
@@ -237,6 +254,9 @@ func New(cfg Config) *Router {
 	}
 	if cfg.Shared != nil && r.useMemory {
 		r.shared = newSharedMemory(cfg.Shared)
+	}
+	if dw, ok := cfg.Handler.ReadsTTFT(); ok {
+		r.ttft, r.ttftDW = newTTFTModels(cfg.Shared), dw
 	}
 	r.hashCPT = index.DefaultCharsPerToken
 	if cfg.Index != nil {
@@ -432,6 +452,10 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 		}
 	}
 
+	if r.ttft != nil {
+		r.ttft.fill(hosts)
+	}
+
 	// The common single-profile handler's decision without Handler.Run
 	// around it: one function less entered per request in Wasm.
 	if hd := r.handler; hd.Prefill == nil {
@@ -471,6 +495,9 @@ func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Re
 			}
 			if learn {
 				t.predictedRaw = tokensIn(in, hb) // see Ticket.predictedRaw
+			}
+			if r.ttft != nil {
+				r.keepWork(&t, hosts)
 			}
 			r.book(&t.decode, h, in.Chain, queried, max(prompt-cached, 0), out, prompt+out)
 		}
@@ -744,6 +771,32 @@ func (r *Router) learnTrust(t *Ticket, cached int) {
 	}
 }
 
+// keepWork keeps with t the predicted_ttft work on its host, for
+// learnTTFT. Out of Decide's line (noinline): only predicted_ttft profiles
+// enter it, and the code of a function entered counts against every
+// request (docs/performance.md).
+//
+//go:noinline
+func (r *Router) keepWork(t *Ticket, hosts []scorer.Host) {
+	h := &hosts[t.Host]
+	t.work, t.workRef = scorer.TTFTWork(&r.req, hosts, t.Host, r.ttftDW), index.HostRef{Slot: h.Slot, Gen: h.Gen}
+}
+
+// learnTTFT teaches the chosen host's model that t's work, with the
+// request's own uncached tokens as the engine reported them, took t.TTFTMs
+// to the first token. Out of end's line (noinline): only predicted_ttft
+// profiles enter it.
+//
+//go:noinline
+func (r *Router) learnTTFT(t *Ticket, cached int) {
+	w := t.work + float64(t.PredictedCachedTokens-cached)
+	if w < 1 {
+		w = 1
+	}
+	r.ttft.learn(t.workRef, w, t.TTFTMs)
+	r.stats.TTFTDropped = r.ttft.Contended
+}
+
 // ForgetSlot drops what the router learned about the host in slot (its
 // trust in the index's predictions): call it when the slot is given to
 // another host, which must not inherit the previous one's record. The
@@ -794,6 +847,9 @@ func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
 			// learns: for other profiles the learning would be code
 			// entered per response for nothing.
 			r.learnTrust(t, cachedTokens)
+		}
+		if r.ttft != nil && t.TTFTMs > 0 && t.work > 0 {
+			r.learnTTFT(t, cachedTokens)
 		}
 		r.stats.PredictedCachedTokens += uint64(t.PredictedCachedTokens)
 		r.stats.ConfirmedCachedTokens += uint64(cachedTokens)

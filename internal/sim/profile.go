@@ -162,7 +162,23 @@ func (p *Profile) PrefillTime(cached, uncached int) time.Duration {
 //     for vLLM with Llama 3.1 8B on one H100 (third-party benchmarks
 //     collected at morphllm.com/vllm-benchmarks), checked by
 //     TestDecodeThroughputNearPublishedFigure.
+//   - A100 SXM4 80 GB: 312 TFLOPS dense BF16, 2.039 TB/s HBM2e; NVLink 3
+//     600 GB/s per GPU (NVIDIA A100 Tensor Core GPU datasheet). vLLM's
+//     defaults there (A100 is excluded from the >= 70 GiB rule above):
+//     max_num_batched_tokens 2048, max_num_seqs 256. Same efficiencies
+//     assumed: a 1k-token prompt prefills in ~106 ms, 3.1x the H100's,
+//     and a lone decode step takes ~11 ms.
+//     It is the slow half of a heterogeneous fleet (kvroute bench
+//     --profile llama3-8b-h100,llama3-8b-a100).
 var profiles = map[string]Profile{
+	"llama3-8b-a100": {
+		Name:   "llama3-8b-a100",
+		Params: 8.03e9, Layers: 32, Hidden: 4096, KVHeads: 8, HeadDim: 128, DTypeBytes: 2,
+		GPUs: 1, PeakFLOPS: 312e12, MemBandwidth: 2.039e12, GPUMemory: 80e9, LinkBW: 300e9,
+		ComputeEff: 0.5, MemoryEff: 0.8, StepOverhead: 1500 * time.Microsecond,
+		BlockSize: 16, GPUMemUtil: 0.9, ActivationReserve: 4e9,
+		MaxBatchedTokens: 2048, MaxNumSeqs: 256,
+	},
 	"llama3-8b-h100": {
 		Name:   "llama3-8b-h100",
 		Params: 8.03e9, Layers: 32, Hidden: 4096, KVHeads: 8, HeadDim: 128, DTypeBytes: 2,

@@ -101,6 +101,10 @@ type Route struct {
 	Address string `json:"address"`
 	From    int    `json:"from,omitempty"`
 	Chain   string `json:"chain"`
+	// PromptTokens is the request's prompt length as the gateway
+	// estimated it: what the service's bridge between engine KV events and
+	// kvroute chains correlates by (docs/cache-state.md).
+	PromptTokens int `json:"promptTokens,omitempty"`
 }
 
 // HostLoad is one gateway's outstanding work on one host.

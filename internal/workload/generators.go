@@ -189,6 +189,7 @@ func (g RAG) Generate() (*Workload, error) {
 			Prompt:       text,
 			PromptTokens: sim.CountTokens(text),
 			OutputTokens: g.OutputTokens,
+			ID:           q, // arrivals are in query order
 		})
 	}
 	return w, nil

@@ -155,3 +155,25 @@ func TestAssignAdapters(t *testing.T) {
 		t.Error("n = 0 left adapters")
 	}
 }
+
+// Every generator numbers its requests 0..n-1 in arrival order: the fleet
+// simulator keys a request's router ticket by its ID, and two requests
+// with one ID would leave one's load counted for ever.
+func TestGeneratorsNumberRequests(t *testing.T) {
+	gens := map[string]interface{ Generate() (*Workload, error) }{
+		"shared-prefix": SharedPrefix{Groups: 4, PromptsPerGroup: 5, SystemTokens: 100, QuestionTokens: 20, OutputTokens: 5, Rate: 10, Seed: 1},
+		"multi-turn":    MultiTurn{Users: 5, Rounds: 3, SystemTokens: 100, QuestionTokens: 20, OutputTokens: 5, Rate: 10, Seed: 1},
+		"rag":           RAG{Queries: 20, Documents: 10, DocsPerQuery: 2, DocTokens: 50, SystemTokens: 20, QuestionTokens: 10, OutputTokens: 5, Rate: 10, Seed: 1},
+	}
+	for name, g := range gens {
+		w, err := g.Generate()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for i, r := range w.Requests {
+			if r.ID != i || i > 0 && r.Arrival < w.Requests[i-1].Arrival {
+				t.Fatalf("%s: request %d has ID %d (arrival %v)", name, i, r.ID, r.Arrival)
+			}
+		}
+	}
+}
