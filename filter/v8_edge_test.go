@@ -116,3 +116,23 @@ func TestV8ClientPDFieldsStrippedOnEveryPathAndMode(t *testing.T) {
 		})
 	}
 }
+
+// A model no endpoint serves gets OpenAI's 404 from the filter in V8 too,
+// answered from the body callback before any engine sees the request.
+func TestV8UnservedModelIs404(t *testing.T) {
+	eng := newRecordingEngines(t, 2)
+	h := startV8(t, eng.addrs, fmt.Sprintf(`{"endpoints":[{"address":%q,"model":"llama-3-8b"},{"address":%q,"model":"qwen"}],"strategy":"round_robin"}`, eng.addrs[0], eng.addrs[1]))
+	code, body := v8Post(t, h.Filtered+"/v1/chat/completions", `{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if want := `{"error":{"message":"The model 'gpt-x' does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`; code != 404 || body != want {
+		t.Errorf("unserved model: %d %s, want 404 %s", code, body, want)
+	}
+	if code, body := v8Post(t, h.Filtered+"/v1/chat/completions", `{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`, nil); code != 200 {
+		t.Errorf("served model: %d %s", code, body)
+	}
+	if got := eng.requests(); len(got) != 1 || got[0].engine != eng.addrs[1] {
+		t.Errorf("engines got %d requests, want only the served model's", len(got))
+	}
+	if st, err := h.Stats(); err != nil || st.Metrics["kvroute.router.requests.model_not_found"].Value != 1 {
+		t.Errorf("requests.model_not_found not counted once (%v)", err)
+	}
+}

@@ -151,7 +151,7 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 	// that names a model.
 	n := 0
 	for _, i := range cand {
-		if h := &c.Hosts[i]; servesModel(h.Model, model) || len(h.Adapters) > 0 && slices.Contains(h.Adapters, model) {
+		if h := &c.Hosts[i]; servesModel(h.Model, model) || len(h.Adapters) > 0 && listsAdapter(h, model) {
 			cand[n] = i
 			n++
 		}
@@ -165,6 +165,13 @@ func (f *modelFilter) Filter(c *Cycle, cand []int) []int {
 // an adapter the configuration does not map to a base model reaches the
 // filter as the model itself.
 func servesModel(m, model string) bool { return m == "" || m == model }
+
+// listsAdapter reports whether h lists model among its adapters. Out of
+// line (noinline): only a host declaring another model enters it, and the
+// code of a function entered costs every request (docs/performance.md).
+//
+//go:noinline
+func listsAdapter(h *Host, model string) bool { return slices.Contains(h.Adapters, model) }
 
 // filterAdapter is Filter for requests that name an adapter the filter
 // requires: a function of its own so that the common case, a model alone,

@@ -1,7 +1,5 @@
 package scorer
 
-import "slices"
-
 // screen stands for the leading filters of a profile whose verdict on a
 // host depends on that host alone — healthy, role, model and saturation,
 // each at most once — and tells in one pass over the candidates whether
@@ -76,7 +74,7 @@ func (s *screen) keepsAll(c *Cycle, cand []int) bool {
 		h := &c.Hosts[i]
 		if s.healthy != nil && !s.healthy.ok(h) ||
 			!anyRole && !roleKeeps(want, h.Role) ||
-			model != "" && !servesModel(h.Model, model) && !(len(h.Adapters) > 0 && slices.Contains(h.Adapters, model)) ||
+			model != "" && !servesModel(h.Model, model) && !(len(h.Adapters) > 0 && listsAdapter(h, model)) ||
 			s.saturation != nil && s.saturation.saturated(h) {
 			return false
 		}
