@@ -481,8 +481,8 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	// restarts), ride the same Sync; each worker applies a change once.
 	p.setHosts(cs, true)
 	p.stateGen, p.stateTs = gen, st.TimestampMs
-	if p.reporter != nil {
-		p.remoteLoads(st.Gateways)
+	if len(st.Gateways) > 0 {
+		p.remoteLoads(st.Gateways) // gateways that do not report still count the others'
 	}
 }
 
@@ -493,9 +493,7 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	stale := p.stateGen != 0 && nowMs-p.stateTs > int64(p.cfg.State.StaleAfterMs)
 	if stale {
 		p.stats.staleState.Increment(1)
-		if p.reporter != nil {
-			p.dropRemote()
-		}
+		p.dropRemote()
 	}
 	if p.breakers.anyOpen() {
 		p.markOpenBreakers(stale, nowMs)

@@ -474,7 +474,7 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 		return s.reject(badRequest("", "invalid state snapshot: %v", err))
 	}
 	gen, err := storeState(body, st.TimestampMs)
-	if len(st.Gateways) > 0 && p.reporter != nil {
+	if len(st.Gateways) > 0 {
 		p.learnReports(&st) // even from a push refused as older: routes are facts
 	}
 	var older *olderStateError
