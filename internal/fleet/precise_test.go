@@ -74,3 +74,38 @@ func preciseAgainstApproximate(t *testing.T, w *workload.Workload, prof sim.Prof
 		t.Errorf("precise prediction error %.3f, approximate %.3f: want precise below both it and 10%%", preciseErr, approxErr)
 	}
 }
+
+// TestCorrectionWithoutCapacity: a gateway that does not know the engines'
+// KV capacity (no metrics service) believes every block it ever routed;
+// cached_tokens corrects the index and the prediction error falls.
+func TestCorrectionWithoutCapacity(t *testing.T) {
+	w, err := workload.SharedPrefix{Groups: 40, PromptsPerGroup: 12, SystemTokens: 3000, QuestionTokens: 300,
+		OutputTokens: 20, Rate: 8, Seed: 3}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, err := sim.LookupProfile(sim.DefaultProfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof.NumGPUBlocksOverride = 2500
+	var errs [2]float64
+	for i, noCorrect := range []bool{true, false} {
+		r, err := NewStrategy("kv_cache_aware", 4, StrategyOptions{Seed: 1, Profile: prof, NoCapacity: true, NoCorrect: noCorrect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(Config{Replicas: 4, Profile: prof}, w, r); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := RouterStats(r)
+		errs[i] = st.PredictionError()
+		if !noCorrect && r.(*RealRouter).ix.Metrics().Corrections == 0 {
+			t.Error("no correction was made")
+		}
+	}
+	t.Logf("prediction error without corrections %.1f%%, with %.1f%%", 100*errs[0], 100*errs[1])
+	if errs[1] >= errs[0] {
+		t.Errorf("corrections did not lower the prediction error: %.3f with, %.3f without", errs[1], errs[0])
+	}
+}

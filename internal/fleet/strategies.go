@@ -32,6 +32,10 @@ type StrategyOptions struct {
 	// NoCorrect leaves the index uncorrected by the engines' cached_tokens
 	// (router.Config.NoCorrect).
 	NoCorrect bool
+	// NoCapacity leaves the index without the engines' KV capacity, as a
+	// gateway without the metrics service's push has it: nothing ages out
+	// but what cached_tokens corrects.
+	NoCapacity bool
 }
 
 // NewStrategy returns a router for a bench strategy over n replicas. Every
@@ -101,7 +105,7 @@ func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.
 		if err := a.r.Register(fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), &a.hosts[i]); err != nil {
 			return nil, err
 		}
-		if capTokens > 0 {
+		if capTokens > 0 && !opt.NoCapacity {
 			if err := ix.SetCapacity(index.HostRef{Slot: a.hosts[i].Slot, Gen: a.hosts[i].Gen}, capTokens); err != nil {
 				return nil, err
 			}

@@ -198,11 +198,14 @@ func (s *Service) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); s.pusher.Run(ctx) }()
 	go func() { defer wg.Done(); s.assembleLoop(ctx) }()
 	if s.cfg.KVEventsListen != "" {
-		s.listener = &kvevents.Listener{Endpoint: s.cfg.KVEventsListen, Topic: s.cfg.KVEventsTopic, Route: s.routeTopic, Log: s.log}
+		l := &kvevents.Listener{Endpoint: s.cfg.KVEventsListen, Topic: s.cfg.KVEventsTopic, Route: s.routeTopic, Log: s.log}
+		s.mu.Lock()
+		s.listener = l
+		s.mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.listener.Run(ctx); err != nil {
+			if err := l.Run(ctx); err != nil {
 				s.log.Error("KV event listener stopped; engines publishing to it are not followed", "err", err)
 			}
 		}()

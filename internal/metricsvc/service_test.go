@@ -834,7 +834,7 @@ func TestSameContentCoversEveryField(t *testing.T) {
 func TestKVEventsListenMode(t *testing.T) {
 	eng := newFakeEngine(t, vllmText(0, 0))
 	gw := newGateway(t, "tok")
-	svc, _, _ := startService(t, Config{
+	svc, _, admin := startService(t, Config{
 		Source:         discovery.Fixed{{Address: eng.addr(), Model: "m"}},
 		ScrapeInterval: 50 * time.Millisecond,
 		ScrapeTimeout:  time.Second,
@@ -843,7 +843,12 @@ func TestKVEventsListenMode(t *testing.T) {
 		KVEventsListen: "tcp://127.0.0.1:0",
 	})
 	deadline := time.Now().Add(10 * time.Second)
-	for svc.listener == nil || svc.listener.Addr() == "" {
+	listener := func() *kvevents.Listener {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		return svc.listener
+	}
+	for listener() == nil || listener().Addr() == "" {
 		if time.Now().After(deadline) {
 			t.Fatal("the service never listened")
 		}
@@ -852,7 +857,7 @@ func TestKVEventsListenMode(t *testing.T) {
 	ip, _, _ := net.SplitHostPort(eng.addr())
 	pub := zmq4.NewPub(context.Background())
 	t.Cleanup(func() { pub.Close() })
-	if err := pub.Dial(svc.listener.Addr()); err != nil {
+	if err := pub.Dial(listener().Addr()); err != nil {
 		t.Fatal(err)
 	}
 	topic := "kv@" + ip + "@m"
@@ -867,8 +872,12 @@ func TestKVEventsListenMode(t *testing.T) {
 		h, _ := hostOf(st, eng.addr())
 		return h.CachedBlocks == 3
 	})
-	if svc.listener.Unrouted() == 0 {
+	_, text := get(t, admin+"/metrics")
+	if v, _ := metricValue(text, `kvroute_metrics_kv_events_listener_messages_total{kind="unrouted"}`); v == 0 {
 		t.Error("the unknown engine's batches were not counted as unrouted")
+	}
+	if v, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_kv_events_connected{host=%q}`, eng.addr())); v != 1 {
+		t.Errorf("kv_events_connected = %v for an engine publishing to the listener, want 1", v)
 	}
 }
 

@@ -143,6 +143,9 @@ var (
 		"GPU blocks each engine reported stored and not removed (KV events).", []string{"host"}, nil)
 	descKVUp = prometheus.NewDesc("kvroute_metrics_kv_events_connected",
 		"1 while the KV event subscription to the engine is connected.", []string{"host"}, nil)
+	descListen = prometheus.NewDesc("kvroute_metrics_kv_events_listener_messages_total",
+		"Messages the KV event listener (--kv-events-listen) dropped, by kind: unrouted (the topic names no discovered engine) or malformed.",
+		[]string{"kind"}, nil)
 	descPush = prometheus.NewDesc("kvroute_metrics_pushes_total",
 		"State pushes by gateway and result (ok, connect, timeout, unauthorized, status, token).",
 		[]string{"gateway", "result"}, nil)
@@ -156,7 +159,7 @@ var (
 type pullCollector struct{ s *Service }
 
 func (c *pullCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descKV, descCached, descKVUp, descPush, descPushFailing, descPushLatency} {
+	for _, d := range []*prometheus.Desc{descKV, descCached, descKVUp, descListen, descPush, descPushFailing, descPushLatency} {
 		ch <- d
 	}
 }
@@ -181,7 +184,12 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 				float64(st.MissedBatches), float64(st.Replayed), float64(st.Restarts), float64(st.DecodeErrors),
 				float64(st.Unknown), float64(st.Overflow)}})
 	}
+	l := s.listener
 	s.mu.Unlock()
+	if l != nil {
+		ch <- prometheus.MustNewConstMetric(descListen, prometheus.CounterValue, float64(l.Unrouted()), "unrouted")
+		ch <- prometheus.MustNewConstMetric(descListen, prometheus.CounterValue, float64(l.Malformed()), "malformed")
+	}
 	kinds := [10]string{"batches", "events", "clears", "gaps", "missed_batches", "replayed_batches", "restarts", "decode_errors", "unknown_events", "overflow"}
 	for _, h := range kv {
 		for i, k := range kinds {

@@ -160,7 +160,7 @@ func TestInteropConnectMode(t *testing.T) {
 	}
 	enc := Encoder{Layout: MapLayout}
 	enc.Stored(StoredEvent{Hashes: []uint64{42, 43}, BlockSize: 16, Tokens: 32})
-	send(2, enc.Batch(3))
+	send(2, bytes.Clone(enc.Batch(3)))
 	waitFor(t, "stored blocks", func() bool { return tr.CachedBlocks() == 2 })
 	mu.Lock()
 	if len(stored) != 3 || stored[2].Parent != "" || stored[2].Tokens != 32 || stored[0].Parent != IntHash(7) {
@@ -235,7 +235,7 @@ func TestInteropListenMode(t *testing.T) {
 	// Engine A skips to seq 3: batches 1 and 2 come back from its replay
 	// socket in llm-d's framing, then 3 applies.
 	e.Stored(StoredEvent{Hashes: []uint64{30}, BlockSize: 16, Tokens: 16})
-	if err := pubs["kv@10.0.0.1@llama"].Send(zmq4.NewMsgFrom(Frames("kv@10.0.0.1@llama", 3, e.Batch(3))...)); err != nil {
+	if err := pubs["kv@10.0.0.1@llama"].Send(zmq4.NewMsgFrom(Frames("kv@10.0.0.1@llama", 3, bytes.Clone(e.Batch(3)))...)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "seq 3 on A", func() bool { n, _ := trA.Next(); return n == 4 })
@@ -247,7 +247,7 @@ func TestInteropListenMode(t *testing.T) {
 	}
 	// An engine discovery does not list is counted, not applied anywhere.
 	for i := 0; i < 50 && l.Unrouted() == 0; i++ {
-		pubs["kv@10.9.9.9@llama"].Send(zmq4.NewMsgFrom(Frames("kv@10.9.9.9@llama", 0, e.Batch(4))...))
+		pubs["kv@10.9.9.9@llama"].Send(zmq4.NewMsgFrom(Frames("kv@10.9.9.9@llama", 0, bytes.Clone(e.Batch(4)))...))
 		time.Sleep(20 * time.Millisecond)
 	}
 	if l.Unrouted() == 0 {

@@ -97,6 +97,7 @@ func (l *Listener) handle(frames [][]byte, log *slog.Logger) {
 	if sl == nil {
 		sl = log
 	}
+	sub.connected.Store(true) // the engine publishes to this socket: its stream is up
 	sub.Apply(binary.BigEndian.Uint64(frames[1]), frames[2], sl)
 }
 
