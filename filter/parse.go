@@ -925,19 +925,37 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 	if part[0] != '{' {
 		return partError(i, j, "", "'%s' must be a content part object")
 	}
-	var typ, text []byte
+	// One walk of the part's members finds type, text and the first
+	// image_url and input_audio by their raw keys. gjson finds a member by
+	// its decoded key: a key with an escape (never a plain one) might decode
+	// to one of these, and then lookup walks the part again as gjson would.
+	var typ, text, image, audio []byte
+	escapedKey := false
 	for i := skipSpace(part, 1); ; {
 		k, v, next, ok := p.doc.member(part, i)
 		if !ok {
 			break
 		}
 		i = next
-		switch k := unsafeString(k); {
-		case is(k, `"type"`):
+		switch ks := unsafeString(k); {
+		case is(ks, `"type"`):
 			typ = v
-		case is(k, `"text"`):
+		case is(ks, `"text"`):
 			text = v
+		case is(ks, `"image_url"`):
+			if image == nil {
+				image = v
+			}
+		case is(ks, `"input_audio"`):
+			if audio == nil {
+				audio = v
+			}
+		default:
+			escapedKey = escapedKey || hasBackslash(k)
 		}
+	}
+	if escapedKey {
+		image, audio = p.lookup(part, "image_url"), p.lookup(part, "input_audio")
 	}
 	if jsonType(typ) != gjson.String || typ == nil {
 		return partError(i, j, ".type", "'%s.type' must be a string")
@@ -949,9 +967,9 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 		}
 		p.hasher.Text(p.doc.text(text))
 	case "image_url":
-		p.hasher.Part("image_url", p.valueString(p.lookup(p.lookup(part, "image_url"), "url")))
+		p.hasher.Part("image_url", p.valueString(p.lookup(image, "url")))
 	case "input_audio":
-		p.hasher.Part("input_audio", p.valueString(p.lookup(p.lookup(part, "input_audio"), "data")))
+		p.hasher.Part("input_audio", p.valueString(p.lookup(audio, "data")))
 	default:
 		// Other part types shape the prompt too: hash them whole.
 		p.hasher.Part(t, unsafeString(part))
