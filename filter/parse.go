@@ -884,9 +884,33 @@ func (p *requestParser) toolCalls(calls []byte) {
 			return
 		}
 		i = next
-		fn := p.lookup(c, "function")
-		p.hasher.ToolCall(p.valueString(p.lookup(c, "id")), p.valueString(p.lookup(fn, "name")), p.valueString(p.lookup(fn, "arguments")))
+		id, fn := p.lookupTwo(c, "id", "function")
+		name, args := p.lookupTwo(fn, "name", "arguments")
+		p.hasher.ToolCall(p.valueString(id), p.valueString(name), p.valueString(args))
 	}
+}
+
+// lookupTwo is lookup of two keys in one walk of obj's members (which stops
+// once both are found): a tool call's id and function, a function's name and
+// arguments. Two lookups walked a call and its function twice each.
+func (p *requestParser) lookupTwo(obj []byte, key1, key2 string) (v1, v2 []byte) {
+	if len(obj) == 0 || obj[0] != '{' {
+		return nil, nil
+	}
+	for i := skipSpace(obj, 1); v1 == nil || v2 == nil; {
+		k, v, next, ok := p.doc.member(obj, i)
+		if !ok {
+			break
+		}
+		i = next
+		switch name := p.doc.text(k); {
+		case v1 == nil && is(name, key1):
+			v1 = v
+		case v2 == nil && is(name, key2):
+			v2 = v
+		}
+	}
+	return v1, v2
 }
 
 // lookup returns the raw value of the first member of obj named key (as

@@ -611,6 +611,7 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 		`[{"id":"first","id":"second","function":{"name":1e3,"arguments":[1,{"a":"\n"}],"name":"late"}},{"\u0069d":"escaped key","function":"not an object"}]`,
 		`[{"id":"c","function":{"name":"` + strings.Repeat("n", 70) + `","arguments":"` + strings.Repeat(`{\"k\":\"v\"}`, 9) + `"},"` + strings.Repeat("k", 70) + `":0}]`,
 		`[{"id":-0.5,"function":{"name":true,"arguments":null}},{"id":12345678901234567890}]`,
+		`[{"\u0069d":"escaped first","id":"plain","function":{"n\u0061me":"escaped name","name":"plain name","arguments":"a","arguments":"b"},"function":{"name":"second function"}}]`,
 		`[]`,
 	} {
 		for _, parts := range []string{
