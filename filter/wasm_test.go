@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // wasmModule reads dist/kvroute.wasm, or the module KVROUTE_WASM names (to
@@ -98,21 +99,12 @@ func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmho
 // given, its endpoints other than the cluster's addresses if need be.
 func startRouterConfig(t testing.TB, addrs []string, workers int, config string) (*wasmhost.Host, string) {
 	t.Helper()
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	return wasmhosttest.Start(t, wasmhost.Config{
 		Module: wasmModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
 			Configuration: config}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return h, front.URL
 }
 
 var httpClient = &http.Client{Timeout: 20 * time.Second}
