@@ -884,9 +884,33 @@ func (p *requestParser) toolCalls(calls []byte) {
 			return
 		}
 		i = next
-		fn := p.lookup(c, "function")
-		p.hasher.ToolCall(p.valueString(p.lookup(c, "id")), p.valueString(p.lookup(fn, "name")), p.valueString(p.lookup(fn, "arguments")))
+		id, fn := p.lookupTwo(c, "id", "function")
+		name, args := p.lookupTwo(fn, "name", "arguments")
+		p.hasher.ToolCall(p.valueString(id), p.valueString(name), p.valueString(args))
 	}
+}
+
+// lookupTwo is lookup of two keys in one walk of obj's members (which stops
+// once both are found): a tool call's id and function, a function's name and
+// arguments. Two lookups walked a call and its function twice each.
+func (p *requestParser) lookupTwo(obj []byte, key1, key2 string) (v1, v2 []byte) {
+	if len(obj) == 0 || obj[0] != '{' {
+		return nil, nil
+	}
+	for i := skipSpace(obj, 1); v1 == nil || v2 == nil; {
+		k, v, next, ok := p.doc.member(obj, i)
+		if !ok {
+			break
+		}
+		i = next
+		switch name := p.doc.text(k); {
+		case v1 == nil && is(name, key1):
+			v1 = v
+		case v2 == nil && is(name, key2):
+			v2 = v
+		}
+	}
+	return v1, v2
 }
 
 // lookup returns the raw value of the first member of obj named key (as
@@ -925,19 +949,37 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 	if part[0] != '{' {
 		return partError(i, j, "", "'%s' must be a content part object")
 	}
-	var typ, text []byte
+	// One walk of the part's members finds type, text and the first
+	// image_url and input_audio by their raw keys. gjson finds a member by
+	// its decoded key: a key with an escape (never a plain one) might decode
+	// to one of these, and then lookup walks the part again as gjson would.
+	var typ, text, image, audio []byte
+	escapedKey := false
 	for i := skipSpace(part, 1); ; {
 		k, v, next, ok := p.doc.member(part, i)
 		if !ok {
 			break
 		}
 		i = next
-		switch k := unsafeString(k); {
-		case is(k, `"type"`):
+		switch ks := unsafeString(k); {
+		case is(ks, `"type"`):
 			typ = v
-		case is(k, `"text"`):
+		case is(ks, `"text"`):
 			text = v
+		case is(ks, `"image_url"`):
+			if image == nil {
+				image = v
+			}
+		case is(ks, `"input_audio"`):
+			if audio == nil {
+				audio = v
+			}
+		default:
+			escapedKey = escapedKey || hasBackslash(k)
 		}
+	}
+	if escapedKey {
+		image, audio = p.lookup(part, "image_url"), p.lookup(part, "input_audio")
 	}
 	if jsonType(typ) != gjson.String || typ == nil {
 		return partError(i, j, ".type", "'%s.type' must be a string")
@@ -949,9 +991,9 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 		}
 		p.hasher.Text(p.doc.text(text))
 	case "image_url":
-		p.hasher.Part("image_url", p.valueString(p.lookup(p.lookup(part, "image_url"), "url")))
+		p.hasher.Part("image_url", p.valueString(p.lookup(image, "url")))
 	case "input_audio":
-		p.hasher.Part("input_audio", p.valueString(p.lookup(p.lookup(part, "input_audio"), "data")))
+		p.hasher.Part("input_audio", p.valueString(p.lookup(audio, "data")))
 	default:
 		// Other part types shape the prompt too: hash them whole.
 		p.hasher.Part(t, unsafeString(part))

@@ -611,12 +611,16 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 		`[{"id":"first","id":"second","function":{"name":1e3,"arguments":[1,{"a":"\n"}],"name":"late"}},{"\u0069d":"escaped key","function":"not an object"}]`,
 		`[{"id":"c","function":{"name":"` + strings.Repeat("n", 70) + `","arguments":"` + strings.Repeat(`{\"k\":\"v\"}`, 9) + `"},"` + strings.Repeat("k", 70) + `":0}]`,
 		`[{"id":-0.5,"function":{"name":true,"arguments":null}},{"id":12345678901234567890}]`,
+		`[{"\u0069d":"escaped first","id":"plain","function":{"n\u0061me":"escaped name","name":"plain name","arguments":"a","arguments":"b"},"function":{"name":"second function"}}]`,
 		`[]`,
 	} {
 		for _, parts := range []string{
 			`[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}}]`,
 			`[{"type":"input_audio","input_audio":{"data":"QUJD","format":"wav"}},{"type":"image_url","image_url":{"url":"data:image/png;base64,\u0041"}}]`,
 			`[{"type":"image_url","image_url":{"detail":"high","url":"https://a","url":"https://b"},"image_url":{"url":"second"}},{"type":"image_url","image_url":"not an object"},{"type":"image_url"},{"type":"input_audio","input_audio":{"data":7}}]`,
+			// Keys with escapes: gjson takes the first member whose decoded
+			// key matches, before or after a plain one.
+			`[{"type":"image_url","x\n":0,"image\u005furl":{"url":"escaped first"},"image_url":{"url":"plain"}},{"type":"image_url","image_url":{"url":"plain first"},"image\u005furl":{"url":"escaped later"}},{"type":"input_audio","\u0069nput_audio":{"data":"escaped"},"input_audio":{"data":"plain"}}]`,
 		} {
 			// A long last message, so that the parts and calls are in
 			// complete blocks.

@@ -84,6 +84,12 @@ var bodyShapes = []bodyShape{
 	{"escaped-batches", "/v1/completions", func(n, i int) string {
 		return fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"\n"`, ",", `]}`)
 	}},
+	// searched-worst is the costliest unit TestBodyShapeSearch found per
+	// byte: image parts whose URL holds an escape and non-ASCII text.
+	{"searched-worst", "/v1/chat/completions", func(n, i int) string {
+		return fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
+			`{"type":"image_url","image_url":{"url":"\n日"}}`, ",", `]}]}`)
+	}},
 }
 
 // BenchmarkBodyShapesNative is the parser alone, natively, over 1 MiB
