@@ -270,10 +270,14 @@ func numberEnd(b []byte, i int) int {
 }
 
 // shortString returns the index after the string starting at b[i] (a
-// quote) when it ends within minSpanString bytes and holds no escape and
-// no control character, and -1 otherwise (the caller then scans it in
-// full). Eight bytes per step (needsLook finds the first byte to look at):
-// for a short string cheaper than the full scan's setup.
+// quote) when it ends within minSpanString bytes, and -1 otherwise (the
+// caller then looks it up in the span table, or scans it in full). Eight
+// bytes per step (needsLook finds the first byte to look at) up to the
+// first escape, then byte by byte: for a short string cheaper than the
+// full scan's setup, and a short string with an escape (a URL's "\/", a
+// "\n") is never in the table, whose binary search it paid for each time.
+// b must be valid JSON from i on: the byte after a backslash is never
+// the string's end.
 func shortString(b []byte, i int) int {
 	j := i + 1 // b[j:] is what is left to look at
 	end := j + minSpanString
@@ -285,18 +289,17 @@ func shortString(b []byte, i int) int {
 	}
 	for ; j+8 <= end; j += 8 {
 		if m := needsLook(binary.LittleEndian.Uint64(b[j:])); m != 0 {
-			k := j + bits.TrailingZeros64(m)>>3
-			if b[k] == '"' {
-				return k + 1
-			}
-			return -1
+			j += bits.TrailingZeros64(m) >> 3
+			break
 		}
 	}
 	for ; j < end; j++ {
 		switch c := b[j]; {
 		case c == '"':
 			return j + 1
-		case c == '\\' || c < 0x20:
+		case c == '\\':
+			j++ // the escaped byte (a \u escape's hex digits are no quote)
+		case c < 0x20:
 			return -1
 		}
 	}
