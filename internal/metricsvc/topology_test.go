@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,10 +24,7 @@ import (
 // Without the reports B places it on its own (here: anywhere but A's host,
 // since the engines' queues are equal and B has no prefix to follow).
 func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
-	mod, err := os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
-	if err != nil {
-		t.Skipf("SKIPPED: dist/kvroute.wasm is missing (%v); run make wasm", err)
-	}
+	mod := routerModule(t)
 	var engines []*servingEngine
 	var addrs, eps []string
 	var fixed discovery.Fixed

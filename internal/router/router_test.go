@@ -45,6 +45,20 @@ func mustHandler(t testing.TB, name string) *scorer.Handler {
 	return h
 }
 
+// buildHandler is the handler of the plugin configuration config.
+func buildHandler(t *testing.T, config string) *scorer.Handler {
+	t.Helper()
+	cfg, err := scorer.ParseConfig([]byte(config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 func TestDecideRecordsAndFollowsPrefix(t *testing.T) {
 	ix := newIndex(t)
 	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1})
@@ -231,20 +245,6 @@ func TestPrefixMemory(t *testing.T) {
 		}
 		r.Release(&tk)
 	}
-}
-
-// buildHandler is the handler of the plugin configuration config.
-func buildHandler(t *testing.T, config string) *scorer.Handler {
-	t.Helper()
-	cfg, err := scorer.ParseConfig([]byte(config))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
 }
 
 // trustHandler is a prefix-affinity profile with trustFeedback on.
