@@ -1,10 +1,8 @@
 package envoy_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"regexp"
 	"slices"
@@ -19,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/internal/manifests"
 	"github.com/kvroute/kvroute/internal/metricsvc"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
@@ -53,13 +52,8 @@ func emittedStats(t *testing.T) (names map[string]bool, tags map[string]bool, ra
 		cfg.Filters[i].Configuration = string(js)
 	}
 	cfg.Module = module
-	h, err := wasmhost.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() { front.Close(); h.Close() })
-	if code, resp := post(t, front.URL+"/v1/chat/completions", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hello"}]}`, nil); code != 200 {
+	h, url := wasmhosttest.Start(t, cfg)
+	if code, resp := post(t, url+"/v1/chat/completions", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hello"}]}`, nil); code != 200 {
 		t.Fatalf("request: %d %s", code, resp)
 	}
 	names, tags = map[string]bool{}, map[string]bool{}

@@ -1,8 +1,6 @@
 package envoy_test
 
 import (
-	"context"
-	"net/http/httptest"
 	"slices"
 	"testing"
 
@@ -10,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/manifests"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // withTestHooks turns on the module's test hooks in the shipped plugin
@@ -46,15 +45,10 @@ func TestShippedFailOpenAfterATrapStillStripsTheDestinationHeader(t *testing.T) 
 				want = 503
 			}
 			cfg.Module, cfg.Workers = kvrouteWasm(t), 1
-			h, err := wasmhost.New(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			front := httptest.NewServer(h)
-			t.Cleanup(func() { front.Close(); h.Close() })
+			h, url := wasmhosttest.Start(t, cfg)
 
 			body := `{"model":"llama-3-8b","prompt":"hi"}`
-			if code, resp := post(t, front.URL+"/v1/completions", body, map[string]string{"x-kvroute-test-panic": "trap"}); code != want {
+			if code, resp := post(t, url+"/v1/completions", body, map[string]string{"x-kvroute-test-panic": "trap"}); code != want {
 				t.Fatalf("the trapping request: %d %s, want %d", code, resp, want)
 			}
 			if h.VMFailures() != 1 {
@@ -66,7 +60,7 @@ func TestShippedFailOpenAfterATrapStillStripsTheDestinationHeader(t *testing.T) 
 				steer = attacker.addr()
 			}
 			for i := 0; i < 8; i++ {
-				if code, resp := post(t, front.URL+"/v1/completions", body, map[string]string{cfg.DestinationHeader: steer}); code != want {
+				if code, resp := post(t, url+"/v1/completions", body, map[string]string{cfg.DestinationHeader: steer}); code != want {
 					t.Errorf("request %d on the dead VM: %d %s, want %d", i, code, resp, want)
 				}
 			}

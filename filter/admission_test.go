@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // admissionModule is dist/kvroute.wasm, or KVROUTE_TEST_WASM when set (a
@@ -45,21 +46,12 @@ func startAdmission(t *testing.T, workers int, admission string) (*wasmhost.Host
 	t.Helper()
 	// TimeScale 1: a request with max_tokens 40 takes a few hundred ms.
 	f := startFleet(t, simserver.Options{Replicas: 1, TimeScale: 1})
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	return wasmhosttest.Start(t, wasmhost.Config{
 		Module: admissionModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
 			Configuration: "{" + endpointsJSON(f.Addrs()) + `,"fallbacks":0,"admission":{"maxWaiting":0,"maxKvUsage":0,"maxPendingPrefillTokens":1` + admission + "}}"}},
 		Clusters: map[string][]string{"engines": f.Addrs()}, RouteCluster: "engines",
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return h, front.URL
 }
 
 func admCompletion(i, maxTokens int) string {
@@ -249,14 +241,9 @@ func BenchmarkAdmissionInWasm(b *testing.B) {
 		addrs = append(addrs, up.Listener.Addr().String())
 	}
 	start := func(extra string) (string, *wasmhost.Host) {
-		h, err := wasmhost.New(context.Background(), wasmhost.Config{Module: module, VMID: "kvroute", Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
+		h, url := wasmhosttest.Start(b, wasmhost.Config{Module: module, VMID: "kvroute", Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 			Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + extra + "}"}}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		front := httptest.NewServer(h)
-		b.Cleanup(func() { front.Close(); h.Close() })
-		return front.URL, h
+		return url, h
 	}
 	offURL, offHost := start("")
 	onURL, onHost := start(`,"admission":{}`)

@@ -2,7 +2,6 @@ package filter
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // BenchmarkRouterInWasm measures what kvroute.router costs per request in
@@ -52,13 +52,8 @@ func BenchmarkRouterInWasm(b *testing.B) {
 	addrs := benchUpstreams(b, 16)
 	clusters := map[string][]string{"engines": addrs}
 	start := func(cfg wasmhost.Config) (string, *wasmhost.Host) {
-		h, err := wasmhost.New(context.Background(), cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		front := httptest.NewServer(h)
-		b.Cleanup(func() { front.Close(); h.Close() })
-		return front.URL, h
+		h, url := wasmhosttest.Start(b, cfg)
+		return url, h
 	}
 	baseURL, _ := start(wasmhost.Config{Clusters: clusters, RouteCluster: "engines"})
 	floorURL, floorHost := start(wasmhost.Config{Module: floor, VMID: "floor", Clusters: clusters, RouteCluster: "engines",

@@ -7,7 +7,6 @@ package filter
 // there Envoy forwards the headers before the body reaches the filter.
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/manifests"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // seenRequest is one request an engine received.
@@ -86,20 +86,11 @@ func startMode(t testing.TB, addrs []string, body bool, cfg string) (*wasmhost.H
 // of the engines addrs, with allow_on_headers_stop_iteration as allow says.
 func startConfig(t testing.TB, addrs []string, allow bool, conf string) (*wasmhost.Host, string) {
 	t.Helper()
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	return wasmhosttest.Start(t, wasmhost.Config{
 		Module: wasmModule(t), VMID: "kvroute",
 		Filters:  []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: allow, Configuration: conf}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return h, front.URL
 }
 
 // The state path is answered by the filter in every mode, under every
@@ -408,19 +399,14 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 		mu.Unlock()
 		io.WriteString(w, snapshot)
 	}))
-	defer metrics.Close()
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	t.Cleanup(metrics.Close) // after the host's, which Start registers next
+	h, url := wasmhosttest.Start(t, wasmhost.Config{
 		Module: wasmModule(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, Configuration: `{` + endpointsJSON(eng.addrs[:1]) +
 			`,"bodyRouting":false,"strategy":"round_robin","fallbacks":0,"state":{"token":"` + stateToken + `","pull":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
 		Clusters:     map[string][]string{"engines": eng.addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
 		RouteCluster: "engines",
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	defer func() { front.Close(); h.Close() }()
 	h.FireTicks()
 	waitFor(t, "both workers' pulls answered", func() bool {
 		mu.Lock()
@@ -436,7 +422,7 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 		return len(auths) >= 4
 	})
 	for i := 0; i < 8; i++ {
-		if code, body, _ := call(t, "POST", front.URL+"/v1/completions", `{"model":"m","prompt":"hi"}`, nil); code != 200 {
+		if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, nil); code != 200 {
 			t.Fatalf("request %d: %d %s", i, code, body)
 		}
 	}

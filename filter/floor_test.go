@@ -16,6 +16,7 @@ import (
 	"github.com/tetratelabs/wazero/experimental"
 
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // floorModule builds testdata/floor, the baseline BenchmarkRouterInWasm
@@ -160,14 +161,9 @@ func TestFloorModuleRoutesOnTheWholeBody(t *testing.T) {
 		self = up.Listener.Addr().String()
 		addrs = append(addrs, self)
 	}
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{Module: floorModule(t), VMID: "floor",
+	_, url := wasmhosttest.Start(t, wasmhost.Config{Module: floorModule(t), VMID: "floor",
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: "floor", AllowOnHeadersStopIteration: true, Configuration: strings.Join(addrs, ",")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() { front.Close(); h.Close() })
 	const size = 32 << 10
 	for i := 0; i < 4; i++ {
 		// A pipe has no length: the client sends the body chunked, in pieces.
@@ -178,7 +174,7 @@ func TestFloorModuleRoutesOnTheWholeBody(t *testing.T) {
 			}
 			pw.Close()
 		}()
-		resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json", pr)
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", pr)
 		if err != nil {
 			t.Fatal(err)
 		}

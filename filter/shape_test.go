@@ -1,15 +1,14 @@
 package filter
 
 import (
-	"context"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // bodyShape is one way of filling a request body of a given size: the
@@ -125,16 +124,11 @@ func BenchmarkBodyShapesNative(b *testing.B) {
 func BenchmarkBodyShapesInWasm(b *testing.B) {
 	const size = 1 << 20
 	addrs := jsonUpstreams(b, 2, benchCompletion)
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	h, url := wasmhosttest.Start(b, wasmhost.Config{
 		Module: wasmModule(b), VMID: "kvroute", Workers: 1, BufferLimitBytes: 4 * size,
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}},
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	b.Cleanup(func() { front.Close(); h.Close() })
 	client := &http.Client{Timeout: 60 * time.Second}
 	bodyTime := func() (wall, cpu time.Duration) {
 		for _, c := range h.CallStats() {
@@ -148,7 +142,7 @@ func BenchmarkBodyShapesInWasm(b *testing.B) {
 	// callbacks took.
 	timed := func(b *testing.B, path, body string) (time.Duration, time.Duration) {
 		w0, c0 := bodyTime()
-		if err := postOK(client, front.URL+path, body); err != nil {
+		if err := postOK(client, url+path, body); err != nil {
 			b.Fatalf("%s: %v", path, err)
 		}
 		w1, c1 := bodyTime()

@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // wasmModule reads dist/kvroute.wasm, or the module KVROUTE_WASM names (to
@@ -98,21 +99,29 @@ func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmho
 // given, its endpoints other than the cluster's addresses if need be.
 func startRouterConfig(t testing.TB, addrs []string, workers int, config string) (*wasmhost.Host, string) {
 	t.Helper()
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	return wasmhosttest.Start(t, wasmhost.Config{
 		Module: wasmModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
 			Configuration: config}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 	})
-	if err != nil {
-		t.Fatal(err)
+}
+
+// servedBy posts body (a chat completion) to the router at url with the
+// headers hdr, and returns the upstream of h that served it.
+func servedBy(t testing.TB, h *wasmhost.Host, url, body string, hdr map[string]string) string {
+	t.Helper()
+	before := h.UpstreamRequests()
+	if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, hdr); code != 200 {
+		t.Fatalf("%d %s", code, b)
 	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return h, front.URL
+	for a, n := range h.UpstreamRequests() {
+		if n != before[a] {
+			return a
+		}
+	}
+	t.Fatal("no upstream served the request")
+	return ""
 }
 
 var httpClient = &http.Client{Timeout: 20 * time.Second}
@@ -181,19 +190,7 @@ func TestWasmSharedPrefixBeatsRoundRobin(t *testing.T) {
 func TestWasmWorkersShareOneIndex(t *testing.T) {
 	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	h, url := startRouter(t, f.Addrs(), 2, `,"fallbacks":0`)
-	served := func(body string) string {
-		before := h.UpstreamRequests()
-		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, nil); code != 200 {
-			t.Fatalf("%d %s", code, b)
-		}
-		for a, n := range h.UpstreamRequests() {
-			if n != before[a] {
-				return a
-			}
-		}
-		t.Fatal("no upstream served the request")
-		return ""
-	}
+	served := func(body string) string { return servedBy(t, h, url, body, nil) }
 	for i := 0; i < 6; i++ {
 		sys := systemPrompt(100 + i)
 		a := served(chatBody(sys, "first"))
@@ -592,17 +589,7 @@ func TestWasmBodyUserPinsAcrossReusedBodies(t *testing.T) {
 		// "user" after the prompt: where it sits in the buffer varies.
 		body := fmt.Sprintf(`{"model":"llama-3-8b","messages":[{"role":"user","content":%q}],"max_tokens":4,"user":%q}`,
 			strings.Repeat("padding text ", size), user)
-		before := h.UpstreamRequests()
-		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, nil); code != 200 {
-			t.Fatalf("%d %s", code, b)
-		}
-		for a, n := range h.UpstreamRequests() {
-			if n != before[a] {
-				return a
-			}
-		}
-		t.Fatal("no upstream served the request")
-		return ""
+		return servedBy(t, h, url, body, nil)
 	}
 	pinned := map[string]string{}
 	for i := 0; i < 8; i++ {
@@ -630,17 +617,7 @@ func TestWasmSessionsHoldAcrossWorkers(t *testing.T) {
 	h, url := startRouter(t, f.Addrs(), 2, `,"strategy":"sticky_session"`)
 	served := func(session string, turn int) string {
 		body := chatBody(systemPrompt(turn), fmt.Sprintf("turn %d of %s: what next?", turn, session))
-		before := h.UpstreamRequests()
-		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, map[string]string{"x-session-id": session}); code != 200 {
-			t.Fatalf("%d %s", code, b)
-		}
-		for a, n := range h.UpstreamRequests() {
-			if n != before[a] {
-				return a
-			}
-		}
-		t.Fatal("no upstream served the request")
-		return ""
+		return servedBy(t, h, url, body, map[string]string{"x-session-id": session})
 	}
 	first := map[string]string{}
 	hosts := map[string]bool{}

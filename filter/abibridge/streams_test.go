@@ -1,7 +1,6 @@
 package abibridge_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // moreThanTheTable is more streams than callbacks.go.in's table has slots
@@ -52,19 +52,13 @@ func TestStreamsOutliveTheTable(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
 	}))
-	defer up.Close()
+	t.Cleanup(up.Close) // after the host's, which Start registers next
 	addr := up.Listener.Addr().String()
 
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
+	h, url := wasmhosttest.Start(t, wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
 		Clusters: map[string][]string{"engines": {addr}}, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: "kvroute.router", AllowOnHeadersStopIteration: true,
 			Configuration: fmt.Sprintf(`{"strategy":"round_robin","endpoints":[{"address":%q}]}`, addr)}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	defer h.Close()
-	defer front.Close()
 	// Unblock held upstream requests before the servers close, also when
 	// the test fails half-way.
 	var releaseOnce sync.Once
@@ -72,7 +66,7 @@ func TestStreamsOutliveTheTable(t *testing.T) {
 	defer releaseAll()
 
 	send := func(i int, hold bool) error {
-		req, err := http.NewRequest("POST", front.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+		req, err := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hello"}`))
 		if err != nil {
 			return err
 		}

@@ -157,6 +157,7 @@ func buildImage(ctx context.Context, root string, plats []platform, out string) 
 			plat.Variant = "v8" // what registries and runtimes expect for arm64
 		}
 		bins = append(bins, oci.Binary{Platform: plat, Data: data})
+		fmt.Printf("distbuild: %s/%s binary: %.1f MB (metrics and version only)\n", p.os, p.arch, float64(len(data))/1e6)
 	}
 	anns := map[string]string{
 		oci.TitleAnnotation:                    ImageName,

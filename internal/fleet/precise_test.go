@@ -8,12 +8,11 @@ import (
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
-// TestPreciseCacheState runs kvroute's default strategy on a fleet whose
-// engines evict constantly, once with approximate cache state and once
-// with the engines' KV events (vLLM's wire format, both layouts, bridged
-// into kvroute's hash space): the events move the index, and its
-// predictions of cached tokens become closer to what the engines confirm.
-func TestPreciseCacheState(t *testing.T) {
+// evictingFleet is a shared-prefix workload with a profile whose engines
+// evict constantly: 2,500 KV blocks (40,000 tokens) a replica hold a
+// handful of the workload's 40 system prompts.
+func evictingFleet(t *testing.T) (*workload.Workload, sim.Profile) {
+	t.Helper()
 	w, err := workload.SharedPrefix{Groups: 40, PromptsPerGroup: 12, SystemTokens: 3000, QuestionTokens: 300,
 		OutputTokens: 20, Rate: 8, Seed: 3}.Generate()
 	if err != nil {
@@ -23,7 +22,17 @@ func TestPreciseCacheState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prof.NumGPUBlocksOverride = 2500 // 40,000 tokens a replica: a handful of system prompts
+	prof.NumGPUBlocksOverride = 2500
+	return w, prof
+}
+
+// TestPreciseCacheState runs kvroute's default strategy on a fleet whose
+// engines evict constantly, once with approximate cache state and once
+// with the engines' KV events (vLLM's wire format, both layouts, bridged
+// into kvroute's hash space): the events move the index, and its
+// predictions of cached tokens become closer to what the engines confirm.
+func TestPreciseCacheState(t *testing.T) {
+	w, prof := evictingFleet(t)
 	for _, top := range []Topology{{Gateways: 1, Workers: 1}, {Gateways: 2, Workers: 2, Seed: 1}} {
 		t.Run(fmt.Sprintf("%dx%d", top.Gateways, top.Workers), func(t *testing.T) { preciseAgainstApproximate(t, w, prof, top) })
 	}
@@ -79,16 +88,7 @@ func preciseAgainstApproximate(t *testing.T, w *workload.Workload, prof sim.Prof
 // KV capacity (no metrics service) believes every block it ever routed;
 // cached_tokens corrects the index and the prediction error falls.
 func TestCorrectionWithoutCapacity(t *testing.T) {
-	w, err := workload.SharedPrefix{Groups: 40, PromptsPerGroup: 12, SystemTokens: 3000, QuestionTokens: 300,
-		OutputTokens: 20, Rate: 8, Seed: 3}.Generate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	prof, err := sim.LookupProfile(sim.DefaultProfile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prof.NumGPUBlocksOverride = 2500
+	w, prof := evictingFleet(t)
 	var errs [2]float64
 	for i, noCorrect := range []bool{true, false} {
 		r, err := NewStrategy("kv_cache_aware", 4, StrategyOptions{Seed: 1, Profile: prof, NoCapacity: true, NoCorrect: noCorrect})

@@ -1,8 +1,6 @@
 package metricsvc
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // servingEngine answers /metrics with a queue length the test sets, and
@@ -45,19 +44,27 @@ func newServingEngine(t *testing.T) *servingEngine {
 
 func (e *servingEngine) addr() string { return e.srv.Listener.Addr().String() }
 
+// routerModule is dist/kvroute.wasm. Without it the test is skipped, but
+// in CI, where make test builds it first, it fails.
+func routerModule(t *testing.T) []byte {
+	t.Helper()
+	mod, err := os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("dist/kvroute.wasm is missing (%v): make test builds it first", err)
+		}
+		t.Skipf("SKIPPED: dist/kvroute.wasm is missing (%v); run make wasm to include the gateway tests", err)
+	}
+	return mod
+}
+
 // TestRealGateway pushes to the Wasm host (internal/wasmhost, Envoy's
 // proxy-wasm ABI on wazero) running the router filter from
 // dist/kvroute.wasm: the right token's pushes are applied and steer the
 // decision as the engines' queues change; a service with a wrong token is
 // refused and changes nothing.
 func TestRealGateway(t *testing.T) {
-	mod, err := os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("dist/kvroute.wasm is missing (%v): make test builds it first", err)
-		}
-		t.Skipf("SKIPPED: dist/kvroute.wasm is missing (%v); run make wasm to include the real-gateway test", err)
-	}
+	mod := routerModule(t)
 	e1, e2, decoy := newServingEngine(t), newServingEngine(t), newServingEngine(t)
 	cfg := fmt.Sprintf(`{
 		"endpoints": [{"address": %q}, {"address": %q}],
@@ -65,24 +72,14 @@ func TestRealGateway(t *testing.T) {
 		"profiles": {"by_queue": {"filters": ["healthy"], "scorers": [{"plugin": "queue", "weight": 1}], "picker": "max_score", "allowHotspot": true}},
 		"state": {"token": "s3cret"},
 		"fallbacks": 0}`, e1.addr(), e2.addr())
-	host, err := wasmhost.New(context.Background(), wasmhost.Config{
+	host, frontURL := wasmhosttest.Start(t, wasmhost.Config{
 		Module:       mod,
 		VMID:         "kvroute",
 		Filters:      []wasmhost.Filter{{RootID: "kvroute.router", Configuration: cfg, AllowOnHeadersStopIteration: true}},
 		Clusters:     map[string][]string{"engines": {e1.addr(), e2.addr(), decoy.addr()}},
 		RouteCluster: "engines",
 	})
-	var startErr *wasmhost.PluginStartError
-	if errors.As(err, &startErr) {
-		t.Fatalf("router rejected its configuration: %v", startErr.ModuleLog)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
-	front := httptest.NewServer(host)
-	defer front.Close()
-	stateURL := front.URL + "/.kvroute/v1/state"
+	stateURL := frontURL + "/.kvroute/v1/state"
 
 	e1.waiting.Store(40)
 	e2.waiting.Store(0)
@@ -112,7 +109,7 @@ func TestRealGateway(t *testing.T) {
 		t.Helper()
 		seq++
 		body := fmt.Sprintf(`{"model":"m","prompt":"distinct prompt number %d"}`, seq)
-		resp, err := http.Post(front.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		resp, err := http.Post(frontURL+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,13 +1,10 @@
 package metricsvc
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +13,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // Two gateways converge through the metrics service (docs/topology.md):
@@ -26,10 +24,7 @@ import (
 // Without the reports B places it on its own (here: anywhere but A's host,
 // since the engines' queues are equal and B has no prefix to follow).
 func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
-	mod, err := os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
-	if err != nil {
-		t.Skipf("SKIPPED: dist/kvroute.wasm is missing (%v); run make wasm", err)
-	}
+	mod := routerModule(t)
 	var engines []*servingEngine
 	var addrs, eps []string
 	var fixed discovery.Fixed
@@ -58,18 +53,12 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 			rep = `, "report": {"cluster": "metrics", "intervalMs": 20}`
 		}
 		cfg := fmt.Sprintf(`{"endpoints": [%s], "state": {"token": "s3cret"%s}, "fallbacks": 0}`, strings.Join(eps, ","), rep)
-		h, err := wasmhost.New(context.Background(), wasmhost.Config{
+		return wasmhosttest.Start(t, wasmhost.Config{
 			Module: mod, VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
 			Filters:      []wasmhost.Filter{{RootID: "kvroute.router", Configuration: cfg, AllowOnHeadersStopIteration: true}},
 			Clusters:     map[string][]string{"engines": addrs, "metrics": {metricsFront.Listener.Addr().String()}},
 			RouteCluster: "engines",
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		front := httptest.NewServer(h)
-		t.Cleanup(func() { front.Close(); h.Close() })
-		return h, front.URL
 	}
 	_, urlA := gateway(true)
 	_, urlB := gateway(true)

@@ -1,9 +1,7 @@
 package pdtest
 
 import (
-	"context"
 	"fmt"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 // The whole chain as Envoy runs it: kvroute.router decides (decode host, and
@@ -55,7 +54,7 @@ func startChain(t *testing.T, prefillN int, threshold int, pdConfig string) *cha
 	}
 	cfg := fmt.Sprintf(`{"endpoints":[%s],"strategy":"kv_cache_aware","fallbacks":0,
 		"disaggregation":{"prefillStrategy":"kv_cache_aware","threshold":%d},"pd":%s}`, endpoints, threshold, pdConfig)
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	c.host, c.url = wasmhosttest.Start(t, wasmhost.Config{
 		Module:  kvrouteModule(t),
 		VMID:    "kvroute",
 		Workers: 1,
@@ -67,15 +66,6 @@ func startChain(t *testing.T, prefillN int, threshold int, pdConfig string) *cha
 		RouteCluster: decodeCluster,
 		RouteTimeout: 30 * time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	c.host, c.url = h, front.URL
 	return c
 }
 

@@ -3,7 +3,6 @@ package pdtest
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -26,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
 )
 
 const (
@@ -182,7 +182,7 @@ func startAllow(t *testing.T, pdConfig string, prefill, decode *recorder, allowS
 	if pdConfig != "" {
 		cfg = `{"pd":` + pdConfig + `}`
 	}
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
+	h, url := wasmhosttest.Start(t, wasmhost.Config{
 		Module:       kvrouteModule(t),
 		VMID:         "kvroute",
 		Workers:      1,
@@ -191,15 +191,7 @@ func startAllow(t *testing.T, pdConfig string, prefill, decode *recorder, allowS
 		RouteCluster: decodeCluster,
 		RouteTimeout: 30 * time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return &setup{host: h, url: front.URL, prefill: prefill, decode: decode}
+	return &setup{host: h, url: url, prefill: prefill, decode: decode}
 }
 
 // simulated wires a fresh prefill/decode engine pair behind recorders.

@@ -45,6 +45,20 @@ func mustHandler(t testing.TB, name string) *scorer.Handler {
 	return h
 }
 
+// buildHandler is the handler of the plugin configuration config.
+func buildHandler(t *testing.T, config string) *scorer.Handler {
+	t.Helper()
+	cfg, err := scorer.ParseConfig([]byte(config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := cfg.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 func TestDecideRecordsAndFollowsPrefix(t *testing.T) {
 	ix := newIndex(t)
 	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Index: ix, Seed: 1})
@@ -161,14 +175,7 @@ func TestStickySessionPinsAndRepins(t *testing.T) {
 }
 
 func TestDisaggregatedDecisionAccountsBothHosts(t *testing.T) {
-	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "kv_cache_aware", "disaggregation": {"threshold": 100}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := buildHandler(t, `{"strategy": "kv_cache_aware", "disaggregation": {"threshold": 100}}`)
 	r := New(Config{Handler: h, Index: newIndex(t), Seed: 1})
 	hs := registered(t, r, 4)
 	hs[0].Role, hs[1].Role = scorer.RolePrefill, scorer.RolePrefill
@@ -243,16 +250,8 @@ func TestPrefixMemory(t *testing.T) {
 // trustHandler is a prefix-affinity profile with trustFeedback on.
 func trustHandler(t *testing.T) *scorer.Handler {
 	t.Helper()
-	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
-		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return buildHandler(t, `{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
+		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.01}]}}}`)
 }
 
 // With trustFeedback, a host whose predictions the engine keeps denying
@@ -368,15 +367,8 @@ func TestDecideRebuildsRequest(t *testing.T) {
 // with Finish and one with Feedback and Release, keep the same decisions,
 // stats and load (trust feedback on, so feedback steers later decisions).
 func TestFinishIsFeedbackThenRelease(t *testing.T) {
-	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
-		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.1}]}}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := buildHandler(t, `{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
+		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.1}]}}}`)
 	var rs [2]*Router
 	var hss [2][]scorer.Host
 	for k := range rs {

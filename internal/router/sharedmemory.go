@@ -51,12 +51,16 @@ var memoryKeys = func() (k [memoryBuckets]string) {
 }()
 
 func newSharedMemory(store index.Store) *sharedMemory {
-	m := &sharedMemory{st: store}
-	var ok bool
-	if m.get, ok = store.(index.AppendGetter); !ok {
-		m.get = &getAppender{store}
+	return &sharedMemory{st: store, get: appendGetter(store)}
+}
+
+// appendGetter is store's GetAppend (reads into a caller's buffer, no
+// allocation), or GetAppend over its Get when it has none.
+func appendGetter(store index.Store) index.AppendGetter {
+	if g, ok := store.(index.AppendGetter); ok {
+		return g
 	}
-	return m
+	return &getAppender{store}
 }
 
 // getAppender is GetAppend over a Store without it.

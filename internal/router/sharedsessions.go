@@ -29,7 +29,7 @@ import (
 // lost to contention is a hint lost, never an error for the request.
 type SharedSessions struct {
 	store index.Store
-	get   index.AppendGetter // store, when it has GetAppend
+	get   index.AppendGetter // store's GetAppend, or getAppender over its Get
 	buf   []byte             // read buffer, reused
 	out   []byte             // write buffer, reused
 	// Contended counts pins dropped after the retries.
@@ -56,28 +56,17 @@ var sessionKeys = func() (k [SessionBuckets]string) {
 // NewSharedSessions returns a session table over store (shared data in the
 // filter, the gateway's MemStore in the simulator).
 func NewSharedSessions(store index.Store) *SharedSessions {
-	s := &SharedSessions{store: store}
-	s.get, _ = store.(index.AppendGetter)
-	return s
+	return &SharedSessions{store: store, get: appendGetter(store)}
 }
 
 func sessionBucket(h uint64) string { return sessionKeys[h%SessionBuckets] }
 
 func (s *SharedSessions) read(key string) ([]byte, uint32, bool) {
-	var v []byte
-	var cas uint32
-	var err error
-	if s.get != nil {
-		v, cas, err = s.get.GetAppend(s.buf[:0], key)
-		if err == nil {
-			s.buf = v
-		}
-	} else {
-		v, cas, err = s.store.Get(key)
-	}
+	v, cas, err := s.get.GetAppend(s.buf[:0], key)
 	if err != nil {
 		return nil, 0, false
 	}
+	s.buf = v
 	return v, cas, true
 }
 

@@ -52,10 +52,7 @@ const (
 func newTTFTModels(st index.Store) *ttftModels {
 	m := &ttftModels{st: st}
 	if st != nil {
-		var ok bool
-		if m.get, ok = st.(index.AppendGetter); !ok {
-			m.get = &getAppender{st}
-		}
+		m.get = appendGetter(st)
 	}
 	return m
 }

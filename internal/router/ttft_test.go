@@ -35,16 +35,8 @@ func TestTTFTModelFit(t *testing.T) {
 
 func ttftHandler(t *testing.T) *scorer.Handler {
 	t.Helper()
-	cfg, err := scorer.ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {
-		"filters": ["healthy"], "scorers": [{"plugin": "predicted_ttft", "weight": 1}], "picker": "max_score"}}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return buildHandler(t, `{"strategy": "p", "profiles": {"p": {
+		"filters": ["healthy"], "scorers": [{"plugin": "predicted_ttft", "weight": 1}], "picker": "max_score"}}}`)
 }
 
 // Two workers of one gateway (two Routers over one shared store) learn

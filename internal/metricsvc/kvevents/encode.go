@@ -62,48 +62,29 @@ func (e *Encoder) Len() int { return e.events }
 func (e *Encoder) Stored(ev StoredEvent) {
 	e.init()
 	w := e.ebody
-	if e.Layout == ArrayLayout {
-		// BlockStored: block_hashes, parent_block_hash, token_ids,
-		// block_size, lora_id, medium, lora_name (later fields default).
-		w.EncodeArrayLen(8)
-		w.EncodeString("BlockStored")
-	} else {
-		w.EncodeMapLen(8)
-		w.EncodeString("type")
-		w.EncodeString("BlockStored")
-		w.EncodeString("block_hashes")
-	}
+	// BlockStored: block_hashes, parent_block_hash, token_ids, block_size,
+	// lora_id, medium, lora_name (later fields default).
+	e.event("BlockStored", 8)
+	e.field(w, "block_hashes")
 	e.hashes(ev.Hashes)
-	if e.Layout == MapLayout {
-		w.EncodeString("parent_block_hash")
-	}
+	e.field(w, "parent_block_hash")
 	if ev.HasParent {
 		w.EncodeUint(ev.Parent)
 	} else {
 		w.EncodeNil()
 	}
-	if e.Layout == MapLayout {
-		w.EncodeString("token_ids")
-	}
+	e.field(w, "token_ids")
 	w.EncodeArrayLen(ev.Tokens)
 	for range ev.Tokens {
 		w.EncodeUint(0)
 	}
-	if e.Layout == MapLayout {
-		w.EncodeString("block_size")
-	}
+	e.field(w, "block_size")
 	w.EncodeInt(int64(ev.BlockSize))
-	if e.Layout == MapLayout {
-		w.EncodeString("lora_id")
-	}
+	e.field(w, "lora_id")
 	w.EncodeNil()
-	if e.Layout == MapLayout {
-		w.EncodeString("medium")
-	}
+	e.field(w, "medium")
 	w.EncodeString("GPU")
-	if e.Layout == MapLayout {
-		w.EncodeString("lora_name")
-	}
+	e.field(w, "lora_name")
 	w.EncodeNil()
 	e.events++
 }
@@ -111,35 +92,47 @@ func (e *Encoder) Stored(ev StoredEvent) {
 // Removed adds a BlockRemoved event with medium "GPU".
 func (e *Encoder) Removed(hashes []uint64) {
 	e.init()
-	w := e.ebody
-	if e.Layout == ArrayLayout {
-		w.EncodeArrayLen(3)
-		w.EncodeString("BlockRemoved")
-	} else {
-		w.EncodeMapLen(3)
-		w.EncodeString("type")
-		w.EncodeString("BlockRemoved")
-		w.EncodeString("block_hashes")
-	}
+	e.event("BlockRemoved", 3)
+	e.field(e.ebody, "block_hashes")
 	e.hashes(hashes)
-	if e.Layout == MapLayout {
-		w.EncodeString("medium")
-	}
-	w.EncodeString("GPU")
+	e.field(e.ebody, "medium")
+	e.ebody.EncodeString("GPU")
 	e.events++
 }
 
 // Cleared adds an AllBlocksCleared event.
 func (e *Encoder) Cleared() {
 	e.init()
+	e.event("AllBlocksCleared", 1)
+	e.events++
+}
+
+// record starts a msgspec Struct of n fields (its tag counted): an array
+// in ArrayLayout, a map in MapLayout.
+func (e *Encoder) record(w *msgpack.Encoder, n int) {
 	if e.Layout == ArrayLayout {
-		e.ebody.EncodeArrayLen(1)
+		w.EncodeArrayLen(n)
 	} else {
-		e.ebody.EncodeMapLen(1)
+		w.EncodeMapLen(n)
+	}
+}
+
+// field writes a field's name, which only MapLayout carries (ArrayLayout's
+// fields are known by position).
+func (e *Encoder) field(w *msgpack.Encoder, name string) {
+	if e.Layout == MapLayout {
+		w.EncodeString(name)
+	}
+}
+
+// event starts a tagged event of n fields (the tag counted): the tag is
+// the first element in ArrayLayout, the field "type" in MapLayout.
+func (e *Encoder) event(tag string, n int) {
+	e.record(e.ebody, n)
+	if e.Layout != ArrayLayout {
 		e.ebody.EncodeString("type")
 	}
-	e.ebody.EncodeString("AllBlocksCleared")
-	e.events++
+	e.ebody.EncodeString(tag)
 }
 
 func (e *Encoder) hashes(hs []uint64) {
@@ -156,21 +149,15 @@ func (e *Encoder) hashes(hs []uint64) {
 func (e *Encoder) Batch(ts float64) []byte {
 	e.init()
 	e.buf.Reset()
-	if e.Layout == ArrayLayout {
-		e.enc.EncodeArrayLen(3)
-	} else {
-		e.enc.EncodeMapLen(3)
+	e.record(e.enc, 3)
+	if e.Layout != ArrayLayout {
 		e.enc.EncodeString("ts")
 	}
 	e.enc.EncodeFloat64(ts)
-	if e.Layout == MapLayout {
-		e.enc.EncodeString("events")
-	}
+	e.field(e.enc, "events")
 	e.enc.EncodeArrayLen(e.events)
 	e.buf.Write(e.body.Bytes())
-	if e.Layout == MapLayout {
-		e.enc.EncodeString("data_parallel_rank")
-	}
+	e.field(e.enc, "data_parallel_rank")
 	e.enc.EncodeInt(0)
 	e.body.Reset()
 	e.events = 0

@@ -1,0 +1,34 @@
+// Package wasmhosttest starts a Wasm host (internal/wasmhost) behind an
+// httptest server for tests, as net/http/httptest does for a handler: the
+// host and its front close with the test.
+package wasmhosttest
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/kvroute/kvroute/internal/wasmhost"
+)
+
+// Start runs cfg in a host with an HTTP front and returns the host and the
+// front's URL; both close when tb ends. A host that fails to start fails
+// tb, quoting the module's log when a plugin refused its configuration.
+func Start(tb testing.TB, cfg wasmhost.Config) (*wasmhost.Host, string) {
+	tb.Helper()
+	h, err := wasmhost.New(context.Background(), cfg)
+	var startErr *wasmhost.PluginStartError
+	if errors.As(err, &startErr) {
+		tb.Fatalf("plugin %s refused its configuration: %v; module log: %q", startErr.RootID, err, startErr.ModuleLog)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	tb.Cleanup(func() {
+		front.Close()
+		h.Close()
+	})
+	return h, front.URL
+}
