@@ -854,6 +854,9 @@ func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream boo
 	if samePath(path, p.cfg.State.Path) {
 		return s.stateHeaders(h.method, endOfStream)
 	}
+	if h.method == "GET" && samePath(path, modelsPath) && p.answersModels() {
+		return s.answerModels()
+	}
 	if p.cfg.RejectOtherPaths {
 		p.stats.notFound.Increment(1)
 		return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})

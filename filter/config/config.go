@@ -98,6 +98,11 @@ type Config struct {
 	// LoRAAdapters maps a requested model name that is a LoRA adapter to its
 	// base model.
 	LoRAAdapters map[string]string
+	// ModelsAnswer says who answers GET /v1/models: ModelsLocal (the
+	// filter, from the models the pushed state or the static endpoints
+	// serve), ModelsPassthrough (an engine), or ModelsAuto (the default:
+	// local when some endpoint names its model, else an engine).
+	ModelsAnswer string
 
 	State          State
 	CircuitBreaker CircuitBreaker
@@ -260,6 +265,7 @@ func Parse(data []byte) (*Config, error) {
 		"sessionHeader":     func(v gjson.Result, path string) { c.SessionHeader = p.optionalHeaderName(v, path) },
 		"prefixKeyHeader":   func(v gjson.Result, path string) { c.PrefixKeyHeader = p.optionalHeaderName(v, path) },
 		"loraAdapters":      func(v gjson.Result, path string) { c.LoRAAdapters = p.stringMap(v, path) },
+		"models":            func(v gjson.Result, path string) { c.ModelsAnswer = p.models(v, path) },
 		"state":             func(v gjson.Result, path string) { p.state(v, path, &c.State) },
 		"circuitBreaker":    func(v gjson.Result, path string) { p.breaker(v, path, &c.CircuitBreaker) },
 		"orca":              func(v gjson.Result, path string) { c.ORCA = p.boolean(v, path) },
@@ -287,6 +293,7 @@ func defaults() *Config {
 		MaxBodyBytes:      DefaultMaxBodyBytes,
 		SessionHeader:     DefaultSessionHeader,
 		StreamUsage:       StreamUsageRequested,
+		ModelsAnswer:      ModelsAuto,
 		State:             State{Path: DefaultStatePath, StaleAfterMs: DefaultStaleAfterMs},
 		CircuitBreaker:    CircuitBreaker{ConsecutiveFailures: DefaultBreakerFailures, CooldownMs: DefaultBreakerCooldownMs},
 		PD:                defaultPD(),
@@ -602,6 +609,35 @@ func (p *parser) streamUsage(v gjson.Result, path string) string {
 	}
 	p.fail(path, "%q is not a stream usage mode: use \"requested\" (engines add usage to a stream when the request asks, the default) or \"always\" (vLLM's --enable-force-include-usage)", s)
 	return StreamUsageRequested
+}
+
+// The answers to GET /v1/models (Config.ModelsAnswer).
+const (
+	ModelsAuto        = "auto"
+	ModelsLocal       = "local"
+	ModelsPassthrough = "passthrough"
+)
+
+// models parses {"answer": "auto"|"local"|"passthrough"}.
+func (p *parser) models(v gjson.Result, path string) string {
+	answer := ModelsAuto
+	if !v.IsObject() {
+		p.fail(path, "must be an object like {\"answer\": \"local\"}, got %s", kind(v))
+		return answer
+	}
+	p.object(v, path, map[string]func(gjson.Result, string){
+		"answer": func(v gjson.Result, fp string) {
+			s, ok := p.str(v, fp)
+			switch {
+			case !ok:
+			case s == ModelsAuto || s == ModelsLocal || s == ModelsPassthrough:
+				answer = s
+			default:
+				p.fail(fp, "%q is not an answer: use \"local\" (the gateway lists the models its endpoints serve), \"passthrough\" (an engine answers) or \"auto\" (local when some endpoint names its model, the default)", s)
+			}
+		},
+	})
+	return answer
 }
 
 func (p *parser) state(v gjson.Result, path string, s *State) {

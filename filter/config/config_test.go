@@ -108,6 +108,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"circuitBreaker":{"cooldownMs":0}}`, "circuitBreaker.cooldownMs: must be between"},
 		{`{"circuitBreaker":{"threshold":1}}`, "circuitBreaker.threshold: unknown key"},
 		{`{"loraAdapters":{"a":1}}`, "loraAdapters.a: must be a string"},
+		{`{"models":{"answer":"engine"}}`, `models.answer: "engine" is not an answer: use "local"`},
+		{`{"models":{"answer":1}}`, "models.answer: must be a string"},
+		{`{"models":"local"}`, "models: must be an object"},
 		{`{"endpoint":[]}`, "endpoint: unknown key (known keys: "},
 		{`{"strategy":"round_robin","strategy":"random"}`, "strategy: given twice"},
 		{`{"endpoints":[`, "not valid JSON"},
@@ -189,6 +192,15 @@ func TestAddressForms(t *testing.T) {
 	for _, a := range bad {
 		if _, err := Parse([]byte(`{"endpoints":[{"address":"` + a + `"}]}`)); err == nil || !strings.Contains(err.Error(), "endpoints[0].address") {
 			t.Errorf("%s: error %v, want one naming endpoints[0].address", a, err)
+		}
+	}
+}
+
+func TestModelsAnswer(t *testing.T) {
+	for in, want := range map[string]string{``: ModelsAuto, `{"models":{}}`: ModelsAuto, `{"models":{"answer":"local"}}`: ModelsLocal, `{"models":{"answer":"passthrough"}}`: ModelsPassthrough} {
+		c, err := Parse([]byte(in))
+		if err != nil || c.ModelsAnswer != want {
+			t.Errorf("%s: answer %q, %v; want %q", in, c.ModelsAnswer, err, want)
 		}
 	}
 }

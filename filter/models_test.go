@@ -1,0 +1,95 @@
+package filter
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// modelList is OpenAI's model list as a client reads it.
+type modelList struct {
+	Object string `json:"object"`
+	Data   []struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+		Parent  string `json:"parent"`
+	} `json:"data"`
+}
+
+// GET /v1/models is answered by the gateway from the pushed state: each
+// served model once, a host's LoRA adapters with their base model as
+// parent (as vLLM lists them), a configured adapter whose base is served;
+// it never reaches an engine, and is not a routed request.
+func TestWasmModelsListFromPushedState(t *testing.T) {
+	addrs := jsonUpstreams(t, 3, `{"choices":[{"text":"ok"}]}`)
+	h, url := startRouter(t, addrs, 1, `,"loraAdapters":{"sql-lora":"qwen-7b","orphan-lora":"llama-2-7b"},"state":{"token":"`+stateToken+`"}`)
+	push := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[
+		{"address":%q,"model":"llama-3-8b","adapters":["fin-lora"]},
+		{"address":%q,"model":"qwen-7b"},
+		{"address":%q,"model":"llama-3-8b","adapters":["fin-lora"]}]}`, time.Now().UnixMilli(), addrs[0], addrs[1], addrs[2])
+	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	before := h.UpstreamRequests()
+	code, body, _ := call(t, "GET", url+"/v1/models", "", nil)
+	if code != 200 {
+		t.Fatalf("GET /v1/models: %d %s", code, body)
+	}
+	var l modelList
+	if err := json.Unmarshal([]byte(body), &l); err != nil {
+		t.Fatalf("%s: %v", body, err)
+	}
+	got := map[string]string{}
+	for _, m := range l.Data {
+		if _, dup := got[m.ID]; dup {
+			t.Errorf("%s listed twice in %s", m.ID, body)
+		}
+		got[m.ID] = m.Parent
+		if m.Object != "model" || m.OwnedBy != "kvroute" || m.Created < time.Now().Add(-time.Hour).Unix() {
+			t.Errorf("entry %+v: want object model, owned_by kvroute, created now", m)
+		}
+	}
+	want := map[string]string{"llama-3-8b": "", "qwen-7b": "", "fin-lora": "llama-3-8b", "sql-lora": "qwen-7b"}
+	if l.Object != "list" || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("model list %s: ids and parents %v, want %v", body, got, want)
+	}
+	after := h.UpstreamRequests()
+	for _, a := range addrs {
+		if after[a] != before[a] {
+			t.Errorf("GET /v1/models reached engine %s", a)
+		}
+	}
+	if n := h.CounterValue("kvroute.router.requests.routed"); n != 0 {
+		t.Errorf("requests.routed = %d after a model list, want 0", n)
+	}
+}
+
+// With "passthrough", or with endpoints that name no model (auto), an
+// engine answers GET /v1/models; "local" answers even an empty list.
+func TestWasmModelsAnswerConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, cfg, model string
+		engine           bool
+		want             string
+	}{
+		{"passthrough", `"models":{"answer":"passthrough"},`, "m", true, ""},
+		{"auto, no model named", ``, "", true, ""},
+		{"auto, a model named", ``, "m", false, `{"object":"list","data":[{"id":"m"`},
+		{"local, no model named", `"models":{"answer":"local"},`, "", false, `{"object":"list","data":[]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := newRecordingEngines(t, 1)
+			_, url := startConfig(t, eng.addrs, true, fmt.Sprintf(`{%s"endpoints":[{"address":%q,"model":%q}]}`, tc.cfg, eng.addrs[0], tc.model))
+			code, body, _ := call(t, "GET", url+"/v1/models", "", nil)
+			if reached := len(eng.requests()) == 1; reached != tc.engine || code != 200 {
+				t.Fatalf("%d %s; engine reached %v, want %v", code, body, reached, tc.engine)
+			}
+			if !tc.engine && (len(body) < len(tc.want) || body[:len(tc.want)] != tc.want) {
+				t.Errorf("answer %s, want it to start %s", body, tc.want)
+			}
+		})
+	}
+}
