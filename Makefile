@@ -15,7 +15,7 @@ PLATFORMS ?= linux/amd64,linux/arm64
 # required: make bench TRACE=path/to/trace.jsonl.
 TRACE ?=
 
-.PHONY: all wasm wasm-tinygo test demo bench bench-topology fuzz oci image release vet clean
+.PHONY: all wasm wasm-tinygo test demo bench bench-topology bench-knee fuzz oci image release vet clean
 
 all: wasm
 
@@ -59,6 +59,17 @@ bench-topology:
 	mkdir -p dist && for rs in 1 2; do for gw in 1x1 1x4 2x4 4x8; do \
 	  $(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --rate-scale $$rs --gateways $${gw%x*} --workers $${gw#*x} \
 	    --out dist/bench-topology-r$$rs-$$gw.json || exit 1; done; done
+
+# Round robin's knee on the trace (rate scales 1.3-1.5) at 1x1, 2x4 and 4x8:
+# the default profile against round robin and the peers (docs/performance.md,
+# "Round robin's knee").
+.PHONY: bench-knee
+bench-knee:
+	$(need-trace)
+	mkdir -p dist && for rs in 1.3 1.4 1.5; do for gw in 1x1 2x4 4x8; do \
+	  $(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --rate-scale $$rs --gateways $${gw%x*} --workers $${gw#*x} \
+	    --strategies round_robin,kv_cache_aware,dynamo_kv,gie_default,sglang_cache_aware \
+	    --out dist/bench-knee-r$$rs-$$gw.json || exit 1; done; done
 
 # Aggregated vs disaggregated fleets of 8 on the trace (kvroute.pd: docs/prefill-decode.md).
 .PHONY: bench-pd
