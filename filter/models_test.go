@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/filter/statnames"
 )
 
 // modelList is OpenAI's model list as a client reads it.
@@ -91,5 +93,50 @@ func TestWasmModelsAnswerConfig(t *testing.T) {
 				t.Errorf("answer %s, want it to start %s", body, tc.want)
 			}
 		})
+	}
+}
+
+// Routed requests are counted per model (tag kvroute_model): a model the
+// candidates name under its own value, a model they do not name (served
+// by a host that names none) as "other", so clients cannot make series.
+// After a push that drops a model, its requests count as "other".
+func TestWasmRoutedRequestsByModel(t *testing.T) {
+	addrs := jsonUpstreams(t, 3, `{"choices":[{"text":"ok"}]}`)
+	h, url := startRouter(t, addrs, 1, `,"strategy":"round_robin","state":{"token":"`+stateToken+`"}`)
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	push := func(hosts string) {
+		t.Helper()
+		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, time.Now().UnixMilli(), hosts)
+		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
+			t.Fatalf("push: %d %s", code, body)
+		}
+	}
+	send := func(model string, n int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"`+model+`","prompt":"hello"}`, nil); code != 200 {
+				t.Fatalf("%s: %d %s", model, code, body)
+			}
+		}
+	}
+	byModel := func(tag string) int64 {
+		return h.CounterValue(statnames.Tagged(statnames.Router+"model.", statnames.TagModel, tag, "requests"))
+	}
+	push(fmt.Sprintf(`{"address":%q,"model":"llama-3-8b"},{"address":%q,"model":"meta/qwen-7b"},{"address":%q}`, addrs[0], addrs[1], addrs[2]))
+	send("llama-3-8b", 3)
+	send("meta/qwen-7b", 2)
+	send("made-up-1", 1)
+	send("made-up-2", 1)
+	send("llama-3-8b", 1)
+	if a, b, o := byModel("llama-3-8b"), byModel("meta/qwen-7b"), byModel("other"); a != 4 || b != 2 || o != 2 {
+		t.Errorf("routed by model: llama-3-8b %d, meta/qwen-7b %d, other %d; want 4, 2, 2", a, b, o)
+	}
+	if byModel("made-up-1") != 0 {
+		t.Error("a model no candidate names got its own series")
+	}
+	push(fmt.Sprintf(`{"address":%q,"model":"meta/qwen-7b"},{"address":%q}`, addrs[1], addrs[2]))
+	send("llama-3-8b", 1)
+	if a, o := byModel("llama-3-8b"), byModel("other"); a != 4 || o != 3 {
+		t.Errorf("after llama-3-8b left the state: llama-3-8b %d, other %d; want 4, 3", a, o)
 	}
 }

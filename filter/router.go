@@ -105,6 +105,10 @@ type routerPlugin struct {
 	// lastProfile and its counter spare profileCounter a map lookup.
 	lastProfile        string
 	lastProfileCounter metricCounter
+	// lastModel and its counter spare modelCounter a lookup; setHosts
+	// clears lastModel, as the models the candidates name may change.
+	lastModel        string
+	lastModelCounter metricCounter
 
 	// bodyBuf receives every request body and response chunk (see
 	// readBuffer); it grows to the largest seen, at most maxBodyBytes.
@@ -140,6 +144,7 @@ type routerStats struct {
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
+	byModel                                       map[string]metricCounter
 }
 
 func counterMetric(name string) metricCounter {
@@ -202,6 +207,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
 		bodyMicros:           defineHistogram(statnames.Router + "request_body_us"),
 		byProfile:            map[string]metricCounter{},
+		byModel:              map[string]metricCounter{},
 	}
 	p.token = cfg.State.Token
 	if cfg.State.TokenEnv != "" {
@@ -328,6 +334,7 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 		}
 	}
 	p.hosts, p.pos, p.pushed = hosts, pos, pushed
+	p.lastModel = ""
 	if changed || p.syncDue || p.ix.SlotSeq() != p.slotSeq {
 		if p.syncSlots() {
 			for i, c := range cs {
@@ -556,6 +563,49 @@ func (p *routerPlugin) switchProfile(name string) metricCounter {
 		p.stats.byProfile[name] = c
 	}
 	p.lastProfile, p.lastProfileCounter = name, c
+	return c
+}
+
+// modelCounter is the routed-requests counter of model (tag kvroute_model).
+func (p *routerPlugin) modelCounter(model string) metricCounter {
+	if model == p.lastModel && model != "" {
+		return p.lastModelCounter // one model serves most requests: no lookup
+	}
+	return p.switchModel(model)
+}
+
+// maxModelTags bounds the kvroute_model values one worker defines: past
+// it, models count as "other". Envoy cannot forget a defined stat, and
+// models come and go with deployments.
+const maxModelTags = 64
+
+// switchModel looks up (or defines) the counter of a model other than the
+// last one: the model's own if some candidate names it, else "other", so
+// the series are bounded by what the state lists, not by what clients
+// send. Out of line (noinline): one model serves most requests, and each
+// function entered costs a request (docs/performance.md).
+//
+//go:noinline
+func (p *routerPlugin) switchModel(model string) metricCounter {
+	tag := statnames.OtherModel
+	for i := range p.hosts {
+		if model != "" && p.hosts[i].Model == model {
+			tag = model
+			break
+		}
+	}
+	c, ok := p.stats.byModel[tag]
+	if !ok {
+		if len(p.stats.byModel) >= maxModelTags {
+			tag = statnames.OtherModel
+			c, ok = p.stats.byModel[tag]
+		}
+		if !ok {
+			c = defineCounter(statnames.Tagged(statnames.Router+"model.", statnames.TagModel, tag, "requests"))
+			p.stats.byModel[tag] = c
+		}
+	}
+	p.lastModel, p.lastModelCounter = model, c
 	return c
 }
 
@@ -1198,6 +1248,7 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *router.Input) 
 	p.breakers.dispatched(s.primary, nowMs)
 	p.stats.routed.Increment(1)
 	p.profileCounter(res.Decode.Profile).Increment(1)
+	p.modelCounter(in.Model).Increment(1)
 	if t.PredictedCachedTokens > 0 {
 		p.stats.predictedCached.Increment(uint64(t.PredictedCachedTokens))
 	}

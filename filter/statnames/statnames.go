@@ -35,11 +35,18 @@ const (
 	TagBand = "kvroute_band"
 	// TagReason is why a request was rejected or fell back.
 	TagReason = "kvroute_reason"
+	// TagModel is the served model a request was routed for: a model the
+	// candidates name, or "other" (see OtherModel).
+	TagModel = "kvroute_model"
+	// OtherModel is TagModel's value for a model no candidate names (hosts
+	// that name no model serve any), so that clients cannot make one
+	// series per name they send.
+	OtherModel = "other"
 )
 
 // Tags lists every tag a kvroute stat can carry: the list to give Istio's
 // extraStatTags.
-var Tags = []string{TagProfile, TagBand, TagReason}
+var Tags = []string{TagProfile, TagBand, TagReason, TagModel}
 
 // Tagged is the name of stat name under prefix carrying tag = value: once
 // the tag is extracted, prefix+name.
