@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/filter/config"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/snapshot"
 )
 
 func newParser(t testing.TB, cfgJSON string) *requestParser {
@@ -136,24 +137,46 @@ func TestDecodeSnapshot(t *testing.T) {
 		t.Errorf("decoded %+v", st)
 	}
 	for body, want := range map[string]string{
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`:                                                        "appears twice",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:                                                              "hosts[0].kvUsage",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:                                                             "hosts[0].waiting",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:                                                          "hosts[0].role",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:                                                          "hosts[0].healthy",
-		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                                                                         "timestampMs",
-		`{"version":1,"timestampMs":5,"hosts":{}}`:                                                                                           "hosts: must be an array",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:                                                           "hosts[0].adapters",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                                                                            "hosts[0].address",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":{}}`:                                                            "gateways: must be an array",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":""}]}`:                                              "gateways[0].gateway",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","routes":[{"address":"a:1","chain":"AQID"}]}]}`: "gateways[0].routes[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","load":[{"address":"a:1","inFlight":-1}]}]}`:    "gateways[0].load[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`:                                                          "appears twice",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:                                                                "hosts[0].kvUsage",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:                                                               "hosts[0].waiting",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:                                                            "hosts[0].role",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:                                                            "hosts[0].healthy",
+		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                                                                           "timestampMs",
+		`{"version":1,"timestampMs":5,"hosts":{}}`:                                                                                             "hosts: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:                                                             "hosts[0].adapters",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                                                                              "hosts[0].address",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":{}}`:                                                              "gateways: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":""}]}`:                                                "gateways[0].gateway",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","routes":[{"address":"a:1","chain":"AQID"}]}]}`:   "gateways[0].routes[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","load":[{"address":"a:1","inFlight":-1}]}]}`:      "gateways[0].load[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":{}}`:                                                              "removals: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0,"chain":"AQID"}]}`:                     "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":2,"chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`: "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`:          "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a","from":0,"chain":"AQAAAAAAAAA="}]}`:               "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":-1,"chain":"AQAAAAAAAAA="}]}`:            "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0.5,"chain":"AQAAAAAAAAA="}]}`:           "removals[0]",
+		`{"version":2,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0,"chain":"AQAAAAAAAAA="}]}`:             "version",
 		`not json`: "not valid JSON",
 	} {
 		if _, err := decodeSnapshot([]byte(body)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", body, err, want)
 		}
+	}
+}
+
+// A valid removal decodes as sent; a snapshot without one has none.
+func TestDecodeRemovals(t *testing.T) {
+	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":1,"chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Removals) != 1 || st.Removals[0] != (snapshot.Removal{Address: "a:1", From: 1, Chain: "AQAAAAAAAAACAAAAAAAAAA=="}) {
+		t.Fatalf("removals %+v", st.Removals)
+	}
+	if st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":null}`)); err != nil || st.Removals != nil {
+		t.Fatalf("null removals: %+v %v", st.Removals, err)
 	}
 }
 

@@ -234,6 +234,38 @@ func (p *routerPlugin) learnReports(st *pushedState) {
 	}
 }
 
+// learnRemovals applies the engines' evictions a push carries: each
+// truncates its host's chain in the index (index.Removed), in the worker
+// that received the push (the index is the gateway's shared data). A
+// removal applied twice clears bits already clear, so the same removal
+// from two service replicas, or from a push refused as older, is harmless.
+// The prefix memory keeps its entries: it remembers where a prefix went,
+// and the index's match, not the memory, predicts what a host holds.
+//
+//go:noinline
+func (p *routerPlugin) learnRemovals(rs []snapshot.Removal) {
+	var chain []uint64
+	for _, rm := range rs {
+		ref, ok := p.ix.Lookup(rm.Address)
+		if !ok {
+			continue
+		}
+		raw, err := base64.StdEncoding.DecodeString(rm.Chain)
+		if err != nil || len(raw)%8 != 0 {
+			continue // validated at decode; never trust twice
+		}
+		chain = chain[:0]
+		for j := 0; j+8 <= len(raw); j += 8 {
+			chain = append(chain, binary.LittleEndian.Uint64(raw[j:]))
+		}
+		if err := p.ix.Removed(ref, chain, rm.From); err != nil {
+			p.stats.indexErrors.Increment(1)
+			continue
+		}
+		p.stats.removalsApplied.Increment(1)
+	}
+}
+
 // remoteLoads sets every host's view of the other gateways' load from a
 // push (scorer.Host.LoadMirror): the newest picture per gateway; with this
 // gateway's own picture among them, own counts stand for every gateway's

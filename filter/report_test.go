@@ -1,6 +1,8 @@
 package filter
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -43,5 +45,97 @@ func TestWasmOtherGatewaysLoadCounts(t *testing.T) {
 	push("")
 	if got := send(10); got[addrs[0]] == 0 {
 		t.Fatalf("without the other gateway's load engine 0 got none of 10 (%v)", got)
+	}
+}
+
+// An engine's eviction, pushed as a removal (snapshot.State.Removals),
+// truncates that host's chain in the gateway's index: the prediction for
+// the same prompt on that host drops to the blocks before the cut. The
+// chain reached the index as another gateway's route, as in production.
+func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 100)
+	body := `{"model":"m","prompt":"` + prompt + `","max_tokens":2}`
+	n := len(prompt) / 4
+	// The engine confirms the whole prompt cached: never fewer tokens
+	// than predicted, so cached_tokens never corrects the index here.
+	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, n, n)
+	addrs := jsonUpstreams(t, 2, resp)
+	h, url := startRouter(t, addrs, 1, `,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":"`+stateToken+`"}`)
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+
+	p := newParser(t, `{}`)
+	if _, err := p.parse([]byte(body), apiCompletions); err != nil {
+		t.Fatal(err.Message)
+	}
+	chain := p.hasher.Blocks()
+	if len(chain) < 8 {
+		t.Fatalf("the prompt makes %d blocks; the test needs 8 or more", len(chain))
+	}
+	b64 := func(c []uint64) string {
+		var raw []byte
+		for _, x := range c {
+			raw = binary.LittleEndian.AppendUint64(raw, x)
+		}
+		return base64.StdEncoding.EncodeToString(raw)
+	}
+	push := func(extra string) {
+		t.Helper()
+		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
+		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, time.Now().UnixMilli(), addrs[0], addrs[1], extra)
+		if code, r, _ := call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
+			t.Fatalf("push: %d %s", code, r)
+		}
+	}
+	predicted := func() (int64, string) {
+		t.Helper()
+		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
+		responses := h.CounterValue("kvroute.router.feedback.responses")
+		served := h.UpstreamRequests()
+		if code, r, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			t.Fatalf("request: %d %s", code, r)
+		}
+		var to string
+		for a, c := range h.UpstreamRequests() {
+			if c > served[a] {
+				to = a
+			}
+		}
+		// The stream ends, and its feedback is counted, after the reply.
+		waitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
+	}
+
+	push(fmt.Sprintf(`,"gateways":[{"gateway":"other","timestampMs":%d,"routes":[{"address":%q,"chain":%q,"promptTokens":%d}]}]`,
+		time.Now().UnixMilli(), addrs[0], b64(chain), n))
+	whole, to := predicted()
+	if to != addrs[0] || whole <= 0 {
+		t.Fatalf("after another gateway's route to engine 0: served by %s, predicted %d cached tokens; want engine 0, > 0", to, whole)
+	}
+	// (Tokens are characters over the calibrated characters per token,
+	// which moves a little from one response to the next: 2 % slack.)
+	near := func(a, b int64) bool { return 50*(a-b) <= b && 50*(b-a) <= b }
+	if again, _ := predicted(); !near(again, whole) {
+		t.Fatalf("without a removal the prediction fell from %d to %d", whole, again)
+	}
+
+	cut := len(chain) / 2
+	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":%d,"chain":%q}]`, addrs[0], cut, b64(chain)))
+	if v := h.CounterValue("kvroute.router.state.removals_applied"); v != 1 {
+		t.Fatalf("state.removals_applied = %d, want 1", v)
+	}
+	part, to := predicted()
+	if to != addrs[0] || part <= 0 || part > whole*3/4 {
+		t.Fatalf("after engine 0 evicted the chain from block %d of %d: served by %s, predicted %d (whole chain: %d); want engine 0, between 0 and the whole", cut, len(chain), to, part, whole)
+	}
+	// The same removal again (a second service replica) changes nothing
+	// more: the request just routed re-recorded the chain, so it is cut
+	// again to the same depth.
+	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":%d,"chain":%q}]`, addrs[0], cut, b64(chain)))
+	if again, _ := predicted(); !near(again, part) {
+		t.Fatalf("the same removal twice: predicted %d, want %d as after the first", again, part)
+	}
+	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":0,"chain":%q}]`, addrs[0], b64(chain)))
+	if none, _ := predicted(); none != 0 {
+		t.Fatalf("after engine 0 evicted the whole chain: predicted %d cached tokens, want 0", none)
 	}
 }

@@ -140,7 +140,7 @@ type routerStats struct {
 	stateOlder, statePulls, statePullFailed       metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved, modelNotFound            metricCounter
-	reportsSent, reportsFailed                    metricCounter
+	reportsSent, reportsFailed, removalsApplied   metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
@@ -201,6 +201,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		modelNotFound:        counterMetric("requests.model_not_found"),
 		reportsSent:          counterMetric("reports.sent"),
 		reportsFailed:        counterMetric("reports.failed"),
+		removalsApplied:      counterMetric("state.removals_applied"),
 		slotsFreed:           counterMetric("host_slots.freed"),
 		slotsUnassigned:      counterMetric("host_slots.unassigned"),
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),

@@ -36,6 +36,8 @@ type pushedState struct {
 	Hosts       []snapshot.Host
 	// Gateways are the gateways' routing reports (filter/report.go).
 	Gateways []snapshot.GatewayReport
+	// Removals are the engines' bridged evictions (filter/report.go).
+	Removals []snapshot.Removal
 }
 
 // decodeSnapshot validates a pushed body. The error is the 400 message.
@@ -91,7 +93,53 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 			return pushedState{}, err
 		}
 	}
+	if r := root.Get("removals"); r.Exists() && r.Type != gjson.Null {
+		if st.Removals, err = decodeRemovals(r); err != nil {
+			return pushedState{}, err
+		}
+	}
 	return st, nil
+}
+
+// maxRemovalBlocks bounds one removal's chain (a prompt of a few million
+// characters under the default block layout).
+const maxRemovalBlocks = 1 << 16
+
+// decodeRemovals validates a push's removals (snapshot.Removal): a host
+// address, a base64 chain of 8-byte hashes and a from inside it.
+func decodeRemovals(r gjson.Result) ([]snapshot.Removal, error) {
+	if !r.IsArray() {
+		return nil, errors.New("removals: must be an array")
+	}
+	var out []snapshot.Removal
+	var err error
+	r.ForEach(func(_, x gjson.Result) bool {
+		addr, chain := x.Get("address"), x.Get("chain")
+		from, ok := wholeNumber(x.Get("from"))
+		blocks := -1
+		if chain.Type == gjson.String {
+			blocks = chainBlocks(chain.Str)
+		}
+		if !x.IsObject() || addr.Type != gjson.String || config.CheckAddress(addr.Str) != nil ||
+			blocks <= 0 || blocks > maxRemovalBlocks || !ok || from < 0 || from >= int64(blocks) {
+			err = fmt.Errorf("removals[%d]: needs a host:port address, a base64 chain of 1 to %d 8-byte hashes and a from inside it", len(out), maxRemovalBlocks)
+			return false
+		}
+		out = append(out, snapshot.Removal{Address: addr.Str, From: int(from), Chain: chain.Str})
+		return true
+	})
+	return out, err
+}
+
+// chainBlocks is the number of 8-byte hashes a base64 (std, padded)
+// chain holds, -1 when it is not one. The padded length alone does not
+// say: 16 bytes encode to 24 characters, which DecodedLen puts at 18.
+func chainBlocks(s string) int {
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(raw)%8 != 0 {
+		return -1
+	}
+	return len(raw) / 8
 }
 
 // decodeGateways validates a push's gateway reports (snapshot.GatewayReport).
@@ -118,7 +166,7 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 				n, ok = 0, true
 			}
 			if addr.Type != gjson.String || config.CheckAddress(addr.Str) != nil || chain.Type != gjson.String ||
-				!ok || n < 0 || n > 1<<20 || base64.StdEncoding.DecodedLen(len(chain.Str))%8 != 0 {
+				!ok || n < 0 || n > 1<<20 || chain.Type == gjson.String && chainBlocks(chain.Str) < 0 {
 				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
 				return false
 			}
@@ -476,6 +524,9 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 	gen, err := storeState(body, st.TimestampMs)
 	if len(st.Gateways) > 0 {
 		p.learnReports(&st) // even from a push refused as older: routes are facts
+	}
+	if len(st.Removals) > 0 {
+		p.learnRemovals(st.Removals) // so are evictions
 	}
 	var older *olderStateError
 	if errors.As(err, &older) {

@@ -25,6 +25,25 @@ type State struct {
 	// since its previous push, and each gateway's latest load picture
 	// (docs/topology.md). Absent with one gateway or without reports.
 	Gateways []GatewayReport `json:"gateways,omitempty"`
+	// Removals are the engines' evictions (KV events' BlockRemoved) the
+	// service bridged into kvroute's hash space since its previous push
+	// (docs/cache-state.md): each truncates one host's chain. A gateway
+	// applies every removal it receives, from a push refused as older too;
+	// a removal applied twice changes nothing, so two service replicas need
+	// no coordination. A gateway that does not read this field keeps its
+	// approximate cache state. Absent when there is none.
+	Removals []Removal `json:"removals,omitempty"`
+}
+
+// Removal says Address no longer holds the blocks of a chain from block
+// From on. Chain is the chain from its first block up to the last block
+// removed (8-byte little-endian hashes, base64, std encoding, as in
+// Route): a block's shard and weight depend on its position, and the
+// blocks before From say which chain is cut. From < the chain's length.
+type Removal struct {
+	Address string `json:"address"`
+	From    int    `json:"from"`
+	Chain   string `json:"chain"`
 }
 
 // Host is one engine replica as last scraped.
