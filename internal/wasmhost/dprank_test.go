@@ -13,10 +13,17 @@ import (
 func TestKvrouteDataParallelRanksAreCacheLocations(t *testing.T) {
 	var mu sync.Mutex
 	var ranks []string
+	release := make(chan struct{})
+	held := make(chan struct{})
 	eng := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		ranks = append(ranks, r.Header.Get("X-data-parallel-rank"))
+		first := len(ranks) == 1
 		mu.Unlock()
+		if first { // held in flight while the second prompt is routed
+			close(held)
+			<-release
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`))
 	})
@@ -31,6 +38,24 @@ func TestKvrouteDataParallelRanksAreCacheLocations(t *testing.T) {
 		return ranks[len(ranks)-1]
 	}
 	home := map[int]string{}
+	// The first prompt's request stays in flight on its rank while the
+	// second prompt, which matches nothing, is routed: the load is counted
+	// per rank, so it goes to the other one.
+	done := make(chan result, 1)
+	go func() {
+		done <- do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"`+prompts[0]+`"}`, nil)
+	}()
+	<-held
+	if r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"`+prompts[1]+`"}`, nil); r.code != 200 {
+		t.Fatalf("second prompt: %d %s", r.code, r.body)
+	}
+	close(release)
+	if r := <-done; r.code != 200 {
+		t.Fatalf("first prompt: %d %s", r.code, r.body)
+	}
+	mu.Lock()
+	home[0], home[1] = ranks[0], ranks[1]
+	mu.Unlock()
 	for i := range 10 {
 		p := i % 2
 		// A client-supplied rank must never reach the engine as sent.
