@@ -2,12 +2,13 @@ package scorer
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/tidwall/gjson"
 )
 
 // DefaultStrategy is the strategy used when the configuration names none.
@@ -48,7 +49,7 @@ type Config struct {
 type PluginSpec struct {
 	Name   string
 	Type   string
-	Params map[string]json.RawMessage
+	Params map[string]gjson.Result
 	path   string
 }
 
@@ -92,13 +93,19 @@ type DisaggregationSpec struct {
 	Threshold int
 }
 
-// FieldError is one configuration mistake, located by its JSON path.
+// FieldError is one configuration mistake, located by its JSON path. The
+// filter's configuration (filter/config) reports with the same type.
 type FieldError struct {
-	Path string // "profiles.default.scorers[2].weight"
+	Path string // "profiles.default.scorers[2].weight"; empty for the document itself
 	Msg  string // "must be >= 0"
 }
 
-func (e *FieldError) Error() string { return e.Path + ": " + e.Msg }
+func (e *FieldError) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
 
 // ConfigError holds every mistake found in one configuration, in document
 // order, so an operator fixes them all in one go.
@@ -132,10 +139,11 @@ func (l *errList) err() error {
 }
 
 // object is a JSON object being read field by field, so unknown keys can be
-// reported by path.
+// reported by path. Values are gjson results: the module that embeds this
+// package carries no reflection-based JSON decoder.
 type object struct {
 	path string
-	m    map[string]json.RawMessage
+	m    map[string]gjson.Result
 	used map[string]bool
 	errs *errList
 }
@@ -147,12 +155,16 @@ func joinPath(base, key string) string {
 	return base + "." + key
 }
 
-func decodeObject(path string, raw json.RawMessage, errs *errList) (*object, bool) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		errs.add(pathOrRoot(path), "want a JSON object, got %s", describe(raw))
+func decodeObject(path string, v gjson.Result, errs *errList) (*object, bool) {
+	if !v.IsObject() {
+		errs.add(pathOrRoot(path), "want a JSON object, got %s", describe(v))
 		return nil, false
 	}
+	m := map[string]gjson.Result{}
+	v.ForEach(func(k, val gjson.Result) bool {
+		m[k.Str] = val // a repeated key: the last one wins, as in encoding/json
+		return true
+	})
 	return &object{path: path, m: m, used: map[string]bool{}, errs: errs}, true
 }
 
@@ -165,27 +177,27 @@ func pathOrRoot(p string) string {
 
 // describe names a JSON value's kind for error messages without echoing
 // long input back.
-func describe(raw json.RawMessage) string {
-	t := bytes.TrimSpace(raw)
-	if len(t) == 0 {
-		return "nothing"
-	}
-	switch t[0] {
-	case '{':
-		return "an object"
-	case '[':
-		return "an array"
-	case '"':
+func describe(v gjson.Result) string {
+	switch v.Type {
+	case gjson.String:
 		return "a string"
-	case 't', 'f':
+	case gjson.True, gjson.False:
 		return "a boolean"
-	case 'n':
+	case gjson.Number:
+		return "a number"
+	case gjson.Null:
+		if strings.TrimSpace(v.Raw) == "" {
+			return "nothing"
+		}
 		return "null"
 	}
-	return "a number"
+	if v.IsArray() {
+		return "an array"
+	}
+	return "an object"
 }
 
-func (o *object) take(key string) (json.RawMessage, bool) {
+func (o *object) take(key string) (gjson.Result, bool) {
 	v, ok := o.m[key]
 	if ok {
 		o.used[key] = true
@@ -212,55 +224,51 @@ func (o *object) finish(known ...string) {
 }
 
 func (o *object) str(key string) (string, bool) {
-	raw, ok := o.take(key)
+	v, ok := o.take(key)
 	if !ok {
 		return "", false
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		o.errs.add(joinPath(o.path, key), "want a string, got %s", describe(raw))
+	if v.Type != gjson.String {
+		o.errs.add(joinPath(o.path, key), "want a string, got %s", describe(v))
 		return "", false
 	}
-	return s, true
+	return v.Str, true
 }
 
 func (o *object) num(key string) (float64, bool) {
-	raw, ok := o.take(key)
+	v, ok := o.take(key)
 	if !ok {
 		return 0, false
 	}
-	var f float64
-	if err := json.Unmarshal(raw, &f); err != nil {
-		o.errs.add(joinPath(o.path, key), "want a number, got %s", describe(raw))
+	if v.Type != gjson.Number {
+		o.errs.add(joinPath(o.path, key), "want a number, got %s", describe(v))
 		return 0, false
 	}
-	return f, true
+	return v.Num, true
 }
 
 func (o *object) boolean(key string) (bool, bool) {
-	raw, ok := o.take(key)
+	v, ok := o.take(key)
 	if !ok {
 		return false, false
 	}
-	var b bool
-	if err := json.Unmarshal(raw, &b); err != nil {
-		o.errs.add(joinPath(o.path, key), "want true or false, got %s", describe(raw))
+	if v.Type != gjson.True && v.Type != gjson.False {
+		o.errs.add(joinPath(o.path, key), "want true or false, got %s", describe(v))
 		return false, false
 	}
-	return b, true
+	return v.Type == gjson.True, true
 }
 
-func (o *object) array(key string) ([]json.RawMessage, bool) {
-	raw, ok := o.take(key)
+func (o *object) array(key string) ([]gjson.Result, bool) {
+	v, ok := o.take(key)
 	if !ok {
 		return nil, false
 	}
-	var a []json.RawMessage
-	if err := json.Unmarshal(raw, &a); err != nil {
-		o.errs.add(joinPath(o.path, key), "want an array, got %s", describe(raw))
+	if !v.IsArray() {
+		o.errs.add(joinPath(o.path, key), "want an array, got %s", describe(v))
 		return nil, false
 	}
-	return a, true
+	return v.Array(), true
 }
 
 // ParseConfig reads the decision-layer keys ("strategy", "plugins",
@@ -273,8 +281,18 @@ func ParseConfig(data []byte) (*Config, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return cfg, nil
 	}
+	if !gjson.ValidBytes(data) {
+		return nil, &ConfigError{Errors: []FieldError{{Path: "(root)", Msg: "not valid JSON: check quotes, commas and brackets"}}}
+	}
+	return ParseConfigValue(gjson.ParseBytes(data))
+}
+
+// ParseConfigValue is ParseConfig for a configuration document the caller
+// has already checked to be valid JSON, so one document is scanned once.
+func ParseConfigValue(doc gjson.Result) (*Config, error) {
+	cfg := &Config{}
 	errs := &errList{}
-	root, ok := decodeObject("", data, errs)
+	root, ok := decodeObject("", doc, errs)
 	if !ok {
 		return nil, errs.err()
 	}
@@ -333,7 +351,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	return cfg, errs.err()
 }
 
-func parseProfile(name, path string, raw json.RawMessage, errs *errList) (ProfileSpec, bool) {
+func parseProfile(name, path string, raw gjson.Result, errs *errList) (ProfileSpec, bool) {
 	o, ok := decodeObject(path, raw, errs)
 	if !ok {
 		return ProfileSpec{}, false
@@ -341,21 +359,18 @@ func parseProfile(name, path string, raw json.RawMessage, errs *errList) (Profil
 	p := ProfileSpec{Name: name, path: path}
 	if items, ok := o.array("filters"); ok {
 		for i, it := range items {
-			var s string
-			if err := json.Unmarshal(it, &s); err != nil {
+			if it.Type != gjson.String {
 				errs.add(fmt.Sprintf("%s.filters[%d]", path, i), "want a plugin name (string), got %s", describe(it))
-				s = ""
 			}
-			p.Filters = append(p.Filters, s)
+			p.Filters = append(p.Filters, it.Str)
 		}
 	}
 	if items, ok := o.array("scorers"); ok {
 		for i, it := range items {
 			ipath := fmt.Sprintf("%s.scorers[%d]", path, i)
 			ref := ScorerRef{Weight: 1}
-			var s string
-			if json.Unmarshal(it, &s) == nil {
-				ref.Plugin = s
+			if it.Type == gjson.String {
+				ref.Plugin = it.Str
 			} else if so, ok := decodeObject(ipath, it, errs); ok {
 				ref.Plugin, _ = so.str("plugin")
 				if w, ok := so.num("weight"); ok {
@@ -482,7 +497,7 @@ type Params struct {
 	keys []string
 }
 
-func newParams(path string, m map[string]json.RawMessage, errs *errList) *Params {
+func newParams(path string, m map[string]gjson.Result, errs *errList) *Params {
 	return &Params{obj: object{path: path, m: m, used: map[string]bool{}, errs: errs}}
 }
 
@@ -619,7 +634,7 @@ func (b *builder) instance(name string) Plugin {
 	}
 	var (
 		typ    string
-		params map[string]json.RawMessage
+		params map[string]gjson.Result
 		path   string
 	)
 	if s, ok := b.specs[name]; ok {

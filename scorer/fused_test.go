@@ -1,11 +1,12 @@
 package scorer
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/tidwall/gjson"
 )
 
 // appendByScore's one pass picks what repeated selection picks: by score,
@@ -85,7 +86,7 @@ func TestLoadScorersReadTheirFigure(t *testing.T) {
 	c := &Cycle{Req: newReq(4, 100, 1), Hosts: hosts, s: &Scratch{}}
 	for want, typ := range []string{"queue", "running", "least_request", "pending_tokens"} {
 		errs := &errList{}
-		sc := registry[typ].new(newParams("test", map[string]json.RawMessage{}, errs)).(Scorer)
+		sc := registry[typ].new(newParams("test", map[string]gjson.Result{}, errs)).(Scorer)
 		out := make([]float64, 4)
 		sc.Score(c, []int{0, 1, 2, 3}, out)
 		for h, v := range out {
@@ -96,7 +97,7 @@ func TestLoadScorersReadTheirFigure(t *testing.T) {
 	}
 	// pending_tokens weighs decode tokens by decodeWeight.
 	errs := &errList{}
-	sc := registry["pending_tokens"].new(newParams("test", map[string]json.RawMessage{"decodeWeight": json.RawMessage("2")}, errs)).(loadScorer)
+	sc := registry["pending_tokens"].new(newParams("test", map[string]gjson.Result{"decodeWeight": gjson.Parse("2")}, errs)).(loadScorer)
 	if got := sc.load(&Host{PendingPrefillTokens: 10, PendingDecodeTokens: 3}); got != 16 {
 		t.Fatalf("pending_tokens load with decodeWeight 2: %v, want 16", got)
 	}

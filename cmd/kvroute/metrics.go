@@ -56,6 +56,7 @@ type metricsOptions struct {
 	kvEventsReplayPort int
 	kvEventsTopic      string
 	kvEventsListen     string
+	bridgeLag          time.Duration
 
 	scrapeInterval time.Duration
 	scrapeTimeout  time.Duration
@@ -128,6 +129,7 @@ Every flag can also be set in a YAML --config file under the flag's name
 	fl.IntVar(&o.kvEventsPort, "kv-events-port", 0, "dns/kubernetes discovery: engines' KV event publisher port (0: do not subscribe)")
 	fl.IntVar(&o.kvEventsReplayPort, "kv-events-replay-port", 0, "dns/kubernetes discovery: engines' KV event replay socket port, asked for the batches of a sequence gap (0: gaps are only counted)")
 	fl.StringVar(&o.kvEventsTopic, "kv-events-topic", "", "KV event topic prefix to subscribe to (default: all)")
+	fl.DurationVar(&o.bridgeLag, "kv-events-bridge-lag", 0, "how long engines' KV event batches wait for the gateways' route reports before they are bridged into kvroute's chains (default 500ms; above the gateways' state.report interval plus a POST)")
 	fl.StringVar(&o.kvEventsListen, "kv-events-listen", "", "bind this address (e.g. tcp://*:5557) for engines that connect out to publish KV events under the topic kv@<pod-ip>@<model> (llm-d-inference-sim, llm-d)")
 
 	fl.DurationVar(&o.scrapeInterval, "scrape-interval", 100*time.Millisecond, "how often each engine is scraped")
@@ -321,6 +323,7 @@ func runMetrics(ctx context.Context, o *metricsOptions, logOut io.Writer) error 
 		PushTimeout:    o.pushTimeout,
 		KVEventsTopic:  o.kvEventsTopic,
 		KVEventsListen: o.kvEventsListen,
+		BridgeLag:      o.bridgeLag,
 		Name:           name,
 		Log:            log,
 	})

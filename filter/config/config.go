@@ -220,17 +220,7 @@ type CircuitBreaker struct {
 }
 
 // Error is one invalid field.
-type Error struct {
-	Path string // e.g. "endpoints[1].address"; empty for the document itself
-	Msg  string
-}
-
-func (e *Error) Error() string {
-	if e.Path == "" {
-		return e.Msg
-	}
-	return e.Path + ": " + e.Msg
-}
+type Error = scorer.FieldError
 
 // Errors is every problem found in one configuration, in document order.
 type Errors []*Error
@@ -285,7 +275,7 @@ func Parse(data []byte) (*Config, error) {
 		"admission":         func(v gjson.Result, path string) { c.Admission = p.admissionCfg(v, path) },
 	})
 	p.crossChecks(c)
-	p.routing(data, c)
+	p.routing(root, c)
 	if len(p.errs) > 0 {
 		return nil, p.errs
 	}
@@ -767,8 +757,8 @@ func (p *parser) crossChecks(c *Config) {
 
 // routing validates the decision-layer keys with package scorer and builds
 // the handler.
-func (p *parser) routing(data []byte, c *Config) {
-	sc, err := scorer.ParseConfig(data)
+func (p *parser) routing(root gjson.Result, c *Config) {
+	sc, err := scorer.ParseConfigValue(root)
 	if err == nil {
 		c.Handler, c.Warnings, err = sc.Build()
 	}
@@ -778,7 +768,7 @@ func (p *parser) routing(data []byte, c *Config) {
 	var ce *scorer.ConfigError
 	if errors.As(err, &ce) {
 		for _, fe := range ce.Errors {
-			p.errs = append(p.errs, &Error{Path: fe.Path, Msg: fe.Msg})
+			p.errs = append(p.errs, &fe)
 		}
 		return
 	}

@@ -49,8 +49,35 @@ type reportBook struct {
 	nRoute int
 	load   map[string]snapshot.GatewayReport // newest load picture per gateway
 	dirty  bool                              // something new since the last take
-	// Received and Dropped count reports taken and routes dropped.
-	Received, Dropped uint64
+	// removals are the engines' bridged evictions for the next push
+	// (bridge.go).
+	removals []snapshot.Removal
+	// Received and Dropped count reports taken and routes dropped;
+	// RemovalsDropped the removals dropped past maxPendingRemovals.
+	Received, Dropped, RemovalsDropped uint64
+}
+
+func (b *reportBook) addRemovals(rs []snapshot.Removal) {
+	if len(rs) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.removals = append(b.removals, rs...)
+	if over := len(b.removals) - maxPendingRemovals; over > 0 {
+		b.RemovalsDropped += uint64(over)
+		b.removals = append(b.removals[:0], b.removals[over:]...)
+	}
+	b.dirty = true
+}
+
+// takeRemovals returns the removals the next push carries and forgets them.
+func (b *reportBook) takeRemovals() []snapshot.Removal {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := b.removals
+	b.removals = nil
+	return out
 }
 
 func (b *reportBook) add(r snapshot.GatewayReport) {
@@ -128,6 +155,7 @@ func (s *Service) serveReport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.reports.add(rep)
+	s.bridgeRoutes(&rep, time.Now())
 	s.notify()
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -71,6 +71,11 @@ type Config struct {
 	// that IP (and that model, when several share the IP). Engines with a
 	// kvEvents endpoint of their own are still dialled (vLLM's way).
 	KVEventsListen string
+	// BridgeLag is how long an engine's KV event batches wait before the
+	// cache-state bridge reads them (default DefaultBridgeLag): the routes
+	// that explain them arrive with the gateways' next reports, so it must
+	// exceed the gateways' report interval plus a POST (bridge.go).
+	BridgeLag time.Duration
 	// Name identifies this instance in snapshots (snapshot.State.Source).
 	Name string
 	Log  *slog.Logger
@@ -107,6 +112,7 @@ type host struct {
 	cancel  context.CancelFunc
 	tracker *kvevents.Tracker
 	sub     *kvevents.Subscriber
+	bridge  *hostBridge // with tracker: precise cache state (bridge.go)
 
 	attempted  bool
 	failing    bool
@@ -138,6 +144,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.PushTimeout <= 0 {
 		cfg.PushTimeout = 2 * time.Second
+	}
+	if cfg.BridgeLag <= 0 {
+		cfg.BridgeLag = DefaultBridgeLag
 	}
 	for _, g := range cfg.Gateways {
 		if err := CheckGatewayURL(g); err != nil {
@@ -279,6 +288,7 @@ func (s *Service) startHost(e discovery.Endpoint) {
 	go loop.Run(hctx)
 	if e.KVEvents != "" || s.cfg.KVEventsListen != "" {
 		h.tracker = &kvevents.Tracker{}
+		h.bridge = newHostBridge()
 		h.sub = &kvevents.Subscriber{
 			Endpoint:       e.KVEvents,
 			ReplayEndpoint: e.KVEventsReplay,
@@ -286,6 +296,7 @@ func (s *Service) startHost(e discovery.Endpoint) {
 			Tracker:        h.tracker,
 			Log:            s.log.With("host", e.Address),
 			OnChange:       s.notify,
+			OnBatch:        func(b kvevents.Batch, _ kvevents.SeqResult) { h.bridge.batch(b, time.Now()) },
 		}
 		if e.KVEvents != "" {
 			go h.sub.Run(hctx)
@@ -438,8 +449,10 @@ func (s *Service) assembleAndPublish(now time.Time) {
 	if !warm && now.Sub(started) < time.Second {
 		return
 	}
+	s.drainBridges(now)
 	reports, fresh := s.reports.take(now)
 	st.Gateways = reports
+	st.Removals = s.reports.takeRemovals()
 	changed := prev == nil || !sameContent(st.Hosts, prev) || fresh
 	if !changed && now.Sub(lastPub) < s.cfg.PushInterval {
 		return

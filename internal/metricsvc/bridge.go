@@ -1,0 +1,172 @@
+package metricsvc
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/metricsvc/cachestate"
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
+	"github.com/kvroute/kvroute/internal/snapshot"
+)
+
+// Precise cache state in production (docs/cache-state.md): every engine
+// whose KV events the service follows has a cachestate.Bridge, fed with
+// that engine's event batches and with the routes the gateways report to
+// it (POST /v1/reports). The removals it bridges (BlockRemoved on a
+// mapped engine block) go to every gateway with the next push
+// (snapshot.State.Removals), which truncates that host's chain in each
+// gateway's index.
+//
+// Scope: one engine in one service instance (the fleet's view of that
+// engine). Two service replicas each bridge the routes they received; a
+// replica that missed a route maps nothing for it (its removals come from
+// the replica that got the route), and a removal pushed by both is
+// applied twice, which changes nothing.
+//
+// Batches wait BridgeLag before they are bridged: a gateway reports its
+// routes on its tick, so the engine's BlockStored for a request usually
+// reaches the service before the route that explains it.
+
+const (
+	// DefaultBridgeLag is Config.BridgeLag's default: well above the
+	// gateways' default report interval (50 ms) plus a POST.
+	DefaultBridgeLag = 500 * time.Millisecond
+	// maxQueuedBatches bounds one engine's batches waiting for the lag;
+	// past it the oldest are bridged at once.
+	maxQueuedBatches = 4096
+	// maxPendingRemovals bounds the removals kept between two pushes;
+	// past it the oldest are dropped (those chains stay approximate).
+	maxPendingRemovals = 20_000
+)
+
+// hostBridge is one engine's bridge and the batches waiting to enter it.
+type hostBridge struct {
+	mu     sync.Mutex
+	b      cachestate.Bridge
+	queue  []queuedBatch
+	deltas []cachestate.Delta
+}
+
+type queuedBatch struct {
+	at    time.Time
+	batch kvevents.Batch
+}
+
+func newHostBridge() *hostBridge {
+	// The gateways' block layout: the index's defaults (the service has no
+	// index configuration of its own; docs/cache-state.md).
+	return &hostBridge{b: cachestate.Bridge{Hash: index.HashConfig{}.WithDefaults()}}
+}
+
+// batch queues one of the engine's event batches.
+func (hb *hostBridge) batch(b kvevents.Batch, now time.Time) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	hb.queue = append(hb.queue, queuedBatch{at: now, batch: b})
+}
+
+// route reports a request a gateway sent to the engine: its whole chain
+// and prompt length in tokens as the gateway estimated them.
+func (hb *hostBridge) route(chain []uint64, promptTokens int, now time.Time) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	chars := promptTokens * hb.b.Hash.CharsPerToken
+	hb.b.Route(chain, chars, now.UnixMilli())
+}
+
+// drain bridges the batches older than lag (all of them past
+// maxQueuedBatches) and returns the removals they imply for address.
+func (hb *hostBridge) drain(address string, now time.Time, lag time.Duration, dst []snapshot.Removal) []snapshot.Removal {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	n := 0
+	for n < len(hb.queue) && (now.Sub(hb.queue[n].at) >= lag || len(hb.queue)-n > maxQueuedBatches) {
+		q := &hb.queue[n]
+		hb.deltas = hb.b.Apply(q.batch, q.at.UnixMilli(), hb.deltas[:0])
+		for _, d := range hb.deltas {
+			// Stored: the gateways learn it from the reported route itself.
+			// Cleared: it travels as the host's clearedAtMs.
+			if d.Kind == cachestate.Removed && d.From < len(d.Chain) {
+				dst = append(dst, snapshot.Removal{Address: address, From: d.From, Chain: encodeChain(d.Chain)})
+			}
+		}
+		n++
+	}
+	clear(hb.queue[:n])
+	hb.queue = append(hb.queue[:0], hb.queue[n:]...)
+	return dst
+}
+
+func (hb *hostBridge) stats() cachestate.Stats {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.b.Stats()
+}
+
+// encodeChain is a chain as the snapshot carries it: 8-byte little-endian
+// hashes, base64 (std).
+func encodeChain(chain []uint64) string {
+	raw := make([]byte, 0, 8*len(chain))
+	for _, h := range chain {
+		raw = binary.LittleEndian.AppendUint64(raw, h)
+	}
+	return base64.StdEncoding.EncodeToString(raw)
+}
+
+// decodeChain reads a chain a report carries (validated by checkReport).
+func decodeChain(s string) []uint64 {
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return nil
+	}
+	out := make([]uint64, 0, len(raw)/8)
+	for j := 0; j+8 <= len(raw); j += 8 {
+		out = append(out, binary.LittleEndian.Uint64(raw[j:]))
+	}
+	return out
+}
+
+// bridgeRoutes feeds a report's routes to the bridges of their engines.
+// A route that starts past block 0 cannot be placed (the bridge correlates
+// whole chains) and is skipped; gateways send whole chains.
+func (s *Service) bridgeRoutes(rep *snapshot.GatewayReport, now time.Time) {
+	for _, rt := range rep.Routes {
+		if rt.From != 0 {
+			continue
+		}
+		s.mu.Lock()
+		h := s.hosts[rt.Address]
+		s.mu.Unlock()
+		if h == nil || h.bridge == nil {
+			continue
+		}
+		if chain := decodeChain(rt.Chain); len(chain) > 0 {
+			h.bridge.route(chain, rt.PromptTokens, now)
+		}
+	}
+}
+
+// drainBridges bridges every engine's batches that waited the lag and
+// books the removals for the next push.
+func (s *Service) drainBridges(now time.Time) {
+	type hb struct {
+		addr string
+		b    *hostBridge
+	}
+	var bs []hb
+	s.mu.Lock()
+	for addr, h := range s.hosts {
+		if h.bridge != nil {
+			bs = append(bs, hb{addr, h.bridge})
+		}
+	}
+	s.mu.Unlock()
+	var rs []snapshot.Removal
+	for _, x := range bs {
+		rs = x.b.drain(x.addr, now, s.cfg.BridgeLag, rs)
+	}
+	s.reports.addRemovals(rs)
+}

@@ -1,0 +1,119 @@
+package metricsvc
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
+	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/snapshot"
+)
+
+// removals are every removal the gateway was pushed so far.
+func (g *gateway) removals() []snapshot.Removal {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []snapshot.Removal
+	for _, st := range g.accepted {
+		out = append(out, st.Removals...)
+	}
+	return out
+}
+
+// The production path of precise cache state: an engine publishes
+// vLLM-encoded KV events on a real ZMQ socket, a gateway reports the
+// route it sent there, and the engine's eviction reaches the gateways as
+// a removal of that route's chain at the depth the evicted engine block
+// stands for. The BlockStored goes out before the route's report, as it
+// does in production (a gateway reports on its tick).
+func TestEngineEvictionIsPushedAsRemoval(t *testing.T) {
+	for _, layout := range []kvevents.Layout{kvevents.MapLayout, kvevents.ArrayLayout} {
+		t.Run(fmt.Sprint("layout", layout), func(t *testing.T) { testEvictionPushed(t, layout) })
+	}
+}
+
+func testEvictionPushed(t *testing.T, layout kvevents.Layout) {
+	eng := newFakeEngine(t, vllmText(0, 0))
+	pub := newZMQPublisher(t)
+	gw := newGateway(t, "tok")
+	svc, _, admin := startService(t, Config{
+		Source:         discovery.Fixed{{Address: eng.addr(), KVEvents: pub.ep}},
+		ScrapeInterval: 50 * time.Millisecond,
+		ScrapeTimeout:  time.Second,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+		PushInterval:   10 * time.Second,
+		BridgeLag:      300 * time.Millisecond,
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for len(pub.sock.(zmq4.Topics).Topics()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the service never subscribed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Healthy })
+
+	// The request: 8 kvroute blocks (2,048 canonical characters, 512
+	// tokens at 4 characters a token); the engine stores it as 32 blocks of
+	// 16 tokens.
+	chain := []uint64{1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008}
+	var engine []uint64
+	for i := range 32 {
+		engine = append(engine, uint64(5001+i))
+	}
+	enc := kvevents.Encoder{Layout: layout}
+	enc.Stored(kvevents.StoredEvent{Hashes: engine, BlockSize: 16, Tokens: 512})
+	pub.send(t, 0, slices.Clone(enc.Batch(1)))
+	time.Sleep(20 * time.Millisecond) // the batch is in the bridge's queue before the route
+	report := fmt.Sprintf(`{"gateway":"gw-a","timestampMs":%d,"routes":[{"address":%q,"from":0,"chain":%q,"promptTokens":512}]}`,
+		time.Now().UnixMilli(), eng.addr(), encodeChain(chain))
+	if code := postReport(t, admin, "tok", report); code != 204 {
+		t.Fatalf("report: status %d", code)
+	}
+	// An eviction of engine blocks 13 to 32 (tail first, as vLLM evicts):
+	// the engine keeps 12 blocks, 192 tokens, 768 characters: the first 3
+	// kvroute blocks.
+	tail := slices.Clone(engine[12:])
+	slices.Reverse(tail)
+	enc.Removed(tail)
+	pub.send(t, 1, slices.Clone(enc.Batch(2)))
+	// And one of a block no route explains: nothing to push.
+	enc.Removed([]uint64{9999})
+	pub.send(t, 2, slices.Clone(enc.Batch(3)))
+
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				svc.mu.Lock()
+				h := svc.hosts[eng.addr()]
+				svc.mu.Unlock()
+				t.Fatalf("timed out waiting for %s; removals pushed: %+v; bridge %+v", what, gw.removals(), h.bridge.stats())
+			}
+		}
+	}
+	waitFor("the removal", func() bool { return len(gw.removals()) > 0 })
+	time.Sleep(400 * time.Millisecond) // the unexplained batch's lag, and a push
+	rs := gw.removals()
+	want := index.HashConfig{}.WithDefaults().BlocksIn(12 * 16 * 4)
+	if want != 3 {
+		t.Fatalf("the default layout puts 768 characters at %d blocks; the test assumes 3", want)
+	}
+	if len(rs) != 1 || rs[0].Address != eng.addr() || rs[0].From != want || !slices.Equal(decodeChain(rs[0].Chain), chain) {
+		t.Fatalf("pushed removals %+v; want one of %s's chain %v from block %d", rs, eng.addr(), chain, want)
+	}
+	_, text := get(t, admin+"/metrics")
+	for kind, want := range map[string]float64{"routes": 1, "matched": 1, "unmatched": 0, "removed": 20, "unmapped": 1} {
+		series := fmt.Sprintf(`kvroute_metrics_cache_state_bridge_total{host=%q,kind=%q}`, eng.addr(), kind)
+		if v, ok := metricValue(text, series); !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
+		}
+	}
+}
