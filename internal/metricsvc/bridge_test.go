@@ -1,7 +1,9 @@
 package metricsvc
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -34,29 +36,69 @@ func (g *gateway) removals() []snapshot.Removal {
 // does in production (a gateway reports on its tick).
 func TestEngineEvictionIsPushedAsRemoval(t *testing.T) {
 	for _, layout := range []kvevents.Layout{kvevents.MapLayout, kvevents.ArrayLayout} {
-		t.Run(fmt.Sprint("layout", layout), func(t *testing.T) { testEvictionPushed(t, layout) })
+		t.Run(fmt.Sprint("connect/layout", layout), func(t *testing.T) { testEvictionPushed(t, layout, false) })
 	}
+	t.Run("listen", func(t *testing.T) { testEvictionPushed(t, kvevents.ArrayLayout, true) })
 }
 
-func testEvictionPushed(t *testing.T, layout kvevents.Layout) {
+func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 	eng := newFakeEngine(t, vllmText(0, 0))
-	pub := newZMQPublisher(t)
 	gw := newGateway(t, "tok")
-	svc, _, admin := startService(t, Config{
-		Source:         discovery.Fixed{{Address: eng.addr(), KVEvents: pub.ep}},
+	cfg := Config{
+		Source:         discovery.Fixed{{Address: eng.addr(), Model: "m"}},
 		ScrapeInterval: 50 * time.Millisecond,
 		ScrapeTimeout:  time.Second,
 		Gateways:       []string{gw.url()},
 		Token:          push.StaticToken("tok"),
 		PushInterval:   10 * time.Second,
 		BridgeLag:      300 * time.Millisecond,
-	})
+	}
+	var pub *zmqPublisher
+	if listen {
+		cfg.KVEventsListen = "tcp://127.0.0.1:0"
+	} else {
+		pub = newZMQPublisher(t)
+		cfg.Source = discovery.Fixed{{Address: eng.addr(), Model: "m", KVEvents: pub.ep}}
+	}
+	svc, _, admin := startService(t, cfg)
 	deadline := time.Now().Add(10 * time.Second)
-	for len(pub.sock.(zmq4.Topics).Topics()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the service never subscribed")
+	if listen {
+		// The engine connects out (llm-d's way) and publishes under
+		// kv@<ip>@<model>; clears (which the bridge reads as nothing to
+		// map) until the subscription is through.
+		listener := func() *kvevents.Listener {
+			svc.mu.Lock()
+			defer svc.mu.Unlock()
+			return svc.listener
 		}
-		time.Sleep(5 * time.Millisecond)
+		for listener() == nil || listener().Addr() == "" {
+			if time.Now().After(deadline) {
+				t.Fatal("the service never listened")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		sock := zmq4.NewPub(context.Background())
+		t.Cleanup(func() { sock.Close() })
+		if err := sock.Dial(listener().Addr()); err != nil {
+			t.Fatal(err)
+		}
+		ip, _, _ := net.SplitHostPort(eng.addr())
+		pub = &zmqPublisher{sock: sock, topic: "kv@" + ip + "@m"}
+		enc := kvevents.Encoder{Layout: layout}
+		enc.Cleared()
+		clearing := slices.Clone(enc.Batch(0))
+		gw.waitState(t, "the listener's first batch", 10*time.Second, func(st snapshot.State) bool {
+			pub.send(t, 0, clearing)
+			h, _ := hostOf(st, eng.addr())
+			return h.ClearedAtMs > 0
+		})
+	} else {
+		for len(pub.sock.(zmq4.Topics).Topics()) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the service never subscribed")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Healthy })
 
@@ -70,7 +112,7 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout) {
 	}
 	enc := kvevents.Encoder{Layout: layout}
 	enc.Stored(kvevents.StoredEvent{Hashes: engine, BlockSize: 16, Tokens: 512})
-	pub.send(t, 0, slices.Clone(enc.Batch(1)))
+	pub.send(t, 1, slices.Clone(enc.Batch(1)))
 	time.Sleep(20 * time.Millisecond) // the batch is in the bridge's queue before the route
 	report := fmt.Sprintf(`{"gateway":"gw-a","timestampMs":%d,"routes":[{"address":%q,"from":0,"chain":%q,"promptTokens":512}]}`,
 		time.Now().UnixMilli(), eng.addr(), encodeChain(chain))
@@ -83,10 +125,10 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout) {
 	tail := slices.Clone(engine[12:])
 	slices.Reverse(tail)
 	enc.Removed(tail)
-	pub.send(t, 1, slices.Clone(enc.Batch(2)))
+	pub.send(t, 2, slices.Clone(enc.Batch(2)))
 	// And one of a block no route explains: nothing to push.
 	enc.Removed([]uint64{9999})
-	pub.send(t, 2, slices.Clone(enc.Batch(3)))
+	pub.send(t, 3, slices.Clone(enc.Batch(3)))
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()

@@ -429,8 +429,9 @@ func TestBadInputIsolated(t *testing.T) {
 
 // zmqPublisher is a vLLM-style KV event publisher in the test process.
 type zmqPublisher struct {
-	sock zmq4.Socket
-	ep   string
+	sock  zmq4.Socket
+	ep    string
+	topic string // sent as the first frame (vLLM sends an empty one)
 }
 
 func newZMQPublisher(t *testing.T) *zmqPublisher {
@@ -446,7 +447,7 @@ func (p *zmqPublisher) send(t *testing.T, seq uint64, payload []byte) {
 	t.Helper()
 	var s [8]byte
 	binary.BigEndian.PutUint64(s[:], seq)
-	if err := p.sock.Send(zmq4.NewMsgFrom(nil, s[:], payload)); err != nil {
+	if err := p.sock.Send(zmq4.NewMsgFrom([]byte(p.topic), s[:], payload)); err != nil {
 		t.Fatal(err)
 	}
 }
