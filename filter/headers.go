@@ -12,6 +12,12 @@ import (
 // must never be able to supply one.
 const internalHeaderPrefix = "x-kvroute-"
 
+// DataParallelRankHeader names the data-parallel rank of an endpoint that
+// serves several (vLLM's X-data-parallel-rank, which SGLang honours too,
+// both case-insensitively). The router sets it for a rank it chose and
+// strips a client's: a client must not pick a rank past the index.
+const DataParallelRankHeader = "x-data-parallel-rank"
+
 // stripRoutingHeaders removes every client-supplied routing header from the
 // request: the destination header h.destination (with ORIGINAL_DST or
 // override_host it would let a client pick any address: an SSRF vector) and
@@ -176,7 +182,7 @@ type requestHeaders struct {
 
 // stripped reports whether stripRoutingHeaders removes the header name.
 func (h *requestHeaders) stripped(name string) bool {
-	return headerNameIs(name, h.destination) ||
+	return headerNameIs(name, h.destination) || headerNameIs(name, DataParallelRankHeader) ||
 		len(name) >= len(internalHeaderPrefix) && headerNameIs(name[:len(internalHeaderPrefix)], internalHeaderPrefix)
 }
 

@@ -230,9 +230,15 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
 	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
-	static := make([]candidate, len(cfg.Endpoints))
-	for i, e := range cfg.Endpoints {
-		static[i] = candidate{address: e.Address, role: e.Role, model: e.Model, healthy: true}
+	static := make([]candidate, 0, len(cfg.Endpoints))
+	for _, e := range cfg.Endpoints {
+		for r := range max(e.DataParallelSize, 1) {
+			addr := e.Address
+			if e.DataParallelSize > 1 {
+				addr = rankLocation(addr, r)
+			}
+			static = append(static, candidate{address: addr, role: e.Role, model: e.Model, healthy: true})
+		}
 	}
 	p.departedAt = map[index.HostRef]int64{}
 	p.setHosts(static, false)
@@ -1229,7 +1235,8 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *router.Input) 
 		if i > 0 {
 			dest = append(dest, ',')
 		}
-		dest = append(dest, hosts[h].Address...)
+		addr, _ := splitRank(hosts[h].Address)
+		dest = append(dest, addr...)
 	}
 	p.dest = dest
 	s.primary = hosts[order[0]].Address
@@ -1244,6 +1251,9 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *router.Input) 
 	}
 	if res.Disaggregated && t.PrefillAddress != "" || cfg.ORCA {
 		s.optionalHeaders(res.Disaggregated)
+	}
+	if _, rank := splitRank(s.primary); rank != "" {
+		setRankHeader(rank)
 	}
 	p.breakers.dispatched(s.primary, nowMs)
 	p.stats.routed.Increment(1)
@@ -1272,6 +1282,36 @@ func (s *routerStream) optionalHeaders(disaggregated bool) {
 	if s.plugin.cfg.ORCA {
 		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
 	}
+}
+
+// rankLocation is the candidate address of an endpoint's data-parallel
+// rank: "host:port|rank". Each rank is a cache location of its own (its own
+// index slot, prefix bits, load and breaker); '|' never occurs in host:port,
+// so the destination header gets the endpoint back with splitRank.
+func rankLocation(addr string, rank int) string {
+	return addr + "|" + strconv.Itoa(rank)
+}
+
+// splitRank splits a candidate address into the endpoint's host:port and
+// its data-parallel rank ("" for an endpoint without ranks).
+// A rank has at most two digits (config.MaxDataParallelSize), so only the
+// last three bytes are looked at: inlined, no call on the request path.
+func splitRank(location string) (addr, rank string) {
+	for i := len(location) - 1; i >= 0 && i >= len(location)-3; i-- {
+		if location[i] == '|' {
+			return location[:i], location[i+1:]
+		}
+	}
+	return location, ""
+}
+
+// setRankHeader names the chosen data-parallel rank to the engine. Out of
+// route's line (noinline): most endpoints have no ranks, and each function
+// entered costs a request (docs/performance.md).
+//
+//go:noinline
+func setRankHeader(rank string) {
+	_ = proxywasm.ReplaceHttpRequestHeader(DataParallelRankHeader, rank)
 }
 
 // destinationFailed logs a destination header the host would not take. Out of
@@ -1305,8 +1345,12 @@ func (s *routerStream) failOpen() {
 	if err := stripRoutingHeaders(&requestHeaders{destination: p.cfg.DestinationHeader}, nil); err != nil {
 		return
 	}
-	if addr := p.leastLoaded(); addr != "" {
+	if loc := p.leastLoaded(); loc != "" {
+		addr, rank := splitRank(loc)
 		_ = proxywasm.ReplaceHttpRequestHeader(p.cfg.DestinationHeader, addr)
+		if rank != "" {
+			setRankHeader(rank)
+		}
 	}
 }
 
@@ -1474,7 +1518,7 @@ func (p *routerPlugin) responseStatusAndPeer(primary string) (status int, served
 		}
 	}
 	v, err := readUpstreamAddress(p.hostVal)
-	if err != nil || len(v) == 0 || string(v) == primary {
+	if addr, _ := splitRank(primary); err != nil || len(v) == 0 || string(v) == addr {
 		return status, primary
 	}
 	return status, p.otherPeer(v)

@@ -138,7 +138,16 @@ type Endpoint struct {
 	Address string // host:port as Envoy's cluster knows it
 	Role    string // RoleBoth, RolePrefill or RoleDecode
 	Model   string // served model; empty matches any request
+	// DataParallelSize is how many data-parallel ranks the endpoint serves,
+	// each with its own KV cache (vLLM --data-parallel-size, SGLang
+	// --dp-size): each rank is a cache location of its own, chosen with
+	// the x-data-parallel-rank header. 0 or 1: one.
+	DataParallelSize int
 }
+
+// MaxDataParallelSize bounds an endpoint's ranks: every rank takes a slot
+// of the index's host table.
+const MaxDataParallelSize = 64
 
 // State configures the state endpoint the cluster-metrics service pushes to.
 type State struct {
@@ -494,6 +503,9 @@ func (p *parser) endpoints(v gjson.Result, path string) []Endpoint {
 			"address": func(v gjson.Result, fp string) { end.Address = p.address(v, fp) },
 			"role":    func(v gjson.Result, fp string) { end.Role = p.role(v, fp) },
 			"model":   func(v gjson.Result, fp string) { end.Model, _ = p.str(v, fp) },
+			"dataParallelSize": func(v gjson.Result, fp string) {
+				end.DataParallelSize = p.dataParallelSize(v, fp)
+			},
 		})
 		if !e.Get("address").Exists() {
 			p.fail(ep+".address", "is required (host:port, as Envoy's cluster knows the endpoint)")
@@ -510,6 +522,15 @@ func (p *parser) endpoints(v gjson.Result, path string) []Endpoint {
 		out = append(out, end)
 	}
 	return out
+}
+
+// dataParallelSize accepts 1..MaxDataParallelSize.
+func (p *parser) dataParallelSize(v gjson.Result, path string) int {
+	if v.Type != gjson.Number || v.Num != float64(int(v.Num)) || v.Num < 1 || v.Num > MaxDataParallelSize {
+		p.fail(path, "must be a whole number of data-parallel ranks from 1 to %d (the engine's --data-parallel-size), got %s", MaxDataParallelSize, v.Raw)
+		return 0
+	}
+	return int(v.Num)
 }
 
 // address accepts host:port with a numeric port, which is what Envoy's

@@ -25,7 +25,7 @@ func TestParseFull(t *testing.T) {
 	c, err := Parse([]byte(`{
 	  "endpoints": [
 	    {"address": "10.0.0.7:8000", "role": "prefill", "model": "llama-3-8b"},
-	    {"address": "[fd00::1]:8000"},
+	    {"address": "[fd00::1]:8000", "dataParallelSize": 4},
 	    {"address": "vllm-1.ns.svc:8001", "role": "decode"}
 	  ],
 	  "strategy": "mine",
@@ -49,7 +49,7 @@ func TestParseFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Endpoint{{"10.0.0.7:8000", RolePrefill, "llama-3-8b"}, {"[fd00::1]:8000", RoleBoth, ""}, {"vllm-1.ns.svc:8001", RoleDecode, ""}}
+	want := []Endpoint{{"10.0.0.7:8000", RolePrefill, "llama-3-8b", 0}, {"[fd00::1]:8000", RoleBoth, "", 4}, {"vllm-1.ns.svc:8001", RoleDecode, "", 0}}
 	if len(c.Endpoints) != len(want) {
 		t.Fatalf("endpoints = %+v", c.Endpoints)
 	}
@@ -75,6 +75,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"endpoints":[{"address":"10.0.0.1:0"}]}`, "endpoints[0].address: \"10.0.0.1:0\": port must be a number from 1 to 65535"},
 		{`{"endpoints":[{"address":"10.0.0.1:http"}]}`, "endpoints[0].address: \"10.0.0.1:http\": port must be"},
 		{`{"endpoints":[{"address":":80"}]}`, "endpoints[0].address: \":80\" has no host"},
+		{`{"endpoints":[{"address":"10.0.0.1:80","dataParallelSize":0}]}`, "endpoints[0].dataParallelSize: must be a whole number of data-parallel ranks from 1 to 64"},
+		{`{"endpoints":[{"address":"10.0.0.1:80","dataParallelSize":2.5}]}`, "endpoints[0].dataParallelSize: must be a whole number"},
+		{`{"endpoints":[{"address":"10.0.0.1:80","dataParallelSize":65}]}`, "endpoints[0].dataParallelSize: must be a whole number"},
 		{`{"endpoints":[{"address":7}]}`, "endpoints[0].address: must be a string, got a number"},
 		{`{"endpoints":[{"role":"both"}]}`, "endpoints[0].address: is required"},
 		{`{"endpoints":[{"address":"a:1","role":"leader"}]}`, "endpoints[0].role: \"leader\" is not a role"},

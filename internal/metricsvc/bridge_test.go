@@ -109,4 +109,11 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout) {
 	if len(rs) != 1 || rs[0].Address != eng.addr() || rs[0].From != want || !slices.Equal(decodeChain(rs[0].Chain), chain) {
 		t.Fatalf("pushed removals %+v; want one of %s's chain %v from block %d", rs, eng.addr(), chain, want)
 	}
+	_, text := get(t, admin+"/metrics")
+	for kind, want := range map[string]float64{"routes": 1, "matched": 1, "unmatched": 0, "removed": 20, "unmapped": 1} {
+		series := fmt.Sprintf(`kvroute_metrics_cache_state_bridge_total{host=%q,kind=%q}`, eng.addr(), kind)
+		if v, ok := metricValue(text, series); !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
+		}
+	}
 }

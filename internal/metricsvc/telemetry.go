@@ -143,6 +143,9 @@ var (
 		"GPU blocks each engine reported stored and not removed (KV events).", []string{"host"}, nil)
 	descKVUp = prometheus.NewDesc("kvroute_metrics_kv_events_connected",
 		"1 while the KV event subscription to the engine is connected.", []string{"host"}, nil)
+	descBridge = prometheus.NewDesc("kvroute_metrics_cache_state_bridge_total",
+		"The cache-state bridge's counters by host and kind (docs/cache-state.md): routes (reported to the host), expired (waited past the window), matched and unmatched (BlockStored events attributed to a route or to none), removed and unmapped (engine blocks removed that mapped to a chain or to none).",
+		[]string{"host", "kind"}, nil)
 	descListen = prometheus.NewDesc("kvroute_metrics_kv_events_listener_messages_total",
 		"Messages the KV event listener (--kv-events-listen) dropped, by kind: unrouted (the topic names no discovered engine) or malformed.",
 		[]string{"kind"}, nil)
@@ -159,7 +162,7 @@ var (
 type pullCollector struct{ s *Service }
 
 func (c *pullCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descKV, descCached, descKVUp, descListen, descPush, descPushFailing, descPushLatency} {
+	for _, d := range []*prometheus.Desc{descKV, descBridge, descCached, descKVUp, descListen, descPush, descPushFailing, descPushLatency} {
 		ch <- d
 	}
 }
@@ -172,6 +175,7 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 		st        [10]float64
 		cached    int
 		connected bool
+		bridge    [6]float64
 	}
 	var kv []kvHost
 	for addr, h := range s.hosts {
@@ -183,6 +187,10 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 			st: [10]float64{float64(st.Batches), float64(st.Events), float64(st.Clears), float64(st.Gaps),
 				float64(st.MissedBatches), float64(st.Replayed), float64(st.Restarts), float64(st.DecodeErrors),
 				float64(st.Unknown), float64(st.Overflow)}})
+		if h.bridge != nil {
+			b := h.bridge.stats()
+			kv[len(kv)-1].bridge = [6]float64{float64(b.Routes), float64(b.Expired), float64(b.Matched), float64(b.Unmatched), float64(b.Removed), float64(b.Unmapped)}
+		}
 	}
 	l := s.listener
 	s.mu.Unlock()
@@ -194,6 +202,9 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, h := range kv {
 		for i, k := range kinds {
 			ch <- prometheus.MustNewConstMetric(descKV, prometheus.CounterValue, h.st[i], h.addr, k)
+		}
+		for i, k := range [6]string{"routes", "expired", "matched", "unmatched", "removed", "unmapped"} {
+			ch <- prometheus.MustNewConstMetric(descBridge, prometheus.CounterValue, h.bridge[i], h.addr, k)
 		}
 		ch <- prometheus.MustNewConstMetric(descCached, prometheus.GaugeValue, float64(h.cached), h.addr)
 		up := 0.0
