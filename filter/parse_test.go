@@ -159,10 +159,26 @@ func TestDecodeSnapshot(t *testing.T) {
 		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0.5,"chain":"AQAAAAAAAAA="}]}`:           "removals[0]",
 		`{"version":2,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0,"chain":"AQAAAAAAAAA="}]}`:             "version",
 		`not json`: "not valid JSON",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":2}]}`:                                                 "hosts[0].rank: 2 is not a rank of the endpoint's 2 data-parallel ranks (0 to 1",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","rank":1}]}`:                                                                      "hosts[0].rank: 1 is not a rank of the endpoint's 1",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":0}]}`:                                                          "hosts[0].dataParallelSize",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":-1}]}`:                                                "hosts[0].rank",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":1},{"address":"a:1","dataParallelSize":2,"rank":1}]}`: "appears twice",
 	} {
 		if _, err := decodeSnapshot([]byte(body)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", body, err, want)
 		}
+	}
+}
+
+// Each rank of a data-parallel endpoint is a host entry of its own.
+func TestDecodeSnapshotRanks(t *testing.T) {
+	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":0,"waiting":4},{"address":"a:1","dataParallelSize":2,"rank":1,"waiting":0}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Hosts) != 2 || st.Hosts[1].Rank != 1 || st.Hosts[1].DataParallelSize != 2 || st.Hosts[0].Waiting != 4 {
+		t.Errorf("decoded %+v", st.Hosts)
 	}
 }
 

@@ -485,7 +485,11 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 	cs := make([]candidate, len(st.Hosts))
 	for i, h := range st.Hosts {
 		capacity := h.BlockSize * h.NumGPUBlocks // tokens
-		cs[i] = candidate{address: h.Address, role: h.Role, model: h.Model, adapters: h.Adapters,
+		addr := h.Address
+		if h.DataParallelSize > 1 {
+			addr = rankLocation(addr, h.Rank)
+		}
+		cs[i] = candidate{address: addr, role: h.Role, model: h.Model, adapters: h.Adapters,
 			maxAdapters: h.MaxAdapters, adapterSlotsUsed: h.AdapterSlotsUsed, healthy: h.Healthy,
 			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
 			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}

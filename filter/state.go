@@ -71,13 +71,17 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 	hosts.ForEach(func(_, h gjson.Result) bool {
 		var host snapshot.Host
 		host, err = decodeHost(h, i)
-		if err == nil && seen[host.Address] {
-			err = fmt.Errorf("hosts[%d].address: %q appears twice", i, host.Address)
+		loc := host.Address
+		if host.DataParallelSize > 1 {
+			loc = rankLocation(loc, host.Rank)
+		}
+		if err == nil && seen[loc] {
+			err = fmt.Errorf("hosts[%d].address: %q appears twice", i, loc)
 		}
 		if err != nil {
 			return false
 		}
-		seen[host.Address] = true
+		seen[loc] = true
 		st.Hosts = append(st.Hosts, host)
 		i++
 		return true
@@ -260,6 +264,9 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		}
 		*f.dst = int(n)
 	}
+	if err := decodeRank(&m, &host, at); err != nil {
+		return host, err
+	}
 	if v := m.get("kvUsage"); v.Exists() {
 		if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
 			return host, fmt.Errorf("%s.kvUsage: must be a number from 0 to 1", at)
@@ -279,6 +286,29 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		}
 	}
 	return host, nil
+}
+
+// decodeRank reads a host's dataParallelSize and rank: a rank names one of
+// the endpoint's ranks, so it needs a size above 1 and lies below it.
+func decodeRank(m *objectMembers, host *snapshot.Host, at hostAt) error {
+	if v := m.get("dataParallelSize"); v.Exists() {
+		n, ok := wholeNumber(v)
+		if !ok || n < 1 || n > config.MaxDataParallelSize {
+			return fmt.Errorf("%s.dataParallelSize: must be a whole number from 1 to %d", at, config.MaxDataParallelSize)
+		}
+		host.DataParallelSize = int(n)
+	}
+	v := m.get("rank")
+	if !v.Exists() {
+		return nil
+	}
+	n, ok := wholeNumber(v)
+	if !ok || n < 0 || n >= int64(max(host.DataParallelSize, 1)) {
+		return fmt.Errorf("%s.rank: %s is not a rank of the endpoint's %d data-parallel ranks (0 to %d; set dataParallelSize)",
+			at, v.Raw, max(host.DataParallelSize, 1), max(host.DataParallelSize, 1)-1)
+	}
+	host.Rank = int(n)
+	return nil
 }
 
 // hostAt names hosts[i] in an error, formatted only when there is one.

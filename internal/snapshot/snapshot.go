@@ -85,6 +85,12 @@ type Host struct {
 	ClearedAtMs int64 `json:"clearedAtMs,omitempty"`
 	// ScrapedAtMs is when this host was last scraped successfully (Unix ms).
 	ScrapedAtMs int64 `json:"scrapedAtMs,omitempty"`
+	// DataParallelSize is how many data-parallel ranks the endpoint serves,
+	// each with its own KV cache (0 or 1: one). With more than one, this
+	// Host is the endpoint's rank Rank: one entry per rank, each with that
+	// rank's queue and cache facts (vLLM labels them engine="<rank>").
+	DataParallelSize int `json:"dataParallelSize,omitempty"`
+	Rank             int `json:"rank,omitempty"`
 }
 
 // GatewayReport is one gateway worker's routing since its previous report:

@@ -80,7 +80,11 @@ func run(ctx context.Context, opt options) error {
 	if err != nil {
 		return err
 	}
-	goWork, err := writeGoWork(work, sdkDir)
+	prettyReplace, err := writePrettyPatch(ctx, root, work)
+	if err != nil {
+		return err
+	}
+	goWork, err := writeGoWork(work, sdkDir, prettyReplace)
 	if err != nil {
 		return err
 	}
