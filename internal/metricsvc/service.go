@@ -431,7 +431,7 @@ func (s *Service) assembleAndPublish(now time.Time) {
 		if !h.attempted {
 			warm = false
 		}
-		st.Hosts = append(st.Hosts, s.hostSnapshot(h, now))
+		st.Hosts = appendRanks(st.Hosts, s.hostSnapshot(h, now), h.sample.Ranks)
 	}
 	started, lastPub, prev, discovered := s.started, s.lastPub, s.published, s.discOK
 	s.mu.Unlock()
@@ -441,7 +441,10 @@ func (s *Service) assembleAndPublish(now time.Time) {
 	if !discovered {
 		return
 	}
-	sort.Slice(st.Hosts, func(i, j int) bool { return st.Hosts[i].Address < st.Hosts[j].Address })
+	sort.Slice(st.Hosts, func(i, j int) bool {
+		a, b := &st.Hosts[i], &st.Hosts[j]
+		return a.Address < b.Address || a.Address == b.Address && a.Rank < b.Rank
+	})
 
 	// Until every engine has been tried once (or a second has passed),
 	// hold back: a first push of never-scraped hosts would mark the whole
@@ -485,11 +488,28 @@ func sameContent(a, b []snapshot.Host) bool {
 			x.Waiting != y.Waiting || x.Running != y.Running || x.KVUsage != y.KVUsage ||
 			x.BlockSize != y.BlockSize || x.NumGPUBlocks != y.NumGPUBlocks ||
 			x.CachedBlocks != y.CachedBlocks || x.ClearedAtMs != y.ClearedAtMs ||
-			x.MaxAdapters != y.MaxAdapters || x.AdapterSlotsUsed != y.AdapterSlotsUsed {
+			x.MaxAdapters != y.MaxAdapters || x.AdapterSlotsUsed != y.AdapterSlotsUsed ||
+			x.DataParallelSize != y.DataParallelSize || x.Rank != y.Rank {
 			return false
 		}
 	}
 	return true
+}
+
+// appendRanks appends h, or, for an engine whose metrics name several
+// data-parallel ranks, one entry per rank with that rank's queue and KV
+// usage (each rank is a cache location of its own at the gateways).
+func appendRanks(hosts []snapshot.Host, h snapshot.Host, ranks []scrape.Rank) []snapshot.Host {
+	if len(ranks) < 2 {
+		return append(hosts, h)
+	}
+	for i, r := range ranks {
+		x := h
+		x.DataParallelSize, x.Rank = len(ranks), i
+		x.Waiting, x.Running, x.KVUsage = r.Waiting, r.Running, r.KVUsage
+		hosts = append(hosts, x)
+	}
+	return hosts
 }
 
 // hostSnapshot maps one engine to the wire contract; s.mu is held.

@@ -899,3 +899,17 @@ func TestHostSnapshotAdapterSlots(t *testing.T) {
 		t.Errorf("without LoRA metrics: %d of %d slots, want 0 of 0", got.AdapterSlotsUsed, got.MaxAdapters)
 	}
 }
+
+// An engine with several data-parallel ranks is pushed as one host entry
+// per rank, each with its own queue.
+func TestAppendRanksOneEntryPerRank(t *testing.T) {
+	h := snapshot.Host{Address: "10.0.0.1:8000", Healthy: true, Waiting: 8}
+	got := appendRanks(nil, h, []scrape.Rank{{Waiting: 7, Running: 2, KVUsage: 0.5}, {Waiting: 1}})
+	if len(got) != 2 || got[0].Rank != 0 || got[1].Rank != 1 || got[1].DataParallelSize != 2 ||
+		got[0].Waiting != 7 || got[1].Waiting != 1 || got[0].KVUsage != 0.5 || got[1].Address != h.Address || !got[1].Healthy {
+		t.Errorf("ranks pushed as %+v", got)
+	}
+	if got := appendRanks(nil, h, nil); len(got) != 1 || got[0].DataParallelSize != 0 {
+		t.Errorf("an engine without ranks pushed as %+v", got)
+	}
+}

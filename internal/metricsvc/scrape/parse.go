@@ -63,6 +63,16 @@ type Sample struct {
 	// every slot is taken.
 	Adapters    []string
 	MaxAdapters int
+	// Ranks is the queue of each data-parallel rank, indexed by rank, when
+	// vLLM's series name more than one (label engine="<rank>", 0..n-1);
+	// nil for one.
+	Ranks []Rank
+}
+
+// Rank is one data-parallel rank's queue and KV usage.
+type Rank struct {
+	Waiting, Running int
+	KVUsage          float64
 }
 
 const (
@@ -200,6 +210,7 @@ func extract(fams map[string]*dto.MetricFamily) (Sample, error) {
 		if s.KVUsage, err = mean(kv); err != nil {
 			return s, err
 		}
+		s.Ranks = ranks(fams[vllmWaiting], fams[vllmRunning], kv)
 		if cc := latest(fams[vllmCacheConfig]); cc != nil {
 			s.BlockSize = labelInt(cc, "block_size")
 			s.NumGPUBlocks = labelInt(cc, "num_gpu_blocks")
@@ -239,6 +250,50 @@ func extract(fams map[string]*dto.MetricFamily) (Sample, error) {
 	}
 	return s, nil
 }
+
+// ranks splits vLLM's queue by its engine label, one series per
+// data-parallel rank: nil unless the labels are exactly 0..n-1 with n >= 2
+// (anything else is summed, as before). extract has checked the values.
+func ranks(waiting, running, kv *dto.MetricFamily) []Rank {
+	n := 0
+	if waiting != nil {
+		n = len(waiting.Metric)
+	}
+	if n < 2 || n > maxRanks {
+		return nil
+	}
+	out := make([]Rank, n)
+	seen := make([]bool, n)
+	for _, f := range []*dto.MetricFamily{waiting, running, kv} {
+		if f == nil {
+			continue
+		}
+		for _, m := range f.Metric {
+			i, err := strconv.Atoi(label(m, "engine"))
+			if err != nil || i < 0 || i >= n {
+				return nil
+			}
+			v := value(m)
+			switch f {
+			case waiting:
+				out[i].Waiting, seen[i] = int(v), true
+			case running:
+				out[i].Running = int(v)
+			default:
+				out[i].KVUsage = min(max(v, 0), 1)
+			}
+		}
+	}
+	for _, ok := range seen {
+		if !ok {
+			return nil
+		}
+	}
+	return out
+}
+
+// maxRanks matches the gateway's bound on an endpoint's ranks.
+const maxRanks = 64
 
 // value reads a gauge, counter or untyped sample; NaN when it has none.
 func value(m *dto.Metric) float64 {
