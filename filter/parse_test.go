@@ -173,6 +173,13 @@ func TestDecodeSnapshot(t *testing.T) {
 
 // Each rank of a data-parallel endpoint is a host entry of its own.
 func TestDecodeSnapshotRanks(t *testing.T) {
+	// Another gateway's routes name a rank as host:port|rank.
+	if _, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","timestampMs":5,"routes":[{"address":"a:1|1","from":0,"chain":"AQAAAAAAAAA="}]}]}`)); err != nil {
+		t.Errorf("a route to a rank: %v", err)
+	}
+	if _, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","timestampMs":5,"routes":[{"address":"a:1|x","from":0,"chain":"AQAAAAAAAAA="}]}]}`)); err == nil {
+		t.Errorf("a route to rank x accepted")
+	}
 	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":0,"waiting":4},{"address":"a:1","dataParallelSize":2,"rank":1,"waiting":0}]}`))
 	if err != nil {
 		t.Fatal(err)

@@ -169,7 +169,7 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 			if !from.Exists() {
 				n, ok = 0, true
 			}
-			if addr.Type != gjson.String || config.CheckAddress(addr.Str) != nil || chain.Type != gjson.String ||
+			if addr.Type != gjson.String || checkLocation(addr.Str) != nil || chain.Type != gjson.String ||
 				!ok || n < 0 || n > 1<<20 || chain.Type == gjson.String && chainBlocks(chain.Str) < 0 {
 				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
 				return false
@@ -286,6 +286,16 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		}
 	}
 	return host, nil
+}
+
+// checkLocation accepts a cache location as gateways report it: host:port,
+// or host:port|rank for a data-parallel endpoint's rank (rankLocation).
+func checkLocation(s string) error {
+	addr, rank := splitRank(s)
+	if _, ok := decimal(rank); rank != "" && (!ok || len(rank) > 2) {
+		return fmt.Errorf("%q: the rank after | must be a number", s)
+	}
+	return config.CheckAddress(addr)
 }
 
 // decodeRank reads a host's dataParallelSize and rank: a rank names one of
