@@ -85,7 +85,6 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 	engReqs := make([]sim.Request, n)
 	var loads []index.Load
 	var saturation []admission.Load
-	bs := cfg.Profile.BlockSize
 	// nextTick is when the tick timer set last fires (0: none set yet); a
 	// tick that finds nothing held sets no next one.
 	nextTick := time.Duration(0)
@@ -111,25 +110,8 @@ func RunAdmitted(cfg Config, w *workload.Workload, rr *RealRouter, opt Admission
 		l.done++
 	}
 	dispatch := func(idx int, now time.Duration) error {
-		wr := &w.Requests[idx]
-		prompt := wr.Text()
-		t0 := time.Now()
-		k := rr.Route(wr, prompt, now)
-		rt := time.Since(t0)
-		if k < 0 || k >= cfg.Replicas {
-			return fmt.Errorf("router sent request %d to replica %d of %d", idx, k, cfg.Replicas)
-		}
-		er := &engReqs[idx]
-		*er = engineRequest(idx, wr, sim.BlockChain(prompt, bs), wr.OutputTokens, now)
-		rec := &res.Records[idx]
-		rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, wr.Arrival, rt
-		out.Wait[idx] = now - wr.Arrival
-		if err := l.add(k, er, idx, now); err != nil {
-			rec.Rejected = true
-			l.done++
-			rr.Done(wr, k, 0, now)
-		}
-		return nil
+		out.Wait[idx] = now - w.Requests[idx].Arrival
+		return l.dispatch(rr, rr, engReqs, idx, now, w.Requests[idx].Arrival)
 	}
 	// onTick releases what every worker can, each tick starting from a
 	// different worker, and sets the next tick while anything is held.

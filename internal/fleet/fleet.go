@@ -13,7 +13,6 @@ package fleet
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -191,28 +190,8 @@ func Run(cfg Config, w *workload.Workload, router Router) (*Result, error) {
 	}
 	res := l.res
 	engReqs := make([]sim.Request, len(w.Requests))
-	bs := l.cfg.Profile.BlockSize
 	l.arrive = func(idx int, now time.Duration) error {
-		wr := &w.Requests[idx]
-		prompt := wr.Text()
-		t0 := time.Now()
-		k := router.Route(wr, prompt, now)
-		rt := time.Since(t0)
-		if k < 0 || k >= cfg.Replicas {
-			return fmt.Errorf("router sent request %d to replica %d of %d", idx, k, cfg.Replicas)
-		}
-		er := &engReqs[idx]
-		*er = engineRequest(idx, wr, sim.BlockChain(prompt, bs), wr.OutputTokens, now)
-		rec := &res.Records[idx]
-		rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, now, rt
-		if err := l.add(k, er, idx, now); err != nil {
-			rec.Rejected = true
-			l.done++
-			if doneObs != nil {
-				doneObs.Done(wr, k, 0, now)
-			}
-		}
-		return nil
+		return l.dispatch(router, doneObs, engReqs, idx, now, now)
 	}
 	if firstObs != nil {
 		l.token = func(ri int, _ *sim.Request, idx int, now time.Duration) {

@@ -101,6 +101,34 @@ func (l *loop) background(t time.Duration, fn func(now time.Duration)) {
 	}})
 }
 
+// dispatch routes request idx through r at now and queues it on the chosen
+// replica, in engReqs[idx]. Its record keeps arrival as the request's
+// arrival (admission routes a request later than it arrived). A request the
+// engine refuses is recorded rejected and counted done, and done (may be
+// nil) hears of it with no cached tokens.
+func (l *loop) dispatch(r Router, done DoneObserver, engReqs []sim.Request, idx int, now, arrival time.Duration) error {
+	wr := &l.w.Requests[idx]
+	prompt := wr.Text()
+	t0 := time.Now()
+	k := r.Route(wr, prompt, now)
+	rt := time.Since(t0)
+	if k < 0 || k >= l.cfg.Replicas {
+		return fmt.Errorf("router sent request %d to replica %d of %d", idx, k, l.cfg.Replicas)
+	}
+	er := &engReqs[idx]
+	*er = engineRequest(idx, wr, sim.BlockChain(prompt, l.cfg.Profile.BlockSize), wr.OutputTokens, now)
+	rec := &l.res.Records[idx]
+	rec.Replica, rec.PromptTokens, rec.OutputTokens, rec.Arrival, rec.RouterTime = k, wr.PromptTokens, wr.OutputTokens, arrival, rt
+	if err := l.add(k, er, idx, now); err != nil {
+		rec.Rejected = true
+		l.done++
+		if done != nil {
+			done.Done(wr, k, 0, now)
+		}
+	}
+	return nil
+}
+
 // add queues er (request idx of the workload) on replica k at now and
 // starts the replica stepping if it was idle. The engine's refusal (a
 // request that can never fit in its KV memory) is returned.
