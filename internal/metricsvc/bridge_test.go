@@ -1,7 +1,6 @@
 package metricsvc
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -66,22 +65,7 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 		// The engine connects out (llm-d's way) and publishes under
 		// kv@<ip>@<model>; clears (which the bridge reads as nothing to
 		// map) until the subscription is through.
-		listener := func() *kvevents.Listener {
-			svc.mu.Lock()
-			defer svc.mu.Unlock()
-			return svc.listener
-		}
-		for listener() == nil || listener().Addr() == "" {
-			if time.Now().After(deadline) {
-				t.Fatal("the service never listened")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		sock := zmq4.NewPub(context.Background())
-		t.Cleanup(func() { sock.Close() })
-		if err := sock.Dial(listener().Addr()); err != nil {
-			t.Fatal(err)
-		}
+		sock := dialListener(t, svc)
 		ip, _, _ := net.SplitHostPort(eng.addr())
 		pub = &zmqPublisher{sock: sock, topic: "kv@" + ip + "@m"}
 		enc := kvevents.Encoder{Layout: layout}

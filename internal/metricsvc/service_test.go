@@ -843,24 +843,8 @@ func TestKVEventsListenMode(t *testing.T) {
 		Token:          push.StaticToken("tok"),
 		KVEventsListen: "tcp://127.0.0.1:0",
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	listener := func() *kvevents.Listener {
-		svc.mu.Lock()
-		defer svc.mu.Unlock()
-		return svc.listener
-	}
-	for listener() == nil || listener().Addr() == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("the service never listened")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 	ip, _, _ := net.SplitHostPort(eng.addr())
-	pub := zmq4.NewPub(context.Background())
-	t.Cleanup(func() { pub.Close() })
-	if err := pub.Dial(listener().Addr()); err != nil {
-		t.Fatal(err)
-	}
+	pub := dialListener(t, svc)
 	topic := "kv@" + ip + "@m"
 	enc := kvevents.Encoder{Layout: kvevents.ArrayLayout}
 	enc.Stored(kvevents.StoredEvent{Hashes: []uint64{1, 2, 3}, BlockSize: 16, Tokens: 48})
@@ -912,4 +896,28 @@ func TestAppendRanksOneEntryPerRank(t *testing.T) {
 	if got := appendRanks(nil, h, nil); len(got) != 1 || got[0].DataParallelSize != 0 {
 		t.Errorf("an engine without ranks pushed as %+v", got)
 	}
+}
+
+// dialListener waits (up to 10 s) until svc listens for engines' KV events
+// and returns a publisher connected to it, as an engine that connects out
+// (llm-d's way) has; it is closed when the test ends.
+func dialListener(t *testing.T, svc *Service) zmq4.Socket {
+	t.Helper()
+	listener := func() *kvevents.Listener {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		return svc.listener
+	}
+	for deadline := time.Now().Add(10 * time.Second); listener() == nil || listener().Addr() == ""; {
+		if time.Now().After(deadline) {
+			t.Fatal("the service never listened")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	pub := zmq4.NewPub(context.Background())
+	t.Cleanup(func() { pub.Close() })
+	if err := pub.Dial(listener().Addr()); err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }
