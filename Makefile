@@ -22,7 +22,7 @@ all: wasm
 # dist/kvroute.wasm (or the envoy-compat module): official Go toolchain, wasip1,
 # c-shared, ABI bridge overlay (docs/wasm-build.md).
 wasm:
-	$(GO) run ./internal/wasmbuild -out $(WASM) $(if $(ENVOY_COMPAT),-envoy-compat $(ENVOY_COMPAT),)
+	$(GO) run ./internal/deploy/wasmbuild -out $(WASM) $(if $(ENVOY_COMPAT),-envoy-compat $(ENVOY_COMPAT),)
 
 # dist/kvroute-tinygo.wasm for users with TinyGo >= 0.32 (the SDK's own //export
 # path; no bridge). Not tested here: TinyGo cannot be installed on our machines.
@@ -33,12 +33,12 @@ wasm-tinygo:
 # Every test, including the Wasm integration tests (which need the standard
 # dist/kvroute.wasm, whatever ENVOY_COMPAT says) and the fuzz seed corpora.
 test:
-	$(GO) run ./internal/wasmbuild
+	$(GO) run ./internal/deploy/wasmbuild
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
 
 demo:
-	$(GO) run ./internal/wasmbuild
+	$(GO) run ./internal/deploy/wasmbuild
 	$(GO) run ./cmd/kvroute demo
 
 # need-trace stops a target before any work when TRACE is not a readable file.
@@ -46,7 +46,7 @@ need-trace = @test -n "$(TRACE)" && test -r "$(TRACE)" || { echo 'make $@: set T
 
 bench:
 	$(need-trace)
-	$(GO) run ./internal/wasmbuild
+	$(GO) run ./internal/deploy/wasmbuild
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --out dist/bench.json
 	$(MAKE) bench-topology
@@ -75,7 +75,7 @@ bench-knee:
 .PHONY: bench-pd
 bench-pd:
 	$(need-trace)
-	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_TRACE=$(abspath $(TRACE)) KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/fleet
+	mkdir -p dist && KVROUTE_PD_BENCH=1 KVROUTE_PD_TRACE=$(abspath $(TRACE)) KVROUTE_PD_OUT=$(CURDIR)/dist/bench-pd.md $(GO) test -count=1 -run '^TestPDBenchMooncake$$' -v -timeout 60m ./internal/sim/fleet
 
 # Each fuzz target's time goes to fuzzing: by default Go spends up to 60 s
 # minimising each new interesting input, which on a 2-core machine took most
@@ -85,30 +85,30 @@ FUZZFLAGS ?= -fuzzminimizetime $(FUZZMINIMIZE)
 
 fuzz:
 	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./filter || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s $(FUZZFLAGS) ./filter/config
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s $(FUZZFLAGS) ./config
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s $(FUZZFLAGS) ./scorer
 	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s $(FUZZFLAGS) ./index || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/kvevents
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/scrape
 	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s $(FUZZFLAGS) ./filter
-	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s $(FUZZFLAGS) ./internal/workload
-	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s $(FUZZFLAGS) -parallel 1 ./internal/simserver
+	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s $(FUZZFLAGS) ./internal/sim/workload
+	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s $(FUZZFLAGS) -parallel 1 ./internal/sim/server
 
 # The Wasm module of the variant asked for, as an OCI image archive.
 oci: wasm
 	$(GO) run ./cmd/kvroute oci build --wasm $(WASM) --out $(OCI_ARCHIVE)
 
 # dist/kvroute-metrics-oci.tar: the metrics service image for every platform
-# in PLATFORMS, built without a container engine (internal/distbuild).
+# in PLATFORMS, built without a container engine (internal/deploy/distbuild).
 image:
-	$(GO) run ./internal/distbuild image -out dist/kvroute-metrics-oci.tar -platforms $(PLATFORMS)
+	$(GO) run ./internal/deploy/distbuild image -out dist/kvroute-metrics-oci.tar -platforms $(PLATFORMS)
 
 # dist/release/: both Wasm modules and their OCI archives, the metrics image,
 # the CLI for every platform in PLATFORMS, and SHA256SUMS.
 release:
 	$(MAKE) oci ENVOY_COMPAT=
 	$(MAKE) oci ENVOY_COMPAT=1.35
-	$(GO) run ./internal/distbuild release -dir dist/release -platforms $(PLATFORMS) \
+	$(GO) run ./internal/deploy/distbuild release -dir dist/release -platforms $(PLATFORMS) \
 		dist/kvroute.wasm dist/kvroute-oci.tar dist/kvroute-envoy-compat.wasm dist/kvroute-envoy-compat-oci.tar
 
 clean:

@@ -1,7 +1,7 @@
 // Package envoy_test runs on every manifest under envoy/ the checks of
-// `kvroute validate` (internal/manifests.Check): the real API types, the
+// `kvroute validate` (internal/deploy/manifests.Check): the real API types, the
 // plugin configuration embedded in each through the filter's own validator
-// (filter/config), and the facts kvroute depends on: the header the filter
+// (config), and the facts kvroute depends on: the header the filter
 // writes is the header the cluster reads, the buffer limit exceeds the
 // largest body the filter accepts, both filters share one VM, body routing
 // has the setting it needs.
@@ -19,7 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/kvroute/kvroute/internal/manifests"
+	"github.com/kvroute/kvroute/internal/deploy/manifests"
 )
 
 // shipped lists every manifest; a new file must be added here, so nothing
@@ -180,7 +180,7 @@ func TestWasmModuleStaysLight(t *testing.T) {
 	if !slices.Contains(deps, "github.com/kvroute/kvroute/filter") {
 		t.Fatalf("go list -deps ./filter/module does not list github.com/kvroute/kvroute/filter, so the check below would prove nothing:\n%s", out)
 	}
-	heavy := []string{"github.com/envoyproxy/", "istio.io/", "k8s.io/", "sigs.k8s.io/", "github.com/google/go-containerregistry", "google.golang.org/protobuf", "github.com/kvroute/kvroute/internal/manifests", "github.com/kvroute/kvroute/internal/oci"}
+	heavy := []string{"github.com/envoyproxy/", "istio.io/", "k8s.io/", "sigs.k8s.io/", "github.com/google/go-containerregistry", "google.golang.org/protobuf", "github.com/kvroute/kvroute/internal/deploy/manifests", "github.com/kvroute/kvroute/internal/deploy/oci"}
 	for _, dep := range deps {
 		for _, h := range heavy {
 			if strings.HasPrefix(dep, h) {

@@ -8,10 +8,10 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/admission"
+	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/admission"
-	"github.com/kvroute/kvroute/internal/router"
 )
 
 // Admission in kvroute.router: when every eligible engine is saturated, a
@@ -67,7 +67,7 @@ type admitter struct {
 // input, with its block chain and token counts copied out of the worker's
 // shared hasher scratch.
 type heldRequest struct {
-	in     router.Input
+	in     dispatch.Input
 	tokens blockTokens
 	class  admission.Class
 	heldAt int64
@@ -131,7 +131,7 @@ func newAdmitter(p *routerPlugin) *admitter {
 // admit runs after the body is parsed. held reports that the stream must
 // stay paused (held, or answered with an error); action is then what
 // on_request_body returns.
-func (a *admitter) admit(s *routerStream, in *router.Input) (action types.Action, held bool) {
+func (a *admitter) admit(s *routerStream, in *dispatch.Input) (action types.Action, held bool) {
 	p := a.p
 	cfg := a.ctl.Config()
 	prio, dl := s.admHdr.priority, s.admHdr.deadline

@@ -1,7 +1,7 @@
 package filter
 
 // Wasm tests of admission in kvroute.router: the built module in
-// internal/wasmhost in front of live simulated engines. One engine and a
+// internal/testenv/wasmhost in front of live simulated engines. One engine and a
 // pending-prefill threshold of one token make "saturated" mean "a request
 // is in flight", so holding is deterministic.
 
@@ -19,9 +19,9 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/filter/statnames"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
 )
 
 // admissionModule is dist/kvroute.wasm, or KVROUTE_TEST_WASM when set (a
@@ -45,7 +45,7 @@ const operatorHeaders = `,"priorityHeader":"` + PriorityHeader + `","deadlineHea
 func startAdmission(t *testing.T, workers int, admission string) (*wasmhost.Host, string) {
 	t.Helper()
 	// TimeScale 1: a request with max_tokens 40 takes a few hundred ms.
-	f := startFleet(t, simserver.Options{Replicas: 1, TimeScale: 1})
+	f := startFleet(t, server.Options{Replicas: 1, TimeScale: 1})
 	return wasmhosttest.Start(t, wasmhost.Config{
 		Module: admissionModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,

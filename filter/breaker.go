@@ -1,6 +1,6 @@
 package filter
 
-import "github.com/kvroute/kvroute/filter/config"
+import "github.com/kvroute/kvroute/config"
 
 // breakers is per-host circuit breaking, per worker VM: consecutive failures
 // (5xx, connect failures seen as a fallback taking over, or responses slower

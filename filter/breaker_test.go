@@ -3,7 +3,7 @@ package filter
 import (
 	"testing"
 
-	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/config"
 )
 
 // anyOpen (the decision's shortcut past per-host lookups) follows every

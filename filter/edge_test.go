@@ -1,7 +1,7 @@
 package filter
 
 // Wasm tests of what the router lets reach an engine, in both modes: the
-// built dist/kvroute.wasm in internal/wasmhost. Body mode runs with
+// built dist/kvroute.wasm in internal/testenv/wasmhost. Body mode runs with
 // allow_on_headers_stop_iteration (the filter holds the headers while it
 // reads the body), header-only mode without it, as Istio's WasmPlugin does:
 // there Envoy forwards the headers before the body reaches the filter.
@@ -21,9 +21,9 @@ import (
 	"github.com/tidwall/gjson"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kvroute/kvroute/internal/manifests"
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/deploy/manifests"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
 )
 
 // seenRequest is one request an engine received.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/tetratelabs/wazero/experimental"
 
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
 )
 
 // floorModule builds testdata/floor, the baseline BenchmarkRouterInWasm

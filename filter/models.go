@@ -4,7 +4,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/config"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"

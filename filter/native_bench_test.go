@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/scorer"
 )
 
@@ -43,7 +43,7 @@ func BenchmarkDecideNative(b *testing.B) {
 			p := newParser(b, `{}`)
 			ix, _ := index.New(&index.MemStore{}, index.Config{})
 			h, _ := scorer.NewHandler("kv_cache_aware")
-			rt := router.New(router.Config{Handler: h, Index: ix})
+			rt := dispatch.New(dispatch.Config{Handler: h, Index: ix})
 			hosts := make([]scorer.Host, 16)
 			for i := range hosts {
 				rt.Register(fmt.Sprintf("10.0.0.%d:8000", i), &hosts[i])
@@ -51,7 +51,7 @@ func BenchmarkDecideNative(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for i := 0; i < b.N; i++ {
 				r, _ := p.parse(body, apiChat)
-				in := router.Input{Model: r.Model, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Chain: p.hasher.Blocks(), Tokens: p.hasher}
+				in := dispatch.Input{Model: r.Model, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Chain: p.hasher.Blocks(), Tokens: p.hasher}
 				t, _ := rt.Decide(&in, hosts)
 				rt.Release(&t)
 			}

@@ -10,9 +10,9 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 func newParser(t testing.TB, cfgJSON string) *requestParser {

@@ -11,7 +11,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Gateway reports (docs/topology.md). Every worker keeps the routes it

@@ -11,12 +11,12 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/filter/hostbuf"
 	"github.com/kvroute/kvroute/filter/quietbody"
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/router"
 	"github.com/kvroute/kvroute/scorer"
 )
 
@@ -36,7 +36,7 @@ type routerPlugin struct {
 	stats  routerStats
 	token  string // state endpoint bearer token ("" disables pushes)
 	ix     *index.Index
-	rt     *router.Router
+	rt     *dispatch.Router
 	parser requestParser
 
 	// hosts is the candidate set handed to every decision; pos maps an
@@ -224,7 +224,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.ix = ix
 	// Session pins and prefix memory in shared data too: every worker of
 	// the gateway routes a conversation's next turn alike (docs/topology.md).
-	p.rt = router.New(router.Config{Handler: cfg.Handler, Index: ix, Shared: store})
+	p.rt = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
 	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
@@ -759,7 +759,7 @@ type routerStream struct {
 	panicInBody bool // test hook "recover-body"
 
 	decided     bool
-	ticket      router.Ticket
+	ticket      dispatch.Ticket
 	primary     string
 	decidedAt   time.Duration // p.mono() at the decision
 	explanation string
@@ -1070,7 +1070,7 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
 	}
-	in := router.Input{
+	in := dispatch.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
 		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher, PromptChars: p.parser.hasher.Len(),
@@ -1185,7 +1185,7 @@ func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 func (s *routerStream) decideFromHeaders(prefixKey string) {
 	p := s.plugin
 	s.streamed = true // unknown without the body: keep the first-token update
-	in := router.Input{SessionKey: s.sessionKey}
+	in := dispatch.Input{SessionKey: s.sessionKey}
 	if prefixKey != "" {
 		p.keyChain[0] = xxhash.Sum64String(prefixKey)
 		in.Chain = p.keyChain[:]
@@ -1199,7 +1199,7 @@ func (s *routerStream) decideFromHeaders(prefixKey string) {
 }
 
 // decide runs the strategy and writes the destination header.
-func (s *routerStream) decide(in *router.Input) {
+func (s *routerStream) decide(in *dispatch.Input) {
 	p := s.plugin
 	nowMs := p.wallMs()
 	t0 := p.mono()
@@ -1224,7 +1224,7 @@ func (s *routerStream) decide(in *router.Input) {
 
 // route writes the decision's destination header (and the optional ones)
 // and counts the dispatch.
-func (s *routerStream) route(res *scorer.Result, nowMs int64, in *router.Input) {
+func (s *routerStream) route(res *scorer.Result, nowMs int64, in *dispatch.Input) {
 	p := s.plugin
 	cfg := p.cfg // one nil check, not one per field read
 	t := &s.ticket

@@ -15,8 +15,8 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/v8host"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
 // churnAddrs returns the n addresses of push number push: every push
@@ -189,7 +189,7 @@ func TestDepartedHostSlotFreedOnTick(t *testing.T) {
 // turn: after 10,000 distinct addresses the engines pushed last get prefix
 // matching and load counts, and the shared data stops growing.
 func TestWasmPushChurnFreesHostSlots(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	engines := f.Addrs()
 	// The engines are not among the static endpoints: they first appear
 	// in the last push, when 10,000 addresses have come and gone.
@@ -280,7 +280,7 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 // last get slots and prefix matching, and an older push is refused.
 func TestV8PushChurnFreesHostSlots(t *testing.T) {
 	needV8(t)
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	engines := f.Addrs()
 	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: engines, Workers: 2,
 		Configuration: `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"` + stateToken + `"}}`})

@@ -14,9 +14,9 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
 
-	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // The state endpoint: `kvroute metrics` POSTs a snapshot.State to every

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/v8host"
+	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
 // BenchmarkRouterInV8 is BenchmarkRouterInWasm on V8, the engine Envoy runs
-// by default (internal/v8host: node with Liftoff off, as Envoy sets it): the
+// by default (internal/testenv/v8host: node with Liftoff off, as Envoy sets it): the
 // same 16 hosts, chat requests and sizes, blocks of 25 requests sent
 // alternately to the host's plain listener (no filter, bodies streamed) and
 // its filtered one. CPU is the node process's (proxy and VM; the client and

@@ -1,6 +1,6 @@
 package filter
 
-// The edge tests of edge_test.go in V8 (internal/v8host), for what depends
+// The edge tests of edge_test.go in V8 (internal/testenv/v8host), for what depends
 // on the host: a local reply from the request headers, a body buffered and
 // rewritten after the headers went on (header-only mode, pass-through
 // paths), a recovered panic's fail-open.
@@ -14,7 +14,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/kvroute/kvroute/internal/v8host"
+	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
 func startV8(t *testing.T, addrs []string, conf string) *v8host.Host {

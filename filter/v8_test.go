@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/v8host"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
 // needV8 skips a test when node is missing, except in CI, where .ci/run
@@ -275,7 +275,7 @@ func TestV8LoadCountersSurviveResets(t *testing.T) {
 	if testing.Short() {
 		n = 500
 	}
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0.002})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0.002})
 	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: f.Addrs(), Workers: 2,
 		Configuration: "{" + endpointsJSON(f.Addrs()) + `,"fallbacks":1}`})
 	if err != nil {

@@ -14,7 +14,7 @@
 //	                 405, or hold the headers for the body (Pause)
 //	request body     validate and walk the JSON (jsonvalid.go, jsonwalk.go),
 //	                 hash the prompt into blocks (parse.go), decide with
-//	                 internal/router over the shared index, set the
+//	                 dispatch over the shared index, set the
 //	                 destination header, resume; or, when every host is
 //	                 saturated, hold the stream for admission (admission.go),
 //	                 released from on_tick by class and deadline
@@ -29,7 +29,7 @@
 //
 // Every callback runs behind a panic guard (guard.go): inside Wasm a Go panic
 // kills the VM for that worker, so a bug must cost one request, not a worker.
-// The plugin configuration is parsed by filter/config, which imports no SDK.
+// The plugin configuration is parsed by config, which imports no SDK.
 package filter
 
 import (
@@ -39,7 +39,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/kvroute/kvroute/filter/config"
+	"github.com/kvroute/kvroute/config"
 )
 
 // Root ids of the two filters.

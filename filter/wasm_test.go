@@ -1,8 +1,8 @@
 package filter
 
 // Wasm integration tests of kvroute.router: the built dist/kvroute.wasm in
-// internal/wasmhost (an Envoy-like host on wazero), in front of simulated
-// vLLM engines (internal/simserver) on loopback.
+// internal/testenv/wasmhost (an Envoy-like host on wazero), in front of simulated
+// vLLM engines (internal/sim/server) on loopback.
 
 import (
 	"context"
@@ -22,9 +22,9 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
 )
 
 // wasmModule reads dist/kvroute.wasm, or the module KVROUTE_WASM names (to
@@ -51,9 +51,9 @@ func modulePath(t testing.TB) string {
 	return path
 }
 
-func startFleet(t testing.TB, opt simserver.Options) *simserver.Fleet {
+func startFleet(t testing.TB, opt server.Options) *server.Fleet {
 	t.Helper()
-	f, err := simserver.Start(opt)
+	f, err := server.Start(opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func cachedTokensFor(t *testing.T, strategy string) int64 {
 	// 8 engines, each with room for about three of the 16 system prompts
 	// (the fleet holds them all): round robin shows every engine every
 	// prompt and thrashes; affinity partitions the prompts.
-	f := startFleet(t, simserver.Options{Replicas: 8, TimeScale: 0, TimeScaleSet: true, KVBlocks: 110})
+	f := startFleet(t, server.Options{Replicas: 8, TimeScale: 0, TimeScaleSet: true, KVBlocks: 110})
 	_, url := startRouter(t, f.Addrs(), 2, `,"strategy":"`+strategy+`","fallbacks":0`)
 	rng := rand.New(rand.NewSource(7))
 	var cached int64
@@ -188,7 +188,7 @@ func TestWasmSharedPrefixBeatsRoundRobin(t *testing.T) {
 // lives in shared data. Consecutive requests alternate between the two
 // workers, so each pair below is decided by different VMs.
 func TestWasmWorkersShareOneIndex(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	h, url := startRouter(t, f.Addrs(), 2, `,"fallbacks":0`)
 	served := func(body string) string { return servedBy(t, h, url, body, nil) }
 	for i := 0; i < 6; i++ {
@@ -202,7 +202,7 @@ func TestWasmWorkersShareOneIndex(t *testing.T) {
 }
 
 func TestWasmStateEndpointAuth(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	addrs := f.Addrs()
 	h, url := startRouter(t, addrs, 2, `,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}`)
 	push := pushBody(time.Now().UnixMilli(), addrs[2], addrs[3])
@@ -296,7 +296,7 @@ const llamaCompletion = `{"model":"llama-3-8b","prompt":"hello","max_tokens":2}`
 // health: the engine last pushed unhealthy and the dead one whose breaker
 // opened get none of the requests while healthy engines remain.
 func TestWasmStaleStateKeepsDeadHostsOut(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 3, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 3, TimeScale: 0, TimeScaleSet: true})
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadAddr := dead.Listener.Addr().String()
 	dead.Close() // nothing listens there any more
@@ -357,7 +357,7 @@ func TestWasmLoadCountersSurviveResets(t *testing.T) {
 	if testing.Short() {
 		n = 1000
 	}
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0.002})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0.002})
 	h, url := startRouter(t, f.Addrs(), 2, `,"fallbacks":1`)
 	sendWithResets(t, url, n)
 	waitLoadsZero(t, hostStore{h})
@@ -455,7 +455,7 @@ func waitLoadsZero(t *testing.T, store index.Store) {
 // The bad-input table through the real module: the documented status for
 // each, and both VMs healthy afterwards.
 func TestWasmBadInputs(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true, Model: "m"})
+	f := startFleet(t, server.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true, Model: "m"})
 	h, url := startRouter(t, f.Addrs(), 2, `,"maxBodyBytes":4096`)
 	total := func() int {
 		n := 0
@@ -516,7 +516,7 @@ func TestWasmBadInputs(t *testing.T) {
 // answer, counts a fallback and a failure of the primary, and after
 // consecutiveFailures stops choosing the dead engine.
 func TestWasmDeadEngineOpensTheBreaker(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true})
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadAddr := dead.Listener.Addr().String()
 	dead.Close() // nothing listens there any more
@@ -541,7 +541,7 @@ func TestWasmDeadEngineOpensTheBreaker(t *testing.T) {
 // With orca on, the filter asks the engine for endpoint-load-metrics (the
 // engine answers with it); off, it does not.
 func TestWasmORCARequested(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true})
 	for _, on := range []bool{true, false} {
 		_, url := startRouter(t, f.Addrs(), 1, fmt.Sprintf(`,"orca":%v`, on))
 		code, body, hdr := call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil)
@@ -583,7 +583,7 @@ func TestWasmClientPDFieldsNeverReachTheEngine(t *testing.T) {
 // the user at a different place in each body: each user still reaches the
 // engine it was pinned to.
 func TestWasmBodyUserPinsAcrossReusedBodies(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	h, url := startRouter(t, f.Addrs(), 1, `,"strategy":"sticky_session","fallbacks":0`)
 	served := func(user string, size int) string {
 		// "user" after the prompt: where it sits in the buffer varies.
@@ -613,7 +613,7 @@ func TestWasmBodyUserPinsAcrossReusedBodies(t *testing.T) {
 // because the pins live in shared data (per-worker tables sent about half
 // of them elsewhere).
 func TestWasmSessionsHoldAcrossWorkers(t *testing.T) {
-	f := startFleet(t, simserver.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
+	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	h, url := startRouter(t, f.Addrs(), 2, `,"strategy":"sticky_session"`)
 	served := func(session string, turn int) string {
 		body := chatBody(systemPrompt(turn), fmt.Sprintf("turn %d of %s: what next?", turn, session))

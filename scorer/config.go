@@ -94,7 +94,7 @@ type DisaggregationSpec struct {
 }
 
 // FieldError is one configuration mistake, located by its JSON path. The
-// filter's configuration (filter/config) reports with the same type.
+// filter's configuration (config) reports with the same type.
 type FieldError struct {
 	Path string // "profiles.default.scorers[2].weight"; empty for the document itself
 	Msg  string // "must be >= 0"

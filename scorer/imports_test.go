@@ -13,7 +13,7 @@ import (
 // like the rest of the filter's, so it must not bring in encoding/json (a
 // reflection-based decoder the module would otherwise carry for it alone).
 func TestNoReflectionJSONDecoder(t *testing.T) {
-	for _, dir := range []string{".", "../filter/config"} {
+	for _, dir := range []string{".", "../config"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

@@ -19,10 +19,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/kvroute/kvroute/internal/benchreport"
-	"github.com/kvroute/kvroute/internal/fleet"
 	"github.com/kvroute/kvroute/internal/sim"
-	"github.com/kvroute/kvroute/internal/workload"
+	"github.com/kvroute/kvroute/internal/sim/fleet"
+	"github.com/kvroute/kvroute/internal/sim/report"
+	"github.com/kvroute/kvroute/internal/sim/workload"
 )
 
 type benchOptions struct {
@@ -224,11 +224,11 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 
 // benchFleet simulates every strategy on the workload (in parallel, each
 // with its own fleet and router) and computes the fleet's ceiling.
-func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*benchreport.Report, []time.Duration, error) {
-	report := &benchreport.Report{
+func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*report.Report, []time.Duration, error) {
+	report := &report.Report{
 		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated", CacheState: o.cacheState,
 		Gateways: o.top.Gateways, Workers: o.top.Workers,
-		Results: make([]benchreport.Result, len(names)),
+		Results: make([]report.Result, len(names)),
 	}
 	par := o.parallel
 	if par <= 0 {
@@ -293,18 +293,18 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 	return report, walls, nil
 }
 
-func toResult(name string, res *fleet.Result) benchreport.Result {
+func toResult(name string, res *fleet.Result) report.Result {
 	s := res.Summarize()
-	r := benchreport.Result{
+	r := report.Result{
 		Strategy:      name,
 		Requests:      s.Requests,
-		TTFTms:        benchreport.P50P90P99{P50: benchreport.Ms(s.TTFT.P50), P90: benchreport.Ms(s.TTFT.P90), P99: benchreport.Ms(s.TTFT.P99)},
-		TPOTms:        benchreport.P50P90{P50: benchreport.Ms(s.TPOT.P50), P90: benchreport.Ms(s.TPOT.P90)},
-		E2Ems:         benchreport.P50P99{P50: benchreport.Ms(s.E2E.P50), P99: benchreport.Ms(s.E2E.P99)},
+		TTFTms:        report.P50P90P99{P50: report.Ms(s.TTFT.P50), P90: report.Ms(s.TTFT.P90), P99: report.Ms(s.TTFT.P99)},
+		TPOTms:        report.P50P90{P50: report.Ms(s.TPOT.P50), P90: report.Ms(s.TPOT.P90)},
+		E2Ems:         report.P50P99{P50: report.Ms(s.E2E.P50), P99: report.Ms(s.E2E.P99)},
 		OutputTokPerS: s.OutputTokPerS,
 		CacheHitRatio: s.HitRatio,
 		LoadImbalance: s.LoadImbalance,
-		RouterUS:      benchreport.P50P99{P50: benchreport.Us(s.RouterTime.P50), P99: benchreport.Us(s.RouterTime.P99)},
+		RouterUS:      report.P50P99{P50: report.Us(s.RouterTime.P50), P99: report.Us(s.RouterTime.P99)},
 	}
 	for _, rec := range res.Records {
 		if !rec.Rejected {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/benchreport"
-	"github.com/kvroute/kvroute/internal/fleet"
+	"github.com/kvroute/kvroute/internal/sim/fleet"
+	"github.com/kvroute/kvroute/internal/sim/report"
 )
 
 const sharedTrace = "../../../shared/traces/mooncake_synthetic.jsonl"
@@ -125,7 +125,7 @@ func TestBenchWritesTheContract(t *testing.T) {
 	// The simulator sees each router's books: every strategy reports its
 	// prediction error, and kvroute's own profile predicts better than a
 	// router that predicts nothing (an error of 100%).
-	var rep benchreport.Report
+	var rep report.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestBenchPreciseCacheState(t *testing.T) {
 	}
 	raw, _ := os.ReadFile(out)
 	validateBenchJSON(t, raw, []string{"kv_cache_aware"}, 4)
-	var rep benchreport.Report
+	var rep report.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -16,13 +16,13 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvroute/kvroute/internal/benchreport"
-	"github.com/kvroute/kvroute/internal/fleet"
-	"github.com/kvroute/kvroute/internal/replay"
 	"github.com/kvroute/kvroute/internal/sim"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/workload"
+	"github.com/kvroute/kvroute/internal/sim/fleet"
+	"github.com/kvroute/kvroute/internal/sim/replay"
+	"github.com/kvroute/kvroute/internal/sim/report"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/sim/workload"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
 )
 
 type demoOptions struct {
@@ -111,7 +111,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	}
 	prof, _ := sim.LookupProfile("")
 	prof.NumGPUBlocksOverride = o.kvBlocks
-	report := &benchreport.Report{
+	report := &report.Report{
 		Trace: w.Name, Replicas: o.replicas, Profile: prof.Name, RateScale: o.scale, Seed: o.seed, Mode: "live",
 		CeilingHitRatio: fleet.Ceiling(w, prof, o.replicas),
 	}
@@ -158,10 +158,10 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 
 // demoStrategy runs the workload once: fresh engines (cold caches), a fresh
 // Wasm host with the filter set to the strategy, the replay, the figures.
-func demoStrategy(ctx context.Context, name string, module []byte, w *workload.Workload, o demoOptions) (benchreport.Result, error) {
-	engines, err := simserver.Start(simserver.Options{Replicas: o.replicas, TimeScale: o.timeScale, KVBlocks: o.kvBlocks})
+func demoStrategy(ctx context.Context, name string, module []byte, w *workload.Workload, o demoOptions) (report.Result, error) {
+	engines, err := server.Start(server.Options{Replicas: o.replicas, TimeScale: o.timeScale, KVBlocks: o.kvBlocks})
 	if err != nil {
-		return benchreport.Result{}, err
+		return report.Result{}, err
 	}
 	defer engines.Close()
 	addrs := engines.Addrs()
@@ -178,12 +178,12 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 		RouteTimeout: -1,
 	})
 	if err != nil {
-		return benchreport.Result{}, err
+		return report.Result{}, err
 	}
 	defer host.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return benchreport.Result{}, err
+		return report.Result{}, err
 	}
 	go host.Serve(ln)
 	defer ln.Close()
@@ -193,7 +193,7 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 	// header, as chat front ends do.
 	recs, err := replay.Run(ctx, w, replay.Options{BaseURL: "http://" + ln.Addr().String(), TimeScale: o.timeScale, SessionHeader: "x-session-id"})
 	if err != nil {
-		return benchreport.Result{}, err
+		return report.Result{}, err
 	}
 	wall := time.Since(t0)
 
@@ -216,7 +216,7 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 	if failed > 0 {
 		for _, r := range recs {
 			if r.Err != "" {
-				return benchreport.Result{}, fmt.Errorf("%d of %d requests failed, first: %s", failed, len(recs), r.Err)
+				return report.Result{}, fmt.Errorf("%d of %d requests failed, first: %s", failed, len(recs), r.Err)
 			}
 		}
 	}
@@ -230,16 +230,16 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 			decision = append(decision, time.Duration(us)*time.Microsecond)
 		}
 	}
-	p := func(d []time.Duration, q float64) float64 { return benchreport.Ms(pct(d, q)) }
-	res := benchreport.Result{
+	p := func(d []time.Duration, q float64) float64 { return report.Ms(pct(d, q)) }
+	res := report.Result{
 		Strategy:      name,
 		Requests:      len(recs),
-		TTFTms:        benchreport.P50P90P99{P50: p(ttft, 0.5), P90: p(ttft, 0.9), P99: p(ttft, 0.99)},
-		TPOTms:        benchreport.P50P90{P50: p(tpot, 0.5), P90: p(tpot, 0.9)},
-		E2Ems:         benchreport.P50P99{P50: p(e2e, 0.5), P99: p(e2e, 0.99)},
+		TTFTms:        report.P50P90P99{P50: p(ttft, 0.5), P90: p(ttft, 0.9), P99: p(ttft, 0.99)},
+		TPOTms:        report.P50P90{P50: p(tpot, 0.5), P90: p(tpot, 0.9)},
+		E2Ems:         report.P50P99{P50: p(e2e, 0.5), P99: p(e2e, 0.99)},
 		OutputTokPerS: float64(output) / scaleBack(wall, o.timeScale).Seconds(),
 		LoadImbalance: fleet.Imbalance(busy),
-		RouterUS:      benchreport.P50P99{P50: benchreport.Us(pct(decision, 0.5)), P99: benchreport.Us(pct(decision, 0.99))},
+		RouterUS:      report.P50P99{P50: report.Us(pct(decision, 0.5)), P99: report.Us(pct(decision, 0.99))},
 		TTFTSamples:   ttft,
 	}
 	if input > 0 {

@@ -9,8 +9,8 @@ import (
 	"github.com/spf13/pflag"
 	appsv1 "k8s.io/api/apps/v1"
 
-	"github.com/kvroute/kvroute/filter/config"
-	"github.com/kvroute/kvroute/internal/manifests"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/deploy/manifests"
 )
 
 // TestShippedMetricsDeploymentArgs parses the container arguments of the

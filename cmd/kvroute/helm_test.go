@@ -18,7 +18,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 
-	"github.com/kvroute/kvroute/internal/manifests"
+	"github.com/kvroute/kvroute/internal/deploy/manifests"
 )
 
 const chartDir = "../../deploy/helm/kvroute"

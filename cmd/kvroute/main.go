@@ -4,7 +4,7 @@
 //
 // Each subcommand lives in its own file and registers itself with
 // addCommand from an init function, so the concerns stay apart. Built with
-// -tags metricsonly (the metrics service image, internal/distbuild), only
+// -tags metricsonly (the metrics service image, internal/deploy/distbuild), only
 // `metrics` and `version` are compiled in: the files of the other commands
 // carry a !metricsonly constraint, which keeps the simulator, plotting, Wasm
 // runtime and OCI code out of the service's binary.

@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 func TestMetricsConfigFile(t *testing.T) {

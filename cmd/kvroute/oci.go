@@ -14,11 +14,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvroute/kvroute/internal/buildinfo"
-	"github.com/kvroute/kvroute/internal/oci"
+	"github.com/kvroute/kvroute/internal/deploy/oci"
 )
 
 // The oci command packages dist/kvroute.wasm as the OCI image Istio's
-// WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy pull (see internal/oci).
+// WasmPlugin and Envoy Gateway's EnvoyExtensionPolicy pull (see internal/deploy/oci).
 func init() {
 	readArchiveModule = func(path string) ([]byte, error) {
 		img, err := oci.ReadArchive(path)

@@ -19,7 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/spf13/pflag"
 
-	"github.com/kvroute/kvroute/internal/oci"
+	"github.com/kvroute/kvroute/internal/deploy/oci"
 )
 
 // runCLI runs `kvroute args...` through the real cobra tree and returns

@@ -12,11 +12,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvroute/kvroute/internal/sim"
-	"github.com/kvroute/kvroute/internal/simserver"
+	"github.com/kvroute/kvroute/internal/sim/server"
 )
 
 func init() {
-	var o simserver.Options
+	var o server.Options
 	cmd := &cobra.Command{
 		Use:   "sim --replicas N --port-base P [--role prefill|decode|both] [--time-scale X]",
 		Short: "Serve simulated vLLM engines over HTTP (OpenAI API, /metrics, ORCA, P/D)",
@@ -38,7 +38,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 			// signal sent once "serving" is printed always stops them.
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			f, err := simserver.Start(o)
+			f, err := server.Start(o)
 			if err != nil {
 				return err
 			}

@@ -12,11 +12,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvroute/kvroute/internal/manifests"
+	"github.com/kvroute/kvroute/internal/deploy/manifests"
 )
 
 // The validate command runs, on a user's files, the checks the project's
-// own tests run on the shipped manifests (internal/manifests.Check): a
+// own tests run on the shipped manifests (internal/deploy/manifests.Check): a
 // user who edits a manifest or a plugin configuration learns what Envoy,
 // Istio, Envoy Gateway or the filter would reject before applying it.
 func init() {

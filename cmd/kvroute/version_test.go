@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/buildinfo"
-	"github.com/kvroute/kvroute/internal/oci"
+	"github.com/kvroute/kvroute/internal/deploy/oci"
 )
 
 // recordedWasm writes a synthetic module carrying a build record.

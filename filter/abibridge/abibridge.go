@@ -19,7 +19,7 @@
 //     from a table of the bridge's own instead of the SDK's maps, whose
 //     code every request would otherwise run.
 //
-// internal/wasmbuild copies the SDK from the module cache, unmodified, into
+// internal/deploy/wasmbuild copies the SDK from the module cache, unmodified, into
 // .wasmbuild/ (Go refuses overlays inside GOMODCACHE) and injects these files
 // with `go build -overlay`. Nothing here is imported by the filter code.
 package abibridge

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
 )
 
 // moreThanTheTable is more streams than callbacks.go.in's table has slots

@@ -1,7 +1,7 @@
 // Package buildinfo says which kvroute an artefact is: the release version,
 // the source revision, the Go toolchain and, for a Wasm module, the Envoy
 // variant it was built for. The CLI reports its own (`kvroute version`);
-// internal/wasmbuild writes a module's into a custom section of the module
+// internal/deploy/wasmbuild writes a module's into a custom section of the module
 // (which Envoy ignores), so `kvroute version FILE.wasm` can read it back
 // without running the module, and `kvroute oci build` can name the image
 // after it.

@@ -10,7 +10,7 @@ import (
 // Source returns the Info of a build made now from the checkout at dir:
 // Release, the git revision (empty outside a git checkout or without git),
 // whether tracked files have uncommitted changes, and the version of the go
-// command on PATH. The build tools (internal/wasmbuild, internal/distbuild)
+// command on PATH. The build tools (internal/deploy/wasmbuild, internal/deploy/distbuild)
 // stamp it into what they build.
 func Source(ctx context.Context, dir string) Info {
 	info := Info{Version: Release}

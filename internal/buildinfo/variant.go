@@ -5,7 +5,7 @@ import "fmt"
 // The two builds of the Wasm module. Envoy before 1.39 answers WASI
 // poll_oneoff with an error, which Go's runtime treats as fatal once the
 // netpoller runs: the standard module dies after hours of traffic there,
-// and the envoy-compat module (a patched runtime, see internal/wasmbuild)
+// and the envoy-compat module (a patched runtime, see internal/deploy/wasmbuild)
 // is the one to load. Each variant has its own file, archive and image tag,
 // so building one never replaces the other.
 const (

@@ -17,7 +17,7 @@ const WasmSection = "kvroute.buildinfo"
 var wasmHeader = []byte{0x00, 'a', 's', 'm', 0x01, 0x00, 0x00, 0x00}
 
 // ErrNoWasmInfo means the module is valid but carries no WasmSection: it
-// was not built by internal/wasmbuild (make wasm).
+// was not built by internal/deploy/wasmbuild (make wasm).
 var ErrNoWasmInfo = errors.New("the module carries no kvroute build information (" + WasmSection + " section); modules built by make wasm carry it")
 
 // AppendToWasm returns module with info appended as a WasmSection custom

@@ -9,7 +9,7 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/metricsvc/cachestate"
 	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Precise cache state in production (docs/cache-state.md): every engine

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Gateway reports (docs/topology.md): every gateway worker POSTs its recent

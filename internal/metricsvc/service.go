@@ -43,7 +43,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Config configures a Service. Zero durations take the documented defaults.

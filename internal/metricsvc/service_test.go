@@ -26,8 +26,8 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // gateway is a state endpoint that checks the bearer token, like the
@@ -182,10 +182,10 @@ func metricValue(text, series string) (float64, bool) {
 }
 
 // TestLiveEnginesKillAndRestart scrapes live simulated vLLM engines
-// (internal/simserver) over real HTTP, kills one, and brings it back on
+// (internal/sim/server) over real HTTP, kills one, and brings it back on
 // the same port.
 func TestLiveEnginesKillAndRestart(t *testing.T) {
-	fleet, err := simserver.Start(simserver.Options{Replicas: 2, TimeScale: 1, KVBlocks: 4096})
+	fleet, err := server.Start(server.Options{Replicas: 2, TimeScale: 1, KVBlocks: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,10 +266,10 @@ func TestLiveEnginesKillAndRestart(t *testing.T) {
 	port := b[strings.LastIndexByte(b, ':')+1:]
 	var p int
 	fmt.Sscanf(port, "%d", &p)
-	var again *simserver.Fleet
+	var again *server.Fleet
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		again, err = simserver.Start(simserver.Options{Replicas: 1, PortBase: p, TimeScale: 1, KVBlocks: 4096})
+		again, err = server.Start(server.Options{Replicas: 1, PortBase: p, TimeScale: 1, KVBlocks: 4096})
 		if err == nil || time.Now().After(deadline) {
 			break
 		}

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
-	"github.com/kvroute/kvroute/internal/snapshot"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // telemetry is the service's own /metrics. Counters that the sub-packages

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/filter"
-	"github.com/kvroute/kvroute/internal/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
 )
 
 // BenchmarkPDSplit measures what kvroute.pd adds to one request in the Wasm

@@ -8,9 +8,9 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/filter"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
 )
 
 // The whole chain as Envoy runs it: kvroute.router decides (decode host, and
@@ -23,7 +23,7 @@ type chain struct {
 	url      string
 	prefill  []*recorder
 	decode   *recorder
-	engines  *simserver.Fleet
+	engines  *server.Fleet
 	prefillN int
 }
 
@@ -35,7 +35,7 @@ func startChain(t *testing.T, prefillN int, threshold int, pdConfig string) *cha
 	for range prefillN {
 		roles = append(roles, "prefill")
 	}
-	f, err := simserver.Start(simserver.Options{Replicas: len(roles), Roles: roles, TimeScale: 0.05, TimeScaleSet: true})
+	f, err := server.Start(server.Options{Replicas: len(roles), Roles: roles, TimeScale: 0.05, TimeScaleSet: true})
 	if err != nil {
 		t.Fatal(err)
 	}

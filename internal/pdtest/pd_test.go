@@ -23,9 +23,9 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/sim"
-	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/wasmhost"
-	"github.com/kvroute/kvroute/internal/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
 )
 
 const (
@@ -132,7 +132,7 @@ type setup struct {
 	url     string
 	prefill *recorder
 	decode  *recorder
-	engines *simserver.Fleet // [0] prefill, [1] decode (when simulated)
+	engines *server.Fleet // [0] prefill, [1] decode (when simulated)
 }
 
 var (
@@ -157,9 +157,9 @@ func kvrouteModule(t *testing.T) []byte {
 }
 
 // engines starts one simulated prefill and one decode engine.
-func engines(t *testing.T, scale float64) *simserver.Fleet {
+func engines(t *testing.T, scale float64) *server.Fleet {
 	t.Helper()
-	f, err := simserver.Start(simserver.Options{Replicas: 2, Roles: []string{"prefill", "decode"}, TimeScale: scale, TimeScaleSet: true})
+	f, err := server.Start(server.Options{Replicas: 2, Roles: []string{"prefill", "decode"}, TimeScale: scale, TimeScaleSet: true})
 	if err != nil {
 		t.Fatal(err)
 	}
