@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/filter/quietbody"
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
 
@@ -37,7 +38,7 @@ type routerPlugin struct {
 	token  string // state endpoint bearer token ("" disables pushes)
 	ix     *index.Index
 	rt     *dispatch.Router
-	parser requestParser
+	parser openai.Parser
 
 	// hosts is the candidate set handed to every decision; pos maps an
 	// address to its position. Rebuilt when pushed state changes.
@@ -225,7 +226,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	// Session pins and prefix memory in shared data too: every worker of
 	// the gateway routes a conversation's next turn alike (docs/topology.md).
 	p.rt = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
-	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
+	p.parser = openai.NewParser(cfg, index.NewHasher(ix.Config().Hash))
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
 	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
@@ -744,7 +745,7 @@ type routerStream struct {
 	held   *heldRequest // set while admission holds it
 	admHdr admissionHeaders
 
-	kind         apiKind
+	kind         openai.Endpoint
 	awaitingBody bool // inference request paused for its body
 	stateRequest bool // a push to the state endpoint
 	sessionKey   string
@@ -829,7 +830,7 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	if n, ok := decimal(headers.contentLength); ok && n > int64(cfg.MaxBodyBytes) {
 		return s.bodyTooLarge()
 	}
-	s.kind = kindOf(path)
+	s.kind = openai.EndpointOf(path)
 	s.awaitingBody = true
 	// Wait for the body with the headers held: Envoy must run with
 	// allow_on_headers_stop_iteration for the body to arrive before the
@@ -919,7 +920,7 @@ func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream boo
 	}
 	if p.cfg.RejectOtherPaths {
 		p.stats.notFound.Increment(1)
-		return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
+		return s.reject(&openai.Error{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
 	}
 	p.stats.passThrough.Increment(1)
 	s.scrub = !endOfStream
@@ -929,7 +930,7 @@ func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream boo
 // badMethod answers 405 to anything but POST on an inference path.
 func (s *routerStream) badMethod(path string) types.Action {
 	s.plugin.stats.badMethod.Increment(1)
-	return s.reject(&requestError{Status: 405, Message: "use POST for " + path})
+	return s.reject(&openai.Error{Status: 405, Message: "use POST for " + path})
 }
 
 // readBody reads the request body into p.bodyBuf (lent to the ABI bridge,
@@ -996,7 +997,7 @@ func (p *routerPlugin) growBodyBuf(n int) bool {
 // docs/performance.md).
 func (s *routerStream) emptyBody() types.Action {
 	s.plugin.stats.badRequest.Increment(1)
-	return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
+	return s.reject(openai.BadRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
 }
 
 func (s *routerStream) bodyTooLarge() types.Action {
@@ -1005,8 +1006,8 @@ func (s *routerStream) bodyTooLarge() types.Action {
 	return s.reject(tooLarge(p.cfg.MaxBodyBytes))
 }
 
-func tooLarge(limit int) *requestError {
-	return &requestError{Status: 413, Message: "the request body is larger than " + strconv.Itoa(limit) + " bytes (maxBodyBytes)"}
+func tooLarge(limit int) *openai.Error {
+	return &openai.Error{Status: 413, Message: "the request body is larger than " + strconv.Itoa(limit) + " bytes (maxBodyBytes)"}
 }
 
 func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
@@ -1060,20 +1061,20 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if err != nil && bodySize > 0 {
 		return s.unreadableBody(err)
 	}
-	req, perr := p.parser.parse(body, s.kind)
+	req, perr := p.parser.Parse(body, s.kind)
 	if perr != nil {
 		return s.unparsable(perr)
 	}
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
-	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
+	if p.parser.Dropped() > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
 	}
 	in := dispatch.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
-		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher, PromptChars: p.parser.hasher.Len(),
+		Chain: p.parser.Hasher().Blocks(), Tokens: p.parser.Hasher(), PromptChars: p.parser.Hasher().Len(),
 	}
 	s.streamed = req.Stream
 	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
@@ -1094,12 +1095,12 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 func (s *routerStream) unreadableBody(err error) types.Action {
 	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (request refused)", err)
 	s.plugin.stats.failedOpen.Increment(1)
-	return s.reject(&requestError{Status: 503, Message: "kvroute could not read the request body; retry"})
+	return s.reject(&openai.Error{Status: 503, Message: "kvroute could not read the request body; retry"})
 }
 
 // unparsable rejects a body the parser refused. Out of routeBody's line: a
 // routed request never enters it.
-func (s *routerStream) unparsable(perr *requestError) types.Action {
+func (s *routerStream) unparsable(perr *openai.Error) types.Action {
 	s.plugin.stats.parseErrors.Increment(1)
 	s.plugin.stats.badRequest.Increment(1)
 	return s.reject(perr)
@@ -1145,13 +1146,13 @@ func (s *routerStream) noCandidate(model, adapter string) {
 	}
 	p.stats.notFound.Increment(1)
 	p.stats.modelNotFound.Increment(1)
-	s.reject(&requestError{Status: 404, Param: "model", Code: "model_not_found",
+	s.reject(&openai.Error{Status: 404, Param: "model", Code: "model_not_found",
 		Message: "The model '" + model + "' does not exist."})
 }
 
 // errClientFields answers a request whose client-only P/D fields could not
 // be removed.
-var errClientFields = &requestError{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
+var errClientFields = &openai.Error{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
 
 // forwardWithoutClientFields replaces the request body with body without
 // the P/D fields only the gateway may set (which parse found in it) and
@@ -1162,14 +1163,14 @@ func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 	if s.panicInBody {
 		hookPanic("recover") // test hook: fail open with the fields still in the body
 	}
-	clean := p.parser.withoutClientOnly(body)
+	clean := p.parser.WithoutClientOnly(body)
 	if err := proxywasm.ReplaceHttpRequestBody(clean); err != nil {
 		proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
 		p.stats.badRequest.Increment(1)
 		return false
 	}
 	_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(clean)))
-	p.stats.clientFieldsRemoved.Increment(uint64(p.parser.dropped))
+	p.stats.clientFieldsRemoved.Increment(uint64(p.parser.Dropped()))
 	return true
 }
 
@@ -1371,7 +1372,7 @@ func (s *routerStream) failOpenBody() {
 	}
 	if !s.safeScrub(s.bodySize) {
 		s.plugin.stats.badRequest.Increment(1)
-		s.reject(errClientFieldsUnreadable)
+		s.reject(openai.ErrClientFieldsUnreadable)
 	}
 }
 
@@ -1387,13 +1388,13 @@ func (s *routerStream) testHook(value string) {
 
 // reject answers locally with an OpenAI-style error; the request never
 // reaches an engine.
-func (s *routerStream) reject(e *requestError) types.Action {
+func (s *routerStream) reject(e *openai.Error) types.Action {
 	s.awaitingBody = false
 	headers := [][2]string{{"content-type", "application/json"}}
 	if e.Status == 405 {
 		headers = append(headers, [2]string{"allow", "POST"})
 	}
-	if err := proxywasm.SendHttpResponse(uint32(e.Status), headers, e.body(), -1); err != nil {
+	if err := proxywasm.SendHttpResponse(uint32(e.Status), headers, e.Body(), -1); err != nil {
 		proxywasm.LogWarnf("kvroute.router: sending the %d reply: %v", e.Status, err)
 		return types.ActionContinue
 	}
