@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 	"github.com/kvroute/kvroute/openai/openaitest"
 )
 

@@ -240,6 +240,10 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 	var wg sync.WaitGroup
 	var routed atomic.Int64
 	wg.Go(func() { report.CeilingHitRatio = fleet.Ceiling(w, prof, o.replicas) })
+	if len(mixed) == 0 {
+		// Oracles assume one profile: a mixed fleet has no single prefill time.
+		wg.Go(func() { report.Oracles = oracles(w, prof, o.replicas) })
+	}
 	for i, name := range names {
 		wg.Go(func() {
 			sem <- struct{}{}
@@ -291,6 +295,22 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 		return nil, nil, err
 	}
 	return report, walls, nil
+}
+
+// oracles are the clairvoyant bounds of the run (fleet.RunOracle): the
+// fleet's pooled cache with no queueing, and an unbounded cache with no
+// queueing, whose TTFT percentiles no routing can go below.
+func oracles(w *workload.Workload, prof sim.Profile, replicas int) []report.Oracle {
+	var out []report.Oracle
+	for _, c := range []struct {
+		name     string
+		replicas int
+	}{{"pooled ceiling, no queueing", replicas}, {"unbounded cache, no queueing (a floor for any router)", 0}} {
+		o := fleet.RunOracle(w, prof, c.replicas)
+		out = append(out, report.Oracle{Name: c.name, CacheHitRatio: o.HitRatio,
+			TTFTms: report.P50P90P99{P50: report.Ms(o.TTFT.P50), P90: report.Ms(o.TTFT.P90), P99: report.Ms(o.TTFT.P99)}})
+	}
+	return out
 }
 
 func toResult(name string, res *fleet.Result) report.Result {

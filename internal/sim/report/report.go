@@ -34,6 +34,17 @@ type Report struct {
 	// "approximate" (from their own routing and the engines' cached_tokens)
 	// or "precise" (the engines' KV events as well).
 	CacheState string `json:"cache_state,omitempty"`
+	// Oracles are clairvoyant bounds on the same workload and fleet
+	// (fleet.RunOracle): every request gets a cache's best prefix and no
+	// queueing. Absent in live mode.
+	Oracles []Oracle `json:"oracles,omitempty"`
+}
+
+// Oracle is one clairvoyant bound: its name says which cache it assumes.
+type Oracle struct {
+	Name          string    `json:"name"`
+	CacheHitRatio float64   `json:"cache_hit_ratio"`
+	TTFTms        P50P90P99 `json:"ttft_ms"`
 }
 
 // Result is one strategy's figures.
@@ -112,6 +123,10 @@ func (r *Report) Markdown(w io.Writer) {
 			x.E2Ems.P50, x.E2Ems.P99, x.OutputTokPerS, x.LoadImbalance, x.RouterUS.P50, x.RouterUS.P99, pe)
 	}
 	fmt.Fprintf(w, "\nceiling hit ratio (one LRU cache of the whole fleet's KV capacity): %.1f%%\n", 100*r.CeilingHitRatio)
+	for _, o := range r.Oracles {
+		fmt.Fprintf(w, "oracle, %s: hit ratio %.1f%%, TTFT p50 / p90 / p99 %.0f / %.0f / %.0f ms\n",
+			o.Name, 100*o.CacheHitRatio, o.TTFTms.P50, o.TTFTms.P90, o.TTFTms.P99)
+	}
 }
 
 // sortedMs returns the samples in milliseconds, ascending.
