@@ -12,8 +12,8 @@ import (
 
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // Two gateways converge through the metrics service (docs/topology.md):
