@@ -105,7 +105,7 @@ func (s *routerStream) decide(in *dispatch.Input) {
 	// in Wasm, two through time.Now).
 	p.ix.PinClock(nowMs)
 	p.prepare(nowMs)
-	t, res := p.rt.Decide(in, p.hosts)
+	t, res := p.disp.Decide(in, p.hosts)
 	p.ix.UnpinClock()
 	if p.reporter != nil && t.Host >= 0 {
 		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens)
@@ -200,7 +200,7 @@ func (p *routerPlugin) destinationFailed(err error) {
 // router's own request state carries the matches).
 func (s *routerStream) explain(res *scorer.Result, predicted int) {
 	p := s.plugin
-	b := p.rt.AppendExplain(nil, res, p.hosts)
+	b := p.disp.AppendExplain(nil, res, p.hosts)
 	b = append(b, " predicted_cached_tokens="...)
 	s.explanation = string(strconv.AppendInt(b, int64(predicted), 10))
 }

@@ -26,7 +26,7 @@ type routerPlugin struct {
 	stats  routerStats
 	token  string // state endpoint bearer token ("" disables pushes)
 	ix     *index.Index
-	rt     *dispatch.Router
+	disp   *dispatch.Dispatcher
 	parser openai.Parser
 
 	// hosts is the candidate set handed to every decision; pos maps an
@@ -57,7 +57,7 @@ type routerPlugin struct {
 	housekeptAt int64
 	// slotGens is, per slot, the generation of the host this worker last
 	// gave it to (0: none), so that a slot reassigned drops what the
-	// router learned about its previous host (Router.ForgetSlot).
+	// dispatcher learned about its previous host (Dispatcher.ForgetSlot).
 	slotGens [index.MaxSlots]uint32
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
@@ -219,7 +219,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.ix = ix
 	// Session pins and prefix memory in shared data too: every worker of
 	// the gateway routes a conversation's next turn alike (docs/topology.md).
-	p.rt = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
+	p.disp = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
 	p.parser = openai.NewParser(cfg, index.NewHasher(ix.Config().Hash))
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
@@ -263,7 +263,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 // test and the call: each function entered costs a request
 // (docs/performance.md).
 func (p *routerPlugin) syncStats() {
-	rs := p.rt.Stats()
+	rs := p.disp.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
 		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
 	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
