@@ -1,6 +1,6 @@
-// Package wasmhosttest starts a Wasm host (internal/sim/wasmhost) behind an
-// httptest server for tests, as net/http/httptest does for a handler: the
-// host and its front close with the test.
+// Package wasmhosttest starts the wazero host (internal/sim/wasmhost)
+// behind an httptest server for tests, as net/http/httptest does for a
+// handler: the host and its front close with the test.
 package wasmhosttest
 
 import (
@@ -17,7 +17,15 @@ import (
 // its configuration.
 func Start(tb testing.TB, cfg wasmhost.Config) (*wasmhost.Host, string) {
 	tb.Helper()
-	h, err := wasmhost.New(context.Background(), cfg)
+	return StartContext(tb, context.Background(), cfg)
+}
+
+// StartContext is Start with the context New compiles the module with:
+// one carrying a wazero function listener factory, for instance, sees
+// every call the module makes.
+func StartContext(tb testing.TB, ctx context.Context, cfg wasmhost.Config) (*wasmhost.Host, string) {
+	tb.Helper()
+	h, err := wasmhost.New(ctx, cfg)
 	if err != nil { // a *PluginStartError quotes the module's log
 		tb.Fatal(err)
 	}
