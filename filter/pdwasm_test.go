@@ -67,9 +67,7 @@ type recorder struct {
 // exchanges returns what the recorder saw, once the exchanges under way
 // are over (a client can read a whole response before its handler returns).
 func (r *recorder) exchanges() []exchange {
-	for deadline := time.Now().Add(5 * time.Second); r.inflight.Load() > 0 && time.Now().Before(deadline); {
-		time.Sleep(2 * time.Millisecond)
-	}
+	testenv.Poll(5*time.Second, func() bool { return r.inflight.Load() == 0 })
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]exchange(nil), r.ex...)
@@ -566,10 +564,7 @@ func TestSGLangBootstrapPair(t *testing.T) {
 				t.Errorf("prefill engine prefilled %d tokens, want %d", got, n)
 			}
 			// The prefill callout's success is counted when it lands.
-			deadline := time.Now().Add(3 * time.Second)
-			for counter(s.host, "kvroute.pd.requests.disaggregated") != 1 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
+			testenv.Poll(3*time.Second, func() bool { return counter(s.host, "kvroute.pd.requests.disaggregated") == 1 })
 			if got := counter(s.host, "kvroute.pd.requests.disaggregated"); got != 1 {
 				t.Errorf("disaggregated = %d", got)
 			}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // Load stays honest across gateways: a push carrying another gateway's
@@ -101,7 +103,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 			}
 		}
 		// The stream ends, and its feedback is counted, after the reply.
-		waitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
 		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
 	}
 

@@ -2,6 +2,9 @@ package testenv
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -123,4 +126,18 @@ func (r *fatalRecorder) Fatal(args ...any) {
 func (r *fatalRecorder) Fatalf(format string, args ...any) {
 	r.msg = fmt.Sprintf(format, args...)
 	runtime.Goexit()
+}
+
+// Serve puts h behind an httptest server and returns its URL. When tb
+// ends the server closes, then c (the handler's own resources; nil for
+// none), so that no request reaches a closed handler.
+func Serve(tb testing.TB, h http.Handler, c io.Closer) string {
+	front := httptest.NewServer(h)
+	tb.Cleanup(func() {
+		front.Close()
+		if c != nil {
+			c.Close()
+		}
+	})
+	return front.URL
 }

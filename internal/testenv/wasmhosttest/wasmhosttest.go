@@ -5,10 +5,10 @@ package wasmhosttest
 
 import (
 	"context"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // Start runs cfg in a host with an HTTP front and returns the host and the
@@ -29,10 +29,5 @@ func StartContext(tb testing.TB, ctx context.Context, cfg wasmhost.Config) (*was
 	if err != nil { // a *PluginStartError quotes the module's log
 		tb.Fatal(err)
 	}
-	front := httptest.NewServer(h)
-	tb.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return h, front.URL
+	return h, testenv.Serve(tb, h, h)
 }
