@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
 
@@ -33,7 +34,7 @@ func (s *routerStream) noCandidate(model, adapter string) {
 	}
 	p.stats.notFound.Increment(1)
 	p.stats.modelNotFound.Increment(1)
-	s.reject(&requestError{Status: 404, Param: "model", Code: "model_not_found",
+	s.reject(&openai.Error{Status: 404, Param: "model", Code: "model_not_found",
 		Message: "The model '" + model + "' does not exist."})
 }
 

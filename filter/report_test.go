@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // Load stays honest across gateways: a push carrying another gateway's
@@ -66,10 +69,10 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
 
 	p := newParser(t, `{}`)
-	if _, err := p.parse([]byte(body), apiCompletions); err != nil {
+	if _, err := p.Parse([]byte(body), openai.Completions); err != nil {
 		t.Fatal(err.Message)
 	}
-	chain := p.hasher.Blocks()
+	chain := p.Hasher().Blocks()
 	if len(chain) < 8 {
 		t.Fatalf("the prompt makes %d blocks; the test needs 8 or more", len(chain))
 	}
@@ -140,4 +143,14 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 	if none, _ := predicted(); none != 0 {
 		t.Fatalf("after engine 0 evicted the whole chain: predicted %d cached tokens, want 0", none)
 	}
+}
+
+// newParser is the router's request parser under the configuration cfgJSON.
+func newParser(t testing.TB, cfgJSON string) *openai.Parser {
+	cfg, err := config.Parse([]byte(cfgJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := openai.NewParser(cfg, index.NewHasher(index.HashConfig{}))
+	return &p
 }

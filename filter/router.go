@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
 
@@ -26,7 +27,7 @@ type routerPlugin struct {
 	token  string // state endpoint bearer token ("" disables pushes)
 	ix     *index.Index
 	rt     *dispatch.Router
-	parser requestParser
+	parser openai.Parser
 
 	// hosts is the candidate set handed to every decision; pos maps an
 	// address to its position. Rebuilt when pushed state changes.
@@ -214,7 +215,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	// Session pins and prefix memory in shared data too: every worker of
 	// the gateway routes a conversation's next turn alike (docs/topology.md).
 	p.rt = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
-	p.parser = requestParser{cfg: cfg, hasher: index.NewHasher(ix.Config().Hash)}
+	p.parser = openai.NewParser(cfg, index.NewHasher(ix.Config().Hash))
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
 	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
@@ -396,7 +397,7 @@ type routerStream struct {
 	held   *heldRequest // set while admission holds it
 	admHdr admissionHeaders
 
-	kind         apiKind
+	kind         openai.Endpoint
 	awaitingBody bool // inference request paused for its body
 	stateRequest bool // a push to the state endpoint
 	sessionKey   string

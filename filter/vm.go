@@ -12,8 +12,8 @@
 //
 //	request headers  strip client routing headers; state push, pass-through,
 //	                 405, or hold the headers for the body (Pause)
-//	request body     validate and walk the JSON (jsonvalid.go, jsonwalk.go),
-//	                 hash the prompt into blocks (parse.go), decide with
+//	request body     validate and walk the JSON (openai/jsonvalid.go, jsonwalk.go),
+//	                 hash the prompt into blocks (openai/parse.go), decide with
 //	                 dispatch over the shared index, set the
 //	                 destination header, resume; or, when every host is
 //	                 saturated, hold the stream for admission (admission.go),

@@ -503,3 +503,28 @@ func TestSubscriberReplaysGaps(t *testing.T) {
 		t.Errorf("replay failure not logged")
 	}
 }
+
+// vLLM's ZmqEventPublisher.offset_endpoint_port: rank r publishes on the
+// configured port plus r (replay likewise); inproc endpoints get _dp<r>.
+func TestRankEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		ep   string
+		rank int
+		want string
+	}{
+		{"tcp://10.0.0.7:5557", 0, "tcp://10.0.0.7:5557"},
+		{"tcp://10.0.0.7:5557", 3, "tcp://10.0.0.7:5560"},
+		{"tcp://[fd00::7]:5557", 1, "tcp://[fd00::7]:5558"},
+		{"inproc://cache", 2, "inproc://cache_dp2"},
+		{"", 2, ""},
+	} {
+		if got, err := RankEndpoint(c.ep, c.rank); err != nil || got != c.want {
+			t.Errorf("RankEndpoint(%q, %d) = %q, %v; want %q", c.ep, c.rank, got, err, c.want)
+		}
+	}
+	for _, ep := range []string{"tcp://10.0.0.7", "tcp://10.0.0.7:65535", "tcp://10.0.0.7:x"} {
+		if got, err := RankEndpoint(ep, 1); err == nil {
+			t.Errorf("RankEndpoint(%q, 1) = %q, want an error", ep, got)
+		}
+	}
+}
