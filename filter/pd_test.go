@@ -16,7 +16,8 @@ import (
 )
 
 // Native tests of kvroute.pd through the SDK's proxytest emulator. The Wasm
-// tests with simulated engines are in internal/pdtest.
+// tests with simulated engines are in pdwasm_test.go and pdchain_test.go
+// (package filter_test).
 
 const (
 	pdDecode  = "10.0.0.11:8000"

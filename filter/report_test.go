@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -105,7 +106,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 			}
 		}
 		// The stream ends, and its feedback is counted, after the reply.
-		waitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
 		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
 	}
 

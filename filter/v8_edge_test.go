@@ -15,13 +15,14 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
 func startV8(t *testing.T, addrs []string, conf string) *v8host.Host {
 	t.Helper()
 	needV8(t)
-	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: addrs, Configuration: conf})
+	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: addrs, Configuration: conf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package pdtest
+package filter_test
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -67,7 +68,7 @@ func startChainRanks(t *testing.T, prefillN int, threshold int, pdConfig string,
 	cfg := fmt.Sprintf(`{"endpoints":[%s],"strategy":"kv_cache_aware","fallbacks":0,
 		"disaggregation":{"prefillStrategy":"kv_cache_aware","threshold":%d},"pd":%s}`, endpoints, threshold, pdConfig)
 	c.host, c.url = wasmhosttest.Start(t, wasmhost.Config{
-		Module:  kvrouteModule(t),
+		Module:  testenv.Module(t),
 		VMID:    "kvroute",
 		Workers: 1,
 		Filters: []wasmhost.Filter{
