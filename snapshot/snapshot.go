@@ -13,8 +13,34 @@ import (
 	"strings"
 )
 
+import "fmt"
+
 // Version is the snapshot format version carried in State.Version.
 const Version = 1
+
+// The roles an engine serves, as the snapshot (Host.Role), the plugin
+// configuration (endpoints[].role), discovery and the simulated engines
+// spell them. An empty role means RoleBoth.
+const (
+	// RoleBoth is an aggregated engine: it prefills and decodes.
+	RoleBoth = "both"
+	// RolePrefill engines compute prompts and hand the KV cache over.
+	RolePrefill = "prefill"
+	// RoleDecode engines receive transferred KV cache and generate.
+	RoleDecode = "decode"
+)
+
+// CheckRole returns the role s names, RoleBoth for "", or an error that
+// lists the roles.
+func CheckRole(s string) (string, error) {
+	switch s {
+	case "":
+		return RoleBoth, nil
+	case RoleBoth, RolePrefill, RoleDecode:
+		return s, nil
+	}
+	return RoleBoth, fmt.Errorf("%q is not a role: use %q, %q or %q", s, RolePrefill, RoleDecode, RoleBoth)
+}
 
 // State is one full picture of the fleet. A push replaces the previous
 // picture: hosts absent from Hosts are no longer candidates.
@@ -80,7 +106,7 @@ func SplitLocation(loc string) (address string, rank int) {
 type Host struct {
 	// Address is host:port as Envoy's override_host policy sees it.
 	Address string `json:"address"`
-	// Role is "prefill", "decode" or "both" (the default when empty).
+	// Role is RolePrefill, RoleDecode or RoleBoth (the default when empty).
 	Role string `json:"role,omitempty"`
 	// Model is the served base model name.
 	Model string `json:"model,omitempty"`
