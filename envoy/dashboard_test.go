@@ -16,8 +16,8 @@ import (
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
 	"github.com/kvroute/kvroute/internal/metricsvc"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 	sigsyaml "sigs.k8s.io/yaml"
 )
 

@@ -7,8 +7,8 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // withTestHooks turns on the module's test hooks in the shipped plugin

@@ -15,11 +15,11 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
 )
 
 // These tests run the shipped standalone bootstraps, unedited, with the real
-// dist/kvroute.wasm in internal/testenv/wasmhost (the Envoy-faithful host): the
+// dist/kvroute.wasm in internal/sim/wasmhost (the Envoy-faithful host): the
 // listener's filter chain, clusters, header and limits come from the
 // manifest, and only the engine addresses are pointed at loopback upstreams.
 

@@ -1,7 +1,7 @@
 package filter
 
 // Wasm tests of admission in kvroute.router: the built module in
-// internal/testenv/wasmhost in front of live simulated engines. One engine and a
+// internal/sim/wasmhost in front of live simulated engines. One engine and a
 // pending-prefill threshold of one token make "saturated" mean "a request
 // is in flight", so holding is deterministic.
 
@@ -20,8 +20,8 @@ import (
 
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/sim/server"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // admissionModule is dist/kvroute.wasm, or KVROUTE_TEST_WASM when set (a

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // BenchmarkRouterInWasm measures what kvroute.router costs per request in

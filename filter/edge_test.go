@@ -1,7 +1,7 @@
 package filter
 
 // Wasm tests of what the router lets reach an engine, in both modes: the
-// built dist/kvroute.wasm in internal/testenv/wasmhost. Body mode runs with
+// built dist/kvroute.wasm in internal/sim/wasmhost. Body mode runs with
 // allow_on_headers_stop_iteration (the filter holds the headers while it
 // reads the body), header-only mode without it, as Istio's WasmPlugin does:
 // there Envoy forwards the headers before the body reaches the filter.
@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // seenRequest is one request an engine received.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/tetratelabs/wazero/experimental"
 
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // floorModule builds testdata/floor, the baseline BenchmarkRouterInWasm

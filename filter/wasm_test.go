@@ -1,7 +1,7 @@
 package filter
 
 // Wasm integration tests of kvroute.router: the built dist/kvroute.wasm in
-// internal/testenv/wasmhost (an Envoy-like host on wazero), in front of simulated
+// internal/sim/wasmhost (an Envoy-like host on wazero), in front of simulated
 // vLLM engines (internal/sim/server) on loopback.
 
 import (
@@ -23,8 +23,8 @@ import (
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/sim/server"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // wasmModule reads dist/kvroute.wasm, or the module KVROUTE_WASM names (to

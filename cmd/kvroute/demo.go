@@ -21,8 +21,8 @@ import (
 	"github.com/kvroute/kvroute/internal/sim/replay"
 	"github.com/kvroute/kvroute/internal/sim/report"
 	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
 	"github.com/kvroute/kvroute/internal/sim/workload"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
 )
 
 type demoOptions struct {

@@ -3,7 +3,7 @@
 //
 // In proxy-wasm, every host call that returns bytes (a body, a header map,
 // shared data) first calls the module's proxy_on_memory_allocate export for
-// room to write them, and the bridge (filter/abibridge) answers with a fresh
+// room to write them, and the bridge (internal/deploy/wasmbuild/abibridge) answers with a fresh
 // Go allocation: the SDK hands that memory to its caller as a []byte it may
 // keep. For a request body that is one large allocation per request, and in
 // Go compiled to Wasm a large allocation costs far more than the copy (it is

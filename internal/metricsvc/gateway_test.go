@@ -14,8 +14,8 @@ import (
 
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // servingEngine answers /metrics with a queue length the test sets, and
@@ -58,7 +58,7 @@ func routerModule(t *testing.T) []byte {
 	return mod
 }
 
-// TestRealGateway pushes to the Wasm host (internal/testenv/wasmhost, Envoy's
+// TestRealGateway pushes to the Wasm host (internal/sim/wasmhost, Envoy's
 // proxy-wasm ABI on wazero) running the router filter from
 // dist/kvroute.wasm: the right token's pushes are applied and steer the
 // decision as the engines' queues change; a service with a wrong token is

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/filter"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
 )
 
 // BenchmarkPDSplit measures what kvroute.pd adds to one request in the Wasm

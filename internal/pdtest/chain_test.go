@@ -9,8 +9,8 @@ import (
 
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/sim/server"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // The whole chain as Envoy runs it: kvroute.router decides (decode host, and

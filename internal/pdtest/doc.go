@@ -1,5 +1,5 @@
 // Package pdtest holds the Wasm integration tests of the kvroute.pd filter:
-// dist/kvroute.wasm loaded in internal/testenv/wasmhost (Envoy's behaviour, with
+// dist/kvroute.wasm loaded in internal/sim/wasmhost (Envoy's behaviour, with
 // allow_on_headers_stop_iteration) in front of simulated prefill and decode
 // engines from internal/sim/server, over real HTTP on loopback.
 //

@@ -90,7 +90,7 @@ func checkModule(ctx context.Context, wasm []byte) (checkReport, error) {
 			continue
 		}
 		if !sameTypes(def.ParamTypes(), want.params) || !sameTypes(def.ResultTypes(), want.results) {
-			problems = append(problems, fmt.Sprintf("export %s has signature %s, ABI 0.2.1 wants %s (fix filter/abibridge/callbacks.go.in)",
+			problems = append(problems, fmt.Sprintf("export %s has signature %s, ABI 0.2.1 wants %s (fix internal/deploy/wasmbuild/abibridge/callbacks.go.in)",
 				want.name, signature(def.ParamTypes(), def.ResultTypes()), signature(want.params, want.results)))
 		}
 	}

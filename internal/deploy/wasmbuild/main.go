@@ -9,7 +9,7 @@
 //  2. writes a build-only .wasmbuild/go.work whose replace points the SDK at
 //     that copy (the repository's go.mod is never touched),
 //  3. writes an overlay that injects the project's ABI bridge
-//     (filter/abibridge) into the copy's internal package, and, with
+//     (internal/deploy/wasmbuild/abibridge) into the copy's internal package, and, with
 //     -envoy-compat, a patched copy of the Go runtime's poll_oneoff callers,
 //  4. builds the Wasm main package and checks the result with wazero: every
 //     export Envoy calls must be present with the ABI's signature, and every

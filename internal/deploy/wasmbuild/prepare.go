@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvroute/kvroute/filter/abibridge"
+	"github.com/kvroute/kvroute/internal/deploy/wasmbuild/abibridge"
 )
 
 // goCmd runs the go command in dir and returns its standard output. Errors
@@ -59,7 +59,7 @@ func copySDK(ctx context.Context, root, work string) (string, error) {
 		return "", fmt.Errorf("reading go list output: %w", err)
 	}
 	if mod.Version != abibridge.SDKVersion {
-		return "", fmt.Errorf("go.mod requires %s %s, but the ABI bridge in filter/abibridge is written for %s: keep the SDK at %s",
+		return "", fmt.Errorf("go.mod requires %s %s, but the ABI bridge in internal/deploy/wasmbuild/abibridge is written for %s: keep the SDK at %s",
 			abibridge.SDKModule, mod.Version, abibridge.SDKVersion, abibridge.SDKVersion)
 	}
 	if mod.Dir == "" {

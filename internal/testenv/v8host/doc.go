@@ -2,7 +2,7 @@
 // by default, so that kvroute's module is tested on a second engine and its
 // cost is measured on the one most users run.
 //
-// internal/testenv/wasmhost, the host every other test uses, runs modules on
+// internal/sim/wasmhost, the host every other test uses, runs modules on
 // wazero, a pure-Go runtime. Its figures are the project's steady reference,
 // but wazero compiles every linear-memory access with an explicit bounds
 // check, where Envoy's V8 relies on guard pages and a trap handler, and it
@@ -35,7 +35,7 @@
 //     counts, and the properties the module asked for that the host does
 //     not serve.
 //
-// Envoy semantics reproduced, as internal/testenv/wasmhost documents them: a
+// Envoy semantics reproduced, as internal/sim/wasmhost documents them: a
 // direction's header map is gone (BadArgument) once its headers have
 // continued, except the request map when the body's callback resumed it;
 // both are readable in on_log; the plugin configuration is readable in

@@ -1,4 +1,4 @@
-// Package wasmhosttest starts a Wasm host (internal/testenv/wasmhost) behind an
+// Package wasmhosttest starts a Wasm host (internal/sim/wasmhost) behind an
 // httptest server for tests, as net/http/httptest does for a handler: the
 // host and its front close with the test.
 package wasmhosttest
@@ -8,7 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
 )
 
 // Start runs cfg in a host with an HTTP front and returns the host and the

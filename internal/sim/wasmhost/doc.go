@@ -1,7 +1,10 @@
 // Package wasmhost runs a proxy-wasm module the way Envoy does, so that
 // kvroute's filters can be tested and demonstrated without Envoy.
 //
-// It is a test and demo host, not a production proxy: it speaks plain
+// It is the gateway of `kvroute demo` and of the Wasm tests, so it sits with
+// the simulator (internal/sim) rather than with the test-only helpers
+// (internal/testenv, whose wasmhosttest starts it behind an httptest front).
+// It is not a production proxy: it speaks plain
 // HTTP/1.1 on loopback, has no TLS, no retries beyond connect failures, no
 // gRPC, no health checking, and it favours legible emulation over speed.
 //

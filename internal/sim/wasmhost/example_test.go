@@ -10,7 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
 )
 
 // ExampleNew runs kvroute.router in front of one engine and reads what the

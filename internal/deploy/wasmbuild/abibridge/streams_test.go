@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost/wasmhosttest"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // moreThanTheTable is more streams than callbacks.go.in's table has slots
@@ -35,7 +35,7 @@ func TestStreamsOutliveTheTable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 1100 streams through dist/kvroute.wasm")
 	}
-	module, err := os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
+	module, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "dist", "kvroute.wasm"))
 	if err != nil {
 		t.Fatalf("dist/kvroute.wasm is missing (%v): run make wasm (make test builds it first)", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/internal/testenv/wasmhost"
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
 )
 
 // fatalRecorder is a testing.TB whose Fatal and Fatalf record the message
@@ -31,7 +31,7 @@ func (r *fatalRecorder) Fatalf(format string, args ...any) {
 // A plugin that refuses its configuration fails the test with the
 // plugin's name and the module's log, which says what to fix.
 func TestStartQuotesTheModuleLogWhenAPluginRefuses(t *testing.T) {
-	mod, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "dist", "kvroute.wasm"))
+	mod, err := os.ReadFile(filepath.Join("..", "..", "..", "dist", "kvroute.wasm"))
 	if err != nil {
 		t.Fatalf("dist/kvroute.wasm is missing (%v): run make wasm (make test builds it first)", err)
 	}
