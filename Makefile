@@ -84,13 +84,14 @@ FUZZMINIMIZE ?= 2s
 FUZZFLAGS ?= -fuzzminimizetime $(FUZZMINIMIZE)
 
 fuzz:
-	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzDecodeSnapshot FuzzValidJSON FuzzWalkerMatchesGJSON; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./filter || exit 1; done
+	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzValidJSON FuzzWalkerMatchesGJSON FuzzScrub; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./openai || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshot$$' -fuzztime 30s $(FUZZFLAGS) ./filter
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s $(FUZZFLAGS) ./config
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s $(FUZZFLAGS) ./scorer
 	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s $(FUZZFLAGS) ./index || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/kvevents
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/scrape
-	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s $(FUZZFLAGS) ./filter
+	$(GO) test -run '^$$' -fuzz '^FuzzPDRewrite$$' -fuzztime 60s $(FUZZFLAGS) ./openai
 	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime 30s $(FUZZFLAGS) ./internal/sim/workload
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestBody$$' -fuzztime 30s $(FUZZFLAGS) -parallel 1 ./internal/sim/server
 

@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // Admission in kvroute.router: when every eligible engine is saturated, a
@@ -142,13 +143,13 @@ func (a *admitter) admit(s *routerStream, in *dispatch.Input) (action types.Acti
 	class, err := cfg.Classify(prio, path, in.Model)
 	if err != nil {
 		a.badHeader.Increment(1)
-		return s.reject(badRequest(cfg.PriorityHeader, "%s: %v", cfg.PriorityHeader, err)), true
+		return s.reject(openai.BadRequest(cfg.PriorityHeader, "%s: %v", cfg.PriorityHeader, err)), true
 	}
 	nowMs := p.now().UnixMilli()
 	deadline, err := cfg.Deadline(class, dl, min(s.admHdr.arrivedMs, nowMs))
 	if err != nil {
 		a.badHeader.Increment(1)
-		return s.reject(badRequest(cfg.DeadlineHeader, "%s: %v", cfg.DeadlineHeader, err)), true
+		return s.reject(openai.BadRequest(cfg.DeadlineHeader, "%s: %v", cfg.DeadlineHeader, err)), true
 	}
 	p.refreshState()
 	v, shed, evicted := a.ctl.Arrive(uint64(s.id), class, deadline, nowMs, a.saturated(in.Model))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/filter/statnames"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // kvroute.pd turns one client request into prefill on one pod, then decode
@@ -80,10 +81,6 @@ var pdBodyWait = 2 * time.Second
 
 // pdTickMs is the root tick that looks for such requests.
 const pdTickMs = 500
-
-// vllmPrefillParams is what vLLM's NixlConnector expects on the prefill
-// request: compute the prompt and keep its KV for a remote decode.
-const vllmPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
 
 // envoyTimeoutBody is the body of the 504 Envoy's async client answers
 // when a callout times out.
@@ -206,8 +203,8 @@ type pdStream struct {
 	decode  string // the destination header (decode hosts)
 	hasCL   bool   // the request carries content-length (kept exact)
 	headers [][2]string
-	body    []byte   // the client's body, for the request and the fallbacks
-	members []member // its top-level members (aliasing body)
+	body    []byte          // the client's body, for the request and the fallbacks
+	members []openai.Member // its top-level members (aliasing body)
 	sent    time.Time
 	marker  string
 
@@ -300,7 +297,7 @@ func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action typ
 		return types.ActionContinue
 	}
 	s.body = body
-	ms, ok := parseObject(body)
+	ms, ok := openai.ParseObject(body)
 	if !ok {
 		s.phase = phaseResumed
 		s.fallback(reasonBody)
@@ -336,7 +333,7 @@ func (s *pdStream) callHeaders(dest string, bodyLen int) [][2]string {
 
 // startVLLM dispatches the prefill-only request and holds the main one.
 func (s *pdStream) startVLLM() types.Action {
-	pb := vllmPrefillBody(s.members)
+	pb := openai.VLLMPrefillBody(s.members)
 	pd := &s.plugin.pd
 	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(s.prefill, len(pb)), pb, nil, uint32(pd.TimeoutMs), s.onVLLMPrefill)
 	if err != nil {
@@ -362,13 +359,13 @@ func (s *pdStream) onVLLMPrefill(numHeaders, bodySize, _ int) {
 		s.resume()
 		return
 	}
-	kv, ok := kvTransferParams(resp.body)
+	kv, ok := openai.KVTransferParams(resp.body)
 	if !ok {
 		s.fallback(reasonMalformed)
 		s.resume()
 		return
 	}
-	body := withKVTransferParams(s.members, kv)
+	body := openai.WithKVTransferParams(s.members, kv)
 	if err := proxywasm.ReplaceHttpRequestBody(body); err != nil {
 		proxywasm.LogWarnf("kvroute.pd: replacing the request body: %v", err)
 		s.fallback(reasonError)
@@ -423,7 +420,7 @@ func (s *pdStream) startSGLang() types.Action {
 		// bootstrap_host must be the host that prefills: no retry list.
 		first = strings.TrimSpace(first[:i])
 	}
-	host, port, ok := splitAddress(first)
+	host, port, ok := openai.SplitAddress(first)
 	if !ok {
 		proxywasm.LogWarnf("kvroute.pd: prefill endpoint %q is not host:port", first)
 		s.fallback(reasonDispatch)
@@ -432,7 +429,7 @@ func (s *pdStream) startSGLang() types.Action {
 	if pd.BootstrapPort != 0 {
 		port = pd.BootstrapPort
 	}
-	body := withBootstrap(s.members, host, port, bootstrapRoom())
+	body := openai.WithBootstrap(s.members, host, port, openai.BootstrapRoom())
 	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(first, len(body)), body, nil, uint32(pd.TimeoutMs), s.onSGLangPrefill)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.pd: dispatching the prefill to cluster %q: %v (check pd.prefillCluster)", pd.PrefillCluster, err)

@@ -12,10 +12,12 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/filter/statnames"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // Native tests of kvroute.pd through the SDK's proxytest emulator. The Wasm
-// tests with simulated engines are in internal/pdtest.
+// tests with simulated engines are in pdwasm_test.go and pdchain_test.go
+// (package filter_test).
 
 const (
 	pdDecode  = "10.0.0.11:8000"
@@ -158,7 +160,7 @@ func TestPDVLLMPrefillThenDecode(t *testing.T) {
 	pb := gjson.ParseBytes(c.Body)
 	checks := map[string]string{
 		"stream": "false", "max_tokens": "1", "max_completion_tokens": "1",
-		"kv_transfer_params": vllmPrefillParams, "temperature": "0.2",
+		"kv_transfer_params": openai.VLLMPrefillParams, "temperature": "0.2",
 		"messages": `[{"role":"user","content":"hi"}]`,
 	}
 	for path, want := range checks {
@@ -214,7 +216,7 @@ func TestPDVLLMClientKVTransferParamsReplaced(t *testing.T) {
 	body := `{"model":"m","prompt":"p","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"169.254.169.254"}}`
 	id, _ := pdSend(t, host, pdPrefill, body)
 	c := host.GetCalloutAttributesFromContext(id)[0]
-	if got := gjson.GetBytes(c.Body, "kv_transfer_params").Raw; got != vllmPrefillParams {
+	if got := gjson.GetBytes(c.Body, "kv_transfer_params").Raw; got != openai.VLLMPrefillParams {
 		t.Errorf("prefill kv_transfer_params %s, want ours", got)
 	}
 	host.CallOnHttpCallResponse(c.CalloutID, [][2]string{{":status", "200"}}, nil, []byte(`{"kv_transfer_params":{"remote_host":"10.0.0.21"}}`))
@@ -449,31 +451,31 @@ func TestPDSGLangDecodeFailureNotPrefills(t *testing.T) {
 
 func TestPDBodyHelpers(t *testing.T) {
 	for _, bad := range []string{`"str"`, `[{}]`, `{"a":}`, ``, ` `, `{"a":1}x`} {
-		if _, ok := parseObject([]byte(bad)); ok {
-			t.Errorf("parseObject accepted %q", bad)
+		if _, ok := openai.ParseObject([]byte(bad)); ok {
+			t.Errorf("openai.ParseObject accepted %q", bad)
 		}
 	}
 	// Without max_completion_tokens none is added; max_tokens always is.
-	ms, _ := parseObject([]byte(`{"prompt":"p"}`))
-	pb := vllmPrefillBody(ms)
+	ms, _ := openai.ParseObject([]byte(`{"prompt":"p"}`))
+	pb := openai.VLLMPrefillBody(ms)
 	if gjson.GetBytes(pb, "max_completion_tokens").Exists() || gjson.GetBytes(pb, "max_tokens").Raw != "1" {
 		t.Errorf("prefill body %s", pb)
 	}
 	// An escaped key is the key it decodes to: a client cannot keep its own
 	// "stream" by spelling it differently.
-	ms, _ = parseObject([]byte(`{"str\u0065am":true, "kv_transfer_params" : {"a" : 1} ,"n":[1,{"}":"]"}]}`))
-	pb = vllmPrefillBody(ms)
+	ms, _ = openai.ParseObject([]byte(`{"str\u0065am":true, "kv_transfer_params" : {"a" : 1} ,"n":[1,{"}":"]"}]}`))
+	pb = openai.VLLMPrefillBody(ms)
 	if got := gjson.GetBytes(pb, "stream").Raw; got != "false" || strings.Contains(string(pb), `u0065`) {
 		t.Errorf("escaped stream kept: %s", pb)
 	}
 	if got := gjson.GetBytes(pb, "n").Raw; got != `[1,{"}":"]"}]` {
 		t.Errorf("nested member changed: %s", got)
 	}
-	kv, ok := kvTransferParams([]byte(`{"kv_transfer_params" :  {"x":[1, 2]} , "z":0}`))
+	kv, ok := openai.KVTransferParams([]byte(`{"kv_transfer_params" :  {"x":[1, 2]} , "z":0}`))
 	if !ok || string(kv) != `{"x":[1, 2]}` {
-		t.Errorf("kvTransferParams = %q, %v", kv, ok)
+		t.Errorf("openai.KVTransferParams = %q, %v", kv, ok)
 	}
-	if _, ok := kvTransferParams([]byte(`{"kv_transfer_params":[1]}`)); ok {
+	if _, ok := openai.KVTransferParams([]byte(`{"kv_transfer_params":[1]}`)); ok {
 		t.Error("an array accepted as kv_transfer_params")
 	}
 	for _, tc := range []struct {
@@ -490,9 +492,9 @@ func TestPDBodyHelpers(t *testing.T) {
 		{"h:0", "", 0, false},
 		{"h:x", "", 0, false},
 	} {
-		h, p, ok := splitAddress(tc.in)
+		h, p, ok := openai.SplitAddress(tc.in)
 		if h != tc.host || p != tc.port || ok != tc.ok {
-			t.Errorf("splitAddress(%q) = %q, %d, %v", tc.in, h, p, ok)
+			t.Errorf("openai.SplitAddress(%q) = %q, %d, %v", tc.in, h, p, ok)
 		}
 	}
 }

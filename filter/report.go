@@ -419,7 +419,7 @@ func (p *routerPlugin) learnReports(st *pushedState) {
 			for j := 0; j+8 <= len(raw); j += 8 {
 				chain = append(chain, binary.LittleEndian.Uint64(raw[j:]))
 			}
-			if err := p.rt.Learn(ref, rt.Address, chain, rt.From); err != nil {
+			if err := p.disp.Learn(ref, rt.Address, chain, rt.From); err != nil {
 				p.stats.indexErrors.Increment(1)
 			}
 		}

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -68,10 +71,10 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
 
 	p := newParser(t, `{}`)
-	if _, err := p.parse([]byte(body), apiCompletions); err != nil {
+	if _, err := p.Parse([]byte(body), openai.Completions); err != nil {
 		t.Fatal(err.Message)
 	}
-	chain := p.hasher.Blocks()
+	chain := p.Hasher().Blocks()
 	if len(chain) < 8 {
 		t.Fatalf("the prompt makes %d blocks; the test needs 8 or more", len(chain))
 	}
@@ -105,7 +108,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 			}
 		}
 		// The stream ends, and its feedback is counted, after the reply.
-		waitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
 		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
 	}
 
@@ -233,4 +236,14 @@ func TestReportRingStuckAndWrapped(t *testing.T) {
 	if n := strings.Count(string(body), `"address"`); n != reportRingSlots || r.dropped != 3 {
 		t.Fatalf("%d routes sent and %d dropped, want %d and 3", n, r.dropped, reportRingSlots)
 	}
+}
+
+// newParser is the router's request parser under the configuration cfgJSON.
+func newParser(t testing.TB, cfgJSON string) *openai.Parser {
+	cfg, err := config.Parse([]byte(cfgJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := openai.NewParser(cfg, index.NewHasher(index.HashConfig{}))
+	return &p
 }

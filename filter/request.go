@@ -8,6 +8,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
 	"github.com/kvroute/kvroute/dispatch"
+	"github.com/kvroute/kvroute/openai"
 )
 
 func (s *routerStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.Action) {
@@ -27,6 +28,9 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	}
 	if err := stripRoutingHeaders(&headers, p.hostVal); err != nil {
 		headersError(&headers, err)
+	}
+	if len(headers.remove) > 0 {
+		p.countStripped(headers.remove)
 	}
 	if cfg.TestHooks {
 		s.testHook(headers.testHook)
@@ -59,7 +63,7 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	if n, ok := decimal(headers.contentLength); ok && n > int64(cfg.MaxBodyBytes) {
 		return s.bodyTooLarge()
 	}
-	s.kind = kindOf(path)
+	s.kind = openai.EndpointOf(path)
 	s.awaitingBody = true
 	// Wait for the body with the headers held: Envoy must run with
 	// allow_on_headers_stop_iteration for the body to arrive before the
@@ -144,12 +148,17 @@ func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream boo
 	if samePath(path, p.cfg.State.Path) {
 		return s.stateHeaders(h.method, endOfStream)
 	}
-	if h.method == "GET" && samePath(path, modelsPath) && p.answersModels() {
-		return s.answerModels()
+	if h.method == "GET" && p.answersModels() {
+		if samePath(path, modelsPath) {
+			return s.answerModels()
+		}
+		if id, ok := modelID(path); ok {
+			return s.answerModel(id)
+		}
 	}
 	if p.cfg.RejectOtherPaths {
 		p.stats.notFound.Increment(1)
-		return s.reject(&requestError{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
+		return s.reject(&openai.Error{Status: 404, Message: "kvroute routes only " + strings.Join(p.cfg.InferencePaths, ", ")})
 	}
 	p.stats.passThrough.Increment(1)
 	s.scrub = !endOfStream
@@ -159,7 +168,7 @@ func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream boo
 // badMethod answers 405 to anything but POST on an inference path.
 func (s *routerStream) badMethod(path string) types.Action {
 	s.plugin.stats.badMethod.Increment(1)
-	return s.reject(&requestError{Status: 405, Message: "use POST for " + path})
+	return s.reject(&openai.Error{Status: 405, Message: "use POST for " + path})
 }
 
 // emptyBody and bodyTooLarge reject an inference request for its body. They
@@ -168,7 +177,7 @@ func (s *routerStream) badMethod(path string) types.Action {
 // docs/performance.md).
 func (s *routerStream) emptyBody() types.Action {
 	s.plugin.stats.badRequest.Increment(1)
-	return s.reject(badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
+	return s.reject(openai.BadRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt"))
 }
 
 func (s *routerStream) bodyTooLarge() types.Action {
@@ -177,8 +186,8 @@ func (s *routerStream) bodyTooLarge() types.Action {
 	return s.reject(tooLarge(p.cfg.MaxBodyBytes))
 }
 
-func tooLarge(limit int) *requestError {
-	return &requestError{Status: 413, Message: "the request body is larger than " + strconv.Itoa(limit) + " bytes (maxBodyBytes)"}
+func tooLarge(limit int) *openai.Error {
+	return &openai.Error{Status: 413, Message: "the request body is larger than " + strconv.Itoa(limit) + " bytes (maxBodyBytes)"}
 }
 
 func (s *routerStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action types.Action) {
@@ -232,20 +241,20 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if err != nil && bodySize > 0 {
 		return s.unreadableBody(err)
 	}
-	req, perr := p.parser.parse(body, s.kind)
+	req, perr := p.parser.Parse(body, s.kind)
 	if perr != nil {
 		return s.unparsable(perr)
 	}
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
-	if p.parser.dropped > 0 && !s.forwardWithoutClientFields(body) {
+	if p.parser.Dropped() > 0 && !s.forwardWithoutClientFields(body) {
 		return s.reject(errClientFields)
 	}
 	in := dispatch.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
-		Chain: p.parser.hasher.Blocks(), Tokens: p.parser.hasher, PromptChars: p.parser.hasher.Len(),
+		Chain: p.parser.Hasher().Blocks(), Tokens: p.parser.Hasher(), PromptChars: p.parser.Hasher().Len(),
 	}
 	s.streamed = req.Stream
 	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
@@ -266,12 +275,12 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 func (s *routerStream) unreadableBody(err error) types.Action {
 	proxywasm.LogWarnf("kvroute.router: reading the request body: %v (request refused)", err)
 	s.plugin.stats.failedOpen.Increment(1)
-	return s.reject(&requestError{Status: 503, Message: "kvroute could not read the request body; retry"})
+	return s.reject(&openai.Error{Status: 503, Message: "kvroute could not read the request body; retry"})
 }
 
 // unparsable rejects a body the parser refused. Out of routeBody's line: a
 // routed request never enters it.
-func (s *routerStream) unparsable(perr *requestError) types.Action {
+func (s *routerStream) unparsable(perr *openai.Error) types.Action {
 	s.plugin.stats.parseErrors.Increment(1)
 	s.plugin.stats.badRequest.Increment(1)
 	return s.reject(perr)
@@ -279,7 +288,7 @@ func (s *routerStream) unparsable(perr *requestError) types.Action {
 
 // errClientFields answers a request whose client-only P/D fields could not
 // be removed.
-var errClientFields = &requestError{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
+var errClientFields = &openai.Error{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
 
 // forwardWithoutClientFields replaces the request body with body without
 // the P/D fields only the gateway may set (which parse found in it) and
@@ -290,14 +299,14 @@ func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 	if s.panicInBody {
 		hookPanic("recover") // test hook: fail open with the fields still in the body
 	}
-	clean := p.parser.withoutClientOnly(body)
+	clean := p.parser.WithoutClientOnly(body)
 	if err := proxywasm.ReplaceHttpRequestBody(clean); err != nil {
 		proxywasm.LogWarnf("kvroute.router: removing client P/D fields: %v (request rejected)", err)
 		p.stats.badRequest.Increment(1)
 		return false
 	}
 	_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(clean)))
-	p.stats.clientFieldsRemoved.Increment(uint64(p.parser.dropped))
+	p.stats.clientFieldsRemoved.Increment(uint64(p.parser.Dropped()))
 	return true
 }
 
@@ -334,7 +343,7 @@ func (s *routerStream) failOpenBody() {
 	}
 	if !s.safeScrub(s.bodySize) {
 		s.plugin.stats.badRequest.Increment(1)
-		s.reject(errClientFieldsUnreadable)
+		s.reject(openai.ErrClientFieldsUnreadable)
 	}
 }
 
@@ -350,15 +359,30 @@ func (s *routerStream) testHook(value string) {
 
 // reject answers locally with an OpenAI-style error; the request never
 // reaches an engine.
-func (s *routerStream) reject(e *requestError) types.Action {
+func (s *routerStream) reject(e *openai.Error) types.Action {
 	s.awaitingBody = false
 	headers := [][2]string{{"content-type", "application/json"}}
 	if e.Status == 405 {
 		headers = append(headers, [2]string{"allow", "POST"})
 	}
-	if err := proxywasm.SendHttpResponse(uint32(e.Status), headers, e.body(), -1); err != nil {
+	if err := proxywasm.SendHttpResponse(uint32(e.Status), headers, e.Body(), -1); err != nil {
 		proxywasm.LogWarnf("kvroute.router: sending the %d reply: %v", e.Status, err)
 		return types.ActionContinue
 	}
 	return types.ActionPause
+}
+
+// countStripped counts the client's x-data-parallel-rank headers the
+// router removed (client_rank_header_removed): a client does not pick a
+// rank, and one naming a rank the endpoint lacks would reach an engine
+// that rejects it. Out of line (noinline): few requests carry a stripped
+// header, and each function entered costs a request (docs/performance.md).
+//
+//go:noinline
+func (p *routerPlugin) countStripped(names []string) {
+	for _, n := range names {
+		if n == DataParallelRankHeader {
+			p.stats.clientRankRemoved.Increment(1)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
 )
 
 const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},{"address":"10.0.0.3:8000"}]`
@@ -619,7 +620,7 @@ func TestOneChunkResponseReleasesOnce(t *testing.T) {
 		}
 	}
 	host.CompleteHttpContext(id)
-	if got := p.rt.Stats().FeedbackRequests; got != 1 {
+	if got := p.disp.Stats().FeedbackRequests; got != 1 {
 		t.Errorf("feedback requests = %d, want 1", got)
 	}
 	if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != 48 {
@@ -871,9 +872,9 @@ func TestStatePushClearsAndSizesHosts(t *testing.T) {
 	system := strings.Repeat("a long shared system prompt for the clear test. ", 60)
 	body := chatBody(system, "q")
 	matched := func() int {
-		p.parser.parse([]byte(body), apiChat)
+		p.parser.Parse([]byte(body), openai.Chat)
 		var m index.Matches
-		if err := p.ix.Query(p.parser.hasher.Blocks(), &m); err != nil {
+		if err := p.ix.Query(p.parser.Hasher().Blocks(), &m); err != nil {
 			t.Fatal(err)
 		}
 		_, blocks := m.Best()
@@ -929,7 +930,7 @@ func TestClientPDFieldsRemoved(t *testing.T) {
 		t.Fatalf("action %v", action)
 	}
 	got := host.GetCurrentRequestBody(id)
-	if !validJSON(got) {
+	if !gjson.ValidBytes(got) {
 		t.Fatalf("forwarded body is not JSON: %s", got)
 	}
 	for _, k := range []string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room", "169.254"} {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -110,7 +111,8 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 const maxRemovalBlocks = 1 << 16
 
 // decodeRemovals validates a push's removals (snapshot.Removal): a host
-// address, a base64 chain of 8-byte hashes and a from inside it.
+// location (host:port, or host:port|rank for a data-parallel rank), a
+// base64 chain of 8-byte hashes and a from inside it.
 func decodeRemovals(r gjson.Result) ([]snapshot.Removal, error) {
 	if !r.IsArray() {
 		return nil, errors.New("removals: must be an array")
@@ -119,12 +121,12 @@ func decodeRemovals(r gjson.Result) ([]snapshot.Removal, error) {
 	var err error
 	r.ForEach(func(_, x gjson.Result) bool {
 		addr, chain := x.Get("address"), x.Get("chain")
-		from, ok := wholeNumber(x.Get("from"))
+		from, ok := openai.WholeNumber(x.Get("from"))
 		blocks := -1
 		if chain.Type == gjson.String {
 			blocks = chainBlocks(chain.Str)
 		}
-		if !x.IsObject() || addr.Type != gjson.String || config.CheckAddress(addr.Str) != nil ||
+		if !x.IsObject() || addr.Type != gjson.String || checkLocation(addr.Str) != nil ||
 			blocks <= 0 || blocks > maxRemovalBlocks || !ok || from < 0 || from >= int64(blocks) {
 			err = fmt.Errorf("removals[%d]: needs a host:port address, a base64 chain of 1 to %d 8-byte hashes and a from inside it", len(out), maxRemovalBlocks)
 			return false
@@ -165,7 +167,7 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 		rep.TimestampMs, _ = unixMs(r.Get("timestampMs"))
 		r.Get("routes").ForEach(func(_, rt gjson.Result) bool {
 			addr, chain, from := rt.Get("address"), rt.Get("chain"), rt.Get("from")
-			n, ok := wholeNumber(from)
+			n, ok := openai.WholeNumber(from)
 			if !from.Exists() {
 				n, ok = 0, true
 			}
@@ -174,7 +176,7 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
 				return false
 			}
-			pt, _ := wholeNumber(rt.Get("promptTokens"))
+			pt, _ := openai.WholeNumber(rt.Get("promptTokens"))
 			rep.Routes = append(rep.Routes, snapshot.Route{Address: addr.Str, From: int(n), Chain: chain.Str, PromptTokens: int(max(min(pt, 1<<30), 0))})
 			return true
 		})
@@ -185,9 +187,9 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 			rep.Load = []snapshot.HostLoad{}
 			l.ForEach(func(_, x gjson.Result) bool {
 				addr := x.Get("address")
-				in, ok1 := wholeNumber(x.Get("inFlight"))
-				pf, ok2 := wholeNumber(x.Get("prefillTokens"))
-				dc, ok3 := wholeNumber(x.Get("decodeTokens"))
+				in, ok1 := openai.WholeNumber(x.Get("inFlight"))
+				pf, ok2 := openai.WholeNumber(x.Get("prefillTokens"))
+				dc, ok3 := openai.WholeNumber(x.Get("decodeTokens"))
 				if addr.Type != gjson.String || !ok1 || !ok2 || !ok3 || in < 0 || pf < 0 || dc < 0 || in > 1<<31 {
 					err = fmt.Errorf("%s.load[%d]: needs an address and whole counts >= 0", at, len(rep.Load))
 					return false
@@ -258,7 +260,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		if !v.Exists() {
 			continue
 		}
-		n, ok := wholeNumber(v)
+		n, ok := openai.WholeNumber(v)
 		if !ok || n < 0 || n > 1<<40 {
 			return host, fmt.Errorf("%s.%s: must be a whole number >= 0", at, f.name)
 		}
@@ -302,7 +304,7 @@ func checkLocation(s string) error {
 // the endpoint's ranks, so it needs a size above 1 and lies below it.
 func decodeRank(m *objectMembers, host *snapshot.Host, at hostAt) error {
 	if v := m.get("dataParallelSize"); v.Exists() {
-		n, ok := wholeNumber(v)
+		n, ok := openai.WholeNumber(v)
 		if !ok || n < 1 || n > config.MaxDataParallelSize {
 			return fmt.Errorf("%s.dataParallelSize: must be a whole number from 1 to %d", at, config.MaxDataParallelSize)
 		}
@@ -312,7 +314,7 @@ func decodeRank(m *objectMembers, host *snapshot.Host, at hostAt) error {
 	if !v.Exists() {
 		return nil
 	}
-	n, ok := wholeNumber(v)
+	n, ok := openai.WholeNumber(v)
 	if !ok || n < 0 || n >= int64(max(host.DataParallelSize, 1)) {
 		return fmt.Errorf("%s.rank: %s is not a rank of the endpoint's %d data-parallel ranks (0 to %d; set dataParallelSize)",
 			at, v.Raw, max(host.DataParallelSize, 1), max(host.DataParallelSize, 1)-1)
@@ -376,7 +378,7 @@ func unixMs(v gjson.Result) (int64, bool) {
 	if v.Type != gjson.Number || !(math.Abs(v.Num) <= maxUnixMs) {
 		return 0, false
 	}
-	return wholeNumber(v)
+	return openai.WholeNumber(v)
 }
 
 // maxPushAheadMs is how far ahead of the gateway's clock a push may be
@@ -502,7 +504,7 @@ func (s *routerStream) stateHeaders(method string, endOfStream bool) types.Actio
 	p := s.plugin
 	if method != "POST" {
 		p.stats.badMethod.Increment(1)
-		return s.reject(&requestError{Status: 405, Message: "POST the state snapshot to " + p.cfg.State.Path})
+		return s.reject(&openai.Error{Status: 405, Message: "POST the state snapshot to " + p.cfg.State.Path})
 	}
 	auth, _ := proxywasm.GetHttpRequestHeader("authorization")
 	if !authorized(auth, p.token) {
@@ -511,11 +513,11 @@ func (s *routerStream) stateHeaders(method string, endOfStream bool) types.Actio
 		if p.token == "" {
 			msg = "the state endpoint is disabled: set state.token or state.tokenEnv in the plugin configuration"
 		}
-		return s.reject(&requestError{Status: 401, Message: msg})
+		return s.reject(&openai.Error{Status: 401, Message: msg})
 	}
 	if endOfStream {
 		p.stats.stateRejected.Increment(1)
-		return s.reject(badRequest("", "empty body: POST a kvroute state snapshot (JSON)"))
+		return s.reject(openai.BadRequest("", "empty body: POST a kvroute state snapshot (JSON)"))
 	}
 	if !p.cfg.BodyRouting {
 		return s.stateNeedsBody()
@@ -532,7 +534,7 @@ func (s *routerStream) stateHeaders(method string, endOfStream bool) types.Actio
 func (s *routerStream) stateNeedsBody() types.Action {
 	p := s.plugin
 	p.stats.stateRejected.Increment(1)
-	return s.reject(&requestError{Status: 501, Message: "this gateway runs kvroute in header-only mode (bodyRouting: false), " +
+	return s.reject(&openai.Error{Status: 501, Message: "this gateway runs kvroute in header-only mode (bodyRouting: false), " +
 		"where Envoy forwards a request's headers before the filter can read its body: it cannot take state pushes. " +
 		"Pull the state instead (state.pull), push to a kvroute.router with bodyRouting: true and " +
 		"allow_on_headers_stop_iteration: true (same vm_id), or list the engines in the plugin's endpoints"})
@@ -559,7 +561,7 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 	}
 	if err != nil {
 		p.stats.stateRejected.Increment(1)
-		return s.reject(badRequest("", "invalid state snapshot: %v", err))
+		return s.reject(openai.BadRequest("", "invalid state snapshot: %v", err))
 	}
 	gen, err := storeState(body, st.TimestampMs)
 	if len(st.Gateways) > 0 {
@@ -571,11 +573,11 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 	var older *olderStateError
 	if errors.As(err, &older) {
 		p.stats.stateOlder.Increment(1)
-		return s.reject(&requestError{Status: 409, Message: err.Error()})
+		return s.reject(&openai.Error{Status: 409, Message: err.Error()})
 	}
 	if err != nil {
 		proxywasm.LogErrorf("kvroute.router: storing pushed state: %v", err)
-		return s.reject(&requestError{Status: 503, Message: "could not store the state; retry"})
+		return s.reject(&openai.Error{Status: 503, Message: "could not store the state; retry"})
 	}
 	p.stats.statePushes.Increment(1)
 	p.applyPushed(gen, st) // validated above: no second decode

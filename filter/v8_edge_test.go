@@ -7,6 +7,7 @@ package filter
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,13 +15,14 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
 func startV8(t *testing.T, addrs []string, conf string) *v8host.Host {
 	t.Helper()
 	needV8(t)
-	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: addrs, Configuration: conf})
+	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: addrs, Configuration: conf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,5 +136,49 @@ func TestV8UnservedModelIs404(t *testing.T) {
 	}
 	if st, err := h.Stats(); err != nil || st.Metrics["kvroute.router.requests.model_not_found"].Value != 1 {
 		t.Errorf("requests.model_not_found not counted once (%v)", err)
+	}
+}
+
+// In V8 too: GET /v1/models/{id} is a local reply from the request
+// headers (the model object, or OpenAI's 404 for an id nobody serves), and
+// a client's x-data-parallel-rank is removed before the request goes on,
+// and counted.
+func TestV8ModelObjectAndClientRank(t *testing.T) {
+	eng := newRecordingEngines(t, 2)
+	h := startV8(t, eng.addrs, fmt.Sprintf(`{"endpoints":[{"address":%q,"model":"meta/llama-3-8b"},{"address":%q,"model":"qwen"}],"strategy":"round_robin"}`, eng.addrs[0], eng.addrs[1]))
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(h.Filtered + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/v1/models/meta/llama-3-8b"); code != 200 || gjson.Get(body, "id").Str != "meta/llama-3-8b" || gjson.Get(body, "object").Str != "model" {
+		t.Errorf("GET /v1/models/meta/llama-3-8b: %d %s, want the model object", code, body)
+	}
+	if code, body := get("/v1/models/gpt-x"); code != 404 || gjson.Get(body, "error.code").Str != "model_not_found" {
+		t.Errorf("GET /v1/models/gpt-x: %d %s, want 404 model_not_found", code, body)
+	}
+	code, body := v8Post(t, h.Filtered+"/v1/completions", `{"model":"qwen","prompt":"hi"}`, http.Header{"X-Data-Parallel-Rank": {"9"}})
+	if code != 200 {
+		t.Fatalf("completion: %d %s", code, body)
+	}
+	got := eng.requests()
+	if len(got) != 1 {
+		t.Fatalf("engines got %d requests, want only the completion", len(got))
+	}
+	if v := got[0].header.Get("X-Data-Parallel-Rank"); v != "" {
+		t.Errorf("the engine saw the client's rank header %q", v)
+	}
+	st, err := h.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Metrics["kvroute.router.client_rank_header_removed"].Value != 1 || st.Metrics["kvroute.router.requests.model_not_found"].Value != 1 {
+		t.Errorf("client_rank_header_removed %v, requests.model_not_found %v; want 1 and 1",
+			st.Metrics["kvroute.router.client_rank_header_removed"].Value, st.Metrics["kvroute.router.requests.model_not_found"].Value)
 	}
 }

@@ -8,6 +8,11 @@
 // rename or repurpose one, since gateways and the service roll out separately.
 package snapshot
 
+import (
+	"strconv"
+	"strings"
+)
+
 // Version is the snapshot format version carried in State.Version.
 const Version = 1
 
@@ -44,6 +49,31 @@ type Removal struct {
 	Address string `json:"address"`
 	From    int    `json:"from"`
 	Chain   string `json:"chain"`
+}
+
+// Location names a cache location in routes and removals: an endpoint's
+// host:port, or host:port|rank for one data-parallel rank of an endpoint
+// that serves several (Host.DataParallelSize > 1; '|' never occurs in
+// host:port).
+func Location(address string, rank, dataParallelSize int) string {
+	if dataParallelSize <= 1 {
+		return address
+	}
+	return address + "|" + strconv.Itoa(rank)
+}
+
+// SplitLocation splits a Location into the endpoint's host:port and its
+// rank (-1 for an endpoint without ranks, or a rank that is not a number).
+func SplitLocation(loc string) (address string, rank int) {
+	i := strings.LastIndexByte(loc, '|')
+	if i < 0 {
+		return loc, -1
+	}
+	r, err := strconv.Atoi(loc[i+1:])
+	if err != nil || r < 0 {
+		return loc[:i], -1
+	}
+	return loc[:i], r
 }
 
 // Host is one engine replica as last scraped.

@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 	"github.com/kvroute/kvroute/snapshot"
 )
@@ -27,7 +28,7 @@ import (
 // Without the reports B places it on its own (here: anywhere but A's host,
 // since the engines' queues are equal and B has no prefix to follow).
 func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
-	mod := routerModule(t)
+	mod := testenv.Module(t)
 	var engines []*servingEngine
 	var addrs, eps []string
 	var fixed discovery.Fixed
@@ -98,10 +99,7 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 		return -1
 	}
 	// Wait for the first push to reach both gateways.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(svc.Snapshot().Hosts) < 4 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Poll(testenv.WaitTimeout, func() bool { return len(svc.Snapshot().Hosts) >= 4 })
 	time.Sleep(300 * time.Millisecond)
 	const n = 8
 	followed, control := 0, 0

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"strings"
@@ -24,7 +24,7 @@ func TestScrubRemovesGatewayOnlyMembers(t *testing.T) {
 		{`{"a":"\u0000", "b":NaN}`, "", false},
 		{`[{"kv_transfer_params":1}]`, "", true}, // not an object: no engine reads its fields
 	} {
-		clean, ok := p.scrub([]byte(tc.in))
+		clean, ok := p.Scrub([]byte(tc.in))
 		if ok != tc.ok {
 			t.Errorf("%s: ok %v, want %v", tc.in, ok, tc.ok)
 			continue
@@ -51,7 +51,7 @@ func FuzzScrub(f *testing.F) {
 	}
 	p := newParser(f, `{}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		clean, ok := p.scrub(body)
+		clean, ok := p.Scrub(body)
 		switch {
 		case clean != nil:
 			if !ok || len(clean) != len(body) || !gjson.ValidBytes(clean) {
@@ -74,19 +74,19 @@ func FuzzScrub(f *testing.F) {
 	})
 }
 
-// mayHoldClientOnly's word-at-a-time scan finds what a byte-by-byte one
+// MayHoldClientOnly's word-at-a-time scan finds what a byte-by-byte one
 // finds, wherever in a word the byte falls.
 func TestMayHoldClientOnlyAtEveryOffset(t *testing.T) {
 	for _, needle := range []string{"kv_", "bootstrap_", `\u`, "\x00"} {
 		for off := 0; off < 20; off++ {
 			body := strings.Repeat("a", off) + needle + strings.Repeat("b", 17)
-			if !mayHoldClientOnly([]byte(body)) {
+			if !MayHoldClientOnly([]byte(body)) {
 				t.Errorf("%q at %d not found", needle, off)
 			}
 		}
 	}
 	for _, clean := range []string{"", "a_b", "k_v", "bootstra_", `\n\t\\`, strings.Repeat("abc_def\\n", 9)} {
-		if mayHoldClientOnly([]byte(clean)) {
+		if MayHoldClientOnly([]byte(clean)) {
 			t.Errorf("%q flagged", clean)
 		}
 	}

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"bytes"
@@ -16,13 +16,13 @@ import (
 
 // jsonObject reports whether body is one valid JSON object.
 func jsonObject(body []byte) bool {
-	i := skipSpace(body, 0)
+	i := SkipSpace(body, 0)
 	return i < len(body) && body[i] == '{' && validJSON(body)
 }
 
 // member is one top-level member of a JSON object: its key (unescaped) and
 // its bytes from the key's opening quote to the end of the value.
-type member struct {
+type Member struct {
 	key string
 	raw []byte
 }
@@ -31,11 +31,11 @@ type member struct {
 // the validator's string skipping (gjson walks strings byte by byte, which
 // Go compiled to Wasm pays dearly for on a long prompt). The raw slices
 // alias body.
-func members(body []byte, dst []member) []member {
+func members(body []byte, dst []Member) []Member {
 	dst = dst[:0]
-	i := skipSpace(body, 0) + 1 // past '{'
+	i := SkipSpace(body, 0) + 1 // past '{'
 	for {
-		i = skipSpace(body, i)
+		i = SkipSpace(body, i)
 		if i >= len(body) || body[i] != '"' {
 			return dst // '}'
 		}
@@ -48,12 +48,12 @@ func members(body []byte, dst []member) []member {
 		} else {
 			name = string(key)
 		}
-		i = skipSpace(body, i) + 1 // past ':'
-		if i = skipJSONValue(body, skipSpace(body, i)); i < 0 {
+		i = SkipSpace(body, i) + 1 // past ':'
+		if i = skipJSONValue(body, SkipSpace(body, i)); i < 0 {
 			return dst // not reached: body was validated
 		}
-		dst = append(dst, member{key: name, raw: body[start:i]})
-		i = skipSpace(body, i)
+		dst = append(dst, Member{key: name, raw: body[start:i]})
+		i = SkipSpace(body, i)
 		if i < len(body) && body[i] == ',' {
 			i++
 		}
@@ -63,7 +63,7 @@ func members(body []byte, dst []member) []member {
 // buildObject writes the members, leaving out those drop names, then set
 // (each value raw JSON), into one exactly sized buffer. Kept members are
 // copied byte for byte, in their order.
-func buildObject(ms []member, drop func(key string) bool, set ...[2]string) []byte {
+func buildObject(ms []Member, drop func(key string) bool, set ...[2]string) []byte {
 	n := 2
 	for _, m := range ms {
 		n += len(m.raw) + 1
@@ -93,16 +93,16 @@ func buildObject(ms []member, drop func(key string) bool, set ...[2]string) []by
 	return append(out, '}')
 }
 
-// parseObject validates body as one JSON object and lists its members: the
+// ParseObject validates body as one JSON object and lists its members: the
 // one pass over the client's body that both rewrites then share.
-func parseObject(body []byte) ([]member, bool) {
+func ParseObject(body []byte) ([]Member, bool) {
 	if !jsonObject(body) {
 		return nil, false
 	}
-	return members(body, make([]member, 0, 16)), true
+	return members(body, make([]Member, 0, 16)), true
 }
 
-func hasMember(ms []member, key string) bool {
+func hasMember(ms []Member, key string) bool {
 	for _, m := range ms {
 		if m.key == key {
 			return true
@@ -111,15 +111,15 @@ func hasMember(ms []member, key string) bool {
 	return false
 }
 
-// vllmPrefillBody is the prefill-only copy of a request for vLLM's
+// VLLMPrefillBody is the prefill-only copy of a request for vLLM's
 // NixlConnector: no streaming, one output token, the KV kept for a remote
 // decode. The client's body is not modified.
-func vllmPrefillBody(ms []member) []byte {
+func VLLMPrefillBody(ms []Member) []byte {
 	set := [][2]string{{"stream", "false"}, {"max_tokens", "1"}}
 	if hasMember(ms, "max_completion_tokens") {
 		set = append(set, [2]string{"max_completion_tokens", "1"})
 	}
-	set = append(set, [2]string{"kv_transfer_params", vllmPrefillParams})
+	set = append(set, [2]string{"kv_transfer_params", VLLMPrefillParams})
 	return buildObject(ms, func(k string) bool {
 		switch k {
 		case "stream", "max_tokens", "max_completion_tokens", "kv_transfer_params", "stream_options", "min_tokens":
@@ -129,10 +129,10 @@ func vllmPrefillBody(ms []member) []byte {
 	}, set...)
 }
 
-// kvTransferParams returns the top-level kv_transfer_params object of a
+// KVTransferParams returns the top-level kv_transfer_params object of a
 // prefill response exactly as its bytes were sent.
-func kvTransferParams(resp []byte) ([]byte, bool) {
-	ms, ok := parseObject(resp)
+func KVTransferParams(resp []byte) ([]byte, bool) {
+	ms, ok := ParseObject(resp)
 	if !ok {
 		return nil, false
 	}
@@ -146,23 +146,23 @@ func kvTransferParams(resp []byte) ([]byte, bool) {
 		return nil, false
 	}
 	// raw is `"kv_transfer_params":<value>` with optional spaces.
-	i := skipSpace(kv, skipString(kv, 0))
-	v := kv[skipSpace(kv, i+1):]
+	i := SkipSpace(kv, skipString(kv, 0))
+	v := kv[SkipSpace(kv, i+1):]
 	if len(v) == 0 || v[0] != '{' {
 		return nil, false
 	}
 	return append([]byte(nil), v...), true
 }
 
-// withKVTransferParams is the client's body with kv_transfer_params set to
+// WithKVTransferParams is the client's body with kv_transfer_params set to
 // kv, replacing any the client sent.
-func withKVTransferParams(ms []member, kv []byte) []byte {
+func WithKVTransferParams(ms []Member, kv []byte) []byte {
 	return buildObject(ms, func(k string) bool { return k == "kv_transfer_params" }, [2]string{"kv_transfer_params", string(kv)})
 }
 
-// withBootstrap is the client's body with SGLang's bootstrap fields
+// WithBootstrap is the client's body with SGLang's bootstrap fields
 // (replacing any the client sent).
-func withBootstrap(ms []member, host string, port int, room uint64) []byte {
+func WithBootstrap(ms []Member, host string, port int, room uint64) []byte {
 	return buildObject(ms, func(k string) bool {
 		return k == "bootstrap_host" || k == "bootstrap_port" || k == "bootstrap_room"
 	},
@@ -172,14 +172,14 @@ func withBootstrap(ms []member, host string, port int, room uint64) []byte {
 	)
 }
 
-// bootstrapRoom is a random 63-bit room id, as SGLang's router draws it
+// BootstrapRoom is a random 63-bit room id, as SGLang's router draws it
 // (rooms must not collide between concurrent requests of one prefill
 // server).
-func bootstrapRoom() uint64 { return rand.Uint64() >> 1 }
+func BootstrapRoom() uint64 { return rand.Uint64() >> 1 }
 
-// splitAddress splits "host:port" or "[v6]:port"; the host comes back
+// SplitAddress splits "host:port" or "[v6]:port"; the host comes back
 // without brackets, as SGLang's bootstrap_host wants it.
-func splitAddress(addr string) (host string, port int, ok bool) {
+func SplitAddress(addr string) (host string, port int, ok bool) {
 	i := strings.LastIndexByte(addr, ':')
 	if i <= 0 {
 		return "", 0, false
@@ -194,3 +194,7 @@ func splitAddress(addr string) (host string, port int, ok bool) {
 	}
 	return host, port, true
 }
+
+// VLLMPrefillParams is what vLLM's NixlConnector expects on the prefill
+// request: compute the prompt and keep its KV for a remote decode.
+const VLLMPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`

@@ -1,7 +1,6 @@
-package filter
+package openai
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand"
 	"slices"
@@ -12,20 +11,20 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/snapshot"
+	"github.com/kvroute/kvroute/openai/openaitest"
 )
 
-func newParser(t testing.TB, cfgJSON string) *requestParser {
+func newParser(t testing.TB, cfgJSON string) *Parser {
 	cfg, err := config.Parse([]byte(cfgJSON))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &requestParser{cfg: cfg, hasher: index.NewHasher(index.HashConfig{})}
+	return &Parser{cfg: cfg, hasher: index.NewHasher(index.HashConfig{})}
 }
 
 func TestParseFields(t *testing.T) {
 	p := newParser(t, `{"loraAdapters":{"sql-lora":"llama-3-8b"}}`)
-	r, err := p.parse([]byte(`{"model":"sql-lora","prompt":"`+strings.Repeat("x", 4000)+`","stream":true,"max_tokens":64,"user":"alice"}`), apiCompletions)
+	r, err := p.Parse([]byte(`{"model":"sql-lora","prompt":"`+strings.Repeat("x", 4000)+`","stream":true,"max_tokens":64,"user":"alice"}`), Completions)
 	if err != nil {
 		t.Fatal(err.Message)
 	}
@@ -35,7 +34,7 @@ func TestParseFields(t *testing.T) {
 	if len(p.hasher.Blocks()) == 0 {
 		t.Error("no blocks hashed")
 	}
-	r, err = p.parse([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":9}`), apiUnknown)
+	r, err = p.Parse([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":9}`), OtherEndpoint)
 	if err != nil || r.MaxTokens != 9 {
 		t.Errorf("sniffed chat: %+v %v", r, err)
 	}
@@ -62,7 +61,7 @@ func TestParseStreamUsage(t *testing.T) {
 		{`"stream":false,"stream_options":{"include_usage":true}`, false}, // not a stream
 		{`"stream_options":{"include_usage":true},"stream":true`, true},
 	} {
-		r, err := p.parse([]byte(`{"model":"m","prompt":"hello",`+tc.fields+`}`), apiCompletions)
+		r, err := p.Parse([]byte(`{"model":"m","prompt":"hello",`+tc.fields+`}`), Completions)
 		if err != nil {
 			t.Errorf("%s: %s", tc.fields, err.Message)
 			continue
@@ -80,26 +79,26 @@ func TestParseStreamUsage(t *testing.T) {
 func TestParseHashesPrefixes(t *testing.T) {
 	p := newParser(t, `{}`)
 	sys := strings.Repeat("shared system prompt ", 100)
-	chain := func(body string, kind apiKind) []uint64 {
-		if _, err := p.parse([]byte(body), kind); err != nil {
+	chain := func(body string, kind Endpoint) []uint64 {
+		if _, err := p.Parse([]byte(body), kind); err != nil {
 			t.Fatal(err.Message)
 		}
 		return append([]uint64(nil), p.hasher.Blocks()...)
 	}
-	a := chain(chatBody(sys, "one"), apiChat)
-	b := chain(chatBody(sys, "two"), apiChat)
+	a := chain(chatBody(sys, "one"), Chat)
+	b := chain(chatBody(sys, "two"), Chat)
 	if len(a) < 4 || a[0] != b[0] || a[3] != b[3] {
 		t.Errorf("shared prefix does not share leading blocks: %x vs %x", a[:4], b[:4])
 	}
-	c := chain(strings.Replace(chatBody(sys, "one"), `"llama-3-8b"`, `"other"`, 1), apiChat)
+	c := chain(strings.Replace(chatBody(sys, "one"), `"llama-3-8b"`, `"other"`, 1), Chat)
 	if c[0] == a[0] {
 		t.Error("another model shares block hashes")
 	}
 }
 
 func TestErrorBodyIsOpenAIStyle(t *testing.T) {
-	e := badRequest("messages[0].role", "'%s' must be a non-empty string", "messages[0].role")
-	b := string(e.body())
+	e := BadRequest("messages[0].role", "'%s' must be a non-empty string", "messages[0].role")
+	b := string(e.Body())
 	if !gjson.Valid(b) || gjson.Get(b, "error.type").String() != "invalid_request_error" ||
 		gjson.Get(b, "error.param").String() != "messages[0].role" || gjson.Get(b, "error.code").Int() != 400 {
 		t.Errorf("body %s", b)
@@ -107,16 +106,41 @@ func TestErrorBodyIsOpenAIStyle(t *testing.T) {
 }
 
 func FuzzParseRequest(f *testing.F) {
-	for _, tc := range badInputs {
-		f.Add([]byte(tc.body), uint8(kindOf(tc.path)))
+	// Seeds: each malformed shape the router's bad-input table
+	// (filter.TestBadInputTable) sends, and valid unusual ones.
+	for _, seed := range []struct{ path, body string }{
+		{"/v1/completions", `{"model":"m","prompt":"hel`},
+		{"/v1/completions", `["m","hello"]`},
+		{"/v1/completions", `{"prompt":"hello"}`},
+		{"/v1/completions", `{"model":7,"prompt":"hello"}`},
+		{"/v1/completions", `{"model":"m"}`},
+		{"/v1/completions", `{"model":"m","prompt":{"text":"x"}}`},
+		{"/v1/completions", `{"model":"m","prompt":""}`},
+		{"/v1/completions", `{"model":"m","prompt":[1,-2,3]}`},
+		{"/v1/completions", `{"model":"m","prompt":[1,2.5]}`},
+		{"/v1/completions", `{"model":"m","prompt":"x","max_tokens":"9"}`},
+		{"/v1/completions", `{"model":"m","prompt":"x","stream":"yes"}`},
+		{"/v1/chat/completions", `{"model":"m","messages":"hi"}`},
+		{"/v1/chat/completions", `{"model":"m","messages":[]}`},
+		{"/v1/chat/completions", `{"model":"m","messages":[{"content":"hi"}]}`},
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":5}]}`},
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`},
+		{"/v1/completions", "{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}"},
+		{"/v1/completions", ""},
+		{"/v1/completions", `{"model":"m","prompt":[101,2023,2003,1037,3231]}`},
+		{"/v1/completions", `{"model":"m","prompt":[[1,2],[3,4]]}`},
+		{"/v1/chat/completions", `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`},
+		{"/v1/embeddings", `{"model":"m","input":["a","b"]}`},
+	} {
+		f.Add([]byte(seed.body), uint8(EndpointOf(seed.path)))
 	}
-	f.Add([]byte(`{"model":"m","prompt":[[1,2],[3]]}`), uint8(apiCompletions))
-	f.Add([]byte(`{"model":"m","input":"x"}`), uint8(apiUnknown))
+	f.Add([]byte(`{"model":"m","prompt":[[1,2],[3]]}`), uint8(Completions))
+	f.Add([]byte(`{"model":"m","input":"x"}`), uint8(OtherEndpoint))
 	p := newParser(f, `{"loraAdapters":{"a":"b"}}`)
 	f.Fuzz(func(t *testing.T, body []byte, kind uint8) {
-		r, err := p.parse(body, apiKind(kind%4))
+		r, err := p.Parse(body, Endpoint(kind%4))
 		if err != nil {
-			if err.Status != 400 || err.Message == "" || !gjson.ValidBytes(err.body()) {
+			if err.Status != 400 || err.Message == "" || !gjson.ValidBytes(err.Body()) {
 				t.Fatalf("bad error %+v", err)
 			}
 			return
@@ -127,211 +151,25 @@ func FuzzParseRequest(f *testing.F) {
 	})
 }
 
-func TestDecodeSnapshot(t *testing.T) {
-	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"source":"svc","hosts":[{"address":"10.0.0.1:8000","role":"prefill","model":"m","adapters":["a"],"healthy":false,"waiting":3,"running":2,"kvUsage":0.5,"blockSize":16,"numGpuBlocks":1000}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := st.Hosts[0]
-	if st.TimestampMs != 5 || h.Role != "prefill" || h.Healthy || h.Waiting != 3 || h.Running != 2 || h.KVUsage != 0.5 || h.NumGPUBlocks != 1000 || len(h.Adapters) != 1 {
-		t.Errorf("decoded %+v", st)
-	}
-	for body, want := range map[string]string{
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`:                                                          "appears twice",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:                                                                "hosts[0].kvUsage",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:                                                               "hosts[0].waiting",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:                                                            "hosts[0].role",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:                                                            "hosts[0].healthy",
-		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                                                                           "timestampMs",
-		`{"version":1,"timestampMs":5,"hosts":{}}`:                                                                                             "hosts: must be an array",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:                                                             "hosts[0].adapters",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                                                                              "hosts[0].address",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":{}}`:                                                              "gateways: must be an array",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":""}]}`:                                                "gateways[0].gateway",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","routes":[{"address":"a:1","chain":"AQID"}]}]}`:   "gateways[0].routes[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","load":[{"address":"a:1","inFlight":-1}]}]}`:      "gateways[0].load[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":{}}`:                                                              "removals: must be an array",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0,"chain":"AQID"}]}`:                     "removals[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":2,"chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`: "removals[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`:          "removals[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a","from":0,"chain":"AQAAAAAAAAA="}]}`:               "removals[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":-1,"chain":"AQAAAAAAAAA="}]}`:            "removals[0]",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0.5,"chain":"AQAAAAAAAAA="}]}`:           "removals[0]",
-		`{"version":2,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0,"chain":"AQAAAAAAAAA="}]}`:             "version",
-		`not json`: "not valid JSON",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":2}]}`:                                                 "hosts[0].rank: 2 is not a rank of the endpoint's 2 data-parallel ranks (0 to 1",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","rank":1}]}`:                                                                      "hosts[0].rank: 1 is not a rank of the endpoint's 1",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":0}]}`:                                                          "hosts[0].dataParallelSize",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":-1}]}`:                                                "hosts[0].rank",
-		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":1},{"address":"a:1","dataParallelSize":2,"rank":1}]}`: "appears twice",
-	} {
-		if _, err := decodeSnapshot([]byte(body)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: error %v, want %q", body, err, want)
-		}
-	}
-}
-
-// Each rank of a data-parallel endpoint is a host entry of its own.
-func TestDecodeSnapshotRanks(t *testing.T) {
-	// Another gateway's routes name a rank as host:port|rank.
-	if _, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","timestampMs":5,"routes":[{"address":"a:1|1","from":0,"chain":"AQAAAAAAAAA="}]}]}`)); err != nil {
-		t.Errorf("a route to a rank: %v", err)
-	}
-	if _, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","timestampMs":5,"routes":[{"address":"a:1|x","from":0,"chain":"AQAAAAAAAAA="}]}]}`)); err == nil {
-		t.Errorf("a route to rank x accepted")
-	}
-	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":0,"waiting":4},{"address":"a:1","dataParallelSize":2,"rank":1,"waiting":0}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Hosts) != 2 || st.Hosts[1].Rank != 1 || st.Hosts[1].DataParallelSize != 2 || st.Hosts[0].Waiting != 4 {
-		t.Errorf("decoded %+v", st.Hosts)
-	}
-}
-
-// A valid removal decodes as sent; a snapshot without one has none.
-func TestDecodeRemovals(t *testing.T) {
-	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":1,"chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Removals) != 1 || st.Removals[0] != (snapshot.Removal{Address: "a:1", From: 1, Chain: "AQAAAAAAAAACAAAAAAAAAA=="}) {
-		t.Fatalf("removals %+v", st.Removals)
-	}
-	if st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":null}`)); err != nil || st.Removals != nil {
-		t.Fatalf("null removals: %+v %v", st.Removals, err)
-	}
-}
-
-func FuzzDecodeSnapshot(f *testing.F) {
-	f.Add([]byte(pushBody(1, "10.0.0.1:8000", "10.0.0.2:8000")))
-	f.Add([]byte(`{"version":1,"timestampMs":1,"hosts":[{"address":"[::1]:1","kvUsage":1}]}`))
-	f.Fuzz(func(t *testing.T, body []byte) {
-		st, err := decodeSnapshot(body)
-		if err != nil {
-			return
-		}
-		if len(st.Hosts) == 0 || st.TimestampMs <= 0 {
-			t.Fatalf("accepted %+v", st)
-		}
-		for _, h := range st.Hosts {
-			if config.CheckAddress(h.Address) != nil || h.KVUsage < 0 || h.KVUsage > 1 {
-				t.Fatalf("accepted host %+v", h)
-			}
-		}
-	})
-}
-
-func TestBearer(t *testing.T) {
-	for header, want := range map[string]bool{
-		"Bearer tok": true, "bearer tok": true, "  Bearer   tok ": true,
-		"Bearer tok2": false, "Bearer": false, "Bearer ": false, "Basic tok": false, "tok": false, "": false,
-	} {
-		if got := authorized(header, "tok"); got != want {
-			t.Errorf("authorized(%q) = %v, want %v", header, got, want)
-		}
-	}
-	if authorized("Bearer ", "") || authorized("Bearer x", "") {
-		t.Error("an empty configured token must authorize nothing")
-	}
-}
-
-func TestParseORCA(t *testing.T) {
-	l := parseORCA("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0, cpu_utilization=0.3")
-	if !l.ok || l.KVUsage != 0.4 || l.Waiting != 2 {
-		t.Errorf("text: %+v", l)
-	}
-	l = parseORCA(`JSON {"named_metrics":{"kv_cache_usage_perc":0.9,"num_requests_running":7}}`)
-	if !l.ok || l.KVUsage != 0.9 || l.Running != 7 {
-		t.Errorf("json: %+v", l)
-	}
-	for _, bad := range []string{"", "TEXT", "TEXT named_metrics.kv_cache_usage_perc=abc", "JSON {", "TEXT named_metrics.kv_cache_usage_perc=7", "BINARY x"} {
-		if l := parseORCA(bad); l.ok {
-			t.Errorf("%q parsed as %+v", bad, l)
-		}
-	}
-}
-
-func TestCachedTokensAcrossChunks(t *testing.T) {
-	if n, ok := cachedTokens(nil, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens": 96}}}`)); !ok || n != 96 {
-		t.Errorf("whole: %d %v", n, ok)
-	}
-	first := []byte(`data: {"usage":{"prompt_tokens_details":{"cached_tok`)
-	second := []byte(`ens":128}}}` + "\n\n")
-	if _, ok := cachedTokens(nil, first); ok {
-		t.Error("found a value in half a field")
-	}
-	var tail tailBuf
-	tail.keep(first)
-	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
-		t.Errorf("split: %d %v", n, ok)
-	}
-	// A long chunk leaves only its end; a split field is still found.
-	long := append(bytes.Repeat([]byte("x"), 3*tailKeep), first...)
-	tail.keep(long)
-	if got := string(tail.bytes()); got != string(long[len(long)-tailKeep:]) {
-		t.Errorf("tail kept %q, want the chunk's last %d bytes", got, tailKeep)
-	}
-	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
-		t.Errorf("split after a long chunk: %d %v", n, ok)
-	}
-	// A number cut at the chunk end is not taken until it is complete.
-	if _, ok := cachedTokens(nil, []byte(`"cached_tokens":12`)); ok {
-		t.Error("took a number that may continue in the next chunk")
-	}
-}
-
-func TestBreakerUnit(t *testing.T) {
-	b := newBreakers(config.CircuitBreaker{ConsecutiveFailures: 3, CooldownMs: 100})
-	for i := 0; i < 2; i++ {
-		b.result("a", false, 0)
-	}
-	b.result("a", true, 0) // a success resets the count
-	for i := 0; i < 2; i++ {
-		if b.result("a", false, 0) {
-			t.Fatal("opened before 3 consecutive failures")
-		}
-	}
-	if !b.result("a", false, 10) || !b.open("a", 50) {
-		t.Fatal("3 consecutive failures must open")
-	}
-	if b.open("a", 110) { // cool-down over: half-open, one probe allowed
-		t.Fatal("no probe after the cool-down")
-	}
-	b.dispatched("a", 110)
-	if !b.open("a", 111) {
-		t.Fatal("a second request while the probe is in flight")
-	}
-	b.abandoned("a") // the probe's client went away
-	if b.open("a", 112) {
-		t.Fatal("an abandoned probe must let the next request probe")
-	}
-	b.dispatched("a", 112)
-	b.result("a", true, 120)
-	if b.open("a", 121) {
-		t.Fatal("a successful probe must close the breaker")
-	}
-}
-
 // Keys count as the engine's JSON decoder reads them: an escaped
 // kv_transfer_params is still removed, an escaped "model" is still the model.
 func TestEscapedKeysCountAsDecoded(t *testing.T) {
 	p := newParser(t, `{}`)
 	body := []byte(`{"mod\u0065l":"m","kv_transfer_p\u0061rams":{"remote_host":"169.254.169.254"},"prompt":"hi"}`)
-	r, err := p.parse(body, apiCompletions)
+	r, err := p.Parse(body, Completions)
 	if err != nil {
 		t.Fatal(err.Message)
 	}
 	if r.Model != "m" {
 		t.Errorf("model %q, want m", r.Model)
 	}
-	clean := p.withoutClientOnly(body)
+	clean := p.WithoutClientOnly(body)
 	if p.dropped != 1 || strings.Contains(string(clean), "169.254") || gjson.GetBytes(clean, "prompt").Str != "hi" {
 		t.Errorf("dropped %d, forwarded %s", p.dropped, clean)
 	}
 }
 
-// withoutClientOnly walks the members again after parse (which only counts
+// WithoutClientOnly walks the members again after parse (which only counts
 // the client-only ones): the body it forwards is the accepted body's other
 // members, byte for byte and in order, wherever the dropped ones were and
 // however long the values around them (long ones are in the span table,
@@ -366,22 +204,22 @@ func TestWithoutClientOnlyKeepsTheOtherMembers(t *testing.T) {
 			}
 		}
 		p := newParser(t, `{}`)
-		if _, err := p.parse([]byte(body), apiChat); err != nil {
+		if _, err := p.Parse([]byte(body), Chat); err != nil {
 			t.Fatalf("%s: %s", body, err.Message)
 		}
-		got := p.withoutClientOnly([]byte(body))
+		got := p.WithoutClientOnly([]byte(body))
 		if p.dropped != dropped || string(got) != "{"+strings.Join(want, ",")+"}" {
 			t.Errorf("%s:\ndropped %d, forwarded %s", body, p.dropped, got)
 		}
 	}
 	p := newParser(t, `{}`)
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
-	if _, err := p.parse(body, apiChat); err != nil || p.withoutClientOnly(body) != nil {
-		t.Errorf("a body without client-only members: err %v, forwarded %s", err, p.withoutClientOnly(body))
+	if _, err := p.Parse(body, Chat); err != nil || p.WithoutClientOnly(body) != nil {
+		t.Errorf("a body without client-only members: err %v, forwarded %s", err, p.WithoutClientOnly(body))
 	}
 }
 
-// rawWholeNumber reads what wholeNumber reads from gjson, for every kind of
+// rawWholeNumber reads what WholeNumber reads from gjson, for every kind of
 // JSON number, with or without its fast path.
 func TestRawWholeNumberMatchesGJSON(t *testing.T) {
 	for _, v := range []string{
@@ -390,9 +228,9 @@ func TestRawWholeNumberMatchesGJSON(t *testing.T) {
 		"-9223372036854775809", "99999999999999999999", "1e3", "1E3", "2.0", "2.5", "-2.0", "1.5e300", "0.0", "1e-3",
 	} {
 		n, ok := rawWholeNumber([]byte(v))
-		wn, wok := wholeNumber(gjson.Parse(v))
+		wn, wok := WholeNumber(gjson.Parse(v))
 		if n != wn || ok != wok {
-			t.Errorf("rawWholeNumber(%s) = %d, %v; wholeNumber = %d, %v", v, n, ok, wn, wok)
+			t.Errorf("rawWholeNumber(%s) = %d, %v; WholeNumber = %d, %v", v, n, ok, wn, wok)
 		}
 	}
 }
@@ -444,13 +282,13 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 		var body strings.Builder
 		model := []string{`"llama-3-8b"`, `"m\u00e9"`, `"mod\"el"`}[rng.Intn(3)]
 		body.WriteString("{" + ws() + `"model"` + ws() + ":" + ws() + model + ws())
-		kind := apiChat
+		kind := Chat
 		tokens := false
 		switch rng.Intn(7) {
 		case 5:
 			// Batches of token ids, many and small (the parser gathers
 			// them across arrays) or few and long.
-			kind, tokens = apiCompletions, true
+			kind, tokens = Completions, true
 			body.WriteString(`,"prompt":[` + ws())
 			long := rng.Intn(2) == 0
 			for i, n := 0, 1+rng.Intn(600); i < n; i++ {
@@ -470,7 +308,7 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 		case 6:
 			// Many short strings, empty ones included, and now and then
 			// a long one: the parser gathers them across elements.
-			kind = apiCompletions
+			kind = Completions
 			body.WriteString(`,"prompt":[`)
 			for i, n := 0, 1+rng.Intn(3000); i < n; i++ {
 				if i > 0 {
@@ -489,7 +327,7 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 		case 4:
 			// Token ids: plain, zero, the largest, whole-valued floats,
 			// with and without spaces around the commas.
-			kind, tokens = apiCompletions, true
+			kind, tokens = Completions, true
 			body.WriteString(`,"prompt":[` + ws())
 			for i, n := 0, 1+rng.Intn(3000); i < n; i++ {
 				if i > 0 {
@@ -510,10 +348,10 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 			}
 			body.WriteString(ws() + "]")
 		case 0:
-			kind = apiCompletions
+			kind = Completions
 			body.WriteString(`,"prompt":` + ws() + str())
 		case 1:
-			kind = apiCompletions
+			kind = Completions
 			body.WriteString(`,"prompt":[`)
 			for i, n := 0, 1+rng.Intn(3); i < n; i++ {
 				if i > 0 {
@@ -546,14 +384,14 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 			t.Fatalf("test body is not JSON: %s", b)
 		}
 
-		r, perr := p.parse(b, kind)
+		r, perr := p.Parse(b, kind)
 		if perr != nil {
 			t.Fatalf("trial %d: %s\n%.300s", trial, perr.Message, b)
 		}
 		// The same with gjson alone.
 		doc := gjson.ParseBytes(b)
 		ref.Reset(doc.Get("model").String(), "", "")
-		if kind == apiChat {
+		if kind == Chat {
 			for _, m := range doc.Get("messages").Array() {
 				ref.BeginMessage(m.Get("role").String())
 				if c := m.Get("content"); c.IsArray() {
@@ -596,9 +434,9 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 // per string or token id: the parser gathers the elements of prompt arrays
 // into batches, which must hash exactly as the pieces.
 func FuzzPromptMatchesGJSONReading(f *testing.F) {
-	for _, s := range bodyShapes {
-		if kindOf(s.path) == apiCompletions {
-			f.Add([]byte(s.body(300, 1)))
+	for _, s := range openaitest.Shapes {
+		if EndpointOf(s.Path) == Completions {
+			f.Add([]byte(s.Body(300, 1)))
 		}
 	}
 	f.Add([]byte(`{"model":"m","prompt":[[1, 2 ,3],[4.0],[5e0,4294967295]]}`))
@@ -607,7 +445,7 @@ func FuzzPromptMatchesGJSONReading(f *testing.F) {
 	p := newParser(f, `{}`)
 	ref := index.NewHasher(index.HashConfig{})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		r, err := p.parse(body, apiCompletions)
+		r, err := p.Parse(body, Completions)
 		if err != nil {
 			return
 		}
@@ -672,7 +510,7 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			// complete blocks.
 			long := strings.Repeat("after the calls ", 40)
 			body := `{"model":"m","messages":[{"role":"user","content":` + parts + `},{"role":"assistant","content":null,"tool_calls":` + calls + `},{"role":"user","content":"` + long + `"}]}`
-			if _, err := p.parse([]byte(body), apiChat); err != nil {
+			if _, err := p.Parse([]byte(body), Chat); err != nil {
 				t.Fatalf("%s: %s", body, err.Message)
 			}
 			doc := gjson.Parse(body)
@@ -700,4 +538,8 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			}
 		}
 	}
+}
+
+func chatBody(system, user string) string {
+	return fmt.Sprintf(`{"model":"llama-3-8b","messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"max_tokens":4}`, system, user)
 }

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"fmt"
@@ -17,31 +17,31 @@ import (
 // hasher consumes, and prompt text never leaves this file except as block
 // hashes.
 
-// apiKind is the OpenAI endpoint a path addresses.
-type apiKind uint8
+// Endpoint is the OpenAI endpoint a path addresses.
+type Endpoint uint8
 
 const (
-	apiCompletions apiKind = iota
-	apiChat
-	apiEmbeddings
-	apiUnknown // a configured inference path with another suffix: sniff the body
+	Completions Endpoint = iota
+	Chat
+	Embeddings
+	OtherEndpoint // a configured inference path with another suffix: sniff the body
 )
 
-func kindOf(path string) apiKind {
+func EndpointOf(path string) Endpoint {
 	switch {
 	case strings.HasSuffix(path, "/chat/completions"):
-		return apiChat
+		return Chat
 	case strings.HasSuffix(path, "/completions"):
-		return apiCompletions
+		return Completions
 	case strings.HasSuffix(path, "/embeddings"):
-		return apiEmbeddings
+		return Embeddings
 	}
-	return apiUnknown
+	return OtherEndpoint
 }
 
-// parsedRequest is what routing needs from one body. No prompt text, and no
+// Request is what routing needs from one body. No prompt text, and no
 // string that aliases the body (which is reused).
-type parsedRequest struct {
+type Request struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
 	Stream         bool
@@ -56,50 +56,54 @@ type parsedRequest struct {
 	PromptTokens    int
 }
 
-// requestError is a client error: the filter answers it locally with an
+// Error is a client error: the filter answers it locally with an
 // OpenAI-style body, and the request never reaches an engine.
-type requestError struct {
+type Error struct {
 	Status  int
 	Param   string // the offending field, "" for the body as a whole
 	Message string
 	Code    string // OpenAI's error code ("model_not_found"); "" writes Status
+	Type    string // OpenAI's error type; "" is invalid_request_error (the client's fault)
 }
 
-func badRequest(param, format string, args ...any) *requestError {
+func BadRequest(param, format string, args ...any) *Error {
 	msg := format
 	if len(args) > 0 {
 		msg = sprintf(format, args...)
 	}
-	return &requestError{Status: 400, Param: param, Message: msg}
+	return &Error{Status: 400, Param: param, Message: msg}
 }
 
 // The client errors that name no value, built once: they are never
-// modified, and in Wasm each badRequest call is ~90 instructions of the
+// modified, and in Wasm each BadRequest call is ~90 instructions of the
 // function that makes it, which every request enters.
 var (
-	errEmptyBody     = badRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
-	errBodyNotUTF8   = badRequest("", "the request body is not valid UTF-8")
-	errBodyNotJSON   = badRequest("", "the request body is not valid JSON")
-	errBodyNotObject = badRequest("", "the request body must be a JSON object")
-	errNoModel       = badRequest("model", "'model' is required")
-	errBadModel      = badRequest("model", "'model' must be a non-empty string")
-	errBadStream     = badRequest("stream", "'stream' must be a boolean")
-	errBadUser       = badRequest("user", "'user' must be a string")
-	errBadSalt       = badRequest("cache_salt", "'cache_salt' must be a string")
-	errNoPrompt      = badRequest("", "the body has no 'messages', 'prompt' or 'input'")
-	errBadTools      = badRequest("tools", "'tools' must be an array")
-	errNoMessages    = badRequest("messages", "'messages' is required")
-	errBadMessages   = badRequest("messages", "'messages' must be an array of message objects")
-	errEmptyMessages = badRequest("messages", "'messages' must not be empty")
+	errEmptyBody     = BadRequest("", "the request body is empty: send a JSON object with \"model\" and a prompt")
+	errBodyNotUTF8   = BadRequest("", "the request body is not valid UTF-8")
+	errBodyNotJSON   = BadRequest("", "the request body is not valid JSON")
+	errBodyNotObject = BadRequest("", "the request body must be a JSON object")
+	errNoModel       = BadRequest("model", "'model' is required")
+	errBadModel      = BadRequest("model", "'model' must be a non-empty string")
+	errBadStream     = BadRequest("stream", "'stream' must be a boolean")
+	errBadUser       = BadRequest("user", "'user' must be a string")
+	errBadSalt       = BadRequest("cache_salt", "'cache_salt' must be a string")
+	errNoPrompt      = BadRequest("", "the body has no 'messages', 'prompt' or 'input'")
+	errBadTools      = BadRequest("tools", "'tools' must be an array")
+	errNoMessages    = BadRequest("messages", "'messages' is required")
+	errBadMessages   = BadRequest("messages", "'messages' must be an array of message objects")
+	errEmptyMessages = BadRequest("messages", "'messages' must not be empty")
 
 	// By field, from fieldMaxTokens on: built once, where an array
 	// literal in parse would be built at each request.
-	errBadMaxTokens = [...]*requestError{maxTokensError("max_tokens"), maxTokensError("max_completion_tokens")}
+	errBadMaxTokens = [...]*Error{maxTokensError("max_tokens"), maxTokensError("max_completion_tokens")}
 )
 
 // body renders the OpenAI error object.
-func (e *requestError) body() []byte {
-	typ := "invalid_request_error"
+func (e *Error) Body() []byte {
+	typ := e.Type
+	if typ == "" {
+		typ = "invalid_request_error"
+	}
 	b := []byte(`{"error":{"message":`)
 	b = gjson.AppendJSONString(b, e.Message)
 	b = append(b, `,"type":`...)
@@ -125,8 +129,8 @@ const (
 	maxTokenID   = 1<<32 - 1
 )
 
-// requestParser parses bodies into a hasher; one per VM, reused.
-type requestParser struct {
+// Parser parses bodies into a hasher; one per VM, reused.
+type Parser struct {
 	cfg    *config.Config
 	hasher *index.Hasher
 	ids    []uint32 // token ids gathered for the hasher (see tokenIDs)
@@ -145,11 +149,25 @@ type requestParser struct {
 	last   string // the last model returned by owned: most bodies name it again
 
 	// How many top-level members of the last body must not reach an
-	// engine (see firstClientOnly), and the buffer withoutClientOnly
+	// engine (see firstClientOnly), and the buffer WithoutClientOnly
 	// builds the body without them in.
 	dropped int
 	out     []byte
 }
+
+// NewParser returns a parser for requests under cfg that feeds each
+// prompt to hasher.
+func NewParser(cfg *config.Config, hasher *index.Hasher) Parser {
+	return Parser{cfg: cfg, hasher: hasher}
+}
+
+// Hasher is the hasher the last parsed prompt was fed to: its blocks and
+// token count are the request's.
+func (p *Parser) Hasher() *index.Hasher { return p.hasher }
+
+// Dropped is how many gateway-only members (see firstClientOnly) the last
+// body parsed or scrubbed held.
+func (p *Parser) Dropped() int { return p.dropped }
 
 // The top-level members parse looks at, by index in requestFields.
 const (
@@ -244,7 +262,7 @@ const maxModelNames = 256
 // function entered). It compares with == (is would make it too big to be
 // inlined): the runtime's memequal that calls is entered by every request
 // anyway.
-func (p *requestParser) owned(s string) string {
+func (p *Parser) owned(s string) string {
 	if s == p.last {
 		return p.last
 	}
@@ -252,7 +270,7 @@ func (p *requestParser) owned(s string) string {
 }
 
 // remember is owned for a model other than the last one.
-func (p *requestParser) remember(s string) string {
+func (p *Parser) remember(s string) string {
 	if m, ok := p.models[s]; ok {
 		p.last = m
 		return m
@@ -268,26 +286,26 @@ func (p *requestParser) remember(s string) string {
 	return m
 }
 
-// withoutClientOnly returns body, which parse has just accepted, without
+// WithoutClientOnly returns body, which parse has just accepted, without
 // its client-only members (see firstClientOnly), or nil when it has none.
 // The result is reused by the next call. Small enough to be inlined: a
 // body without such members, nearly every one, enters no function here.
-func (p *requestParser) withoutClientOnly(body []byte) []byte {
+func (p *Parser) WithoutClientOnly(body []byte) []byte {
 	if p.dropped == 0 {
 		return nil
 	}
 	return p.dropClientOnly(body)
 }
 
-// dropClientOnly is withoutClientOnly for a body with client-only members. It
+// dropClientOnly is WithoutClientOnly for a body with client-only members. It
 // finds them by walking the members again, as parse did: parse only counts
 // them, so that the many bodies without any record no member list (each
 // function entered costs a request: docs/performance.md).
-func (p *requestParser) dropClientOnly(body []byte) []byte {
+func (p *Parser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
-	obj := body[skipSpace(body, 0):]
-	for i := skipSpace(obj, 1); ; {
+	obj := body[SkipSpace(body, 0):]
+	for i := SkipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
 			break
@@ -314,7 +332,7 @@ func (p *requestParser) dropClientOnly(body []byte) []byte {
 // bytes of Wasm in a function every request enters. For the same
 // reason what few requests send (a LoRA adapter, "user" and "cache_salt",
 // an endpoint to sniff, a prompt other than messages) is read out of line.
-func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *requestError) {
+func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	if len(body) == 0 {
 		return r, errEmptyBody
 	}
@@ -328,7 +346,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 	// looks up is the table's second entry (the first is that object).
 	p.doc.base, p.doc.next = cap(body), 1
 	p.doc.unesc = p.doc.unesc[:0]
-	obj := body[skipSpace(body, 0):]
+	obj := body[SkipSpace(body, 0):]
 	if obj[0] != '{' {
 		return r, errBodyNotObject
 	}
@@ -337,7 +355,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 	// module (vLLM, SGLang) does.
 	var fields [firstClientOnly][]byte
 	p.dropped = 0
-	for i := skipSpace(obj, 1); ; {
+	for i := SkipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
 			break
@@ -386,15 +404,15 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 	}
 	salt := ""
 	if fields[fieldUser] != nil || fields[fieldSalt] != nil {
-		var err *requestError
+		var err *Error
 		if salt, err = p.identity(&r, &fields); err != nil {
 			return r, err
 		}
 	}
 
 	p.hasher.Reset(r.Model, r.Adapter, salt)
-	var err *requestError
-	if kind == apiChat {
+	var err *Error
+	if kind == Chat {
 		err = p.chat(&fields)
 	} else {
 		err = p.notChat(kind, &fields)
@@ -411,7 +429,7 @@ func (p *requestParser) parse(body []byte, kind apiKind) (r parsedRequest, _ *re
 // are configured.
 //
 //go:noinline
-func (p *requestParser) adapter(r *parsedRequest) {
+func (p *Parser) adapter(r *Request) {
 	if base, ok := p.cfg.LoRAAdapters[r.Model]; ok {
 		r.Model, r.Adapter = base, r.Model
 	}
@@ -419,7 +437,7 @@ func (p *requestParser) adapter(r *parsedRequest) {
 
 // identity reads the body's "user" (into r) and "cache_salt" (returned),
 // either of which may be absent.
-func (p *requestParser) identity(r *parsedRequest, fields *[firstClientOnly][]byte) (string, *requestError) {
+func (p *Parser) identity(r *Request, fields *[firstClientOnly][]byte) (string, *Error) {
 	user, salt := fields[fieldUser], fields[fieldSalt]
 	if user != nil && jsonType(user) != gjson.Null {
 		if jsonType(user) != gjson.String {
@@ -439,20 +457,20 @@ func (p *requestParser) identity(r *parsedRequest, fields *[firstClientOnly][]by
 // notChat hashes the prompt of a body that is not a chat: a completions
 // "prompt", an embeddings "input", or for an unknown endpoint whichever
 // of "messages", "prompt" and "input" the body holds first in that order.
-func (p *requestParser) notChat(kind apiKind, fields *[firstClientOnly][]byte) *requestError {
-	if kind == apiUnknown {
+func (p *Parser) notChat(kind Endpoint, fields *[firstClientOnly][]byte) *Error {
+	if kind == OtherEndpoint {
 		switch {
 		case fields[fieldMessages] != nil:
 			return p.chat(fields)
 		case fields[fieldPrompt] != nil:
-			kind = apiCompletions
+			kind = Completions
 		case fields[fieldInput] != nil:
-			kind = apiEmbeddings
+			kind = Embeddings
 		default:
 			return errNoPrompt
 		}
 	}
-	if kind == apiEmbeddings {
+	if kind == Embeddings {
 		return p.prompt(fields[fieldInput], "input")
 	}
 	return p.prompt(fields[fieldPrompt], "prompt")
@@ -464,7 +482,7 @@ func (p *requestParser) notChat(kind apiKind, fields *[firstClientOnly][]byte) *
 // (docs/performance.md), and a valid body never comes here.
 //
 //go:noinline
-func (p *requestParser) scanError(body []byte) *requestError {
+func (p *Parser) scanError(body []byte) *Error {
 	if p.doc.badUTF8 || !utf8.Valid(body) {
 		return errBodyNotUTF8
 	}
@@ -473,11 +491,11 @@ func (p *requestParser) scanError(body []byte) *requestError {
 
 // maxTokensError is the error for a bad max_tokens or
 // max_completion_tokens.
-func maxTokensError(name string) *requestError {
-	return badRequest(name, "'%s' must be a whole number from 0 to %d", name, maxMaxTokens)
+func maxTokensError(name string) *Error {
+	return BadRequest(name, "'%s' must be a whole number from 0 to %d", name, maxMaxTokens)
 }
 
-// rawWholeNumber is wholeNumber of a raw JSON value. A plain integer of up
+// rawWholeNumber is WholeNumber of a raw JSON value. A plain integer of up
 // to 18 digits (every max_tokens and token id in practice) is read here
 // without gjson, whose Parse also runs a float parse of every number: in
 // Wasm that code is cold at each request, and a token-id prompt parsed each
@@ -509,10 +527,10 @@ func rawWholeNumber(v []byte) (int64, bool) {
 // request with a max_tokens enters.
 //
 //go:noinline
-func parsedWholeNumber(v []byte) (int64, bool) { return wholeNumber(gjson.ParseBytes(v)) }
+func parsedWholeNumber(v []byte) (int64, bool) { return WholeNumber(gjson.ParseBytes(v)) }
 
-// wholeNumber reads a JSON integer (1e3 and 2.0 are accepted as whole).
-func wholeNumber(v gjson.Result) (int64, bool) {
+// WholeNumber reads a JSON integer (1e3 and 2.0 are accepted as whole).
+func WholeNumber(v gjson.Result) (int64, bool) {
 	if v.Type != gjson.Number {
 		return 0, false
 	}
@@ -536,47 +554,47 @@ func wholeNumber(v gjson.Result) (int64, bool) {
 // text prompt of the same size in Wasm. The hasher gets the ids and texts
 // in batches, which hash exactly as the pieces would: consecutive token
 // ids, and consecutive texts outside a chat, are concatenated.
-func (p *requestParser) prompt(v []byte, name string) *requestError {
+func (p *Parser) prompt(v []byte, name string) *Error {
 	switch jsonType(v) {
 	case gjson.Null:
-		return badRequest(name, "'%s' is required", name)
+		return BadRequest(name, "'%s' is required", name)
 	case gjson.String:
 		if len(v) == 2 {
-			return badRequest(name, "'%s' must not be empty", name)
+			return BadRequest(name, "'%s' must not be empty", name)
 		}
 		p.hasher.Text(p.doc.text(v))
 		return nil
 	}
 	if v[0] != '[' {
-		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
+		return BadRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
-	first := skipSpace(v, 1)
+	first := SkipSpace(v, 1)
 	if cap(p.ids) < idBatch {
 		p.ids = make([]uint32, 0, idBatch)
 	}
 	p.ids = p.ids[:0]
-	var err *requestError
+	var err *Error
 	switch c := v[first]; {
 	case c == ']':
-		return badRequest(name, "'%s' must not be empty", name)
+		return BadRequest(name, "'%s' must not be empty", name)
 	case jsonTypeOf[c] == gjson.Number:
 		_, err = p.tokenIDs(v, 0, name, -1)
 	case c == '"':
 		return p.texts(v, first, name)
 	case c == '[':
 		for i, n := first, 0; i < len(v) && v[i] != ']'; n++ {
-			if v[i] != '[' || v[skipSpace(v, i+1)] == ']' {
-				return badRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, n)
+			if v[i] != '[' || v[SkipSpace(v, i+1)] == ']' {
+				return BadRequest(name, "'%s[%d]' must be a non-empty array of token ids", name, n)
 			}
 			if i, err = p.tokenIDs(v, i, name, n); err != nil {
 				return err
 			}
-			if i = skipSpace(v, i); i < len(v) && v[i] == ',' {
-				i = skipSpace(v, i+1)
+			if i = SkipSpace(v, i); i < len(v) && v[i] == ',' {
+				i = SkipSpace(v, i+1)
 			}
 		}
 	default:
-		return badRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
+		return BadRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
 	if err == nil {
 		p.hasher.Tokens(p.ids)
@@ -591,9 +609,9 @@ const idBatch = 256
 // tokenIDs gathers into p.ids (handing each full batch to the hasher) the
 // token ids of the array that starts at b[i], element outer of the prompt
 // name (-1: the prompt itself), and returns the index after the array.
-func (p *requestParser) tokenIDs(b []byte, i int, name string, outer int) (int, *requestError) {
+func (p *Parser) tokenIDs(b []byte, i int, name string, outer int) (int, *Error) {
 	ids := p.ids // a local: a store into p per id is a write barrier's test in Wasm
-	i = skipSpace(b, i+1)
+	i = SkipSpace(b, i+1)
 	for n := 0; i < len(b) && b[i] != ']'; n++ {
 		// A plain integer of up to 9 digits followed by a comma or the
 		// bracket (nearly every token id) is read here in one pass;
@@ -619,8 +637,8 @@ func (p *requestParser) tokenIDs(b []byte, i int, name string, outer int) (int, 
 			ids = ids[:0]
 		}
 		ids = append(ids, id)
-		if i = skipSpace(b, k); i < len(b) && b[i] == ',' {
-			i = skipSpace(b, i+1)
+		if i = SkipSpace(b, k); i < len(b) && b[i] == ',' {
+			i = SkipSpace(b, i+1)
 		}
 	}
 	p.ids = ids
@@ -629,11 +647,11 @@ func (p *requestParser) tokenIDs(b []byte, i int, name string, outer int) (int, 
 
 // tokenIDError is the error for element n of a token-id array: of the
 // prompt name itself (outer -1) or of its element outer.
-func tokenIDError(name string, outer, n int) *requestError {
+func tokenIDError(name string, outer, n int) *Error {
 	if outer >= 0 {
 		name += "[" + strconv.Itoa(outer) + "]"
 	}
-	return badRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, n, int64(maxTokenID))
+	return BadRequest(name, "'%s[%d]' must be a token id (a whole number from 0 to %d)", name, n, int64(maxTokenID))
 }
 
 // textBatch is how many bytes of consecutive prompt strings the parser
@@ -646,12 +664,12 @@ const textBatch = 4096
 // handed over in batches. Each string is found by one word test, its
 // table entry, or one scan; a text that needs no unescaping and is longer
 // than a batch goes to the hasher as it is.
-func (p *requestParser) texts(v []byte, i int, name string) *requestError {
+func (p *Parser) texts(v []byte, i int, name string) *Error {
 	buf := p.text[:0]
 	for n := 0; i < len(v) && v[i] != ']'; n++ {
 		if v[i] != '"' {
 			p.text = buf
-			return badRequest(name, "'%s[%d]' must be a string like the first element", name, n)
+			return BadRequest(name, "'%s[%d]' must be a string like the first element", name, n)
 		}
 		e, escaped := shortPlain(v, i), false
 		if e < 0 {
@@ -676,8 +694,8 @@ func (p *requestParser) texts(v []byte, i int, name string) *requestError {
 			p.hasher.Text(unsafeString(buf))
 			buf = buf[:0]
 		}
-		if i = skipSpace(v, e); i < len(v) && v[i] == ',' {
-			i = skipSpace(v, i+1)
+		if i = SkipSpace(v, e); i < len(v) && v[i] == ',' {
+			i = SkipSpace(v, i+1)
 		}
 	}
 	// Always, even empty: an array of empty strings is a text prompt too.
@@ -690,7 +708,7 @@ func (p *requestParser) texts(v []byte, i int, name string) *requestError {
 // members, see parse) in request order, as a chat template lays them out.
 // Each message is read here rather than in a function of its own: in Wasm
 // each function a request enters, and each call, costs.
-func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
+func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 	msgs := fields[fieldMessages]
 	if tools := fields[fieldTools]; tools != nil && jsonType(tools) != gjson.Null {
 		if err := p.tools(tools); err != nil {
@@ -704,7 +722,7 @@ func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
 		return errBadMessages
 	}
 	n := 0
-	for i := skipSpace(msgs, 1); ; n++ {
+	for i := SkipSpace(msgs, 1); ; n++ {
 		m, next, ok := p.doc.element(msgs, i)
 		if !ok {
 			break
@@ -716,7 +734,7 @@ func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
 		// One pass over the message's members (the content may be most
 		// of the body).
 		var msg [len(messageFields)][]byte // its members, by index in messageFields
-		for pos := skipSpace(m, 1); ; {
+		for pos := SkipSpace(m, 1); ; {
 			k, v, next, ok := p.doc.member(m, pos)
 			if !ok {
 				break
@@ -748,7 +766,7 @@ func (p *requestParser) chat(fields *[firstClientOnly][]byte) *requestError {
 
 // tools hashes the body's "tools", a value other than null. Out of chat:
 // few requests send tools.
-func (p *requestParser) tools(tools []byte) *requestError {
+func (p *Parser) tools(tools []byte) *Error {
 	if tools[0] != '[' {
 		return errBadTools
 	}
@@ -782,8 +800,8 @@ var messageFields = [...]string{
 // costs a request (docs/performance.md).
 //
 //go:noinline
-func (p *requestParser) streamUsage(obj []byte) (u uint8) {
-	for i := skipSpace(obj, 1); ; {
+func (p *Parser) streamUsage(obj []byte) (u uint8) {
+	for i := SkipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
 			return u
@@ -808,7 +826,7 @@ const (
 // that is more than a role and a string content: a name, content parts, tool
 // calls. Out of chat: each function entered costs a request
 // (docs/performance.md), and most messages are a role and a string.
-func (p *requestParser) messageRest(fields *[len(messageFields)][]byte, i int) *requestError {
+func (p *Parser) messageRest(fields *[len(messageFields)][]byte, i int) *Error {
 	name, content := fields[messageName], fields[messageContent]
 	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
 	if jsonType(name) == gjson.String {
@@ -818,7 +836,7 @@ func (p *requestParser) messageRest(fields *[len(messageFields)][]byte, i int) *
 	case jsonType(content) == gjson.String:
 		p.hasher.Text(p.doc.text(content))
 	case content != nil && content[0] == '[':
-		for pos, j := skipSpace(content, 1), 0; ; j++ {
+		for pos, j := SkipSpace(content, 1), 0; ; j++ {
 			part, next, ok := p.doc.element(content, pos)
 			if !ok {
 				break
@@ -866,10 +884,10 @@ var messageFaults = [...]struct{ field, format string }{
 // Errors are built out of line, here and in partError, and chat names each by
 // a small number: each function entered costs a request (docs/performance.md),
 // and chat reads every message.
-func messageError(i, fault int) *requestError {
+func messageError(i, fault int) *Error {
 	f := messageFaults[fault]
 	at := "messages[" + strconv.Itoa(i) + "]"
-	return badRequest(at+f.field, f.format, at)
+	return BadRequest(at+f.field, f.format, at)
 }
 
 // toolCalls hashes an assistant message's tool calls, the array calls,
@@ -877,8 +895,8 @@ func messageError(i, fault int) *requestError {
 // Array of a ParseBytes copy made a body of many tool calls allocate 9 MB
 // per MiB, and gjson's lookups scan each call byte by byte and copy every
 // escaped string (arguments are JSON text, full of escaped quotes).
-func (p *requestParser) toolCalls(calls []byte) {
-	for i := skipSpace(calls, 1); ; {
+func (p *Parser) toolCalls(calls []byte) {
+	for i := SkipSpace(calls, 1); ; {
 		c, next, ok := p.doc.element(calls, i)
 		if !ok {
 			return
@@ -893,11 +911,11 @@ func (p *requestParser) toolCalls(calls []byte) {
 // lookupTwo is lookup of two keys in one walk of obj's members (which stops
 // once both are found): a tool call's id and function, a function's name and
 // arguments. Two lookups walked a call and its function twice each.
-func (p *requestParser) lookupTwo(obj []byte, key1, key2 string) (v1, v2 []byte) {
+func (p *Parser) lookupTwo(obj []byte, key1, key2 string) (v1, v2 []byte) {
 	if len(obj) == 0 || obj[0] != '{' {
 		return nil, nil
 	}
-	for i := skipSpace(obj, 1); v1 == nil || v2 == nil; {
+	for i := SkipSpace(obj, 1); v1 == nil || v2 == nil; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
 			break
@@ -916,11 +934,11 @@ func (p *requestParser) lookupTwo(obj []byte, key1, key2 string) (v1, v2 []byte)
 // lookup returns the raw value of the first member of obj named key (as
 // gjson's Get finds it: the first match, by the decoded key), or nil when
 // obj is not an object or has no such member.
-func (p *requestParser) lookup(obj []byte, key string) []byte {
+func (p *Parser) lookup(obj []byte, key string) []byte {
 	if len(obj) == 0 || obj[0] != '{' {
 		return nil
 	}
-	for i := skipSpace(obj, 1); ; {
+	for i := SkipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
 		if !ok {
 			return nil
@@ -934,7 +952,7 @@ func (p *requestParser) lookup(obj []byte, key string) []byte {
 
 // valueString is gjson's Result.String of the raw value v ("" for nil): a
 // string's text read by the doc (no copy), anything else through gjson.
-func (p *requestParser) valueString(v []byte) string {
+func (p *Parser) valueString(v []byte) string {
 	switch {
 	case len(v) == 0:
 		return ""
@@ -945,7 +963,7 @@ func (p *requestParser) valueString(v []byte) string {
 }
 
 // part hashes content part j of message i.
-func (p *requestParser) part(part []byte, i, j int) *requestError {
+func (p *Parser) part(part []byte, i, j int) *Error {
 	if part[0] != '{' {
 		return partError(i, j, "", "'%s' must be a content part object")
 	}
@@ -955,7 +973,7 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 	// to one of these, and then lookup walks the part again as gjson would.
 	var typ, text, image, audio []byte
 	escapedKey := false
-	for i := skipSpace(part, 1); ; {
+	for i := SkipSpace(part, 1); ; {
 		k, v, next, ok := p.doc.member(part, i)
 		if !ok {
 			break
@@ -1002,9 +1020,9 @@ func (p *requestParser) part(part []byte, i, j int) *requestError {
 }
 
 // partError is messageError for content part j of message i.
-func partError(i, j int, field, format string) *requestError {
+func partError(i, j int, field, format string) *Error {
 	at := "messages[" + strconv.Itoa(i) + "].content[" + strconv.Itoa(j) + "]"
-	return badRequest(at+field, format, at)
+	return BadRequest(at+field, format, at)
 }
 
 func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }

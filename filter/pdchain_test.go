@@ -1,4 +1,4 @@
-package pdtest
+package filter_test
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -55,7 +56,7 @@ func startChain(t *testing.T, prefillN int, threshold int, pdConfig string) *cha
 	cfg := fmt.Sprintf(`{"endpoints":[%s],"strategy":"kv_cache_aware","fallbacks":0,
 		"disaggregation":{"prefillStrategy":"kv_cache_aware","threshold":%d},"pd":%s}`, endpoints, threshold, pdConfig)
 	c.host, c.url = wasmhosttest.Start(t, wasmhost.Config{
-		Module:  kvrouteModule(t),
+		Module:  testenv.Module(t),
 		VMID:    "kvroute",
 		Workers: 1,
 		Filters: []wasmhost.Filter{

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"fmt"
@@ -33,9 +33,9 @@ func BenchmarkPDRewrite(b *testing.B) {
 		b.Run(fmt.Sprintf("vllm-prefill+decode/%dKiB", size>>10), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				ms, ok := parseObject(body)
-				kv, ok2 := kvTransferParams(resp)
-				if !ok || !ok2 || len(vllmPrefillBody(ms)) == 0 || len(withKVTransferParams(ms, kv)) == 0 {
+				ms, ok := ParseObject(body)
+				kv, ok2 := KVTransferParams(resp)
+				if !ok || !ok2 || len(VLLMPrefillBody(ms)) == 0 || len(WithKVTransferParams(ms, kv)) == 0 {
 					b.Fatal("rewrite failed")
 				}
 			}
@@ -43,8 +43,8 @@ func BenchmarkPDRewrite(b *testing.B) {
 		b.Run(fmt.Sprintf("sglang-bootstrap/%dKiB", size>>10), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				ms, ok := parseObject(body)
-				if !ok || len(withBootstrap(ms, "10.0.0.21", 8998, bootstrapRoom())) == 0 {
+				ms, ok := ParseObject(body)
+				if !ok || len(WithBootstrap(ms, "10.0.0.21", 8998, BootstrapRoom())) == 0 {
 					b.Fatal("rewrite failed")
 				}
 			}

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"math/rand/v2"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/openai/openaitest"
 )
 
 // shapeSlot is a place in a request body where a unit can repeat: the
@@ -146,7 +148,7 @@ var shapeSlots = []shapeSlot{
 // shapes, the Wasm host's differ). Set KVROUTE_SHAPE_SEARCH to a number of
 // candidates to run it (about 10 ms each).
 //
-//	KVROUTE_SHAPE_SEARCH=3000 go test ./filter -run BodyShapeSearch -v
+//	KVROUTE_SHAPE_SEARCH=3000 go test ./openai -run BodyShapeSearch -v
 func TestBodyShapeSearch(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("KVROUTE_SHAPE_SEARCH"))
 	if n <= 0 {
@@ -159,7 +161,7 @@ func TestBodyShapeSearch(t *testing.T) {
 		best := time.Duration(1 << 62)
 		for range 5 {
 			start := time.Now()
-			if _, err := p.parse(body, kindOf(path)); err != nil {
+			if _, err := p.Parse(body, EndpointOf(path)); err != nil {
 				return 0, false
 			}
 			if d := time.Since(start); d < best {
@@ -168,7 +170,7 @@ func TestBodyShapeSearch(t *testing.T) {
 		}
 		return float64(best) / float64(len(body)), true
 	}
-	text := []byte(bodyShapes[0].body(size, 0))
+	text := []byte(openaitest.Shapes[0].Body(size, 0))
 	type found struct {
 		slot, unit string
 		x          float64
@@ -178,12 +180,12 @@ func TestBodyShapeSearch(t *testing.T) {
 	for range n {
 		s := shapeSlots[r.IntN(len(shapeSlots))]
 		u := s.unit(r)
-		body := []byte(fill(size, s.head, u, ",", s.tail))
+		body := []byte(openaitest.Fill(size, s.head, u, ",", s.tail))
 		c, ok := cost(body, s.path)
 		if !ok {
 			continue
 		}
-		base, _ := cost(text, bodyShapes[0].path)
+		base, _ := cost(text, openaitest.Shapes[0].Path)
 		all = append(all, found{s.name, u, c / base})
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].x > all[j].x })

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"strings"
@@ -11,10 +11,10 @@ import (
 // FuzzPDRewrite checks the body rewrites on arbitrary input: never a panic;
 // for a JSON object, valid JSON out with the protocol's members set, every
 // other member kept byte for byte, and kv_transfer_params carried exactly.
-// go test -run '^$' -fuzz FuzzPDRewrite ./filter
+// go test -run '^$' -fuzz FuzzPDRewrite ./openai
 func FuzzPDRewrite(f *testing.F) {
 	for _, seed := range []string{
-		pdClientBody,
+		`{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"max_completion_tokens":64,"min_tokens":4,"temperature":0.2}`,
 		`{"prompt":"p"}`,
 		`{}`,
 		` {"a":1,"a":2,"stream":true} `,
@@ -25,16 +25,16 @@ func FuzzPDRewrite(f *testing.F) {
 		f.Add([]byte(seed), []byte(pdBenchKV))
 	}
 	f.Fuzz(func(t *testing.T, body, kv []byte) {
-		ms, ok := parseObject(body)
+		ms, ok := ParseObject(body)
 		// validJSON leaves UTF-8 to the router (utf8.Valid): compare on valid text.
 		if utf8.Valid(body) && ok != (gjson.ValidBytes(body) && gjson.ParseBytes(body).IsObject()) {
-			t.Fatalf("parseObject says %v for %q", ok, body)
+			t.Fatalf("ParseObject says %v for %q", ok, body)
 		}
 		if !ok {
 			return
 		}
-		pb := vllmPrefillBody(ms)
-		bb := withBootstrap(ms, "10.0.0.1", 8998, 42)
+		pb := VLLMPrefillBody(ms)
+		bb := WithBootstrap(ms, "10.0.0.1", 8998, 42)
 		root := gjson.ParseBytes(body)
 		for _, out := range [][]byte{pb, bb} {
 			if !gjson.ValidBytes(out) || !gjson.ParseBytes(out).IsObject() {
@@ -42,7 +42,7 @@ func FuzzPDRewrite(f *testing.F) {
 			}
 		}
 		p := gjson.ParseBytes(pb)
-		if p.Get("stream").Raw != "false" || p.Get("max_tokens").Raw != "1" || p.Get("kv_transfer_params").Raw != vllmPrefillParams ||
+		if p.Get("stream").Raw != "false" || p.Get("max_tokens").Raw != "1" || p.Get("kv_transfer_params").Raw != VLLMPrefillParams ||
 			p.Get("stream_options").Exists() || p.Get("min_tokens").Exists() {
 			t.Fatalf("prefill body lacks the protocol's fields: %q", pb)
 		}
@@ -66,11 +66,11 @@ func FuzzPDRewrite(f *testing.F) {
 		if !jsonObject(kv) {
 			return
 		}
-		if raw, ok := kvTransferParams([]byte(`{"id":1,"kv_transfer_params":` + string(kv) + `}`)); ok {
+		if raw, ok := KVTransferParams([]byte(`{"id":1,"kv_transfer_params":` + string(kv) + `}`)); ok {
 			if string(raw) != strings.TrimSpace(string(kv)) {
 				t.Fatalf("kv_transfer_params read as %q from %q", raw, kv)
 			}
-			db := withKVTransferParams(ms, raw)
+			db := WithKVTransferParams(ms, raw)
 			if got := gjson.GetBytes(db, "kv_transfer_params").Raw; got != string(raw) || !gjson.ValidBytes(db) {
 				t.Fatalf("kv_transfer_params not carried byte for byte: %q in %q", raw, db)
 			}

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"encoding/binary"
@@ -167,7 +167,7 @@ func skipContainer(b []byte, i int) int {
 // members calls fn with the raw key (quotes included) and raw value of
 // each member of the object obj, in order, until fn returns false.
 func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
-	for i := skipSpace(obj, 1); ; {
+	for i := SkipSpace(obj, 1); ; {
 		key, val, next, ok := d.member(obj, i)
 		if !ok || !fn(key, val) {
 			return
@@ -177,7 +177,7 @@ func (d *jsonDoc) members(obj []byte, fn func(key, val []byte) bool) {
 }
 
 // member returns the member of the object obj whose key starts at obj[i] (i is
-// skipSpace(obj, 1) for the first member, next of the previous one after
+// SkipSpace(obj, 1) for the first member, next of the previous one after
 // that): its raw key (quotes included) and raw value, and where the next
 // member starts. ok is false past the last member. The parser loops over it
 // rather than passing a callback to members: each callback would be an
@@ -193,7 +193,7 @@ func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool)
 		}
 	}
 	if k >= 0 {
-		v = skipSpace(obj, skipSpace(obj, k)+1) // past ':'
+		v = SkipSpace(obj, SkipSpace(obj, k)+1) // past ':'
 		if e = quickEnd(obj, v); e < 0 {
 			e = d.skip(obj, v)
 		}
@@ -201,9 +201,9 @@ func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool)
 	if e < 0 { // one return for all ends of the walk: in Wasm each is code
 		return nil, nil, i, false
 	}
-	next = skipSpace(obj, e)
+	next = SkipSpace(obj, e)
 	if next < len(obj) && obj[next] == ',' {
-		next = skipSpace(obj, next+1)
+		next = SkipSpace(obj, next+1)
 	}
 	return obj[i:k], obj[v:e], next, true
 }
@@ -211,7 +211,7 @@ func (d *jsonDoc) member(obj []byte, i int) (key, val []byte, next int, ok bool)
 // elements calls fn with each raw element of the array arr until fn
 // returns false.
 func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
-	for i := skipSpace(arr, 1); ; {
+	for i := SkipSpace(arr, 1); ; {
 		val, next, ok := d.element(arr, i)
 		if !ok || !fn(val) {
 			return
@@ -221,7 +221,7 @@ func (d *jsonDoc) elements(arr []byte, fn func(val []byte) bool) {
 }
 
 // element is member for the array arr: the raw element starting at arr[i]
-// (skipSpace(arr, 1) for the first) and where the next one starts, or ok
+// (SkipSpace(arr, 1) for the first) and where the next one starts, or ok
 // false past the last.
 func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
 	e := -1 // the element's end
@@ -233,9 +233,9 @@ func (d *jsonDoc) element(arr []byte, i int) (val []byte, next int, ok bool) {
 	if e < 0 { // one return for both ends of the walk, as in member
 		return nil, i, false
 	}
-	next = skipSpace(arr, e)
+	next = SkipSpace(arr, e)
 	if next < len(arr) && arr[next] == ',' {
-		next = skipSpace(arr, next+1)
+		next = SkipSpace(arr, next+1)
 	}
 	return arr[i:e], next, true
 }

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"encoding/binary"
@@ -87,7 +87,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 		return b[e]
 	}
 	var top byte // the bracket of the innermost open container, 0 outside all
-	i := skipSpace(b, 0)
+	i := SkipSpace(b, 0)
 scan:
 	for key := false; ; {
 		// A value starts at b[i], or with key set an object's key (after
@@ -114,7 +114,7 @@ scan:
 					break
 				}
 			}
-			i = skipSpace(b, i+1)
+			i = SkipSpace(b, i+1)
 			if i < len(b) && b[i] == c+2 { // '{'+2 == '}', '['+2 == ']'
 				i++
 				break
@@ -142,10 +142,10 @@ scan:
 				}
 			}
 			if key {
-				if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
+				if i = SkipSpace(b, i); i >= len(b) || b[i] != ':' {
 					break scan
 				}
-				i = skipSpace(b, i+1)
+				i = SkipSpace(b, i+1)
 				key = false
 				continue
 			}
@@ -188,7 +188,7 @@ scan:
 		}
 		// After a value: close containers, or a comma and the next element.
 		for {
-			i = skipSpace(b, i)
+			i = SkipSpace(b, i)
 			if len(stack) == 0 {
 				return i == len(b), stack
 			}
@@ -197,7 +197,7 @@ scan:
 			}
 			switch {
 			case b[i] == ',':
-				i = skipSpace(b, i+1)
+				i = SkipSpace(b, i+1)
 				key = top == '{'
 			case b[i] == top+2: // the matching bracket
 				if rec != nil {
@@ -289,11 +289,11 @@ func integerRun(b []byte, j int) int {
 	return j
 }
 
-// skipSpace returns the index of the first byte from i that is not JSON
+// SkipSpace returns the index of the first byte from i that is not JSON
 // whitespace, or len(b). A table lookup per byte: the parser inlines it a
 // few dozen times, and in Wasm each copy of a switch would be ~60
 // instructions of functions every request enters.
-func skipSpace(b []byte, i int) int {
+func SkipSpace(b []byte, i int) int {
 	for i < len(b) && jsonSpace[b[i]] {
 		i++
 	}

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"bytes"
@@ -87,7 +87,7 @@ func FuzzWalkerMatchesGJSON(f *testing.F) {
 		if !valid {
 			return
 		}
-		i := skipSpace(b, 0)
+		i := SkipSpace(b, 0)
 		v := b[i:skipJSONValue(b, i)]
 		compare(t, nil, v, gjson.ParseBytes(v))
 		// The same walk through the span table of the validating pass.
@@ -391,7 +391,7 @@ func TestUnescapeMatchesGJSON(t *testing.T) {
 		}
 		d := &jsonDoc{jsonSpans: spans, base: cap(body)}
 		var got []string
-		for pos := skipSpace(body, 1); ; {
+		for pos := SkipSpace(body, 1); ; {
 			v, next, ok := d.element(body, pos)
 			if !ok {
 				break

@@ -1,4 +1,4 @@
-package filter
+package openai
 
 import (
 	"fmt"
@@ -34,7 +34,7 @@ func BenchmarkDecideNative(b *testing.B) {
 			p := newParser(b, `{}`)
 			b.SetBytes(int64(len(body)))
 			for i := 0; i < b.N; i++ {
-				if _, err := p.parse(body, apiChat); err != nil {
+				if _, err := p.Parse(body, Chat); err != nil {
 					b.Fatal(err.Message)
 				}
 			}
@@ -50,7 +50,7 @@ func BenchmarkDecideNative(b *testing.B) {
 			}
 			b.SetBytes(int64(len(body)))
 			for i := 0; i < b.N; i++ {
-				r, _ := p.parse(body, apiChat)
+				r, _ := p.Parse(body, Chat)
 				in := dispatch.Input{Model: r.Model, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Chain: p.hasher.Blocks(), Tokens: p.hasher}
 				t, _ := rt.Decide(&in, hosts)
 				rt.Release(&t)

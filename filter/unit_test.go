@@ -1,0 +1,196 @@
+package filter
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/snapshot"
+)
+
+func TestDecodeSnapshot(t *testing.T) {
+	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"source":"svc","hosts":[{"address":"10.0.0.1:8000","role":"prefill","model":"m","adapters":["a"],"healthy":false,"waiting":3,"running":2,"kvUsage":0.5,"blockSize":16,"numGpuBlocks":1000}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := st.Hosts[0]
+	if st.TimestampMs != 5 || h.Role != "prefill" || h.Healthy || h.Waiting != 3 || h.Running != 2 || h.KVUsage != 0.5 || h.NumGPUBlocks != 1000 || len(h.Adapters) != 1 {
+		t.Errorf("decoded %+v", st)
+	}
+	for body, want := range map[string]string{
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"a:1"}]}`:                                                          "appears twice",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","kvUsage":2}]}`:                                                                "hosts[0].kvUsage",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","waiting":-1}]}`:                                                               "hosts[0].waiting",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","role":"leader"}]}`:                                                            "hosts[0].role",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","healthy":"yes"}]}`:                                                            "hosts[0].healthy",
+		`{"version":1,"timestampMs":-5,"hosts":[{"address":"a:1"}]}`:                                                                           "timestampMs",
+		`{"version":1,"timestampMs":5,"hosts":{}}`:                                                                                             "hosts: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","adapters":[1]}]}`:                                                             "hosts[0].adapters",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a"}]}`:                                                                              "hosts[0].address",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":{}}`:                                                              "gateways: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":""}]}`:                                                "gateways[0].gateway",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","routes":[{"address":"a:1","chain":"AQID"}]}]}`:   "gateways[0].routes[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","load":[{"address":"a:1","inFlight":-1}]}]}`:      "gateways[0].load[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":{}}`:                                                              "removals: must be an array",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0,"chain":"AQID"}]}`:                     "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":2,"chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`: "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`:          "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a","from":0,"chain":"AQAAAAAAAAA="}]}`:               "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":-1,"chain":"AQAAAAAAAAA="}]}`:            "removals[0]",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0.5,"chain":"AQAAAAAAAAA="}]}`:           "removals[0]",
+		`{"version":2,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":0,"chain":"AQAAAAAAAAA="}]}`:             "version",
+		`not json`: "not valid JSON",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":2}]}`:                                                 "hosts[0].rank: 2 is not a rank of the endpoint's 2 data-parallel ranks (0 to 1",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","rank":1}]}`:                                                                      "hosts[0].rank: 1 is not a rank of the endpoint's 1",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":0}]}`:                                                          "hosts[0].dataParallelSize",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":-1}]}`:                                                "hosts[0].rank",
+		`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":1},{"address":"a:1","dataParallelSize":2,"rank":1}]}`: "appears twice",
+	} {
+		if _, err := decodeSnapshot([]byte(body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", body, err, want)
+		}
+	}
+}
+
+// Each rank of a data-parallel endpoint is a host entry of its own.
+func TestDecodeSnapshotRanks(t *testing.T) {
+	// Another gateway's routes name a rank as host:port|rank.
+	if _, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","timestampMs":5,"routes":[{"address":"a:1|1","from":0,"chain":"AQAAAAAAAAA="}]}]}`)); err != nil {
+		t.Errorf("a route to a rank: %v", err)
+	}
+	if _, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g","timestampMs":5,"routes":[{"address":"a:1|x","from":0,"chain":"AQAAAAAAAAA="}]}]}`)); err == nil {
+		t.Errorf("a route to rank x accepted")
+	}
+	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","dataParallelSize":2,"rank":0,"waiting":4},{"address":"a:1","dataParallelSize":2,"rank":1,"waiting":0}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Hosts) != 2 || st.Hosts[1].Rank != 1 || st.Hosts[1].DataParallelSize != 2 || st.Hosts[0].Waiting != 4 {
+		t.Errorf("decoded %+v", st.Hosts)
+	}
+}
+
+// A valid removal decodes as sent; a snapshot without one has none.
+func TestDecodeRemovals(t *testing.T) {
+	st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":[{"address":"a:1","from":1,"chain":"AQAAAAAAAAACAAAAAAAAAA=="}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Removals) != 1 || st.Removals[0] != (snapshot.Removal{Address: "a:1", From: 1, Chain: "AQAAAAAAAAACAAAAAAAAAA=="}) {
+		t.Fatalf("removals %+v", st.Removals)
+	}
+	if st, err := decodeSnapshot([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":null}`)); err != nil || st.Removals != nil {
+		t.Fatalf("null removals: %+v %v", st.Removals, err)
+	}
+}
+
+func FuzzDecodeSnapshot(f *testing.F) {
+	f.Add([]byte(pushBody(1, "10.0.0.1:8000", "10.0.0.2:8000")))
+	f.Add([]byte(`{"version":1,"timestampMs":1,"hosts":[{"address":"[::1]:1","kvUsage":1}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		st, err := decodeSnapshot(body)
+		if err != nil {
+			return
+		}
+		if len(st.Hosts) == 0 || st.TimestampMs <= 0 {
+			t.Fatalf("accepted %+v", st)
+		}
+		for _, h := range st.Hosts {
+			if config.CheckAddress(h.Address) != nil || h.KVUsage < 0 || h.KVUsage > 1 {
+				t.Fatalf("accepted host %+v", h)
+			}
+		}
+	})
+}
+
+func TestBearer(t *testing.T) {
+	for header, want := range map[string]bool{
+		"Bearer tok": true, "bearer tok": true, "  Bearer   tok ": true,
+		"Bearer tok2": false, "Bearer": false, "Bearer ": false, "Basic tok": false, "tok": false, "": false,
+	} {
+		if got := authorized(header, "tok"); got != want {
+			t.Errorf("authorized(%q) = %v, want %v", header, got, want)
+		}
+	}
+	if authorized("Bearer ", "") || authorized("Bearer x", "") {
+		t.Error("an empty configured token must authorize nothing")
+	}
+}
+
+func TestParseORCA(t *testing.T) {
+	l := parseORCA("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0, cpu_utilization=0.3")
+	if !l.ok || l.KVUsage != 0.4 || l.Waiting != 2 {
+		t.Errorf("text: %+v", l)
+	}
+	l = parseORCA(`JSON {"named_metrics":{"kv_cache_usage_perc":0.9,"num_requests_running":7}}`)
+	if !l.ok || l.KVUsage != 0.9 || l.Running != 7 {
+		t.Errorf("json: %+v", l)
+	}
+	for _, bad := range []string{"", "TEXT", "TEXT named_metrics.kv_cache_usage_perc=abc", "JSON {", "TEXT named_metrics.kv_cache_usage_perc=7", "BINARY x"} {
+		if l := parseORCA(bad); l.ok {
+			t.Errorf("%q parsed as %+v", bad, l)
+		}
+	}
+}
+
+func TestCachedTokensAcrossChunks(t *testing.T) {
+	if n, ok := cachedTokens(nil, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens": 96}}}`)); !ok || n != 96 {
+		t.Errorf("whole: %d %v", n, ok)
+	}
+	first := []byte(`data: {"usage":{"prompt_tokens_details":{"cached_tok`)
+	second := []byte(`ens":128}}}` + "\n\n")
+	if _, ok := cachedTokens(nil, first); ok {
+		t.Error("found a value in half a field")
+	}
+	var tail tailBuf
+	tail.keep(first)
+	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
+		t.Errorf("split: %d %v", n, ok)
+	}
+	// A long chunk leaves only its end; a split field is still found.
+	long := append(bytes.Repeat([]byte("x"), 3*tailKeep), first...)
+	tail.keep(long)
+	if got := string(tail.bytes()); got != string(long[len(long)-tailKeep:]) {
+		t.Errorf("tail kept %q, want the chunk's last %d bytes", got, tailKeep)
+	}
+	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
+		t.Errorf("split after a long chunk: %d %v", n, ok)
+	}
+	// A number cut at the chunk end is not taken until it is complete.
+	if _, ok := cachedTokens(nil, []byte(`"cached_tokens":12`)); ok {
+		t.Error("took a number that may continue in the next chunk")
+	}
+}
+
+func TestBreakerUnit(t *testing.T) {
+	b := newBreakers(config.CircuitBreaker{ConsecutiveFailures: 3, CooldownMs: 100})
+	for i := 0; i < 2; i++ {
+		b.result("a", false, 0)
+	}
+	b.result("a", true, 0) // a success resets the count
+	for i := 0; i < 2; i++ {
+		if b.result("a", false, 0) {
+			t.Fatal("opened before 3 consecutive failures")
+		}
+	}
+	if !b.result("a", false, 10) || !b.open("a", 50) {
+		t.Fatal("3 consecutive failures must open")
+	}
+	if b.open("a", 110) { // cool-down over: half-open, one probe allowed
+		t.Fatal("no probe after the cool-down")
+	}
+	b.dispatched("a", 110)
+	if !b.open("a", 111) {
+		t.Fatal("a second request while the probe is in flight")
+	}
+	b.abandoned("a") // the probe's client went away
+	if b.open("a", 112) {
+		t.Fatal("an abandoned probe must let the next request probe")
+	}
+	b.dispatched("a", 112)
+	b.result("a", true, 120)
+	if b.open("a", 121) {
+		t.Fatal("a successful probe must close the breaker")
+	}
+}

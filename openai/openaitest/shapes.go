@@ -1,0 +1,92 @@
+// Package openaitest holds request bodies for tests and benchmarks of the
+// OpenAI request parser, shared by the parser's own tests (openai) and the
+// Wasm host's (filter): the body shapes whose many small JSON values cost
+// the parser the most per byte.
+package openaitest
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Shape is one way of filling a request body of a given size: the
+// plain-text prompt every other shape is compared with, and the shapes
+// whose many small values made the parser's cost per byte hundreds of
+// times that of plain text.
+type Shape struct {
+	Name string
+	Path string
+	// body returns a body of about n bytes; i varies it (a question
+	// number) so that consecutive requests are not identical.
+	Body func(n, i int) string
+}
+
+// Fill returns head, then unit repeated (with sep between) until the body
+// is about n bytes, then tail.
+func Fill(n int, head, unit, sep, tail string) string {
+	var b strings.Builder
+	b.Grow(n + len(tail) + len(unit))
+	b.WriteString(head)
+	for k := 0; b.Len()+len(unit)+len(tail) < n; k++ {
+		if k > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(unit)
+	}
+	b.WriteString(tail)
+	return b.String()
+}
+
+// Shapes are the shapes the parser's benchmarks and allocation test
+// (openai) and the Wasm host's benchmark (filter.BenchmarkBodyShapesInWasm)
+// measure; the first, plain text, is the baseline.
+var Shapes = []Shape{
+	{"text", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+` `, "You are a careful assistant.", " ", `"}`)
+	}},
+	{"token-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":[[`+strconv.Itoa(i+1)+`,1],`, "[7,8]", ",", `]}`)
+	}},
+	{"tokens", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":[`+strconv.Itoa(i+1)+`,`, "7", ",", `]}`)
+	}},
+	{"string-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"ab"`, ",", `]}`)
+	}},
+	{"tiny-messages", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`"},`, `{"role":"user","content":"hi"}`, ",", `]}`)
+	}},
+	{"tiny-parts", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
+			`{"type":"text","text":"hi"}`, ",", `]}]}`)
+	}},
+	{"image-parts", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
+			`{"type":"image_url","image_url":{"url":"u"}}`, ",", `]}]}`)
+	}},
+	{"tool-calls", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`"},{"role":"assistant","tool_calls":[`,
+			`{"id":"c","function":{"name":"f","arguments":"{}"}}`, ",", `]}]}`)
+	}},
+	{"unused-keys", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`",`, `"k":0`, ",", `}`)
+	}},
+	{"unused-keys-in-message", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`",`, `"k":0`, ",", `}]}`)
+	}},
+	{"unused-containers", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`","x":[`, `{"a":[]}`, ",", `]}`)
+	}},
+	{"escapes", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i), `\n`, "", `"}`)
+	}},
+	{"escaped-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"\n"`, ",", `]}`)
+	}},
+	// searched-worst is the costliest unit TestBodyShapeSearch found per
+	// byte: image parts whose URL holds an escape and non-ASCII text.
+	{"searched-worst", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
+			`{"type":"image_url","image_url":{"url":"\n日"}}`, ",", `]}]}`)
+	}},
+}
