@@ -131,7 +131,7 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 // reports come at least an interval apart, and one report carries routes
 // several workers decided. Each report carries the state token.
 func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
-	mod := routerModule(t)
+	mod := testenv.Module(t)
 	var addrs, eps []string
 	for range 4 {
 		e := newServingEngine(t)
