@@ -178,7 +178,7 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *dispatch.Input
 func (s *routerStream) optionalHeaders(disaggregated bool) {
 	if addr := s.ticket.PrefillAddress; disaggregated && addr != "" {
 		// kvroute.pd (after the router in the chain) prefills there.
-		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, addr)
+		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, s.plugin.prefillLocation(addr))
 	}
 	if s.plugin.cfg.ORCA {
 		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")

@@ -149,8 +149,9 @@ type Host struct {
 	Rank             int `json:"rank,omitempty"`
 }
 
-// GatewayReport is one gateway worker's routing since its previous report:
-// what it POSTs to the metrics service on its tick, and what the service
+// GatewayReport is one gateway's routing since its previous report: what
+// one of its workers (the holder of the gateway's report lease) POSTs to
+// the metrics service once per interval, and what the service
 // pushes on, merged, to every gateway in State.Gateways (docs/topology.md).
 // A gateway applies the reports of the other gateways: each route marks its
 // chain as held by its host, and the load counts are that gateway's
@@ -164,7 +165,12 @@ type GatewayReport struct {
 	// TimestampMs is when the report was made (Unix ms); of two load
 	// pictures of one gateway the newer wins.
 	TimestampMs int64 `json:"timestampMs"`
-	// Routes are the worker's routing decisions since its last report.
+	// Seq numbers the gateway's reports in increasing order (0: not
+	// numbered). A service takes one gateway's report of one Seq once, so
+	// a POST retried after a lost answer adds nothing.
+	Seq uint64 `json:"seq,omitempty"`
+	// Routes are the gateway's routing decisions since its last report,
+	// every worker's.
 	Routes []Route `json:"routes,omitempty"`
 	// Load is the gateway's own outstanding work per host (its shared-data
 	// counters when the report was made).
