@@ -646,7 +646,7 @@ func (s *Service) hostSnapshot(h *host, now time.Time) snapshot.Host {
 	if out.Model == "" {
 		out.Model = h.sample.Model
 	}
-	if out.Role == "both" {
+	if out.Role == snapshot.RoleBoth {
 		out.Role = "" // the contract's default
 	}
 	out.Adapters = mergeSorted(h.ep.Adapters, h.sample.Adapters)
