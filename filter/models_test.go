@@ -253,3 +253,37 @@ func TestWasmModelWithNoHealthyHost(t *testing.T) {
 		t.Errorf("llama-3-8b healthy again: %d %s", code, body)
 	}
 }
+
+// A push naming a data-parallel rank its endpoint does not have is refused
+// whole through the Wasm host: 400 naming the field, state.rejected, and
+// the candidates stay those of the last good push.
+func TestWasmPushedRankOutsideEndpointRefused(t *testing.T) {
+	addrs := jsonUpstreams(t, 2, `{"choices":[{"text":"ok"}]}`)
+	h, url := startRouter(t, addrs, 1, `,"fallbacks":0,"state":{"token":"`+stateToken+`"}`)
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	push := func(hosts string) (int, string) {
+		t.Helper()
+		time.Sleep(2 * time.Millisecond)
+		code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, time.Now().UnixMilli(), hosts), auth)
+		return code, body
+	}
+	if code, body := push(fmt.Sprintf(`{"address":%q,"healthy":true}`, addrs[1])); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	code, body := push(fmt.Sprintf(`{"address":%q,"healthy":true,"dataParallelSize":2,"rank":0},{"address":%q,"healthy":true,"dataParallelSize":2,"rank":2}`, addrs[0], addrs[0]))
+	if code != 400 || !strings.Contains(body, "hosts[1].rank: 2 is not a rank of the endpoint's 2 data-parallel ranks") {
+		t.Errorf("rank 2 of 2: %d %s, want 400 naming hosts[1].rank", code, body)
+	}
+	if got := h.CounterValue("kvroute.router.state.rejected"); got != 1 {
+		t.Errorf("state.rejected = %d, want 1", got)
+	}
+	before := h.UpstreamRequests()
+	for i := range 4 {
+		if code, body, _ := call(t, "POST", url+"/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"q%d"}`, i), nil); code != 200 {
+			t.Fatalf("request: %d %s", code, body)
+		}
+	}
+	if after := h.UpstreamRequests(); after[addrs[1]]-before[addrs[1]] != 4 {
+		t.Errorf("requests went to %v, want all 4 on %s, the last good push's only host", after, addrs[1])
+	}
+}
