@@ -8,7 +8,7 @@ import (
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// BenchmarkDecide measures one whole router decision as the filter makes it
+// BenchmarkDecide measures one whole dispatcher decision as the filter makes it
 // (index query, profile, record, load accounting, release) for an
 // 8k-token prompt whose first half is cached on one host, against the same
 // with round robin (index work identical, decision trivial).

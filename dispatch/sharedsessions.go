@@ -11,7 +11,7 @@ import (
 )
 
 // SharedSessions is a SessionTable in shared data, so that every Envoy
-// worker of a gateway (each its own VM, each with its own Router) reads and
+// worker of a gateway (each its own VM, each with its own Dispatcher) reads and
 // writes the same pins: a conversation's follow-up lands on its session's
 // host whichever worker the kernel hands its connection to.
 //

@@ -20,7 +20,7 @@ import (
 //
 // Scope: one gateway. With Config.Shared the records live in the gateway's
 // shared data under one key, so every worker learns from every response
-// and scores with the same models; without it, per Router. Other gateways
+// and scores with the same models; without it, per Dispatcher. Other gateways
 // learn their own from their own traffic: a gateway's samples describe the
 // hosts as well as anyone's, so nothing is merged. A record carries its
 // slot's generation: a slot given to another host starts afresh.
@@ -202,9 +202,9 @@ func addSample(tab []byte, ref index.HostRef, work, ttftMs float64) []byte {
 }
 
 // TTFTModels sets each host's TTFTBaseMs and TTFTMsPerToken as the next
-// decision would see them, and reports whether the router learns them at
+// decision would see them, and reports whether the dispatcher learns them at
 // all (a profile with predicted_ttft), for tests, tools and explanations.
-func (r *Router) TTFTModels(hosts []scorer.Host) bool {
+func (r *Dispatcher) TTFTModels(hosts []scorer.Host) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ttft == nil {

@@ -39,7 +39,7 @@ func ttftHandler(t *testing.T) *scorer.Handler {
 		"filters": ["healthy"], "scorers": [{"plugin": "predicted_ttft", "weight": 1}], "picker": "max_score"}}}`)
 }
 
-// Two workers of one gateway (two Routers over one shared store) learn
+// Two workers of one gateway (two Dispatchers over one shared store) learn
 // one set of models: what one saw, the other scores with. A slot given to
 // another host starts afresh, and a host not learned yet gets the mean of
 // the others'.

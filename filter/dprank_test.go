@@ -12,7 +12,8 @@ import (
 // A pushed endpoint with two ranks is two candidates, each with its own
 // queue: the idle rank is chosen, the destination header names the
 // endpoint alone and the rank header the rank; a push naming a rank the
-// endpoint does not have gets 400 with the field's path.
+// endpoint does not have gets 400 with the field's path. A removal names
+// a rank as host:port|rank.
 func TestPushedRanksRouteByRankLoad(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	clock = func() time.Time { return now }
@@ -52,6 +53,18 @@ func TestPushedRanksRouteByRankLoad(t *testing.T) {
 		if got, _ := header(host.GetCurrentRequestHeaders(id), DataParallelRankHeader); got != want {
 			t.Errorf("busy rank %d: rank header %q, want the idle rank %s", busy, got, want)
 		}
+	}
+	// An engine's eviction on rank 1, bridged by the metrics service,
+	// names the rank's location: the push is taken and the removal
+	// applied to that location.
+	before := counter(t, host, "kvroute.router.state.removals_applied")
+	now = now.Add(time.Millisecond)
+	removal := `,"removals":[{"address":"10.1.0.1:8000|1","from":0,"chain":"AQAAAAAAAAA="}]}`
+	if code, msg := push(strings.TrimSuffix(body(0), "}") + removal); code != 200 {
+		t.Fatalf("push with a rank's removal: %d %s", code, msg)
+	}
+	if got := counter(t, host, "kvroute.router.state.removals_applied") - before; got != 1 {
+		t.Errorf("state.removals_applied rose by %d for a rank's removal, want 1", got)
 	}
 	code, msg := push(strings.Replace(body(0), `"rank":1`, `"rank":2`, 1))
 	if code != 400 || !strings.Contains(msg, "hosts[1].rank") {

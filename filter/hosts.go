@@ -135,7 +135,7 @@ func (p *routerPlugin) syncSlots() bool {
 			// Another host than this worker last saw holds the slot: what
 			// the router learned about the previous one must not carry over.
 			if p.slotGens[h.Slot] != 0 {
-				p.rt.ForgetSlot(h.Slot)
+				p.disp.ForgetSlot(h.Slot)
 			}
 			p.slotGens[h.Slot] = h.Gen
 		}

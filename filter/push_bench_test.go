@@ -64,7 +64,7 @@ func (p *routerPlugin) applyStateReregistering(gen uint64) {
 	}
 	for _, h := range st.Hosts {
 		var sh = p.hosts[0]
-		if err := p.rt.Register(h.Address, &sh); err != nil {
+		if err := p.disp.Register(h.Address, &sh); err != nil {
 			sh.Slot = -1
 		}
 	}

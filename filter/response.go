@@ -40,7 +40,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 		_ = proxywasm.ReplaceHttpResponseHeader(p.cfg.DebugHeader, s.explanation)
 	}
 	if endOfStream {
-		p.rt.FirstToken(&s.ticket)
+		p.disp.FirstToken(&s.ticket)
 	}
 	return types.ActionContinue
 }
@@ -154,7 +154,7 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 				// (the headers may come before it).
 				s.ticket.TTFTMs = millis(p.mono() - s.decidedAt)
 			}
-			p.rt.FirstToken(&s.ticket)
+			p.disp.FirstToken(&s.ticket)
 		}
 		if s.noUsage && !endOfStream {
 			// Nothing to read before the last chunk: the bridge answers
@@ -224,7 +224,7 @@ func (s *routerStream) finish() {
 			p.stats.feedbackPromptTokens.Increment(uint64(s.promptTokens))
 		}
 	}
-	p.rt.Finish(&s.ticket, cached)
+	p.disp.Finish(&s.ticket, cached)
 	p.syncStats()
 }
 

@@ -26,7 +26,7 @@ type routerPlugin struct {
 	stats  routerStats
 	token  string // state endpoint bearer token ("" disables pushes)
 	ix     *index.Index
-	rt     *dispatch.Router
+	disp   *dispatch.Dispatcher
 	parser openai.Parser
 
 	// hosts is the candidate set handed to every decision; pos maps an
@@ -57,7 +57,7 @@ type routerPlugin struct {
 	housekeptAt int64
 	// slotGens is, per slot, the generation of the host this worker last
 	// gave it to (0: none), so that a slot reassigned drops what the
-	// router learned about its previous host (Router.ForgetSlot).
+	// dispatcher learned about its previous host (Dispatcher.ForgetSlot).
 	slotGens [index.MaxSlots]uint32
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
@@ -130,6 +130,8 @@ type routerStats struct {
 	stateOlder, statePulls, statePullFailed       metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved, modelNotFound            metricCounter
+	unavailable, modelUnavailable                 metricCounter
+	clientRankRemoved                             metricCounter
 	reportsSent, reportsFailed, removalsApplied   metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
@@ -143,7 +145,7 @@ func counterMetric(name string) metricCounter {
 
 // rejectedCounter counts the requests the router answered itself with an
 // error, by reason (400 bad_request, 404 not_found, 405
-// method_not_allowed, 413 too_large).
+// method_not_allowed, 413 too_large, 503 unavailable).
 func rejectedCounter(reason string) metricCounter {
 	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
@@ -189,6 +191,9 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		disaggregated:        counterMetric("requests.disaggregated"),
 		clientFieldsRemoved:  counterMetric("client_pd_fields_removed"),
 		modelNotFound:        counterMetric("requests.model_not_found"),
+		unavailable:          rejectedCounter("unavailable"),
+		modelUnavailable:     counterMetric("requests.model_unavailable"),
+		clientRankRemoved:    counterMetric("client_rank_header_removed"),
 		reportsSent:          counterMetric("reports.sent"),
 		reportsFailed:        counterMetric("reports.failed"),
 		removalsApplied:      counterMetric("state.removals_applied"),
@@ -214,7 +219,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.ix = ix
 	// Session pins and prefix memory in shared data too: every worker of
 	// the gateway routes a conversation's next turn alike (docs/topology.md).
-	p.rt = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
+	p.disp = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
 	p.parser = openai.NewParser(cfg, index.NewHasher(ix.Config().Hash))
 	p.breakers = newBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
@@ -258,7 +263,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 // test and the call: each function entered costs a request
 // (docs/performance.md).
 func (p *routerPlugin) syncStats() {
-	rs := p.rt.Stats()
+	rs := p.disp.Stats()
 	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
 		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
 	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,

@@ -620,7 +620,7 @@ func TestOneChunkResponseReleasesOnce(t *testing.T) {
 		}
 	}
 	host.CompleteHttpContext(id)
-	if got := p.rt.Stats().FeedbackRequests; got != 1 {
+	if got := p.disp.Stats().FeedbackRequests; got != 1 {
 		t.Errorf("feedback requests = %d, want 1", got)
 	}
 	if got := counter(t, host, "kvroute.router.confirmed_cached_tokens"); got != 48 {

@@ -111,7 +111,8 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 const maxRemovalBlocks = 1 << 16
 
 // decodeRemovals validates a push's removals (snapshot.Removal): a host
-// address, a base64 chain of 8-byte hashes and a from inside it.
+// location (host:port, or host:port|rank for a data-parallel rank), a
+// base64 chain of 8-byte hashes and a from inside it.
 func decodeRemovals(r gjson.Result) ([]snapshot.Removal, error) {
 	if !r.IsArray() {
 		return nil, errors.New("removals: must be an array")
@@ -125,7 +126,7 @@ func decodeRemovals(r gjson.Result) ([]snapshot.Removal, error) {
 		if chain.Type == gjson.String {
 			blocks = chainBlocks(chain.Str)
 		}
-		if !x.IsObject() || addr.Type != gjson.String || config.CheckAddress(addr.Str) != nil ||
+		if !x.IsObject() || addr.Type != gjson.String || checkLocation(addr.Str) != nil ||
 			blocks <= 0 || blocks > maxRemovalBlocks || !ok || from < 0 || from >= int64(blocks) {
 			err = fmt.Errorf("removals[%d]: needs a host:port address, a base64 chain of 1 to %d 8-byte hashes and a from inside it", len(out), maxRemovalBlocks)
 			return false
@@ -219,14 +220,11 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		return host, fmt.Errorf("%s.address: %v", at, err)
 	}
 	host.Address = addr.Str
-	switch role := m.get("role"); {
-	case !role.Exists() || role.Str == "":
-		host.Role = config.RoleBoth
-	case role.Str == config.RoleBoth || role.Str == config.RolePrefill || role.Str == config.RoleDecode:
-		host.Role = role.Str
-	default:
-		return host, fmt.Errorf("%s.role: %q is not prefill, decode or both", at, role.Str)
+	role, err := snapshot.CheckRole(m.get("role").Str)
+	if err != nil {
+		return host, fmt.Errorf("%s.role: %v", at, err)
 	}
+	host.Role = role
 	if m := m.get("model"); m.Exists() {
 		if m.Type != gjson.String {
 			return host, fmt.Errorf("%s.model: must be a string", at)

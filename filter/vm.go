@@ -8,20 +8,24 @@
 //     reads.
 //   - kvroute.pd turns one request into prefill then decode (pd.go).
 //
-// A routed request's life in kvroute.router (router.go):
+// A routed request's life in kvroute.router (the plugin: router.go):
 //
 //	request headers  strip client routing headers; state push, pass-through,
-//	                 405, or hold the headers for the body (Pause)
+//	                 405, or hold the headers for the body (Pause) (request.go)
 //	request body     validate and walk the JSON (openai/jsonvalid.go, jsonwalk.go),
 //	                 hash the prompt into blocks (openai/parse.go), decide with
 //	                 dispatch over the shared index, set the
-//	                 destination header, resume; or, when every host is
-//	                 saturated, hold the stream for admission (admission.go),
-//	                 released from on_tick by class and deadline
+//	                 destination header, resume (decide.go); or, when every
+//	                 host is saturated, hold the stream for admission
+//	                 (admission.go), released from on_tick by class and deadline
 //	response headers status, latency and ORCA feed the breaker and the
-//	                 host's load (breaker.go, orca.go)
+//	                 host's load (response.go, breaker.go, orca.go)
 //	response body    first byte ends pending prefill; cached_tokens is noted
+//	                 (cachedtokens.go)
 //	stream done      feedback, then every load counter is released
+//
+// The candidates and their index slots: hosts.go; data-parallel ranks:
+// dprank.go.
 //
 // Per worker VM: the candidate set, breakers and decision scratch. Shared by
 // all workers through proxy-wasm shared data: the prefix index, the load

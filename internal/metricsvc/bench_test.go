@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
-	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
 )
 
@@ -28,8 +27,8 @@ func BenchmarkAssemble(b *testing.B) {
 		addr := fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1)
 		s.hosts[addr] = &host{
 			ep: discovery.Endpoint{Address: addr, Role: "decode", Model: "llama-3-8b"}, attempted: true, lastOK: now,
-			sample:  scrape.Sample{Waiting: i % 7, Running: i % 13, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 27000, Adapters: []string{"a", "b"}},
-			tracker: &kvevents.Tracker{},
+			sample: scrape.Sample{Waiting: i % 7, Running: i % 13, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 27000, Adapters: []string{"a", "b"}},
+			events: []*rankEvents{newRankEvents()},
 		}
 	}
 	var ours, base time.Duration

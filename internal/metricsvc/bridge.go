@@ -137,14 +137,18 @@ func (s *Service) bridgeRoutes(rep *snapshot.GatewayReport, now time.Time) {
 		if rt.From != 0 {
 			continue
 		}
+		addr, rank := snapshot.SplitLocation(rt.Address)
 		s.mu.Lock()
-		h := s.hosts[rt.Address]
+		var re *rankEvents
+		if h := s.hosts[addr]; h != nil && max(rank, 0) < len(h.events) {
+			re = h.events[max(rank, 0)]
+		}
 		s.mu.Unlock()
-		if h == nil || h.bridge == nil {
+		if re == nil {
 			continue
 		}
 		if chain := decodeChain(rt.Chain); len(chain) > 0 {
-			h.bridge.route(chain, rt.PromptTokens, now)
+			re.bridge.route(chain, rt.PromptTokens, now)
 		}
 	}
 }
@@ -153,20 +157,24 @@ func (s *Service) bridgeRoutes(rep *snapshot.GatewayReport, now time.Time) {
 // books the removals for the next push.
 func (s *Service) drainBridges(now time.Time) {
 	type hb struct {
-		addr string
-		b    *hostBridge
+		loc string
+		b   *hostBridge
 	}
 	var bs []hb
 	s.mu.Lock()
 	for addr, h := range s.hosts {
-		if h.bridge != nil {
-			bs = append(bs, hb{addr, h.bridge})
+		// A rank's removals name its location, as the gateways' index does.
+		n := len(h.sample.Ranks)
+		for r, re := range h.events {
+			if re != nil && (r == 0 || r < n) {
+				bs = append(bs, hb{snapshot.Location(addr, r, n), re.bridge})
+			}
 		}
 	}
 	s.mu.Unlock()
 	var rs []snapshot.Removal
 	for _, x := range bs {
-		rs = x.b.drain(x.addr, now, s.cfg.BridgeLag, rs)
+		rs = x.b.drain(x.loc, now, s.cfg.BridgeLag, rs)
 	}
 	s.reports.addRemovals(rs)
 }

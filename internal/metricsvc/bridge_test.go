@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -35,13 +38,41 @@ func (g *gateway) removals() []snapshot.Removal {
 // does in production (a gateway reports on its tick).
 func TestEngineEvictionIsPushedAsRemoval(t *testing.T) {
 	for _, layout := range []kvevents.Layout{kvevents.MapLayout, kvevents.ArrayLayout} {
-		t.Run(fmt.Sprint("connect/layout", layout), func(t *testing.T) { testEvictionPushed(t, layout, false) })
+		t.Run(fmt.Sprint("connect/layout", layout), func(t *testing.T) { testEvictionPushed(t, layout, false, 0) })
 	}
-	t.Run("listen", func(t *testing.T) { testEvictionPushed(t, kvevents.ArrayLayout, true) })
+	t.Run("listen", func(t *testing.T) { testEvictionPushed(t, kvevents.ArrayLayout, true, 0) })
 }
 
-func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
+// An engine with two data-parallel ranks publishes each rank's events on
+// its own publisher (connect mode: the endpoint's port plus the rank;
+// listen mode: the one socket, each batch naming its rank). A route the
+// gateways report to rank 1 (host:port|1) meets rank 1's events, and the
+// eviction is pushed as a removal of that location, not of the endpoint
+// or of rank 0.
+func TestRankEvictionIsPushedAsRankRemoval(t *testing.T) {
+	t.Run("connect", func(t *testing.T) { testEvictionPushed(t, kvevents.MapLayout, false, 1) })
+	t.Run("listen", func(t *testing.T) { testEvictionPushed(t, kvevents.MapLayout, true, 1) })
+}
+
+// vllmRanksText is a vLLM page of an engine with n data-parallel ranks.
+func vllmRanksText(n int) string {
+	var b strings.Builder
+	for _, f := range []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"} {
+		fmt.Fprintf(&b, "# TYPE %s gauge\n", f)
+		for r := range n {
+			fmt.Fprintf(&b, "%s{engine=\"%d\",model_name=\"m\"} 0\n", f, r)
+		}
+	}
+	return b.String()
+}
+
+func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank int) {
 	eng := newFakeEngine(t, vllmText(0, 0))
+	loc := eng.addr()
+	if rank > 0 {
+		eng = newFakeEngine(t, vllmRanksText(rank+1))
+		loc = snapshot.Location(eng.addr(), rank, rank+1)
+	}
 	gw := newGateway(t, "tok")
 	cfg := Config{
 		Source:         discovery.Fixed{{Address: eng.addr(), Model: "m"}},
@@ -57,7 +88,14 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 		cfg.KVEventsListen = "tcp://127.0.0.1:0"
 	} else {
 		pub = newZMQPublisher(t)
-		cfg.Source = discovery.Fixed{{Address: eng.addr(), Model: "m", KVEvents: pub.ep}}
+		ep := pub.ep
+		if rank > 0 {
+			// pub is rank's publisher: rank 0's port is rank below it.
+			host, port, _ := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+			p, _ := strconv.Atoi(port)
+			ep = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p-rank))
+		}
+		cfg.Source = discovery.Fixed{{Address: eng.addr(), Model: "m", KVEvents: ep}}
 	}
 	svc, _, admin := startService(t, cfg)
 	deadline := time.Now().Add(10 * time.Second)
@@ -68,12 +106,12 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 		sock := dialListener(t, svc)
 		ip, _, _ := net.SplitHostPort(eng.addr())
 		pub = &zmqPublisher{sock: sock, topic: "kv@" + ip + "@m"}
-		enc := kvevents.Encoder{Layout: layout}
+		enc := kvevents.Encoder{Layout: layout, Rank: rank}
 		enc.Cleared()
 		clearing := slices.Clone(enc.Batch(0))
 		gw.waitState(t, "the listener's first batch", 10*time.Second, func(st snapshot.State) bool {
 			pub.send(t, 0, clearing)
-			h, _ := hostOf(st, eng.addr())
+			h, _ := hostAt(st, eng.addr(), rank)
 			return h.ClearedAtMs > 0
 		})
 	} else {
@@ -84,7 +122,7 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Healthy })
+	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostAt(st, eng.addr(), rank); return h.Healthy })
 
 	// The request: 8 kvroute blocks (2,048 canonical characters, 512
 	// tokens at 4 characters a token); the engine stores it as 32 blocks of
@@ -94,12 +132,12 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 	for i := range 32 {
 		engine = append(engine, uint64(5001+i))
 	}
-	enc := kvevents.Encoder{Layout: layout}
+	enc := kvevents.Encoder{Layout: layout, Rank: rank}
 	enc.Stored(kvevents.StoredEvent{Hashes: engine, BlockSize: 16, Tokens: 512})
 	pub.send(t, 1, slices.Clone(enc.Batch(1)))
 	time.Sleep(20 * time.Millisecond) // the batch is in the bridge's queue before the route
 	report := fmt.Sprintf(`{"gateway":"gw-a","timestampMs":%d,"routes":[{"address":%q,"from":0,"chain":%q,"promptTokens":512}]}`,
-		time.Now().UnixMilli(), eng.addr(), encodeChain(chain))
+		time.Now().UnixMilli(), loc, encodeChain(chain))
 	if code := postReport(t, admin, "tok", report); code != 204 {
 		t.Fatalf("report: status %d", code)
 	}
@@ -116,13 +154,11 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(end) {
-				svc.mu.Lock()
-				h := svc.hosts[eng.addr()]
-				svc.mu.Unlock()
-				t.Fatalf("timed out waiting for %s; removals pushed: %+v; bridge %+v", what, gw.removals(), h.bridge.stats())
-			}
+		if !testenv.Poll(5*time.Second, cond) {
+			svc.mu.Lock()
+			h := svc.hosts[eng.addr()]
+			svc.mu.Unlock()
+			t.Fatalf("timed out waiting for %s; removals pushed: %+v; bridge %+v", what, gw.removals(), h.events[rank].bridge.stats())
 		}
 	}
 	waitFor("the removal", func() bool { return len(gw.removals()) > 0 })
@@ -132,14 +168,63 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool) {
 	if want != 3 {
 		t.Fatalf("the default layout puts 768 characters at %d blocks; the test assumes 3", want)
 	}
-	if len(rs) != 1 || rs[0].Address != eng.addr() || rs[0].From != want || !slices.Equal(decodeChain(rs[0].Chain), chain) {
-		t.Fatalf("pushed removals %+v; want one of %s's chain %v from block %d", rs, eng.addr(), chain, want)
+	if len(rs) != 1 || rs[0].Address != loc || rs[0].From != want || !slices.Equal(decodeChain(rs[0].Chain), chain) {
+		t.Fatalf("pushed removals %+v; want one of %s's chain %v from block %d", rs, loc, chain, want)
 	}
 	_, text := get(t, admin+"/metrics")
 	for kind, want := range map[string]float64{"routes": 1, "matched": 1, "unmatched": 0, "removed": 20, "unmapped": 1} {
-		series := fmt.Sprintf(`kvroute_metrics_cache_state_bridge_total{host=%q,kind=%q}`, eng.addr(), kind)
+		series := fmt.Sprintf(`kvroute_metrics_cache_state_bridge_total{host=%q,kind=%q}`, loc, kind)
 		if v, ok := metricValue(text, series); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
 		}
+	}
+}
+
+// A batch naming a data-parallel rank the engine's metrics do not show is
+// dropped and counted (kind unknown_rank); the engine's ranks are
+// unaffected.
+func TestKVEventsUnknownRankDropped(t *testing.T) {
+	eng := newFakeEngine(t, vllmRanksText(2))
+	gw := newGateway(t, "tok")
+	svc, _, admin := startService(t, Config{
+		Source:         discovery.Fixed{{Address: eng.addr(), Model: "m"}},
+		ScrapeInterval: 50 * time.Millisecond,
+		ScrapeTimeout:  time.Second,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+		KVEventsListen: "tcp://127.0.0.1:0",
+	})
+	gw.waitState(t, "two healthy ranks", 5*time.Second, func(st snapshot.State) bool {
+		h, _ := hostAt(st, eng.addr(), 1)
+		return h.Healthy && h.DataParallelSize == 2
+	})
+	ip, _, _ := net.SplitHostPort(eng.addr())
+	pub := &zmqPublisher{sock: dialListener(t, svc), topic: "kv@" + ip + "@m"}
+	bad := kvevents.Encoder{Layout: kvevents.MapLayout, Rank: 2}
+	bad.Stored(kvevents.StoredEvent{Hashes: []uint64{1, 2, 3}, BlockSize: 16, Tokens: 48})
+	badBatch := slices.Clone(bad.Batch(1))
+	good := kvevents.Encoder{Layout: kvevents.MapLayout, Rank: 1}
+	good.Stored(kvevents.StoredEvent{Hashes: []uint64{7}, BlockSize: 16, Tokens: 16})
+	goodBatch := slices.Clone(good.Batch(1))
+	st := gw.waitState(t, "rank 1's block", 10*time.Second, func(st snapshot.State) bool {
+		pub.send(t, 0, badBatch)
+		pub.send(t, 0, goodBatch)
+		h, _ := hostAt(st, eng.addr(), 1)
+		return h.CachedBlocks == 1
+	})
+	for _, h := range st.Hosts {
+		if h.Address == eng.addr() && h.Rank != 1 && h.CachedBlocks != 0 {
+			t.Errorf("rank %d holds %d blocks, want 0 (rank 2's batch must go nowhere)", h.Rank, h.CachedBlocks)
+		}
+		if h.Rank > 1 {
+			t.Errorf("pushed a rank the engine does not have: %+v", h)
+		}
+	}
+	_, text := get(t, admin+"/metrics")
+	if v, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_kv_events_total{host=%q,kind="unknown_rank"}`, eng.addr())); v == 0 {
+		t.Error("rank 2's batches were not counted as unknown_rank")
+	}
+	if v, _ := metricValue(text, fmt.Sprintf(`kvroute_metrics_kv_events_total{host=%q,kind="batches"}`, eng.addr()+"|1")); v == 0 {
+		t.Error("rank 1's batches are not counted under host:port|1")
 	}
 }

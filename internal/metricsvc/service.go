@@ -108,11 +108,18 @@ type Service struct {
 
 // host is the service's state for one engine.
 type host struct {
-	ep      discovery.Endpoint
-	cancel  context.CancelFunc
-	tracker *kvevents.Tracker
-	sub     *kvevents.Subscriber
-	bridge  *hostBridge // with tracker: precise cache state (bridge.go)
+	ep     discovery.Endpoint
+	ctx    context.Context // the host's loops' (rank subscribers start later)
+	cancel context.CancelFunc
+	// sub follows the engine's KV events: rank 0's publisher in connect
+	// mode, every rank's in listen mode (nil when KV events are off).
+	sub *kvevents.Subscriber
+	// events are the KV events of each data-parallel rank, indexed by rank
+	// (one entry for an engine without ranks); s.mu guards the slice.
+	events []*rankEvents
+	// followedRanks is the rank count followRanks last acted on: a change
+	// of the engine's ranks, not every scrape, (re)starts subscribers.
+	followedRanks int
 
 	attempted  bool
 	failing    bool
@@ -275,7 +282,7 @@ func (s *Service) setEndpoints(eps []discovery.Endpoint) {
 // startHost starts an engine's loops; s.mu is held.
 func (s *Service) startHost(e discovery.Endpoint) {
 	hctx, cancel := context.WithCancel(s.ctx)
-	h := &host{ep: e, cancel: cancel}
+	h := &host{ep: e, ctx: hctx, cancel: cancel}
 	s.hosts[e.Address] = h
 	loop := &scrape.Loop{
 		Client:   s.scrapeC,
@@ -287,20 +294,119 @@ func (s *Service) startHost(e discovery.Endpoint) {
 	}
 	go loop.Run(hctx)
 	if e.KVEvents != "" || s.cfg.KVEventsListen != "" {
-		h.tracker = &kvevents.Tracker{}
-		h.bridge = newHostBridge()
+		r0 := newRankEvents()
+		h.events = []*rankEvents{r0}
 		h.sub = &kvevents.Subscriber{
 			Endpoint:       e.KVEvents,
 			ReplayEndpoint: e.KVEventsReplay,
 			Topic:          s.cfg.KVEventsTopic,
-			Tracker:        h.tracker,
+			Tracker:        r0.tracker,
 			Log:            s.log.With("host", e.Address),
 			OnChange:       s.notify,
-			OnBatch:        func(b kvevents.Batch, _ kvevents.SeqResult) { h.bridge.batch(b, time.Now()) },
 		}
 		if e.KVEvents != "" {
+			r0.sub = h.sub
+			h.sub.OnBatch = r0.batch
 			go h.sub.Run(hctx)
+		} else {
+			// Listen mode: every rank's publisher connects to the one
+			// socket; each batch names its rank.
+			h.sub.Ranks = func(rank int) *kvevents.Tracker { return s.rankTracker(h, rank) }
+			h.sub.OnBatch = func(b kvevents.Batch, res kvevents.SeqResult) {
+				if r := s.rankEvents(h, max(b.DataParallelRank, 0)); r != nil {
+					r.batch(b, res)
+				}
+			}
 		}
+	}
+}
+
+// rankEvents is one data-parallel rank's KV events. vLLM and SGLang run one
+// publisher per rank (its own sequence numbers, on the endpoint's port plus
+// the rank), and each rank is a cache location of its own at the gateways
+// (host:port|rank): its own cached-block count, clears and cache-state
+// bridge.
+type rankEvents struct {
+	tracker *kvevents.Tracker
+	bridge  *hostBridge          // precise cache state (bridge.go)
+	sub     *kvevents.Subscriber // connect mode: the rank's own subscriber
+	cancel  context.CancelFunc   // connect mode, ranks above 0
+}
+
+func newRankEvents() *rankEvents {
+	return &rankEvents{tracker: &kvevents.Tracker{}, bridge: newHostBridge()}
+}
+
+func (r *rankEvents) batch(b kvevents.Batch, _ kvevents.SeqResult) { r.bridge.batch(b, time.Now()) }
+
+// rankTracker is the tracker of rank of h for a listen-mode batch, made on
+// its first batch: nil (the batch is dropped and counted) for a rank the
+// engine's last good scrape does not show; before the first one, any rank
+// below the gateways' bound.
+func (s *Service) rankTracker(h *host, rank int) *kvevents.Tracker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := scrape.MaxRanks
+	if !h.lastOK.IsZero() {
+		n = max(len(h.sample.Ranks), 1)
+	}
+	if rank >= n {
+		return nil
+	}
+	for len(h.events) <= rank {
+		h.events = append(h.events, nil)
+	}
+	if h.events[rank] == nil {
+		h.events[rank] = newRankEvents()
+	}
+	return h.events[rank].tracker
+}
+
+// rankEvents returns rank of h, nil when it has none.
+func (s *Service) rankEvents(h *host, rank int) *rankEvents {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rank < len(h.events) {
+		return h.events[rank]
+	}
+	return nil
+}
+
+// followRanks gives each data-parallel rank of a connect-mode engine its
+// own subscriber, on the engine's KV events endpoint (and replay endpoint)
+// offset by the rank, once its metrics show n ranks; ranks the engine no
+// longer shows are stopped. s.mu is held.
+func (s *Service) followRanks(h *host, n int) {
+	if h.ep.KVEvents == "" || h.events == nil {
+		return
+	}
+	for r := len(h.events) - 1; r >= max(n, 1); r-- {
+		if c := h.events[r]; c != nil && c.cancel != nil {
+			c.cancel()
+		}
+		h.events = h.events[:r]
+	}
+	for r := len(h.events); r < n; r++ {
+		ep, err := kvevents.RankEndpoint(h.ep.KVEvents, r)
+		replay, rerr := kvevents.RankEndpoint(h.ep.KVEventsReplay, r)
+		if err != nil || rerr != nil {
+			s.log.Warn("cannot follow a data-parallel rank's KV events", "host", h.ep.Address, "rank", r, "err", errors.Join(err, rerr))
+			return
+		}
+		re := newRankEvents()
+		ctx, cancel := context.WithCancel(h.ctx)
+		re.cancel = cancel
+		re.sub = &kvevents.Subscriber{
+			Endpoint:       ep,
+			ReplayEndpoint: replay,
+			Topic:          s.cfg.KVEventsTopic,
+			Tracker:        re.tracker,
+			Log:            s.log.With("host", h.ep.Address, "rank", r),
+			OnChange:       s.notify,
+			OnBatch:        re.batch,
+		}
+		h.events = append(h.events, re)
+		go re.sub.Run(ctx)
 	}
 }
 
@@ -353,6 +459,10 @@ func (s *Service) onScrape(h *host, r scrape.Result) {
 		h.lastOK = r.At
 		h.lastErr = ""
 		h.sample = r.Sample
+		if n := len(r.Sample.Ranks); n != h.followedRanks {
+			s.followRanks(h, n)
+			h.followedRanks = n
+		}
 	} else {
 		h.failing = true
 		h.lastErr = r.Err.Error()
@@ -431,7 +541,7 @@ func (s *Service) assembleAndPublish(now time.Time) {
 		if !h.attempted {
 			warm = false
 		}
-		st.Hosts = appendRanks(st.Hosts, s.hostSnapshot(h, now), h.sample.Ranks)
+		st.Hosts = appendRanks(st.Hosts, s.hostSnapshot(h, now), h.sample.Ranks, h.events)
 	}
 	started, lastPub, prev, discovered := s.started, s.lastPub, s.published, s.discOK
 	s.mu.Unlock()
@@ -497,19 +607,33 @@ func sameContent(a, b []snapshot.Host) bool {
 }
 
 // appendRanks appends h, or, for an engine whose metrics name several
-// data-parallel ranks, one entry per rank with that rank's queue and KV
-// usage (each rank is a cache location of its own at the gateways).
-func appendRanks(hosts []snapshot.Host, h snapshot.Host, ranks []scrape.Rank) []snapshot.Host {
+// data-parallel ranks, one entry per rank with that rank's queue, KV usage
+// and KV events (each rank is a cache location of its own at the gateways).
+func appendRanks(hosts []snapshot.Host, h snapshot.Host, ranks []scrape.Rank, events []*rankEvents) []snapshot.Host {
 	if len(ranks) < 2 {
-		return append(hosts, h)
+		return append(hosts, withEvents(h, events, 0))
 	}
 	for i, r := range ranks {
 		x := h
 		x.DataParallelSize, x.Rank = len(ranks), i
 		x.Waiting, x.Running, x.KVUsage = r.Waiting, r.Running, r.KVUsage
-		hosts = append(hosts, x)
+		hosts = append(hosts, withEvents(x, events, i))
 	}
 	return hosts
+}
+
+// withEvents sets h's cached blocks and last clear from rank's KV events,
+// when they are followed.
+func withEvents(h snapshot.Host, events []*rankEvents, rank int) snapshot.Host {
+	if rank >= len(events) || events[rank] == nil {
+		return h
+	}
+	t := events[rank].tracker
+	h.CachedBlocks = t.CachedBlocks()
+	if c := t.ClearedAt(); !c.IsZero() {
+		h.ClearedAtMs = c.UnixMilli()
+	}
+	return h
 }
 
 // hostSnapshot maps one engine to the wire contract; s.mu is held.
@@ -528,7 +652,7 @@ func (s *Service) hostSnapshot(h *host, now time.Time) snapshot.Host {
 	if out.Model == "" {
 		out.Model = h.sample.Model
 	}
-	if out.Role == "both" {
+	if out.Role == snapshot.RoleBoth {
 		out.Role = "" // the contract's default
 	}
 	out.Adapters = mergeSorted(h.ep.Adapters, h.sample.Adapters)
@@ -539,12 +663,6 @@ func (s *Service) hostSnapshot(h *host, now time.Time) snapshot.Host {
 	}
 	if !h.lastOK.IsZero() {
 		out.ScrapedAtMs = h.lastOK.UnixMilli()
-	}
-	if h.tracker != nil {
-		out.CachedBlocks = h.tracker.CachedBlocks()
-		if c := h.tracker.ClearedAt(); !c.IsZero() {
-			out.ClearedAtMs = c.UnixMilli()
-		}
 	}
 	return out
 }

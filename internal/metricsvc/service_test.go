@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
 	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -94,20 +95,29 @@ func hostOf(st snapshot.State, addr string) (snapshot.Host, bool) {
 	return snapshot.Host{}, false
 }
 
+// hostAt is the entry of addr's data-parallel rank (of addr itself for
+// an engine without ranks and rank 0).
+func hostAt(st snapshot.State, addr string, rank int) (snapshot.Host, bool) {
+	for _, h := range st.Hosts {
+		if h.Address == addr && h.Rank == rank {
+			return h, true
+		}
+	}
+	return snapshot.Host{}, false
+}
+
 // waitState waits until the gateway's latest snapshot satisfies cond.
 func (g *gateway) waitState(t *testing.T, what string, d time.Duration, cond func(snapshot.State) bool) snapshot.State {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st, n := g.latest()
-		if n > 0 && cond(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; latest snapshot: %+v", what, st)
-		}
-		time.Sleep(2 * time.Millisecond)
+	var st snapshot.State
+	if !testenv.Poll(d, func() bool {
+		var n int
+		st, n = g.latest()
+		return n > 0 && cond(st)
+	}) {
+		t.Fatalf("timed out waiting for %s; latest snapshot: %+v", what, st)
 	}
+	return st
 }
 
 // logSink collects the service's logs for assertions.
@@ -888,12 +898,23 @@ func TestHostSnapshotAdapterSlots(t *testing.T) {
 // per rank, each with its own queue.
 func TestAppendRanksOneEntryPerRank(t *testing.T) {
 	h := snapshot.Host{Address: "10.0.0.1:8000", Healthy: true, Waiting: 8}
-	got := appendRanks(nil, h, []scrape.Rank{{Waiting: 7, Running: 2, KVUsage: 0.5}, {Waiting: 1}})
+	// Each rank's KV events are its own: rank 1 reported 2 blocks and a
+	// clear, rank 0 one block.
+	events := []*rankEvents{newRankEvents(), newRankEvents()}
+	now := time.Now()
+	events[0].tracker.Apply(0, kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: []kvevents.BlockHash{kvevents.IntHash(1)}}}}, now)
+	events[1].tracker.Apply(0, kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared},
+		{Kind: kvevents.BlockStored, Hashes: []kvevents.BlockHash{kvevents.IntHash(1), kvevents.IntHash(2)}}}}, now)
+	got := appendRanks(nil, h, []scrape.Rank{{Waiting: 7, Running: 2, KVUsage: 0.5}, {Waiting: 1}}, events)
 	if len(got) != 2 || got[0].Rank != 0 || got[1].Rank != 1 || got[1].DataParallelSize != 2 ||
 		got[0].Waiting != 7 || got[1].Waiting != 1 || got[0].KVUsage != 0.5 || got[1].Address != h.Address || !got[1].Healthy {
 		t.Errorf("ranks pushed as %+v", got)
 	}
-	if got := appendRanks(nil, h, nil); len(got) != 1 || got[0].DataParallelSize != 0 {
+	if len(got) == 2 && (got[0].CachedBlocks != 1 || got[0].ClearedAtMs != 0 || got[1].CachedBlocks != 2 || got[1].ClearedAtMs != now.UnixMilli()) {
+		t.Errorf("ranks' KV events pushed as rank 0 %d blocks cleared at %d, rank 1 %d blocks cleared at %d; want 1, 0, 2, %d",
+			got[0].CachedBlocks, got[0].ClearedAtMs, got[1].CachedBlocks, got[1].ClearedAtMs, now.UnixMilli())
+	}
+	if got := appendRanks(nil, h, nil, events[:1]); len(got) != 1 || got[0].DataParallelSize != 0 || got[0].CachedBlocks != 1 {
 		t.Errorf("an engine without ranks pushed as %+v", got)
 	}
 }

@@ -137,7 +137,7 @@ func (t *telemetry) published(st snapshot.State, changed bool) {
 
 var (
 	descKV = prometheus.NewDesc("kvroute_metrics_kv_events_total",
-		"KV event subscription counters by host and kind: batches, events, clears, gaps (left after replay), missed_batches, replayed_batches, restarts, decode_errors, unknown_events, overflow.",
+		"KV event subscription counters by host and kind: batches, events, clears, gaps (left after replay), missed_batches, replayed_batches, restarts, decode_errors, unknown_events, overflow, unknown_rank (batches naming a data-parallel rank the engine's metrics do not show; on rank 0's series). A data-parallel rank above 0 is host:port|rank.",
 		[]string{"host", "kind"}, nil)
 	descCached = prometheus.NewDesc("kvroute_metrics_kv_cached_blocks",
 		"GPU blocks each engine reported stored and not removed (KV events).", []string{"host"}, nil)
@@ -172,24 +172,36 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
 	type kvHost struct {
 		addr      string
-		st        [10]float64
+		st        [11]float64
 		cached    int
 		connected bool
 		bridge    [6]float64
 	}
 	var kv []kvHost
 	for addr, h := range s.hosts {
-		if h.tracker == nil {
-			continue
-		}
-		st := h.tracker.Stats()
-		kv = append(kv, kvHost{addr: addr, cached: h.tracker.CachedBlocks(), connected: h.sub.Connected(),
-			st: [10]float64{float64(st.Batches), float64(st.Events), float64(st.Clears), float64(st.Gaps),
-				float64(st.MissedBatches), float64(st.Replayed), float64(st.Restarts), float64(st.DecodeErrors),
-				float64(st.Unknown), float64(st.Overflow)}})
-		if h.bridge != nil {
-			b := h.bridge.stats()
-			kv[len(kv)-1].bridge = [6]float64{float64(b.Routes), float64(b.Expired), float64(b.Matched), float64(b.Unmatched), float64(b.Removed), float64(b.Unmapped)}
+		// One series per rank: rank 0 under the endpoint's address, the
+		// others under host:port|rank (their location at the gateways).
+		for r, re := range h.events {
+			if re == nil {
+				continue
+			}
+			st := re.tracker.Stats()
+			sub, loc, unknownRanks := re.sub, addr, 0.0
+			if r == 0 {
+				sub, unknownRanks = h.sub, float64(h.sub.UnknownRanks())
+			} else {
+				loc = snapshot.Location(addr, r, r+1)
+			}
+			if sub == nil {
+				sub = h.sub // listen mode: every rank on the one socket
+			}
+			connected := sub.Connected()
+			b := re.bridge.stats()
+			kv = append(kv, kvHost{addr: loc, cached: re.tracker.CachedBlocks(), connected: connected,
+				st: [11]float64{float64(st.Batches), float64(st.Events), float64(st.Clears), float64(st.Gaps),
+					float64(st.MissedBatches), float64(st.Replayed), float64(st.Restarts), float64(st.DecodeErrors),
+					float64(st.Unknown), float64(st.Overflow), unknownRanks},
+				bridge: [6]float64{float64(b.Routes), float64(b.Expired), float64(b.Matched), float64(b.Unmatched), float64(b.Removed), float64(b.Unmapped)}})
 		}
 	}
 	l := s.listener
@@ -198,7 +210,7 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descListen, prometheus.CounterValue, float64(l.Unrouted()), "unrouted")
 		ch <- prometheus.MustNewConstMetric(descListen, prometheus.CounterValue, float64(l.Malformed()), "malformed")
 	}
-	kinds := [10]string{"batches", "events", "clears", "gaps", "missed_batches", "replayed_batches", "restarts", "decode_errors", "unknown_events", "overflow"}
+	kinds := [11]string{"batches", "events", "clears", "gaps", "missed_batches", "replayed_batches", "restarts", "decode_errors", "unknown_events", "overflow", "unknown_rank"}
 	for _, h := range kv {
 		for i, k := range kinds {
 			ch <- prometheus.MustNewConstMetric(descKV, prometheus.CounterValue, h.st[i], h.addr, k)

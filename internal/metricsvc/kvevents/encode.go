@@ -41,6 +41,9 @@ type StoredEvent struct {
 // batches and is not safe for concurrent use.
 type Encoder struct {
 	Layout Layout
+	// Rank is the batches' data_parallel_rank: the publishing engine's
+	// data-parallel rank (vLLM runs one publisher per rank).
+	Rank   int
 	buf    bytes.Buffer
 	enc    *msgpack.Encoder
 	events int
@@ -143,7 +146,7 @@ func (e *Encoder) hashes(hs []uint64) {
 }
 
 // Batch returns the payload of an EventBatch holding the events added
-// since the last call (ts in seconds, data_parallel_rank 0 as vLLM's
+// since the last call (ts in seconds, data_parallel_rank Rank as vLLM's
 // publisher fills it) and starts a new one. The slice is valid until the
 // next call.
 func (e *Encoder) Batch(ts float64) []byte {
@@ -158,7 +161,7 @@ func (e *Encoder) Batch(ts float64) []byte {
 	e.enc.EncodeArrayLen(e.events)
 	e.buf.Write(e.body.Bytes())
 	e.field(e.enc, "data_parallel_rank")
-	e.enc.EncodeInt(0)
+	e.enc.EncodeInt(int64(e.Rank))
 	e.body.Reset()
 	e.events = 0
 	return e.buf.Bytes()

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,7 +36,15 @@ type Subscriber struct {
 	// meanwhile.
 	ReplayTimeout time.Duration
 	Tracker       *Tracker
-	Log           *slog.Logger
+	// Ranks, when set, picks the tracker of a batch's data-parallel rank
+	// (Batch.DataParallelRank, 0 when the batch names none): one socket
+	// that carries several ranks' publishers (listen mode), each with its
+	// own sequence. nil for a rank the engine does not have: the batch is
+	// dropped and counted (UnknownRanks). A gap is replayed from
+	// ReplayEndpoint's port plus the rank, as vLLM offsets it (RankEndpoint).
+	// Unset: every batch goes to Tracker (one publisher per Subscriber).
+	Ranks func(rank int) *Tracker
+	Log   *slog.Logger
 	// OnChange, when set, is called after each applied batch (the service
 	// uses it to assemble and push a new snapshot).
 	OnChange func()
@@ -48,9 +58,14 @@ type Subscriber struct {
 	// (defaults 100 ms and 5 s).
 	MinBackoff, MaxBackoff time.Duration
 
-	connected atomic.Bool
-	limiter   ratelog.Limiter
+	connected    atomic.Bool
+	unknownRanks atomic.Uint64
+	limiter      ratelog.Limiter
 }
+
+// UnknownRanks counts batches dropped because they named a data-parallel
+// rank the engine does not have (Ranks returned nil).
+func (s *Subscriber) UnknownRanks() uint64 { return s.unknownRanks.Load() }
 
 // Connected reports whether a connection to the publisher is up.
 func (s *Subscriber) Connected() bool { return s.connected.Load() }
@@ -137,19 +152,34 @@ func (s *Subscriber) Apply(seq uint64, payload []byte, log *slog.Logger) {
 	now := time.Now()
 	batch, err := Decode(payload)
 	if err != nil {
-		s.Tracker.DecodeFailed(seq, true)
+		// With several ranks on the socket the sequence's rank is unknown:
+		// counted on Tracker, checked against none.
+		s.Tracker.DecodeFailed(seq, s.Ranks == nil)
 		s.limiter.Log(log, slog.LevelWarn, "decode", "KV event batch dropped", "seq", seq, "err", err)
 		return
 	}
-	if next, ok := s.Tracker.Next(); ok && seq > next && s.ReplayEndpoint != "" {
-		n, err := s.replay(next, seq)
+	t, replayEndpoint := s.Tracker, s.ReplayEndpoint
+	if s.Ranks != nil {
+		rank := max(batch.DataParallelRank, 0)
+		if t = s.Ranks(rank); t == nil {
+			s.unknownRanks.Add(1)
+			s.limiter.Log(log, slog.LevelWarn, "rank", "KV event batch names a data-parallel rank the engine's metrics do not show; dropped",
+				"rank", batch.DataParallelRank)
+			return
+		}
+		if replayEndpoint != "" {
+			replayEndpoint, _ = RankEndpoint(replayEndpoint, rank)
+		}
+	}
+	if next, ok := t.Next(); ok && seq > next && replayEndpoint != "" {
+		n, err := s.replay(t, replayEndpoint, next, seq)
 		if err != nil {
 			s.limiter.Log(log, slog.LevelWarn, "replay", "KV event replay failed", "from", next, "to", seq-1, "err", err)
 		} else {
 			log.Info("KV event sequence gap filled from the replay socket", "from", next, "to", seq-1, "replayed", n)
 		}
 	}
-	res := s.Tracker.Apply(seq, batch, now)
+	res := t.Apply(seq, batch, now)
 	switch {
 	case res.Missed > 0:
 		log.Warn("KV event sequence gap: batches lost, cached block counts may drift until the next clear",
@@ -179,7 +209,7 @@ const endSeq = ^uint64(0)
 // on, then [empty, -1, ""] (llm-d-inference-sim puts its topic before
 // each seq, as on its live stream). Batches it no longer holds stay missing and
 // are counted as a gap when the live batch is applied.
-func (s *Subscriber) replay(from, until uint64) (int, error) {
+func (s *Subscriber) replay(t *Tracker, endpoint string, from, until uint64) (int, error) {
 	timeout := s.ReplayTimeout
 	if timeout <= 0 {
 		timeout = time.Second
@@ -188,8 +218,8 @@ func (s *Subscriber) replay(from, until uint64) (int, error) {
 	defer cancel()
 	sock := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
 	defer sock.Close()
-	if err := sock.Dial(s.ReplayEndpoint); err != nil {
-		return 0, fmt.Errorf("dial replay socket %s: %w", s.ReplayEndpoint, err)
+	if err := sock.Dial(endpoint); err != nil {
+		return 0, fmt.Errorf("dial replay socket %s: %w", endpoint, err)
 	}
 	var start [8]byte
 	binary.BigEndian.PutUint64(start[:], from)
@@ -221,19 +251,40 @@ func (s *Subscriber) replay(from, until uint64) (int, error) {
 		if seq < from || len(frames) < 2 {
 			continue
 		}
-		if next, ok := s.Tracker.Next(); ok && seq < next {
+		if next, ok := t.Next(); ok && seq < next {
 			continue // already applied
 		}
 		b, err := Decode(frames[1])
 		if err != nil {
-			s.Tracker.DecodeFailed(seq, true)
+			t.DecodeFailed(seq, true)
 			continue
 		}
-		res := s.Tracker.Apply(seq, b, time.Now())
-		s.Tracker.Replayed()
+		res := t.Apply(seq, b, time.Now())
+		t.Replayed()
 		replayed++
 		if s.OnBatch != nil {
 			s.OnBatch(b, res)
 		}
 	}
+}
+
+// RankEndpoint is the address data-parallel rank rank of an engine
+// publishes on when its configured endpoint is endpoint: vLLM (and SGLang,
+// which uses vLLM's publisher) runs one publisher per rank and offsets the
+// TCP port by the rank (ZmqEventPublisher.offset_endpoint_port), the replay
+// endpoint likewise; an inproc endpoint gets "_dp<rank>". Rank 0 is the
+// endpoint itself.
+func RankEndpoint(endpoint string, rank int) (string, error) {
+	if rank == 0 || endpoint == "" {
+		return endpoint, nil
+	}
+	if strings.HasPrefix(endpoint, "inproc://") {
+		return endpoint + "_dp" + strconv.Itoa(rank), nil
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if i < 0 || err != nil || port <= 0 || port+rank > 65535 {
+		return "", fmt.Errorf("KV events endpoint %q has no TCP port to offset by data-parallel rank %d", endpoint, rank)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
 }

@@ -64,8 +64,8 @@ type Sample struct {
 	Adapters    []string
 	MaxAdapters int
 	// Ranks is the queue of each data-parallel rank, indexed by rank, when
-	// vLLM's series name more than one (label engine="<rank>", 0..n-1);
-	// nil for one.
+	// the series name more than one (vLLM: label engine="<rank>", SGLang:
+	// dp_rank="<rank>", 0..n-1); nil for one.
 	Ranks []Rank
 }
 
@@ -210,7 +210,7 @@ func extract(fams map[string]*dto.MetricFamily) (Sample, error) {
 		if s.KVUsage, err = mean(kv); err != nil {
 			return s, err
 		}
-		s.Ranks = ranks(fams[vllmWaiting], fams[vllmRunning], kv)
+		s.Ranks = ranks(fams[vllmWaiting], fams[vllmRunning], kv, "engine")
 		if cc := latest(fams[vllmCacheConfig]); cc != nil {
 			s.BlockSize = labelInt(cc, "block_size")
 			s.NumGPUBlocks = labelInt(cc, "num_gpu_blocks")
@@ -234,6 +234,9 @@ func extract(fams map[string]*dto.MetricFamily) (Sample, error) {
 		if s.KVUsage, err = mean(fams[sglKVUsage]); err != nil {
 			return s, err
 		}
+		if s.Ranks = ranks(fams[sglWaiting], fams[sglRunning], fams[sglKVUsage], "dp_rank"); s.Ranks != nil {
+			s.totalRanks() // a rank's schedulers may each export it
+		}
 		if cc := latest(fams[sglCacheConfig]); cc != nil {
 			s.BlockSize = labelInt(cc, "page_size")
 			s.NumGPUBlocks = labelInt(cc, "num_pages")
@@ -251,15 +254,16 @@ func extract(fams map[string]*dto.MetricFamily) (Sample, error) {
 	return s, nil
 }
 
-// ranks splits vLLM's queue by its engine label, one series per
-// data-parallel rank: nil unless the labels are exactly 0..n-1 with n >= 2
-// (anything else is summed, as before). extract has checked the values.
-func ranks(waiting, running, kv *dto.MetricFamily) []Rank {
-	n := 0
-	if waiting != nil {
-		n = len(waiting.Metric)
-	}
-	if n < 2 || n > maxRanks {
+// ranks splits an engine's queue by data-parallel rank, read from label:
+// vLLM labels each rank's series engine="<rank>", SGLang (--dp-size with
+// DP attention) dp_rank="<rank>". It returns nil unless the rank labels are
+// exactly 0..n-1 with n >= 2 (anything else is summed, as before). SGLang
+// may export a rank's numbers from each of its attention tensor-parallel
+// schedulers (tp_rank differs, the batch is the same): the largest value of
+// a rank stands for it. extract has checked the values.
+func ranks(waiting, running, kv *dto.MetricFamily, label string) []Rank {
+	n := rankCount(waiting, label)
+	if n < 2 || n > MaxRanks {
 		return nil
 	}
 	out := make([]Rank, n)
@@ -269,18 +273,18 @@ func ranks(waiting, running, kv *dto.MetricFamily) []Rank {
 			continue
 		}
 		for _, m := range f.Metric {
-			i, err := strconv.Atoi(label(m, "engine"))
-			if err != nil || i < 0 || i >= n {
+			i, ok := rankLabel(m, label, n)
+			if !ok {
 				return nil
 			}
 			v := value(m)
 			switch f {
 			case waiting:
-				out[i].Waiting, seen[i] = int(v), true
+				out[i].Waiting, seen[i] = max(out[i].Waiting, int(v)), true
 			case running:
-				out[i].Running = int(v)
+				out[i].Running = max(out[i].Running, int(v))
 			default:
-				out[i].KVUsage = min(max(v, 0), 1)
+				out[i].KVUsage = max(out[i].KVUsage, min(max(v, 0), 1))
 			}
 		}
 	}
@@ -292,8 +296,46 @@ func ranks(waiting, running, kv *dto.MetricFamily) []Rank {
 	return out
 }
 
-// maxRanks matches the gateway's bound on an endpoint's ranks.
-const maxRanks = 64
+// totalRanks sets the host's queue and KV usage from its ranks': the sum
+// of their queues and the mean of their usage.
+func (s *Sample) totalRanks() {
+	s.Waiting, s.Running, s.KVUsage = 0, 0, 0
+	for _, r := range s.Ranks {
+		s.Waiting += r.Waiting
+		s.Running += r.Running
+		s.KVUsage += r.KVUsage
+	}
+	s.KVUsage /= float64(len(s.Ranks))
+}
+
+// rankCount is how many distinct values f's series give label (0 for a
+// series without it).
+func rankCount(f *dto.MetricFamily, name string) int {
+	if f == nil {
+		return 0
+	}
+	var vals []string
+	for _, m := range f.Metric {
+		v := label(m, name)
+		if v == "" {
+			return 0
+		}
+		if !slices.Contains(vals, v) {
+			vals = append(vals, v)
+		}
+	}
+	return len(vals)
+}
+
+// rankLabel reads a series' rank label, a number below n.
+func rankLabel(m *dto.Metric, name string, n int) (int, bool) {
+	i, err := strconv.Atoi(label(m, name))
+	return i, err == nil && i >= 0 && i < n
+}
+
+// MaxRanks matches the gateway's bound on an endpoint's ranks
+// (config.MaxDataParallelSize).
+const MaxRanks = 64
 
 // value reads a gauge, counter or untyped sample; NaN when it has none.
 func value(m *dto.Metric) float64 {

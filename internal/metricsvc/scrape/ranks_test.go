@@ -36,3 +36,36 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
 		}
 	}
 }
+
+// SGLang with --dp-size and DP attention labels each rank's scheduler
+// series dp_rank="<rank>" (tp_rank names the scheduler that exports it; with
+// every scheduler exporting, a rank's attention TP ranks repeat its
+// numbers): one queue per rank, and the host's total counts each rank once.
+func TestParseSGLangDataParallelRanks(t *testing.T) {
+	var p Parser
+	s, err := p.Parse(strings.NewReader(`sglang:num_queue_reqs{dp_rank="0",model_name="glm",tp_rank="0"} 5
+sglang:num_queue_reqs{dp_rank="0",model_name="glm",tp_rank="1"} 5
+sglang:num_queue_reqs{dp_rank="1",model_name="glm",tp_rank="2"} 0
+sglang:num_queue_reqs{dp_rank="1",model_name="glm",tp_rank="3"} 0
+sglang:num_running_reqs{dp_rank="0",model_name="glm",tp_rank="0"} 1
+sglang:num_running_reqs{dp_rank="1",model_name="glm",tp_rank="2"} 9
+sglang:token_usage{dp_rank="0",model_name="glm",tp_rank="0"} 0.5
+sglang:token_usage{dp_rank="1",model_name="glm",tp_rank="2"} 0.1
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Rank{{Waiting: 5, Running: 1, KVUsage: 0.5}, {Waiting: 0, Running: 9, KVUsage: 0.1}}
+	if s.Engine != "sglang" || len(s.Ranks) != 2 || s.Ranks[0] != want[0] || s.Ranks[1] != want[1] {
+		t.Fatalf("engine %q ranks %+v, want sglang %+v", s.Engine, s.Ranks, want)
+	}
+	if s.Waiting != 5 || s.Running != 10 || s.KVUsage < 0.299 || s.KVUsage > 0.301 {
+		t.Errorf("totals %d waiting %d running %.3f KV, want 5, 10 and 0.3", s.Waiting, s.Running, s.KVUsage)
+	}
+	// Without dp_rank (no DP, or DP without DP attention: one scheduler
+	// series per engine) the series are one host, as before.
+	s, err = p.Parse(strings.NewReader("sglang:num_queue_reqs{model_name=\"m\",tp_rank=\"0\"} 3\n"))
+	if err != nil || s.Ranks != nil || s.Waiting != 3 {
+		t.Errorf("no dp_rank: ranks %+v waiting %d err %v; want none, 3", s.Ranks, s.Waiting, err)
+	}
+}

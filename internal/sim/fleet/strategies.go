@@ -120,7 +120,7 @@ func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.
 // engine state (queue, KV use, cached blocks) arrives through ObserveState
 // at the metrics service's push interval.
 type RealRouter struct {
-	r       *dispatch.Router
+	r       *dispatch.Dispatcher
 	ix      *index.Index
 	hasher  *index.Hasher
 	hosts   []scorer.Host

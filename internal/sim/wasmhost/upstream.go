@@ -14,9 +14,11 @@ import (
 	"time"
 )
 
-// The router is the terminal filter: it picks the upstream host when the
-// request headers reach it, as Envoy's router does, then streams the body
-// up and the response back.
+// Forwarding upstream: the emulation of Envoy's terminal router filter
+// (envoy.filters.http.router), which picks the upstream host when the
+// request headers reach it, then streams the body up and the response
+// back. Not to be confused with kvroute.router, the filter under test, or
+// dispatch.Dispatcher, its decision glue.
 
 func (s *stream) routeHeaders(eos bool) {
 	if dr := s.h.cfg.DirectResponse; dr != nil {

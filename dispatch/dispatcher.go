@@ -3,7 +3,7 @@
 // simulator both make per request, so the strategy measured in the
 // simulator is the strategy that ships.
 //
-// A request's life as the router sees it:
+// A request's life as the dispatcher sees it:
 //
 //	t, res := r.Decide(in, hosts) // query matches, run the profile, record, account
 //	r.FirstToken(&t)              // prefill done: its tokens stop counting as pending
@@ -13,10 +13,10 @@
 //
 // The prefix matches and the load counters live in the index (shared data,
 // seen by every Envoy worker). The KV footprint of requests in flight, which
-// only the dynamo_kv emulation reads, is kept per router.
+// only the dynamo_kv emulation reads, is kept per dispatcher.
 //
 // Like scorer and index, it imports no proxy-wasm SDK and allocates nothing
-// per decision once warm. One Router per Envoy worker VM (or simulator
+// per decision once warm. One Dispatcher per Envoy worker VM (or simulator
 // goroutine); its methods take an internal lock, so sharing one is safe but
 // serialises.
 package dispatch
@@ -68,7 +68,7 @@ type Input struct {
 // as it grows.
 const DefaultPrefixBlocks = 4
 
-// Ticket is the router's record of one dispatched request, returned by
+// Ticket is the dispatcher's record of one dispatched request, returned by
 // Decide and handed back at first token, feedback and release. It holds
 // slots and numbers only.
 type Ticket struct {
@@ -112,7 +112,7 @@ type Ticket struct {
 	workRef index.HostRef
 }
 
-// SampleUsage says whether the router wants the engine's prompt_tokens for
+// SampleUsage says whether the dispatcher wants the engine's prompt_tokens for
 // this request (EnginePromptTokens): every request of a model until it is
 // calibrated, then one in 16, so most responses skip reading it.
 func (t *Ticket) SampleUsage() bool { return t.sample }
@@ -122,8 +122,8 @@ func (t *Ticket) SampleUsage() bool { return t.sample }
 type hold struct {
 	slot                      int
 	ix                        index.LoadTicket // counters in the index
-	inflight, prefill, decode int64            // router-local counters (no index)
-	kv                        int64            // router-local KV footprint
+	inflight, prefill, decode int64            // dispatcher-local counters (no index)
+	kv                        int64            // dispatcher-local KV footprint
 }
 
 // Stats are cumulative counters for the filter's metrics.
@@ -174,12 +174,12 @@ func (s Stats) PredictionError() float64 {
 	return float64(s.PredictionErrorTokens) / float64(s.ConfirmedCachedTokens)
 }
 
-// Config assembles a Router.
+// Config assembles a Dispatcher.
 type Config struct {
 	// Handler is the strategy (required).
 	Handler *scorer.Handler
 	// Index holds prefix matches and load counters. nil routes without
-	// prefix matches and keeps load counters in the router.
+	// prefix matches and keeps load counters in the dispatcher.
 	Index *index.Index
 	// Sessions defaults to a SharedSessions over Shared, or without it
 	// to a MemSessions of 65,536 entries.
@@ -187,7 +187,7 @@ type Config struct {
 	// Shared, when set, is the gateway's shared data (the store the
 	// Index uses): the session pins and the prefix memory then live in it,
 	// one table per gateway whatever its worker count, instead of one per
-	// Router (docs/topology.md).
+	// Dispatcher (docs/topology.md).
 	Shared index.Store
 	// Seed seeds the decision randomness (0: random).
 	Seed uint64
@@ -200,13 +200,15 @@ type Config struct {
 	NoCorrect bool
 }
 
-// Router makes decisions and keeps the books.
-type Router struct {
+// Dispatcher books and releases dispatched requests: it makes each
+// decision (Decide), books its load and prefix in the index, and takes them
+// back at first token, feedback and stream end (FirstToken, Finish).
+type Dispatcher struct {
 	mu       sync.Mutex
 	handler  *scorer.Handler
 	ix       *index.Index
 	sessions SessionTable
-	memory   prefixMemory  // deep prefix hash -> last host (prefix_memory), per Router
+	memory   prefixMemory  // deep prefix hash -> last host (prefix_memory), per Dispatcher
 	shared   *sharedMemory // the same in shared data (Config.Shared), per gateway
 	// useMemory: the handler scores by prefix memory, so Decide looks it
 	// up and stores to it.
@@ -241,9 +243,9 @@ type localLoad struct {
 	inflight, prefill, decode, kv int64
 }
 
-// New returns a Router for cfg.
-func New(cfg Config) *Router {
-	r := &Router{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory(),
+// New returns a Dispatcher for cfg.
+func New(cfg Config) *Dispatcher {
+	r := &Dispatcher{handler: cfg.Handler, ix: cfg.Index, sessions: cfg.Sessions, useMemory: cfg.Handler.ReadsPrefixMemory(),
 		correct: !cfg.NoCorrect && cfg.Index != nil && cfg.Handler.CorrectIndex()}
 	if r.sessions == nil {
 		if cfg.Shared != nil {
@@ -270,15 +272,15 @@ func New(cfg Config) *Router {
 	return r
 }
 
-// Handler returns the strategy the router runs.
-func (r *Router) Handler() *scorer.Handler { return r.handler }
+// Handler returns the strategy the dispatcher runs.
+func (r *Dispatcher) Handler() *scorer.Handler { return r.handler }
 
 // Stats returns a copy of the counters.
 //
 // It unlocks without defer: the copy cannot panic, and a
 // deferred call is a function of its own (a deferwrap) that every request
 // enters in Wasm.
-func (r *Router) Stats() Stats {
+func (r *Dispatcher) Stats() Stats {
 	r.mu.Lock()
 	s := r.stats
 	r.mu.Unlock()
@@ -288,7 +290,7 @@ func (r *Router) Stats() Stats {
 // Register gives addr an index slot (the filter calls it for every
 // endpoint, the simulator for every replica) and returns the Slot and Gen to
 // put in its scorer.Host. Without an index, slots are handed out in order.
-func (r *Router) Register(addr string, h *scorer.Host) error {
+func (r *Dispatcher) Register(addr string, h *scorer.Host) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ix == nil {
@@ -322,7 +324,7 @@ func (r *Router) Register(addr string, h *scorer.Host) error {
 // each function entered costs a request (docs/performance.md).
 //
 //go:noinline
-func (r *Router) growLocal(slot int) {
+func (r *Dispatcher) growLocal(slot int) {
 	for slot >= len(r.local) {
 		r.local = append(r.local, localLoad{})
 	}
@@ -336,7 +338,7 @@ func (r *Router) growLocal(slot int) {
 //
 // An index error does not fail the decision: it goes on without prefix
 // matches and is counted.
-func (r *Router) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Result) {
+func (r *Dispatcher) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Result) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := len(hosts)
@@ -526,12 +528,12 @@ func addRemote(h *scorer.Host) {
 // carries no string result and no store of it.
 //
 //go:noinline
-func (r *Router) loadPin(key string) {
+func (r *Dispatcher) loadPin(key string) {
 	r.req.PinnedAddress, _ = r.sessions.Get(key)
 }
 
 // storeMemory remembers addr for chain in the prefix memory.
-func (r *Router) storeMemory(chain []uint64, addr string) {
+func (r *Dispatcher) storeMemory(chain []uint64, addr string) {
 	if r.shared != nil {
 		r.shared.store(chain, addr)
 		return
@@ -546,7 +548,7 @@ func (r *Router) storeMemory(chain []uint64, addr string) {
 // Register gave it) and, for a whole chain, the prefix memory remembers
 // it, as if this gateway had routed it. The request's load is not booked:
 // the reports carry the other gateways' load counts as such.
-func (r *Router) Learn(ref index.HostRef, addr string, chain []uint64, from int) error {
+func (r *Dispatcher) Learn(ref index.HostRef, addr string, chain []uint64, from int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.useMemory && from == 0 && len(chain) > 0 {
@@ -561,7 +563,7 @@ func (r *Router) Learn(ref index.HostRef, addr string, chain []uint64, from int)
 // pin pins key's session to addr unless the decision kept the pin.
 //
 //go:noinline
-func (r *Router) pin(key, addr string) {
+func (r *Dispatcher) pin(key, addr string) {
 	if r.req.PinnedAddress != addr {
 		r.sessions.Put(key, addr)
 	}
@@ -573,7 +575,7 @@ func (r *Router) pin(key, addr string) {
 // for both growths: each call site is code in a Wasm build.
 //
 //go:noinline
-func (r *Router) grow(n, maxSlot int) {
+func (r *Dispatcher) grow(n, maxSlot int) {
 	if cap(r.req.MatchedBlocks) < n || cap(r.req.MatchedTokens) < n {
 		r.req.Reset(n)
 	}
@@ -586,7 +588,7 @@ func (r *Router) grow(n, maxSlot int) {
 // copied out of Handler.Run would be code in every request's Decide.
 //
 //go:noinline
-func (r *Router) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
+func (r *Dispatcher) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
 	*res = r.handler.Run(&r.req, hosts, r.scratch)
 }
 
@@ -595,7 +597,7 @@ func (r *Router) runDisaggregated(res *scorer.Result, hosts []scorer.Host) {
 // decode host receives the whole prompt. It is out of Decide because most
 // profiles never split: each function entered costs a request
 // (docs/performance.md), so Decide keeps to the common path.
-func (r *Router) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, res *scorer.Result, queried bool) {
+func (r *Dispatcher) holdDisaggregated(t *Ticket, in *Input, hosts []scorer.Host, res *scorer.Result, queried bool) {
 	r.stats.Disaggregated++
 	prompt, out := max(in.PromptTokens, 0), max(in.MaxTokens, 0)
 	h := &hosts[t.Host]
@@ -647,7 +649,7 @@ func tokensIn(in *Input, blocks int) int {
 // for both, as every booked host gets both: each function entered costs a
 // request (docs/performance.md). hd is filled in place rather than returned:
 // each return of a struct copies it.
-func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, prefill, decode, kv int) {
+func (r *Dispatcher) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, prefill, decode, kv int) {
 	if h.Slot < 0 {
 		return
 	}
@@ -678,7 +680,7 @@ func (r *Router) book(hd *hold, h *scorer.Host, chain []uint64, queried bool, pr
 }
 
 // prefillDone takes back a hold's pending prefill tokens.
-func (r *Router) prefillDone(hd *hold) {
+func (r *Dispatcher) prefillDone(hd *hold) {
 	if hd.slot < 0 {
 		return
 	}
@@ -693,7 +695,7 @@ func (r *Router) prefillDone(hd *hold) {
 }
 
 // release takes back everything a hold still has.
-func (r *Router) release(hd *hold) {
+func (r *Dispatcher) release(hd *hold) {
 	if hd.slot < 0 {
 		return
 	}
@@ -720,7 +722,7 @@ func (r *Router) release(hd *hold) {
 // FirstToken marks the end of prefill: the request's prompt tokens stop
 // counting as pending prefill work, and a disaggregated request's prefill
 // host is released. Idempotent.
-func (r *Router) FirstToken(t *Ticket) {
+func (r *Dispatcher) FirstToken(t *Ticket) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if t.firstToken || t.done {
@@ -737,12 +739,12 @@ func (r *Router) FirstToken(t *Ticket) {
 // prompt); the comparison is the drift metric that tells an operator
 // whether the index's block size and capacity match the engines'. A
 // negative count (none reported) is ignored.
-func (r *Router) Feedback(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, false) }
+func (r *Dispatcher) Feedback(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, false) }
 
 // learnTrust updates the host's confirmed-over-predicted ratio, an EWMA
 // over requests with a prediction of at least one engine block, capped at 1
 // (under-prediction is not a reason to trust the index more than fully).
-func (r *Router) learnTrust(t *Ticket, cached int) {
+func (r *Dispatcher) learnTrust(t *Ticket, cached int) {
 	slot := t.decode.slot
 	if t.prefill.slot >= 0 { // disaggregated: the prefill host's cache was used
 		slot = t.prefill.slot
@@ -777,7 +779,7 @@ func (r *Router) learnTrust(t *Ticket, cached int) {
 // request (docs/performance.md).
 //
 //go:noinline
-func (r *Router) keepWork(t *Ticket, hosts []scorer.Host) {
+func (r *Dispatcher) keepWork(t *Ticket, hosts []scorer.Host) {
 	h := &hosts[t.Host]
 	t.work, t.workRef = scorer.TTFTWork(&r.req, hosts, t.Host, r.ttftDW), index.HostRef{Slot: h.Slot, Gen: h.Gen}
 }
@@ -788,7 +790,7 @@ func (r *Router) keepWork(t *Ticket, hosts []scorer.Host) {
 // profiles enter it.
 //
 //go:noinline
-func (r *Router) learnTTFT(t *Ticket, cached int) {
+func (r *Dispatcher) learnTTFT(t *Ticket, cached int) {
 	w := t.work + float64(t.PredictedCachedTokens-cached)
 	if w < 1 {
 		w = 1
@@ -797,11 +799,11 @@ func (r *Router) learnTTFT(t *Ticket, cached int) {
 	r.stats.TTFTDropped = r.ttft.Contended
 }
 
-// ForgetSlot drops what the router learned about the host in slot (its
+// ForgetSlot drops what the dispatcher learned about the host in slot (its
 // trust in the index's predictions): call it when the slot is given to
 // another host, which must not inherit the previous one's record. The
 // load counters need nothing: they follow the slot's generation.
-func (r *Router) ForgetSlot(slot int) {
+func (r *Dispatcher) ForgetSlot(slot int) {
 	r.mu.Lock()
 	if slot >= 0 && slot < len(r.trust) {
 		r.trust[slot] = 0
@@ -813,7 +815,7 @@ func (r *Router) ForgetSlot(slot int) {
 // so it is kept out of learnTrust's line (noinline), like growLocal.
 //
 //go:noinline
-func (r *Router) growTrust(slot int) {
+func (r *Dispatcher) growTrust(slot int) {
 	for slot >= len(r.trust) {
 		r.trust = append(r.trust, 0)
 	}
@@ -821,12 +823,12 @@ func (r *Router) growTrust(slot int) {
 
 // Release returns every counter the request still holds. Call it when the
 // stream ends, completed or reset. Idempotent.
-func (r *Router) Release(t *Ticket) { r.end(t, -1, true) }
+func (r *Dispatcher) Release(t *Ticket) { r.end(t, -1, true) }
 
 // Finish is Feedback(t, cachedTokens) and then Release(t), under one lock
 // acquisition: the stream end of a request, with the engine's cached-token
 // count, or a negative one when none was reported.
-func (r *Router) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, true) }
+func (r *Dispatcher) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, true) }
 
 // end is Feedback, Release and Finish in one function: the filter ends each
 // routed response with Finish, and each function entered costs a response
@@ -834,7 +836,7 @@ func (r *Router) Finish(t *Ticket, cachedTokens int) { r.end(t, cachedTokens, tr
 // lock acquisition rather than two of each. The unlock is deferred: the
 // index's release can panic (shared data is a host call), and a lock left held
 // would deadlock the next Decide.
-func (r *Router) end(t *Ticket, cachedTokens int, release bool) {
+func (r *Dispatcher) end(t *Ticket, cachedTokens int, release bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if cachedTokens >= 0 {
@@ -888,7 +890,7 @@ const maxCalibratedModels = 256
 // previous one named.
 //
 //go:noinline
-func (r *Router) loadCal(model string) {
+func (r *Dispatcher) loadCal(model string) {
 	if r.calDirty {
 		r.cal[r.calModel] = r.calCPT // the current model's learning, kept in fields meanwhile
 		r.calDirty = false
@@ -906,7 +908,7 @@ func (r *Router) loadCal(model string) {
 // (noinline): only responses that carry usage enter it.
 //
 //go:noinline
-func (r *Router) calibrate(t *Ticket) {
+func (r *Dispatcher) calibrate(t *Ticket) {
 	ratio := float64(t.promptChars) / float64(t.EnginePromptTokens)
 	if ratio < 1 {
 		ratio = 1
@@ -928,7 +930,7 @@ func (r *Router) calibrate(t *Ticket) {
 // first sample. Out of line: rare.
 //
 //go:noinline
-func (r *Router) learnCal(model string, ratio float64) {
+func (r *Dispatcher) learnCal(model string, ratio float64) {
 	c, ok := r.cal[model]
 	if !ok && len(r.cal) >= maxCalibratedModels {
 		return
@@ -949,7 +951,7 @@ func (r *Router) learnCal(model string, ratio float64) {
 
 // CharsPerToken returns the characters per token learned for model, or the
 // index's fixed estimate when none was.
-func (r *Router) CharsPerToken(model string) float64 {
+func (r *Dispatcher) CharsPerToken(model string) float64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if model == r.calModel && r.calCPT > 0 {
@@ -966,7 +968,7 @@ func (r *Router) CharsPerToken(model string) float64 {
 // (noinline): most responses confirm their prediction.
 //
 //go:noinline
-func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
+func (r *Dispatcher) correctIndex(t *Ticket, cachedTokens int) {
 	// One correction per host per stamp: a correction evicts what the
 	// host last used before its stamp, so a later over-prediction whose
 	// prediction is no newer (a hot prompt, refreshed at most once per
@@ -995,9 +997,9 @@ func (r *Router) correctIndex(t *Ticket, cachedTokens int) {
 
 // AppendExplain appends the one-line explanation of the last decision's
 // result (res, as Decide returned it) to dst, with the request state the
-// router assembled for it: matched blocks, uncached tokens, per-scorer
+// dispatcher assembled for it: matched blocks, uncached tokens, per-scorer
 // scores. Call it before the next Decide. It never contains prompt text.
-func (r *Router) AppendExplain(dst []byte, res *scorer.Result, hosts []scorer.Host) []byte {
+func (r *Dispatcher) AppendExplain(dst []byte, res *scorer.Result, hosts []scorer.Host) []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	dst = scorer.AppendExplain(dst, &r.req, hosts, &res.Decode)

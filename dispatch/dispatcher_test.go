@@ -19,7 +19,7 @@ func newIndex(t testing.TB) *index.Index {
 }
 
 // registered returns n hosts registered with r.
-func registered(t testing.TB, r *Router, n int) []scorer.Host {
+func registered(t testing.TB, r *Dispatcher, n int) []scorer.Host {
 	hs := make([]scorer.Host, n)
 	for i := range hs {
 		if err := r.Register(fmt.Sprintf("10.0.0.%d:8000", i+1), &hs[i]); err != nil {
@@ -91,7 +91,7 @@ func TestDecideRecordsAndFollowsPrefix(t *testing.T) {
 
 // Over many requests with random first-token and release orders (and
 // releases without first token, as on a client reset), every counter
-// returns to zero, in the index's shared counters and in the router's own.
+// returns to zero, in the index's shared counters and in the dispatcher's own.
 func TestLoadCountersReturnToZero(t *testing.T) {
 	for _, withIndex := range []bool{true, false} {
 		t.Run(fmt.Sprintf("index=%v", withIndex), func(t *testing.T) {
@@ -136,7 +136,7 @@ func TestLoadCountersReturnToZero(t *testing.T) {
 
 // sumLoad refreshes the hosts' load fields (through a decision with no
 // chain, whose own load it then releases) and sums them.
-func sumLoad(r *Router, hs []scorer.Host) scorer.Host {
+func sumLoad(r *Dispatcher, hs []scorer.Host) scorer.Host {
 	tk, _ := r.Decide(&Input{}, hs)
 	var s scorer.Host
 	for _, h := range hs {
@@ -226,7 +226,7 @@ func TestRegisterIsIdempotent(t *testing.T) {
 
 // Without sessions and with the index forgetting everything (no index at
 // all here), kv_cache_aware still sends a prefix group back to the host
-// that served it: the router's prefix memory.
+// that served it: the dispatcher's prefix memory.
 func TestPrefixMemory(t *testing.T) {
 	r := New(Config{Handler: mustHandler(t, "kv_cache_aware"), Seed: 9})
 	hs := registered(t, r, 8)
@@ -363,13 +363,13 @@ func TestDecideRebuildsRequest(t *testing.T) {
 }
 
 // Finish(t, cached) is Feedback(t, cached) then Release(t), and a negative
-// count is no feedback: two routers fed the same requests, one ending them
+// count is no feedback: two dispatchers fed the same requests, one ending them
 // with Finish and one with Feedback and Release, keep the same decisions,
 // stats and load (trust feedback on, so feedback steers later decisions).
 func TestFinishIsFeedbackThenRelease(t *testing.T) {
 	h := buildHandler(t, `{"strategy": "p", "profiles": {"p": {"trustFeedback": true,
 		"scorers": [{"plugin": "prefix_cache", "weight": 1}, {"plugin": "least_request", "weight": 0.1}]}}}`)
-	var rs [2]*Router
+	var rs [2]*Dispatcher
 	var hss [2][]scorer.Host
 	for k := range rs {
 		rs[k] = New(Config{Handler: h, Index: newIndex(t), Seed: 7})
@@ -396,7 +396,7 @@ func TestFinishIsFeedbackThenRelease(t *testing.T) {
 	}
 	for k := range rs {
 		if l := sumLoad(rs[k], hss[k]); !idle(l) {
-			t.Fatalf("router %d: load left after every request ended: %+v", k, l)
+			t.Fatalf("dispatcher %d: load left after every request ended: %+v", k, l)
 		}
 	}
 }
@@ -472,7 +472,7 @@ func TestFeedbackCorrectsTheIndex(t *testing.T) {
 
 // TestCalibratesCharsPerTokenPerModel: an engine whose tokenizer makes 6.2
 // characters of a token (the index assumes 4) reports prompt_tokens; the
-// router learns it for that model, and its predictions and prompt counts
+// dispatcher learns it for that model, and its predictions and prompt counts
 // for that model shrink to the engine's tokens, while another model's do
 // not.
 func TestCalibratesCharsPerTokenPerModel(t *testing.T) {
