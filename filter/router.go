@@ -158,7 +158,7 @@ func rejectedCounter(reason string) metricCounter {
 	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
 
-func newRouter(cfg *config.Config) (*routerPlugin, error) {
+func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string) (*routerPlugin, error) {
 	now := clock
 	if now == nil {
 		now = time.Now
@@ -228,11 +228,11 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	p.ix = ix
 	// Session pins and prefix memory in shared data too: every worker of
 	// the gateway routes a conversation's next turn alike (docs/topology.md).
-	p.disp = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
+	p.disp = dispatch.New(dispatch.Config{Handler: handler, Index: ix, Shared: store})
 	p.parser = openai.NewParser(cfg, index.NewHasher(ix.Config().Hash))
 	p.breakers = newBreakers(cfg.CircuitBreaker)
-	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
-	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
+	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || handler.ReadsLatency()
+	_, p.timeFirstToken = handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
 	static := make([]candidate, 0, len(cfg.Endpoints))
 	for _, e := range cfg.Endpoints {
@@ -258,7 +258,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	if cfg.State.Report.Cluster != "" {
 		p.startReports()
 	}
-	for _, w := range cfg.Warnings {
+	for _, w := range warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
 	if routerStarted != nil {
