@@ -19,6 +19,23 @@ type candidate struct {
 	blockCapacity        int
 	capacityTokens       int   // KV capacity in tokens (0: unknown)
 	clearedAtMs          int64 // when the engine last dropped its cache
+	// precise: the metrics service bridges the engine's KV events into
+	// removals the index can trust instead of its capacity model
+	// (snapshot.Host.PreciseCacheState).
+	precise bool
+}
+
+// indexCapacity is the KV capacity the index ages the host's blocks by:
+// none (0, unbounded) under precise cache state, whose removals do it;
+// else the engine's, -1 when unknown (leave the index's as it is).
+func (c *candidate) indexCapacity() int {
+	switch {
+	case c.precise:
+		return 0
+	case c.capacityTokens > 0:
+		return c.capacityTokens
+	}
+	return -1
 }
 
 // slotGraceMs is how long a host that left the pushed candidate set keeps
@@ -44,6 +61,7 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 	hosts := make([]scorer.Host, 0, len(cs))
 	pos := make(map[string]int, len(cs))
 	changed := len(cs) != len(p.hosts) || pushed != p.pushed
+	anyPrecise := false
 	p.syncHosts = p.syncHosts[:0]
 	for _, c := range cs {
 		h := scorer.Host{Address: c.address, Slot: -1}
@@ -63,9 +81,14 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
 		sh := index.SyncHost{Addr: c.address, CapacityTokens: -1}
-		if c.capacityTokens > 0 && p.capacity[c.address] != c.capacityTokens {
-			sh.CapacityTokens = c.capacityTokens
-			changed = true
+		if want := c.indexCapacity(); want >= 0 {
+			if applied, ok := p.capacity[c.address]; !ok || applied != want {
+				sh.CapacityTokens = want
+				changed = true
+			}
+		}
+		if c.precise {
+			anyPrecise = true
 		}
 		if c.clearedAtMs > p.clearedAt[c.address] {
 			sh.Clear = true
@@ -84,12 +107,16 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 		}
 	}
 	p.hosts, p.pos, p.pushed = hosts, pos, pushed
+	p.precise = nil
+	if anyPrecise {
+		p.precise = cs
+	}
 	p.lastModel = ""
 	if changed || p.syncDue || p.ix.SlotSeq() != p.slotSeq {
 		if p.syncSlots() {
 			for i, c := range cs {
 				if p.syncHosts[i].CapacityTokens >= 0 {
-					p.capacity[c.address] = c.capacityTokens
+					p.capacity[c.address] = p.syncHosts[i].CapacityTokens
 				}
 				if p.syncHosts[i].Clear {
 					p.clearedAt[c.address] = c.clearedAtMs
@@ -236,13 +263,13 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 		cs[i] = candidate{address: addr, role: h.Role, model: h.Model, adapters: h.Adapters,
 			maxAdapters: h.MaxAdapters, adapterSlotsUsed: h.AdapterSlotsUsed, healthy: h.Healthy,
 			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
-			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
+			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs, precise: h.PreciseCacheState}
 	}
 	// Engine facts the index keeps for every worker, KV capacity (drives
 	// eviction of the index's beliefs) and cache clears (AllBlocksCleared,
 	// restarts), ride the same Sync; each worker applies a change once.
 	p.setHosts(cs, true)
-	p.stateGen, p.stateTs = gen, st.TimestampMs
+	p.stateGen, p.stateTs, p.stateCursor = gen, st.TimestampMs, st.Cursor
 	if len(st.Gateways) > 0 {
 		p.remoteLoads(st.Gateways) // gateways that do not report still count the others'
 	}
@@ -256,6 +283,9 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	if stale {
 		p.stats.staleState.Increment(1)
 		p.dropRemote()
+		if p.precise != nil {
+			p.dropPrecise()
+		}
 	}
 	if p.breakers.anyOpen() {
 		p.markOpenBreakers(stale, nowMs)
@@ -266,6 +296,38 @@ func (p *routerPlugin) prepare(nowMs int64) {
 		h := &p.hosts[i]
 		h.Stale, h.BreakerOpen = stale, false
 	}
+}
+
+// dropPrecise puts the capacity model back for the hosts whose pushed
+// state said precise cache state, once that state is stale: without fresh
+// pushes their removals no longer come, and only the capacity model ages
+// out what the engines evict. The next fresh push that says precise turns
+// it off again. Out of prepare's line (noinline): rare.
+//
+//go:noinline
+func (p *routerPlugin) dropPrecise() {
+	cs := p.precise
+	if len(cs) != len(p.syncHosts) {
+		p.precise = nil
+		return
+	}
+	for i := range cs {
+		sh := &p.syncHosts[i]
+		sh.CapacityTokens, sh.Clear = -1, false
+		if cs[i].precise && cs[i].capacityTokens > 0 {
+			sh.CapacityTokens = cs[i].capacityTokens
+		}
+	}
+	if !p.syncSlots() {
+		return // the next stale decision tries again
+	}
+	for i := range cs {
+		if cs[i].precise && cs[i].capacityTokens > 0 {
+			p.capacity[cs[i].address] = cs[i].capacityTokens
+		}
+	}
+	p.precise = nil
+	p.stats.preciseDropped.Increment(1)
 }
 
 // markOpenBreakers is prepare's per-host breaker lookup while some breaker is

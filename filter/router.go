@@ -35,10 +35,17 @@ type routerPlugin struct {
 	pos      map[string]int
 	stateGen uint64 // generation of the pushed state in hosts (0: static endpoints)
 	stateTs  int64  // its timestampMs
-	breakers *breakers
+	// stateCursor is the pulled state's cursor in the service's log of
+	// routes and removals (filter/pull.go); "" when pushed.
+	stateCursor string
+	breakers    *breakers
 	// Per address, what this VM last applied to the index from pushed state.
 	capacity  map[string]int
 	clearedAt map[string]int64
+	// precise is the pushed candidates (cs of setHosts) while some host's
+	// capacity model is off for precise cache state, nil otherwise: the
+	// capacities dropPrecise puts back when the pushed state goes stale.
+	precise []candidate
 	// The slot table as this VM last applied its candidates to it
 	// (setHosts, syncSlots): pushed says they came from pushed state;
 	// syncHosts and refs are Sync's input and output, in hosts' order;
@@ -133,6 +140,7 @@ type routerStats struct {
 	unavailable, modelUnavailable                 metricCounter
 	clientRankRemoved                             metricCounter
 	reportsSent, reportsFailed, removalsApplied   metricCounter
+	preciseDropped                                metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
@@ -197,6 +205,7 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string) (
 		reportsSent:          counterMetric("reports.sent"),
 		reportsFailed:        counterMetric("reports.failed"),
 		removalsApplied:      counterMetric("state.removals_applied"),
+		preciseDropped:       counterMetric("state.precise_dropped"),
 		slotsFreed:           counterMetric("host_slots.freed"),
 		slotsUnassigned:      counterMetric("host_slots.unassigned"),
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
