@@ -69,12 +69,11 @@ func (s *routerStream) decide(in *dispatch.Input) {
 	nowMs := p.wallMs()
 	t0 := p.mono()
 	// One clock read for the whole decision: the index takes it too
-	// instead of reading the clock three or four times (each a host call
-	// in Wasm, two through time.Now).
-	p.ix.PinClock(nowMs)
+	// (Input.NowMs) instead of reading the clock three or four times
+	// (each a host call in Wasm, two through time.Now).
+	in.NowMs = nowMs
 	p.prepare(nowMs)
 	t, res := p.disp.Decide(in, p.hosts)
-	p.ix.UnpinClock()
 	if p.reporter != nil && t.Host >= 0 {
 		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens)
 	}
