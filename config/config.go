@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvroute/kvroute/admission"
 	"github.com/kvroute/kvroute/scorer"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Defaults. They are also what docs/configuration.md lists.
@@ -51,13 +52,6 @@ var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions", 
 // Presets are the strategy names of the bench contract (docs/simulator.md). A
 // configuration may also name a profile it defines under "profiles".
 var Presets = scorer.PresetNames()
-
-// Roles an endpoint may serve.
-const (
-	RoleBoth    = "both"
-	RolePrefill = "prefill"
-	RoleDecode  = "decode"
-)
 
 // Config is a validated plugin configuration with every default applied.
 type Config struct {
@@ -136,7 +130,7 @@ type Config struct {
 // Endpoint is one static upstream.
 type Endpoint struct {
 	Address string // host:port as Envoy's cluster knows it
-	Role    string // RoleBoth, RolePrefill or RoleDecode
+	Role    string // snapshot.RoleBoth, RolePrefill or RoleDecode
 	Model   string // served model; empty matches any request
 	// DataParallelSize is how many data-parallel ranks the endpoint serves,
 	// each with its own KV cache (vLLM --data-parallel-size, SGLang
@@ -498,7 +492,7 @@ func (p *parser) endpoints(v gjson.Result, path string) []Endpoint {
 			p.fail(ep, "must be an object like {\"address\": \"10.0.0.7:8000\"}, got %s", kind(e))
 			continue
 		}
-		end := Endpoint{Role: RoleBoth}
+		end := Endpoint{Role: snapshot.RoleBoth}
 		p.object(e, ep, map[string]func(gjson.Result, string){
 			"address": func(v gjson.Result, fp string) { end.Address = p.address(v, fp) },
 			"role":    func(v gjson.Result, fp string) { end.Role = p.role(v, fp) },
@@ -591,16 +585,13 @@ func splitHostPort(s string) (host, port, problem string) {
 func (p *parser) role(v gjson.Result, path string) string {
 	s, ok := p.str(v, path)
 	if !ok {
-		return RoleBoth
+		return snapshot.RoleBoth
 	}
-	switch s {
-	case RoleBoth, RolePrefill, RoleDecode:
-		return s
-	case "":
-		return RoleBoth
+	role, err := snapshot.CheckRole(s)
+	if err != nil {
+		p.fail(path, "%v", err)
 	}
-	p.fail(path, "%q is not a role: use \"prefill\", \"decode\" or \"both\"", s)
-	return RoleBoth
+	return role
 }
 
 // When a streamed response carries usage (Config.StreamUsage).

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 func TestParseDefaults(t *testing.T) {
@@ -49,7 +51,7 @@ func TestParseFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Endpoint{{"10.0.0.7:8000", RolePrefill, "llama-3-8b", 0}, {"[fd00::1]:8000", RoleBoth, "", 4}, {"vllm-1.ns.svc:8001", RoleDecode, "", 0}}
+	want := []Endpoint{{"10.0.0.7:8000", snapshot.RolePrefill, "llama-3-8b", 0}, {"[fd00::1]:8000", snapshot.RoleBoth, "", 4}, {"vllm-1.ns.svc:8001", snapshot.RoleDecode, "", 0}}
 	if len(c.Endpoints) != len(want) {
 		t.Fatalf("endpoints = %+v", c.Endpoints)
 	}

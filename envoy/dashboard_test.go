@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
 	"github.com/kvroute/kvroute/internal/metricsvc"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 	sigsyaml "sigs.k8s.io/yaml"
 )
@@ -31,7 +32,7 @@ const dashboardFile = "../deploy/grafana/kvroute.json"
 // anywhere in the filters is seen.
 func emittedStats(t *testing.T) (names map[string]bool, tags map[string]bool, raw []string) {
 	t.Helper()
-	module := kvrouteWasm(t)
+	module := testenv.Module(t)
 	const file = "standalone/envoy.yaml"
 	b := &bootstrapv3.Bootstrap{}
 	if err := manifests.DecodeEnvoyYAML(file, read(t, file), b); err != nil {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // TestEnvoyValidateMode asks a real Envoy to load each standalone bootstrap in
@@ -17,13 +19,7 @@ func TestEnvoyValidateMode(t *testing.T) {
 	if bin == "" {
 		t.Skip("SKIPPED: ENVOY_BIN is not set, so no real Envoy validated the bootstraps (set ENVOY_BIN=/path/to/envoy, >= 1.35)")
 	}
-	wasm, err := filepath.Abs("../dist/kvroute.wasm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(wasm); err != nil {
-		t.Fatalf("%s: run `make wasm` first: %v", wasm, err)
-	}
+	wasm := testenv.ModulePath(t)
 	for _, name := range []string{"standalone/envoy.yaml", "standalone/envoy-original-dst.yaml"} {
 		t.Run(name, func(t *testing.T) {
 			cfg := strings.ReplaceAll(string(read(t, name)), "/etc/envoy/kvroute.wasm", wasm)

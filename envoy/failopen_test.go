@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -44,7 +45,7 @@ func TestShippedFailOpenAfterATrapStillStripsTheDestinationHeader(t *testing.T) 
 			if !cfg.FailOpen {
 				want = 503
 			}
-			cfg.Module, cfg.Workers = kvrouteWasm(t), 1
+			cfg.Module, cfg.Workers = testenv.Module(t), 1
 			h, url := wasmhosttest.Start(t, cfg)
 
 			body := `{"model":"llama-3-8b","prompt":"hi"}`

@@ -1,12 +1,10 @@
 package envoy_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +14,8 @@ import (
 
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // These tests run the shipped standalone bootstraps, unedited, with the real
@@ -63,18 +63,8 @@ func newEngine(t *testing.T) *engine {
 
 func (e *engine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
 
-func kvrouteWasm(t *testing.T) []byte {
-	t.Helper()
-	data, err := os.ReadFile("../dist/kvroute.wasm")
-	if err != nil {
-		t.Skipf("SKIPPED: ../dist/kvroute.wasm not built (`make test` builds it first): %v", err)
-	}
-	return data
-}
-
 func startManifest(t *testing.T, file, listener string, remap map[string]string) (*wasmhost.Host, string) {
 	t.Helper()
-	module := kvrouteWasm(t)
 	b := &bootstrapv3.Bootstrap{}
 	if err := manifests.DecodeEnvoyYAML(file, read(t, file), b); err != nil {
 		t.Fatal(err)
@@ -83,14 +73,8 @@ func startManifest(t *testing.T, file, listener string, remap map[string]string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Module = module
-	h, err := wasmhost.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("%s: the module refused the shipped configuration: %v", file, err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() { front.Close(); h.Close() })
-	return h, front.URL
+	cfg.Module = testenv.Module(t)
+	return wasmhosttest.Start(t, cfg) // fails with the module's log when it refuses the shipped configuration
 }
 
 func post(t *testing.T, url, body string, hdr map[string]string) (int, string) {

@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -34,7 +35,7 @@ func admissionModule(t testing.TB) []byte {
 		}
 		return b
 	}
-	return wasmModule(t)
+	return testenv.Module(t)
 }
 
 // operatorHeaders names the priority and deadline headers in the admission
@@ -56,16 +57,6 @@ func startAdmission(t *testing.T, workers int, admission string) (*wasmhost.Host
 
 func admCompletion(i, maxTokens int) string {
 	return fmt.Sprintf(`{"model":"llama-3-8b","prompt":%q,"max_tokens":%d}`, systemPrompt(i)+"question", maxTokens)
-}
-
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 func noLeakedLoad(t *testing.T, h *wasmhost.Host) {
@@ -106,7 +97,7 @@ func heldRequestsResume(t *testing.T, workers int) {
 				prio = "interactive"
 			}
 			if i > 0 { // the first one goes straight through and holds the engine
-				waitFor(t, "the first request in flight", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
+				testenv.WaitFor(t, "the first request in flight", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
 			}
 			maxTokens := 8
 			if i == 0 {
@@ -146,7 +137,7 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 		code, _, _ := call(t, "POST", url+"/v1/completions", admCompletion(0, 60), nil)
 		busy <- code
 	}()
-	waitFor(t, "the engine busy", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
+	testenv.WaitFor(t, "the engine busy", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
 
 	// Deadline expiry: 429, Retry-After, an OpenAI error body.
 	start := time.Now()
@@ -172,14 +163,14 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 		}
 		gone <- err
 	}()
-	waitFor(t, "the request held", func() bool {
+	testenv.WaitFor(t, "the request held", func() bool {
 		return h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "standard", "held")) == 1
 	})
 	cancel()
 	<-gone
 	// The counter and the gauge move in two host calls of one callback:
 	// wait for both rather than read the gauge between them.
-	waitFor(t, "the held request cancelled and its place freed", func() bool {
+	testenv.WaitFor(t, "the held request cancelled and its place freed", func() bool {
 		return h.CounterValue(statnames.Admission+"cancelled") == 1 && h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "standard", "held")) == 0
 	})
 
@@ -193,7 +184,7 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 		}
 		shed <- code
 	}()
-	waitFor(t, "the batch request held", func() bool {
+	testenv.WaitFor(t, "the batch request held", func() bool {
 		return h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "batch", "held")) == 1
 	})
 	inter := make(chan int, 1)

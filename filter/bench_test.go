@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -47,7 +48,7 @@ import (
 // overhead has beyond it is the host's own work for the filter, and what
 // the VM's code and data evicting the host's from the caches costs it.
 func BenchmarkRouterInWasm(b *testing.B) {
-	module := wasmModule(b)
+	module := testenv.Module(b)
 	floor := floorModule(b)
 	addrs := benchUpstreams(b, 16)
 	clusters := map[string][]string{"engines": addrs}

@@ -26,6 +26,10 @@ import (
 func (s *routerStream) noCandidate(model, adapter string) {
 	p := s.plugin
 	if p.servesModel(model) {
+		if model != "" && !p.modelUsable(model) {
+			s.modelUnavailable(model, adapter)
+			return
+		}
 		p.stats.noCandidate.Increment(1)
 		return
 	}
@@ -34,8 +38,36 @@ func (s *routerStream) noCandidate(model, adapter string) {
 	}
 	p.stats.notFound.Increment(1)
 	p.stats.modelNotFound.Increment(1)
-	s.reject(&openai.Error{Status: 404, Param: "model", Code: "model_not_found",
-		Message: "The model '" + model + "' does not exist."})
+	s.reject(modelNotFound(model))
+}
+
+// modelUsable reports whether some candidate serving model (naming it, or
+// naming no model) is healthy and has its circuit breaker closed.
+func (p *routerPlugin) modelUsable(model string) bool {
+	for i := range p.hosts {
+		h := &p.hosts[i]
+		if (h.Model == "" || h.Model == model) && !h.Unhealthy && !h.BreakerOpen {
+			return true
+		}
+	}
+	return false
+}
+
+// modelUnavailable answers a request for a model whose every host is
+// unhealthy or has its circuit breaker open: 503, OpenAI-style, rather
+// than let Envoy's fallback policy send it to an engine of another model
+// (the healthy filter keeps unhealthy hosts only when no other candidate
+// remains, and other models' hosts remain). Counted in
+// requests.model_unavailable and requests.rejected (unavailable).
+func (s *routerStream) modelUnavailable(model, adapter string) {
+	p := s.plugin
+	if adapter != "" {
+		model = adapter
+	}
+	p.stats.unavailable.Increment(1)
+	p.stats.modelUnavailable.Increment(1)
+	s.reject(&openai.Error{Status: 503, Param: "model", Code: "model_unavailable", Type: "service_unavailable_error",
+		Message: "The model '" + model + "' has no healthy replica right now (every engine serving it failed its health checks or has its circuit breaker open); retry later."})
 }
 
 // decideFromHeaders is the header-only mode (bodyRouting: false): no
@@ -145,7 +177,7 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *dispatch.Input
 func (s *routerStream) optionalHeaders(disaggregated bool) {
 	if addr := s.ticket.PrefillAddress; disaggregated && addr != "" {
 		// kvroute.pd (after the router in the chain) prefills there.
-		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, addr)
+		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, s.plugin.prefillLocation(addr))
 	}
 	if s.plugin.cfg.ORCA {
 		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/deploy/manifests"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -87,7 +88,7 @@ func startMode(t testing.TB, addrs []string, body bool, cfg string) (*wasmhost.H
 func startConfig(t testing.TB, addrs []string, allow bool, conf string) (*wasmhost.Host, string) {
 	t.Helper()
 	return wasmhosttest.Start(t, wasmhost.Config{
-		Module: wasmModule(t), VMID: "kvroute",
+		Module: testenv.Module(t), VMID: "kvroute",
 		Filters:  []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: allow, Configuration: conf}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 	})
@@ -401,14 +402,14 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 	}))
 	t.Cleanup(metrics.Close) // after the host's, which Start registers next
 	h, url := wasmhosttest.Start(t, wasmhost.Config{
-		Module: wasmModule(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
+		Module: testenv.Module(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, Configuration: `{` + endpointsJSON(eng.addrs[:1]) +
 			`,"bodyRouting":false,"strategy":"round_robin","fallbacks":0,"state":{"token":"` + stateToken + `","pull":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
 		Clusters:     map[string][]string{"engines": eng.addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
 		RouteCluster: "engines",
 	})
 	h.FireTicks()
-	waitFor(t, "both workers' pulls answered", func() bool {
+	testenv.WaitFor(t, "both workers' pulls answered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(auths) >= 2 && h.CounterValue("kvroute.router.state.pulls") >= 1
@@ -416,7 +417,7 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	stored := h.CounterValue("kvroute.router.state.pulls") // 1, or 2 when both workers' answers raced
 	h.FireTicks()                                          // the same snapshot again: nothing newer to store
-	waitFor(t, "the second round of pulls", func() bool {
+	testenv.WaitFor(t, "the second round of pulls", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(auths) >= 4

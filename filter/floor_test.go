@@ -118,17 +118,12 @@ func TestColdFloorRunsItsCode(t *testing.T) {
 	addrs := jsonUpstreams(t, 2, `{"ok":true}`)
 	counter := &codeCounter{entered: map[uint32]bool{}, byTop: map[string]map[uint32]bool{}, names: map[uint32]string{}}
 	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
-	h, err := wasmhost.New(ctx, wasmhost.Config{Module: module, VMID: "cold", Workers: 1, CompilationCacheDir: "-",
+	_, url := wasmhosttest.StartContext(t, ctx, wasmhost.Config{Module: module, VMID: "cold", Workers: 1, CompilationCacheDir: "-",
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: "floor", AllowOnHeadersStopIteration: true, Configuration: strings.Join(addrs, ",")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() { front.Close(); h.Close() })
 	body := chatBody(strings.Repeat("cold code ", 100), "q")
 	counter.take()
-	if code, msg, _ := call(t, "POST", front.URL+"/v1/chat/completions", body, nil); code != 200 {
+	if code, msg, _ := call(t, "POST", url+"/v1/chat/completions", body, nil); code != 200 {
 		t.Fatalf("status %d: %s", code, msg)
 	}
 	_, _, byTop := counter.take()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -16,6 +15,8 @@ import (
 	"github.com/tetratelabs/wazero/experimental"
 
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // codeCounter counts, through wazero's function listeners, which of the
@@ -163,7 +164,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 		t.Skip("compiles the module with function listeners")
 	}
 	addrs := jsonUpstreams(t, 16, benchCompletion)
-	module := wasmModule(t)
+	module := testenv.Module(t)
 	imports, sizes := wasmCodeSizes(t, module)
 	bytesOf := func(fns map[uint32]bool) (n int) {
 		for f := range fns {
@@ -178,7 +179,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 
 	system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", (32<<10)/55)
 	send := func(i int) {
-		if code, body, _ := call(t, "POST", front.URL+"/v1/chat/completions", chatBody(system, fmt.Sprintf("question number %d", i)), nil); code != 200 {
+		if code, body, _ := call(t, "POST", front+"/v1/chat/completions", chatBody(system, fmt.Sprintf("question number %d", i)), nil); code != 200 {
 			t.Fatalf("status %d: %s", code, body)
 		}
 	}
@@ -192,12 +193,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 		return 0
 	}
 	settle := func(want int64) {
-		for deadline := time.Now().Add(5 * time.Second); deletes() < want; {
-			if time.Now().After(deadline) {
-				t.Fatalf("stream %d did not end", want)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+		testenv.WaitFor(t, fmt.Sprintf("stream %d to end", want), func() bool { return deletes() >= want })
 	}
 	const warm, n = 10, 20
 	for i := 0; i < warm; i++ {
@@ -297,7 +293,7 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 	}
 	addrs := benchUpstreams(t, 2)
 	counter := &codeCounter{entered: map[uint32]bool{}, byTop: map[string]map[uint32]bool{}, names: map[uint32]string{}, callsByTop: map[string]int{}}
-	h, front := listenedRouter(t, wasmModule(t), addrs, counter)
+	h, front := listenedRouter(t, testenv.Module(t), addrs, counter)
 	callbacks := func() (n int64) {
 		for _, c := range h.CallStats() {
 			if c.Name == "proxy_on_response_body" {
@@ -313,16 +309,12 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 		counter.mu.Lock()
 		counter.callsByTop = map[string]int{}
 		counter.mu.Unlock()
-		code, resp, _ := call(t, "POST", front.URL+"/v1/chat/completions", body, nil)
+		code, resp, _ := call(t, "POST", front+"/v1/chat/completions", body, nil)
 		if code != 200 || strings.Count(resp, "data: ") < streamedTokens {
 			t.Fatalf("status %d, %d events", code, strings.Count(resp, "data: "))
 		}
 		var n int64
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-			if n = callbacks() - n0; n >= streamedTokens || time.Now().After(deadline) {
-				break
-			}
-		}
+		testenv.Poll(5*time.Second, func() bool { n = callbacks() - n0; return n >= streamedTokens })
 		time.Sleep(20 * time.Millisecond) // the last chunk and the stream's end
 		n = callbacks() - n0
 		counter.mu.Lock()
@@ -349,16 +341,10 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 // listenedRouter runs module's router in a one-worker host whose VM
 // reports every function call to counter, in front of addrs, closed with
 // the test.
-func listenedRouter(t *testing.T, module []byte, addrs []string, counter *codeCounter) (*wasmhost.Host, *httptest.Server) {
+func listenedRouter(t *testing.T, module []byte, addrs []string, counter *codeCounter) (*wasmhost.Host, string) {
 	t.Helper()
 	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
-	h, err := wasmhost.New(ctx, wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
+	return wasmhosttest.StartContext(t, ctx, wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: "-",
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() { front.Close(); h.Close() })
-	return h, front
 }

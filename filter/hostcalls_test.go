@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // TestWasmHostCallBudget pins what one routed request asks of the host, so
@@ -25,17 +27,15 @@ func TestWasmHostCallBudget(t *testing.T) {
 	}
 	// The stream's last callbacks may run after the client has the response.
 	settle := func(want int64) map[string]int64 {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			calls := map[string]int64{}
+		var calls map[string]int64
+		testenv.Poll(5*time.Second, func() bool {
+			calls = map[string]int64{}
 			for _, c := range h.CallStats() {
 				calls[c.Name] = c.Count
 			}
-			if calls["proxy_on_delete"] >= want || time.Now().After(deadline) {
-				return calls
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return calls["proxy_on_delete"] >= want
+		})
+		return calls
 	}
 	const warm, n = 5, 20
 	for i := 0; i < warm; i++ {

@@ -201,6 +201,11 @@ type pdStream struct {
 	done    bool   // stream over: late callbacks do nothing
 	prefill string // the router's prefill address list
 	decode  string // the destination header (decode hosts)
+	// The prefill host's data-parallel rank and its endpoint's rank count
+	// ("" and 0 without ranks), and the decode's rank, the router's
+	// x-data-parallel-rank: each hop names its own rank.
+	prefillRank, decodeRank string
+	prefillRanks            int
 	hasCL   bool   // the request carries content-length (kept exact)
 	headers [][2]string
 	body    []byte          // the client's body, for the request and the fallbacks
@@ -249,6 +254,9 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 		case name == dest:
 			s.decode = h[1]
 			continue
+		case name == DataParallelRankHeader:
+			s.decodeRank = h[1] // the router's, for the decode host only
+			continue
 		case name == "content-length":
 			s.hasCL = true
 			continue
@@ -262,6 +270,7 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 		if err := proxywasm.RemoveHttpRequestHeader(PrefillHostHeader); err != nil {
 			proxywasm.LogWarnf("kvroute.pd: removing %s: %v", PrefillHostHeader, err)
 		}
+		s.prefill, s.prefillRank, s.prefillRanks = prefillTarget(s.prefill)
 	}
 	if s.prefill == "" || !generates(path) {
 		// Not split by the router, or nothing to decode (embeddings, ...).
@@ -318,9 +327,10 @@ func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action typ
 // callHeaders are the client's request headers for a callout to the host
 // list dest (content-length, accept-encoding and hop-by-hop headers dropped,
 // x-request-id and credentials kept), with the destination header naming
-// dest.
-func (s *pdStream) callHeaders(dest string, bodyLen int) [][2]string {
-	hs := make([][2]string, 0, len(s.headers)+2)
+// dest and x-data-parallel-rank naming rank, that host's data-parallel rank
+// (none when ""; never the other hop's).
+func (s *pdStream) callHeaders(dest, rank string, bodyLen int) [][2]string {
+	hs := make([][2]string, 0, len(s.headers)+3)
 	for _, h := range s.headers {
 		// kvroute.pd reads the answer: ask for it uncompressed.
 		if h[0] != "accept-encoding" {
@@ -328,6 +338,9 @@ func (s *pdStream) callHeaders(dest string, bodyLen int) [][2]string {
 		}
 	}
 	hs = append(hs, [2]string{s.plugin.cfg.DestinationHeader, dest}, [2]string{"content-length", strconv.Itoa(bodyLen)})
+	if rank != "" {
+		hs = append(hs, [2]string{DataParallelRankHeader, rank})
+	}
 	return hs
 }
 
@@ -335,7 +348,7 @@ func (s *pdStream) callHeaders(dest string, bodyLen int) [][2]string {
 func (s *pdStream) startVLLM() types.Action {
 	pb := openai.VLLMPrefillBody(s.members)
 	pd := &s.plugin.pd
-	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(s.prefill, len(pb)), pb, nil, uint32(pd.TimeoutMs), s.onVLLMPrefill)
+	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(s.prefill, s.prefillRank, len(pb)), pb, nil, uint32(pd.TimeoutMs), s.onVLLMPrefill)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.pd: dispatching the prefill to cluster %q: %v (check pd.prefillCluster)", pd.PrefillCluster, err)
 		s.fallback(reasonDispatch)
@@ -429,8 +442,17 @@ func (s *pdStream) startSGLang() types.Action {
 	if pd.BootstrapPort != 0 {
 		port = pd.BootstrapPort
 	}
-	body := openai.WithBootstrap(s.members, host, port, openai.BootstrapRoom())
-	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(first, len(body)), body, nil, uint32(pd.TimeoutMs), s.onSGLangPrefill)
+	room := openai.BootstrapRoom()
+	if s.prefillRanks > 1 {
+		// SGLang's prefill takes the request on rank room % size and its
+		// decode fetches the KV from that rank: a room that names the rank
+		// the router chose.
+		r, _ := strconv.Atoi(s.prefillRank)
+		room >>= 1 // 62 bits, so that adding the rank stays within 63
+		room = room - room%uint64(s.prefillRanks) + uint64(r)
+	}
+	body := openai.WithBootstrap(s.members, host, port, room)
+	_, err := proxywasm.DispatchHttpCall(pd.PrefillCluster, s.callHeaders(first, s.prefillRank, len(body)), body, nil, uint32(pd.TimeoutMs), s.onSGLangPrefill)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.pd: dispatching the prefill to cluster %q: %v (check pd.prefillCluster)", pd.PrefillCluster, err)
 		s.fallback(reasonDispatch)
@@ -490,7 +512,7 @@ func (s *pdStream) sendDecodeOnly() {
 	pd := &s.plugin.pd
 	dest := s.decode
 	s.fallbackSent = true
-	_, err := proxywasm.DispatchHttpCall(pd.DecodeCluster, s.callHeaders(dest, len(s.body)), s.body, nil, uint32(pd.FallbackTimeoutMs), s.onDecodeOnly)
+	_, err := proxywasm.DispatchHttpCall(pd.DecodeCluster, s.callHeaders(dest, s.decodeRank, len(s.body)), s.body, nil, uint32(pd.FallbackTimeoutMs), s.onDecodeOnly)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.pd: dispatching the decode-only fallback to cluster %q: %v (check pd.decodeCluster)", pd.DecodeCluster, err)
 		s.stats().fallbackFailed.Increment(1)

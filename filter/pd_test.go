@@ -16,7 +16,8 @@ import (
 )
 
 // Native tests of kvroute.pd through the SDK's proxytest emulator. The Wasm
-// tests with simulated engines are in internal/pdtest.
+// tests with simulated engines are in pdwasm_test.go and pdchain_test.go
+// (package filter_test).
 
 const (
 	pdDecode  = "10.0.0.11:8000"
@@ -563,5 +564,60 @@ func TestPDSplitsOnlyGeneratingPaths(t *testing.T) {
 		if _, ok := pdHeaderValue(host.GetCurrentRequestHeaders(id), PrefillHostHeader); ok {
 			t.Errorf("%s: %s left on the request", path, PrefillHostHeader)
 		}
+	}
+}
+
+// Data-parallel ranks on both hops: the router names the prefill rank in
+// PrefillHostHeader (host:port|rank/size) and the decode rank in
+// x-data-parallel-rank. The prefill callout goes to the endpoint alone with
+// the prefill's rank; the decode request keeps the decode's; a prefill host
+// without ranks gets no rank header (never the decode's). SGLang's room
+// names the prefill rank (room % size), as its prefill and decode both read
+// it.
+func TestPDRanksOnBothHops(t *testing.T) {
+	for _, proto := range []string{"vllm", "sglang"} {
+		t.Run(proto, func(t *testing.T) {
+			host := pdStart(t, `{"protocol":"`+proto+`"}`)
+			for _, c := range []struct {
+				prefill, wantRank string
+			}{
+				{pdPrefill + "|2/4,10.0.0.22:8000|0/2", "2"},
+				{pdPrefill, ""},
+			} {
+				id, _ := pdSend(t, host, c.prefill, pdClientBody, [2]string{DataParallelRankHeader, "1"})
+				calls := host.GetCalloutAttributesFromContext(id)
+				if len(calls) != 1 {
+					t.Fatalf("%s: %d callouts, want 1", c.prefill, len(calls))
+				}
+				dest, _ := pdHeaderValue(calls[0].Headers, "x-gateway-destination-endpoint")
+				if !strings.HasPrefix(dest, pdPrefill) || strings.Contains(dest, "|") {
+					t.Errorf("%s: prefill destination %q, want the endpoint(s) without ranks", c.prefill, dest)
+				}
+				rank, ok := pdHeaderValue(calls[0].Headers, DataParallelRankHeader)
+				if rank != c.wantRank || ok != (c.wantRank != "") {
+					t.Errorf("%s: prefill callout rank header %q (present %v), want %q", c.prefill, rank, ok, c.wantRank)
+				}
+				if got, _ := pdHeaderValue(host.GetCurrentRequestHeaders(id), DataParallelRankHeader); got != "1" {
+					t.Errorf("%s: decode request rank %q, want the router's 1", c.prefill, got)
+				}
+				if proto == "sglang" {
+					b := gjson.ParseBytes(calls[0].Body)
+					room := b.Get("bootstrap_room").Uint()
+					if c.wantRank != "" && room%4 != 2 {
+						t.Errorf("bootstrap_room %d %% 4 = %d, want the prefill rank 2", room, room%4)
+					}
+					if b.Get("bootstrap_host").String() != "10.0.0.21" || room >= 1<<63 {
+						t.Errorf("bootstrap host %s room %d", b.Get("bootstrap_host").Raw, room)
+					}
+					host.CallOnHttpCallResponse(calls[0].CalloutID, [][2]string{{":status", "200"}}, nil, []byte(`{"id":"x"}`))
+				} else {
+					kv := `{"do_remote_prefill":true,"remote_engine_id":"e-2"}`
+					host.CallOnHttpCallResponse(calls[0].CalloutID, [][2]string{{":status", "200"}}, nil, []byte(`{"kv_transfer_params":`+kv+`}`))
+					if m, _ := pdMarker(t, host, id, "200"); m != "prefill=remote" {
+						t.Errorf("%s: marker %q, want prefill=remote", c.prefill, m)
+					}
+				}
+			}
+		})
 	}
 }

@@ -15,32 +15,72 @@ import (
 )
 
 // Gateway reports (docs/topology.md). Every worker keeps the routes it
-// decided since its last report (scope: worker; they are in this VM only)
-// and POSTs them with the gateway's load counters to the metrics service
-// on its tick; the service pushes every gateway's reports to every
-// gateway, which marks the other gateways' routes in its index and prefix
-// memory and counts their load. Scope of the result: the fleet, through
-// the metrics service only. A gateway without the service keeps routing on
-// its own knowledge: the other gateways' load pictures age out with the
-// pushed state (stale state drops them).
+// decided since its last flush (scope: worker, in this VM only) and, on
+// its tick, appends them as one entry to the gateway's report ring in
+// shared data (scope: gateway). One worker at a time, the holder of the
+// report lease (shared data, scope: gateway), POSTs everything the ring
+// gathered since the previous report, with the gateway's load counters, to
+// the metrics service once per interval: one report per gateway per
+// interval whatever the worker count. The lease expires when its holder
+// stops renewing it (its VM is gone or stuck), and the next worker whose
+// tick finds it expired takes over. The service pushes every gateway's
+// reports to every gateway, which marks the other gateways' routes in its
+// index and prefix memory and counts their load. Scope of the result: the
+// fleet, through the metrics service only. A gateway without the service
+// keeps routing on its own knowledge: the other gateways' load pictures
+// age out with the pushed state (stale state drops them).
 
 // gatewayIDKey holds the gateway's id, made by the first worker that
 // starts: every worker of one Envoy reports the same id.
 const gatewayIDKey = "kvroute/gateway/id"
 
-// maxReportRoutes bounds the routes one worker keeps between reports;
-// past it routes are dropped (counted) until the next report.
+// The report ring and lease, in the gateway's shared data:
+//   - reportSeqKey: the next entry's sequence number (8 bytes, little
+//     endian); a worker claims one with a CAS increment;
+//   - reportRingKey + seq mod reportRingSlots: one worker's routes since its
+//     previous flush: 8 bytes of seq (which entry this is, so a reader tells
+//     a slot not yet written or already overwritten from the one it wants),
+//     then the routes' JSON objects, comma-separated;
+//   - reportLeaseKey: the holder's worker id, the lease's expiry, the last
+//     report's time and the ring position reported up to (4 x 8 bytes).
+const (
+	reportSeqKey    = "kvroute/report/seq"
+	reportLeaseKey  = "kvroute/report/lease"
+	reportRingKey   = "kvroute/report/ring/"
+	reportRingSlots = 512
+	// reportLeaseMs is how long a lease outlives its holder's last
+	// renewal beyond two intervals: the POST's timeout, so that a report
+	// slow to be answered keeps its lease.
+	reportLeaseMs = reportTimeoutMs
+	// reportTimeoutMs bounds one report's POST.
+	reportTimeoutMs = 2000
+	// reportLoadEveryMs is how often a gateway that routed nothing still
+	// reports its load picture.
+	reportLoadEveryMs = 1000
+)
+
+// maxReportRoutes bounds the routes one worker keeps between flushes;
+// past it routes are dropped (counted) until the next flush.
 const maxReportRoutes = 4096
 
-// reporter is one worker's report in the making.
+// reporter is one worker's part in its gateway's reports.
 type reporter struct {
-	gateway  string
-	routes   []byte // JSON route objects, comma-separated
-	n        int
-	dropped  uint64
-	lastMs   int64
-	inFlight bool // a report is on its way: the next waits for its answer
+	gateway string
+	worker  uint64 // this VM's id in the lease (random)
+	routes  []byte // JSON route objects since the last flush, comma-separated
+	n       int
+	dropped uint64
+	// inFlight: this worker's report is on its way; it keeps the lease
+	// until the answer.
+	inFlight bool
+	// stuck is a ring entry claimed but not yet written when this worker
+	// last reported (its writer between the claim and the write): the next
+	// report waits for it once, then skips it.
+	stuck    uint64
+	hasStuck bool
+	store    index.Store
 	chainBuf []byte
+	entry    []byte
 	body     []byte
 }
 
@@ -68,7 +108,8 @@ func gatewayID() (string, error) {
 }
 
 // startReports makes this worker a reporter: the gateway's id, and a tick
-// at least as fast as the report interval.
+// four times as fast as the report interval, so that a route waits at most
+// a quarter interval in the worker before the ring has it.
 func (p *routerPlugin) startReports() {
 	rc := p.cfg.State.Report
 	id, err := gatewayID()
@@ -79,8 +120,8 @@ func (p *routerPlugin) startReports() {
 	if p.token == "" {
 		proxywasm.LogWarnf("kvroute.router: state.report needs the state token (state.token or state.tokenEnv): the metrics service refuses reports without it")
 	}
-	p.reporter = &reporter{gateway: id}
-	tick := rc.IntervalMs
+	p.reporter = &reporter{gateway: id, worker: rand.Uint64() | 1, store: &sharedStore{emulated: emulatedHost}}
+	tick := max(rc.IntervalMs/4, 5)
 	if p.adm != nil && p.cfg.Admission.TickMs < tick {
 		tick = p.cfg.Admission.TickMs
 	}
@@ -89,7 +130,7 @@ func (p *routerPlugin) startReports() {
 	}
 }
 
-// addRoute keeps one decision for the next report: addr now holds chain.
+// addRoute keeps one decision for the next flush: addr now holds chain.
 // The whole chain goes (from 0), so that a receiving gateway can also
 // remember it in its prefix memory, whose keys are spread along the chain.
 //
@@ -122,24 +163,176 @@ func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int) {
 	r.n++
 }
 
-// report sends this worker's report when the interval has passed: its
-// routes and the gateway's load counters per host. Runs on the tick.
+// flush appends this worker's routes to the gateway's ring as one entry:
+// claim a sequence number (CAS increment), then write its slot. Under
+// contention the routes stay for the next tick.
+func (r *reporter) flush() {
+	if r.n == 0 {
+		return
+	}
+	for range maxCASAttempts {
+		v, cas, err := r.store.Get(reportSeqKey)
+		var seq uint64
+		switch {
+		case errors.Is(err, index.ErrNotFound):
+			cas = ^uint32(0) // a CAS no key has: two creators, one wins
+		case err != nil || len(v) != 8:
+			return
+		default:
+			seq = binary.LittleEndian.Uint64(v)
+		}
+		var next [8]byte
+		binary.LittleEndian.PutUint64(next[:], seq+1)
+		if r.store.Set(reportSeqKey, next[:], cas) != nil {
+			continue
+		}
+		r.entry = binary.LittleEndian.AppendUint64(r.entry[:0], seq)
+		r.entry = append(r.entry, r.routes...)
+		if r.store.Set(ringKey(seq), r.entry, 0) == nil {
+			r.routes, r.n = r.routes[:0], 0
+		}
+		return
+	}
+}
+
+func ringKey(seq uint64) string {
+	return reportRingKey + strconv.FormatUint(seq%reportRingSlots, 10)
+}
+
+// reportLease is the lease record.
+type reportLease struct {
+	holder, expiresMs, lastMs, cursor uint64
+}
+
+func (l *reportLease) encode(b []byte) []byte {
+	for _, x := range [4]uint64{l.holder, l.expiresMs, l.lastMs, l.cursor} {
+		b = binary.LittleEndian.AppendUint64(b, x)
+	}
+	return b
+}
+
+// readLease reads the lease and its CAS (a CAS no key has when there is
+// none yet: the first worker to write creates it).
+func (r *reporter) readLease() (reportLease, uint32, bool) {
+	v, cas, err := r.store.Get(reportLeaseKey)
+	if errors.Is(err, index.ErrNotFound) {
+		return reportLease{}, ^uint32(0), true
+	}
+	if err != nil || len(v) != 32 {
+		return reportLease{}, cas, err == nil // a malformed lease is overwritten
+	}
+	u := binary.LittleEndian.Uint64
+	return reportLease{u(v), u(v[8:]), u(v[16:]), u(v[24:])}, cas, true
+}
+
+// take decides this worker's part in the gateway's report at nowMs: it
+// renews or takes the lease and, when a report is due, claims the ring's
+// entries [from, to) for it (the lease's cursor moves past them, so no
+// other worker reports them again). ok says to send a report.
+func (r *reporter) take(nowMs int64, intervalMs int) (from, to uint64, ok bool) {
+	now := uint64(max(nowMs, 0))
+	l, cas, readable := r.readLease()
+	if !readable {
+		return 0, 0, false
+	}
+	if l.holder != r.worker && l.expiresMs > now {
+		return 0, 0, false // another worker reports
+	}
+	next := l
+	next.holder = r.worker
+	next.expiresMs = now + uint64(2*intervalMs+reportLeaseMs)
+	due := !r.inFlight && (now >= l.lastMs+uint64(intervalMs) || now < l.lastMs)
+	if due {
+		to = r.ringEnd(l.cursor)
+		due = to > l.cursor || now >= l.lastMs+reportLoadEveryMs || now < l.lastMs
+	}
+	if due {
+		next.lastMs, next.cursor = now, to
+	}
+	if r.store.Set(reportLeaseKey, next.encode(nil), cas) != nil {
+		return 0, 0, false // another worker got there first
+	}
+	return l.cursor, to, due
+}
+
+// ringEnd is where a report taken now ends: the ring's next sequence
+// number, or the first entry from cursor on that is claimed but not yet
+// written (the next report waits for it once, then skips it).
+func (r *reporter) ringEnd(cursor uint64) uint64 {
+	v, _, err := r.store.Get(reportSeqKey)
+	if err != nil || len(v) != 8 {
+		return cursor
+	}
+	end := binary.LittleEndian.Uint64(v)
+	if end < cursor {
+		return cursor
+	}
+	for s := max(cursor, end-min(end, reportRingSlots)); s < end; s++ {
+		e, _, err := r.store.Get(ringKey(s))
+		if err == nil && len(e) >= 8 && binary.LittleEndian.Uint64(e) >= s {
+			continue // written (or already overwritten by a newer entry)
+		}
+		if r.hasStuck && r.stuck == s {
+			r.hasStuck = false
+			continue
+		}
+		r.stuck, r.hasStuck = s, true
+		return s
+	}
+	return end
+}
+
+// appendRing appends the routes of ring entries [from, to) to b, and
+// counts as dropped the entries a newer one overwrote before they were
+// reported (more than reportRingSlots flushes between two reports).
+func (r *reporter) appendRing(b []byte, from, to uint64) []byte {
+	first := true
+	if to-from > reportRingSlots {
+		r.dropped += to - from - reportRingSlots
+		from = to - reportRingSlots
+	}
+	for s := from; s < to; s++ {
+		e, _, err := r.store.Get(ringKey(s))
+		if err != nil || len(e) < 8 || binary.LittleEndian.Uint64(e) != s {
+			if err == nil && len(e) >= 8 && binary.LittleEndian.Uint64(e) > s {
+				r.dropped++
+			}
+			continue
+		}
+		if len(e) == 8 {
+			continue
+		}
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, e[8:]...)
+		// Free the slot's routes; the header says it was reported.
+		_ = r.store.Set(ringKey(s), e[:8], 0)
+	}
+	return b
+}
+
+// report is this worker's tick: flush its routes into the ring and, if it
+// holds the lease and a report is due, POST the gateway's report: every
+// route the ring gathered since the previous one and the gateway's load
+// counters per host.
 func (p *routerPlugin) report(nowMs int64) {
 	r := p.reporter
 	rc := &p.cfg.State.Report
-	if r.inFlight || nowMs-r.lastMs < int64(rc.IntervalMs) && nowMs >= r.lastMs {
+	r.flush()
+	from, to, ok := r.take(nowMs, rc.IntervalMs)
+	if !ok {
 		return
 	}
-	if r.n == 0 && nowMs-r.lastMs < 1000 && nowMs >= r.lastMs {
-		return // nothing routed: the load picture once a second is enough
-	}
-	r.lastMs = nowMs
 	b := append(r.body[:0], `{"gateway":`...)
 	b = strconv.AppendQuote(b, r.gateway)
 	b = append(b, `,"timestampMs":`...)
 	b = strconv.AppendInt(b, nowMs, 10)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, to, 10)
 	b = append(b, `,"routes":[`...)
-	b = append(b, r.routes...)
+	b = r.appendRing(b, from, to)
 	b = append(b, `],"load":[`...)
 	loads := p.disp.Loads(nil)
 	first := true
@@ -165,12 +358,11 @@ func (p *routerPlugin) report(nowMs int64) {
 	}
 	b = append(b, "]}"...)
 	r.body = b
-	r.routes, r.n = r.routes[:0], 0
 	headers := [][2]string{
 		{":method", "POST"}, {":path", rc.Path}, {":authority", rc.Authority},
 		{"content-type", "application/json"}, {"authorization", "Bearer " + p.token},
 	}
-	if _, err := proxywasm.DispatchHttpCall(rc.Cluster, headers, b, nil, 2000, p.reported); err != nil {
+	if _, err := proxywasm.DispatchHttpCall(rc.Cluster, headers, b, nil, reportTimeoutMs, p.reported); err != nil {
 		p.stats.reportsFailed.Increment(1)
 		return
 	}

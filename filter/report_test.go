@@ -3,6 +3,7 @@ package filter
 import (
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Load stays honest across gateways: a push carrying another gateway's
@@ -105,7 +108,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 			}
 		}
 		// The stream ends, and its feedback is counted, after the reply.
-		waitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
 		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
 	}
 
@@ -141,6 +144,97 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":0,"chain":%q}]`, addrs[0], b64(chain)))
 	if none, _ := predicted(); none != 0 {
 		t.Fatalf("after engine 0 evicted the whole chain: predicted %d cached tokens, want 0", none)
+	}
+}
+
+// One report per gateway per interval, whatever its workers: workers
+// append their routes to the gateway's ring (shared data); the holder of
+// the report lease takes everything gathered since the last report, once;
+// no other worker reports while the lease holds; when its holder stops,
+// the lease expires and another worker takes over with the routes left.
+func TestReportLeaseOneReporterPerGateway(t *testing.T) {
+	store := &index.MemStore{}
+	a := &reporter{gateway: "g", worker: 1, store: store}
+	b := &reporter{gateway: "g", worker: 2, store: store}
+	routes := func(r *reporter, from, to uint64) int {
+		body := r.appendRing(nil, from, to)
+		if len(body) == 0 {
+			return 0
+		}
+		var rs []snapshot.Route
+		if err := json.Unmarshal(append(append([]byte{'['}, body...), ']'), &rs); err != nil {
+			t.Fatalf("ring entries are not route objects: %v: %s", err, body)
+		}
+		return len(rs)
+	}
+	const interval = 50
+	now := int64(1_000_000)
+	a.addRoute("10.0.0.1:8000", []uint64{1, 2}, 32)
+	b.addRoute("10.0.0.2:8000", []uint64{3}, 16)
+	b.addRoute("10.0.0.2:8000", []uint64{4}, 16)
+	a.flush()
+	b.flush()
+	from, to, ok := a.take(now, interval)
+	if !ok || routes(a, from, to) != 3 {
+		t.Fatalf("the first worker's report: ok %v, entries [%d, %d)", ok, from, to)
+	}
+	if _, _, ok := b.take(now+1, interval); ok {
+		t.Fatal("a second worker reported while the lease holds")
+	}
+	a.addRoute("10.0.0.1:8000", []uint64{5}, 16)
+	a.flush()
+	if _, _, ok := a.take(now+interval-1, interval); ok {
+		t.Fatal("reported again within the interval")
+	}
+	from, to, ok = a.take(now+interval, interval)
+	if !ok || routes(a, from, to) != 1 {
+		t.Fatalf("the next interval's report: ok %v, %d routes", ok, routes(a, from, to))
+	}
+	// a stops (its VM is gone): b's routes wait in the ring until the
+	// lease expires, then b reports them.
+	b.addRoute("10.0.0.2:8000", []uint64{6}, 16)
+	b.flush()
+	last := now + interval
+	if _, _, ok := b.take(last+interval, interval); ok {
+		t.Fatal("another worker took a live lease")
+	}
+	from, to, ok = b.take(last+2*interval+reportLeaseMs+1, interval)
+	if !ok || routes(b, from, to) != 1 {
+		t.Fatalf("after the holder stopped: ok %v, %d routes, want its successor to report 1", ok, routes(b, from, to))
+	}
+	if _, _, ok := a.take(last+2*interval+reportLeaseMs+2, interval); ok {
+		t.Fatal("the old holder reported on its successor's lease")
+	}
+}
+
+// An entry claimed but not yet written (its worker between the CAS on the
+// sequence and the write) holds the next report back once, then is
+// skipped; entries overwritten before a report (the ring wrapped) are
+// counted as dropped, not sent twice or garbled.
+func TestReportRingStuckAndWrapped(t *testing.T) {
+	store := &index.MemStore{}
+	r := &reporter{gateway: "g", worker: 1, store: store}
+	r.addRoute("10.0.0.1:8000", []uint64{1}, 16)
+	r.flush()
+	// Another worker claims seq 1 and has not written it yet.
+	_ = store.Set(reportSeqKey, binary.LittleEndian.AppendUint64(nil, 2), 0)
+	if end := r.ringEnd(0); end != 1 {
+		t.Fatalf("ring end %d, want 1 (entry 1 claimed, not written)", end)
+	}
+	if end := r.ringEnd(1); end != 2 {
+		t.Fatalf("ring end %d, want 2 (entry 1 skipped the second time)", end)
+	}
+	for range reportRingSlots + 3 {
+		r.addRoute("10.0.0.1:8000", []uint64{7}, 16)
+		r.flush()
+	}
+	to := r.ringEnd(2)
+	if to != 2+reportRingSlots+3 {
+		t.Fatalf("ring end %d, want %d", to, 2+reportRingSlots+3)
+	}
+	body := r.appendRing(nil, 2, to)
+	if n := strings.Count(string(body), `"address"`); n != reportRingSlots || r.dropped != 3 {
+		t.Fatalf("%d routes sent and %d dropped, want %d and 3", n, r.dropped, reportRingSlots)
 	}
 }
 

@@ -29,6 +29,9 @@ func (s *routerStream) handleRequestHeaders(endOfStream bool) types.Action {
 	if err := stripRoutingHeaders(&headers, p.hostVal); err != nil {
 		headersError(&headers, err)
 	}
+	if len(headers.remove) > 0 {
+		p.countStripped(headers.remove)
+	}
 	if cfg.TestHooks {
 		s.testHook(headers.testHook)
 	}
@@ -145,8 +148,13 @@ func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream boo
 	if samePath(path, p.cfg.State.Path) {
 		return s.stateHeaders(h.method, endOfStream)
 	}
-	if h.method == "GET" && samePath(path, modelsPath) && p.answersModels() {
-		return s.answerModels()
+	if h.method == "GET" && p.answersModels() {
+		if samePath(path, modelsPath) {
+			return s.answerModels()
+		}
+		if id, ok := modelID(path); ok {
+			return s.answerModel(id)
+		}
 	}
 	if p.cfg.RejectOtherPaths {
 		p.stats.notFound.Increment(1)
@@ -362,4 +370,19 @@ func (s *routerStream) reject(e *openai.Error) types.Action {
 		return types.ActionContinue
 	}
 	return types.ActionPause
+}
+
+// countStripped counts the client's x-data-parallel-rank headers the
+// router removed (client_rank_header_removed): a client does not pick a
+// rank, and one naming a rank the endpoint lacks would reach an engine
+// that rejects it. Out of line (noinline): few requests carry a stripped
+// header, and each function entered costs a request (docs/performance.md).
+//
+//go:noinline
+func (p *routerPlugin) countStripped(names []string) {
+	for _, n := range names {
+		if n == DataParallelRankHeader {
+			p.stats.clientRankRemoved.Increment(1)
+		}
+	}
 }

@@ -109,6 +109,8 @@ type routerStats struct {
 	stateOlder, statePulls, statePullFailed       metricCounter
 	breakerOpened, disaggregated                  metricCounter
 	clientFieldsRemoved, modelNotFound            metricCounter
+	unavailable, modelUnavailable                 metricCounter
+	clientRankRemoved                             metricCounter
 	reportsSent, reportsFailed, removalsApplied   metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
@@ -122,7 +124,7 @@ func counterMetric(name string) metricCounter {
 
 // rejectedCounter counts the requests the router answered itself with an
 // error, by reason (400 bad_request, 404 not_found, 405
-// method_not_allowed, 413 too_large).
+// method_not_allowed, 413 too_large, 503 unavailable).
 func rejectedCounter(reason string) metricCounter {
 	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
@@ -168,6 +170,9 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		disaggregated:        counterMetric("requests.disaggregated"),
 		clientFieldsRemoved:  counterMetric("client_pd_fields_removed"),
 		modelNotFound:        counterMetric("requests.model_not_found"),
+		unavailable:          rejectedCounter("unavailable"),
+		modelUnavailable:     counterMetric("requests.model_unavailable"),
+		clientRankRemoved:    counterMetric("client_rank_header_removed"),
 		reportsSent:          counterMetric("reports.sent"),
 		reportsFailed:        counterMetric("reports.failed"),
 		removalsApplied:      counterMetric("state.removals_applied"),

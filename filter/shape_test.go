@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 	"github.com/kvroute/kvroute/openai/openaitest"
 )
@@ -25,7 +26,7 @@ func BenchmarkBodyShapesInWasm(b *testing.B) {
 	const size = 1 << 20
 	addrs := jsonUpstreams(b, 2, benchCompletion)
 	h, url := wasmhosttest.Start(b, wasmhost.Config{
-		Module: wasmModule(b), VMID: "kvroute", Workers: 1, BufferLimitBytes: 4 * size,
+		Module: testenv.Module(b), VMID: "kvroute", Workers: 1, BufferLimitBytes: 4 * size,
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}},
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
@@ -283,7 +284,7 @@ func TestV8PushChurnFreesHostSlots(t *testing.T) {
 	needV8(t)
 	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0, TimeScaleSet: true})
 	engines := f.Addrs()
-	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: engines, Workers: 2,
+	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: engines, Workers: 2,
 		Configuration: `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"` + stateToken + `"}}`})
 	if err != nil {
 		t.Fatal(err)
@@ -391,11 +392,7 @@ func departedFreedOnTick(t *testing.T, th tickHost, slow, other string, release 
 		l := ix.Loads(nil)
 		return ok && ref.Slot < len(l) && l[ref.Slot].InFlight == 1
 	}
-	for deadline := time.Now().Add(5 * time.Second); !inFlight(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never got in flight on the slow engine")
-		}
-	}
+	testenv.WaitFor(t, "the request to get in flight on the slow engine", inFlight)
 	freed := th.counter("kvroute.router.host_slots.freed")
 	if code := th.post("/.kvroute/v1/state", pushBody(ts+1, other), auth); code != 200 {
 		t.Fatalf("second push: %d", code)
@@ -413,14 +410,10 @@ func departedFreedOnTick(t *testing.T, th tickHost, slow, other string, release 
 	case <-time.After(20 * time.Second):
 		t.Fatal("the request in flight never ended")
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, ok := ix.Lookup(slow); !ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no tick freed the departed engine's slot after its request ended")
-		}
-	}
+	testenv.WaitFor(t, "a tick to free the departed engine's slot after its request ended", func() bool {
+		_, ok := ix.Lookup(slow)
+		return !ok
+	})
 	if got := th.counter("kvroute.router.host_slots.freed"); got != freed+1 {
 		t.Errorf("host_slots.freed went from %d to %d, want one more", freed, got)
 	}
@@ -448,7 +441,7 @@ func TestV8DepartedHostSlotFreedOnTick(t *testing.T) {
 	needV8(t)
 	slow, release := blockingUpstream(t)
 	other := jsonUpstreams(t, 1, benchCompletion)[0]
-	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: []string{slow, other}, Configuration: tickConfig})
+	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: []string{slow, other}, Configuration: tickConfig})
 	if err != nil {
 		t.Fatal(err)
 	}

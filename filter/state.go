@@ -220,14 +220,11 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		return host, fmt.Errorf("%s.address: %v", at, err)
 	}
 	host.Address = addr.Str
-	switch role := m.get("role"); {
-	case !role.Exists() || role.Str == "":
-		host.Role = config.RoleBoth
-	case role.Str == config.RoleBoth || role.Str == config.RolePrefill || role.Str == config.RoleDecode:
-		host.Role = role.Str
-	default:
-		return host, fmt.Errorf("%s.role: %q is not prefill, decode or both", at, role.Str)
+	role, err := snapshot.CheckRole(m.get("role").Str)
+	if err != nil {
+		return host, fmt.Errorf("%s.role: %v", at, err)
 	}
+	host.Role = role
 	if m := m.get("model"); m.Exists() {
 		if m.Type != gjson.String {
 			return host, fmt.Errorf("%s.model: must be a string", at)

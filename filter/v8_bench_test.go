@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
@@ -51,7 +52,7 @@ func BenchmarkRouterInV8(b *testing.B) {
 		return h
 	}
 	routerConfig := "{" + endpointsJSON(addrs) + "}"
-	router := start(modulePath(b), RootRouter, routerConfig, false)
+	router := start(testenv.ModulePath(b), RootRouter, routerConfig, false)
 	floor := start(floorPath, "floor", strings.Join(addrs, ","), false)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 20 * time.Second}
 	loadedClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 20 * time.Second}
@@ -143,7 +144,7 @@ func BenchmarkRouterInV8(b *testing.B) {
 			measure(b, start(writeModule("cold.wasm", m), "floor", strings.Join(addrs, ","), false))
 			b.ReportMetric(float64(added)/1024, "added-wasm-KB")
 		})
-		b.Run(size.name+"/hostcalls", func(b *testing.B) { measure(b, start(modulePath(b), RootRouter, routerConfig, true)) })
+		b.Run(size.name+"/hostcalls", func(b *testing.B) { measure(b, start(testenv.ModulePath(b), RootRouter, routerConfig, true)) })
 		// A busy proxy: 8 clients at once, so the streams' callbacks
 		// interleave on the VM as on a loaded Envoy worker.
 		b.Run(size.name+"/loaded", func(b *testing.B) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/v8host"
 )
 
@@ -69,7 +70,7 @@ func startV8Router(t *testing.T, addrs []string, extra string) *v8host.Host {
 	t.Helper()
 	needV8(t)
 	h, err := v8host.Start(v8host.Config{
-		Module: modulePath(t), RootID: RootRouter, Upstreams: addrs,
+		Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: addrs,
 		Configuration: "{" + endpointsJSON(addrs) + extra + "}",
 	})
 	if err != nil {
@@ -238,7 +239,7 @@ func TestV8BadInputAndPanics(t *testing.T) {
 // and Start's error quotes the module's log line naming the field.
 func TestV8PluginStartFailureNamesTheField(t *testing.T) {
 	needV8(t)
-	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter,
+	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter,
 		Configuration: `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"not-an-address"}]}`})
 	if err == nil {
 		h.Close()
@@ -276,7 +277,7 @@ func TestV8LoadCountersSurviveResets(t *testing.T) {
 		n = 500
 	}
 	f := startFleet(t, server.Options{Replicas: 4, TimeScale: 0.002})
-	h, err := v8host.Start(v8host.Config{Module: modulePath(t), RootID: RootRouter, Upstreams: f.Addrs(), Workers: 2,
+	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: f.Addrs(), Workers: 2,
 		Configuration: "{" + endpointsJSON(f.Addrs()) + `,"fallbacks":1}`})
 	if err != nil {
 		t.Fatal(err)

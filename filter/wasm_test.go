@@ -12,8 +12,6 @@ import (
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -24,32 +22,9 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
-
-// wasmModule reads dist/kvroute.wasm, or the module KVROUTE_WASM names (to
-// measure a build of one's own while others rebuild dist/).
-func wasmModule(t testing.TB) []byte {
-	t.Helper()
-	b, err := os.ReadFile(modulePath(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// modulePath is the path of the module wasmModule reads, checked to exist.
-func modulePath(t testing.TB) string {
-	t.Helper()
-	path := filepath.Join("..", "dist", "kvroute.wasm")
-	if p := os.Getenv("KVROUTE_WASM"); p != "" {
-		path = p
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("%s is missing (%v): run `make wasm` (make test builds it first)", path, err)
-	}
-	return path
-}
 
 func startFleet(t testing.TB, opt server.Options) *server.Fleet {
 	t.Helper()
@@ -100,7 +75,7 @@ func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmho
 func startRouterConfig(t testing.TB, addrs []string, workers int, config string) (*wasmhost.Host, string) {
 	t.Helper()
 	return wasmhosttest.Start(t, wasmhost.Config{
-		Module: wasmModule(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
+		Module: testenv.Module(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
 			Configuration: config}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
@@ -434,21 +409,17 @@ func waitLoadsZero(t *testing.T, store index.Store) {
 	if ix.Slots() == 0 {
 		t.Fatal("the shared index holds no host slots: nothing to check")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var leaked []index.Load
+	var leaked []index.Load
+	if !testenv.Poll(testenv.WaitTimeout, func() bool {
+		leaked = leaked[:0]
 		for _, l := range ix.Loads(nil) {
 			if l != (index.Load{}) {
 				leaked = append(leaked, l)
 			}
 		}
-		if len(leaked) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("load counters did not return to zero: %+v", leaked)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return len(leaked) == 0
+	}) {
+		t.Fatalf("load counters did not return to zero: %+v", leaked)
 	}
 }
 

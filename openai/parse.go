@@ -63,6 +63,7 @@ type Error struct {
 	Param   string // the offending field, "" for the body as a whole
 	Message string
 	Code    string // OpenAI's error code ("model_not_found"); "" writes Status
+	Type    string // OpenAI's error type; "" is invalid_request_error (the client's fault)
 }
 
 func BadRequest(param, format string, args ...any) *Error {
@@ -99,7 +100,10 @@ var (
 
 // body renders the OpenAI error object.
 func (e *Error) Body() []byte {
-	typ := "invalid_request_error"
+	typ := e.Type
+	if typ == "" {
+		typ = "invalid_request_error"
+	}
 	b := []byte(`{"error":{"message":`)
 	b = gjson.AppendJSONString(b, e.Message)
 	b = append(b, `,"type":`...)

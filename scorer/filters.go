@@ -1,6 +1,10 @@
 package scorer
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute/snapshot"
+)
 
 func init() {
 	Register("healthy", KindFilter,
@@ -11,7 +15,7 @@ func init() {
 	Register("role", KindFilter,
 		"keeps hosts that serve the role being picked (auto: decode or prefill in a disaggregated handler, any otherwise)",
 		func(p *Params) Plugin {
-			r := p.Enum("role", "auto", "auto", "prefill", "decode", "both")
+			r := p.Enum("role", "auto", "auto", snapshot.RolePrefill, snapshot.RoleDecode, snapshot.RoleBoth)
 			f := &roleFilter{auto: r == "auto"}
 			if !f.auto {
 				f.role, _ = ParseRole(r)

@@ -13,8 +13,34 @@ import (
 	"strings"
 )
 
+import "fmt"
+
 // Version is the snapshot format version carried in State.Version.
 const Version = 1
+
+// The roles an engine serves, as the snapshot (Host.Role), the plugin
+// configuration (endpoints[].role), discovery and the simulated engines
+// spell them. An empty role means RoleBoth.
+const (
+	// RoleBoth is an aggregated engine: it prefills and decodes.
+	RoleBoth = "both"
+	// RolePrefill engines compute prompts and hand the KV cache over.
+	RolePrefill = "prefill"
+	// RoleDecode engines receive transferred KV cache and generate.
+	RoleDecode = "decode"
+)
+
+// CheckRole returns the role s names, RoleBoth for "", or an error that
+// lists the roles.
+func CheckRole(s string) (string, error) {
+	switch s {
+	case "":
+		return RoleBoth, nil
+	case RoleBoth, RolePrefill, RoleDecode:
+		return s, nil
+	}
+	return RoleBoth, fmt.Errorf("%q is not a role: use %q, %q or %q", s, RolePrefill, RoleDecode, RoleBoth)
+}
 
 // State is one full picture of the fleet. A push replaces the previous
 // picture: hosts absent from Hosts are no longer candidates.
@@ -80,7 +106,7 @@ func SplitLocation(loc string) (address string, rank int) {
 type Host struct {
 	// Address is host:port as Envoy's override_host policy sees it.
 	Address string `json:"address"`
-	// Role is "prefill", "decode" or "both" (the default when empty).
+	// Role is RolePrefill, RoleDecode or RoleBoth (the default when empty).
 	Role string `json:"role,omitempty"`
 	// Model is the served base model name.
 	Model string `json:"model,omitempty"`
@@ -123,8 +149,9 @@ type Host struct {
 	Rank             int `json:"rank,omitempty"`
 }
 
-// GatewayReport is one gateway worker's routing since its previous report:
-// what it POSTs to the metrics service on its tick, and what the service
+// GatewayReport is one gateway's routing since its previous report: what
+// one of its workers (the holder of the gateway's report lease) POSTs to
+// the metrics service once per interval, and what the service
 // pushes on, merged, to every gateway in State.Gateways (docs/topology.md).
 // A gateway applies the reports of the other gateways: each route marks its
 // chain as held by its host, and the load counts are that gateway's
@@ -138,7 +165,12 @@ type GatewayReport struct {
 	// TimestampMs is when the report was made (Unix ms); of two load
 	// pictures of one gateway the newer wins.
 	TimestampMs int64 `json:"timestampMs"`
-	// Routes are the worker's routing decisions since its last report.
+	// Seq numbers the gateway's reports in increasing order (0: not
+	// numbered). A service takes one gateway's report of one Seq once, so
+	// a POST retried after a lost answer adds nothing.
+	Seq uint64 `json:"seq,omitempty"`
+	// Routes are the gateway's routing decisions since its last report,
+	// every worker's.
 	Routes []Route `json:"routes,omitempty"`
 	// Load is the gateway's own outstanding work per host (its shared-data
 	// counters when the report was made).

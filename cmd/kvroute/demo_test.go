@@ -8,18 +8,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-const demoModule = "../../dist/kvroute.wasm"
+	"github.com/kvroute/kvroute/internal/testenv"
+)
 
 // The demo end to end, compressed: the real module in the Wasm host in
 // front of live simulated engines 20 times faster than real time. The
 // default profile must find the prefixes round robin scatters, and the
 // output must be a valid bench-contract document with its plot.
 func TestDemoEndToEnd(t *testing.T) {
-	if _, err := os.Stat(demoModule); err != nil {
-		t.Skipf("no %s (run `make wasm`; `make test` does): %v", demoModule, err)
-	}
+	demoModule := testenv.ModulePath(t)
 	dir := t.TempDir()
 	out := filepath.Join(dir, "demo.json")
 	var stdout, stderr bytes.Buffer

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -141,26 +142,19 @@ func TestMetricsCommandEndToEnd(t *testing.T) {
 		done <- runMetrics(ctx, &o, writerFunc(func(p []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return logs.Write(p) }))
 	}()
 
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var st snapshot.State
+	if !testenv.Poll(5*time.Second, func() bool {
 		mu.Lock()
-		n := len(got)
-		var st snapshot.State
-		if n > 0 {
-			st = got[n-1]
+		defer mu.Unlock()
+		if len(got) > 0 {
+			st = got[len(got)-1]
 		}
-		mu.Unlock()
-		if n > 0 && len(st.Hosts) == 1 && st.Hosts[0].Healthy {
-			h := st.Hosts[0]
-			if h.Waiting != 3 || h.Running != 2 || h.Role != "decode" || h.Model != "m" || st.Source != "cli-test" {
-				t.Errorf("snapshot = %+v", st)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no healthy snapshot at the gateway; logs:\n%s", logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+		return len(st.Hosts) == 1 && st.Hosts[0].Healthy
+	}) {
+		t.Fatalf("no healthy snapshot at the gateway; logs:\n%s", logs.String())
+	}
+	if h := st.Hosts[0]; h.Waiting != 3 || h.Running != 2 || h.Role != "decode" || h.Model != "m" || st.Source != "cli-test" {
+		t.Errorf("snapshot = %+v", st)
 	}
 	resp, err := http.Get("http://" + listen + "/healthz")
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -153,13 +154,11 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(end) {
-				svc.mu.Lock()
-				h := svc.hosts[eng.addr()]
-				svc.mu.Unlock()
-				t.Fatalf("timed out waiting for %s; removals pushed: %+v; bridge %+v", what, gw.removals(), h.events[rank].bridge.stats())
-			}
+		if !testenv.Poll(5*time.Second, cond) {
+			svc.mu.Lock()
+			h := svc.hosts[eng.addr()]
+			svc.mu.Unlock()
+			t.Fatalf("timed out waiting for %s; removals pushed: %+v; bridge %+v", what, gw.removals(), h.events[rank].bridge.stats())
 		}
 	}
 	waitFor("the removal", func() bool { return len(gw.removals()) > 0 })

@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +13,9 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // servingEngine answers /metrics with a queue length the test sets, and
@@ -44,27 +44,13 @@ func newServingEngine(t *testing.T) *servingEngine {
 
 func (e *servingEngine) addr() string { return e.srv.Listener.Addr().String() }
 
-// routerModule is dist/kvroute.wasm. Without it the test is skipped, but
-// in CI, where make test builds it first, it fails.
-func routerModule(t *testing.T) []byte {
-	t.Helper()
-	mod, err := os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("dist/kvroute.wasm is missing (%v): make test builds it first", err)
-		}
-		t.Skipf("SKIPPED: dist/kvroute.wasm is missing (%v); run make wasm to include the gateway tests", err)
-	}
-	return mod
-}
-
 // TestRealGateway pushes to the Wasm host (internal/sim/wasmhost, Envoy's
 // proxy-wasm ABI on wazero) running the router filter from
 // dist/kvroute.wasm: the right token's pushes are applied and steer the
 // decision as the engines' queues change; a service with a wrong token is
 // refused and changes nothing.
 func TestRealGateway(t *testing.T) {
-	mod := routerModule(t)
+	mod := testenv.Module(t)
 	e1, e2, decoy := newServingEngine(t), newServingEngine(t), newServingEngine(t)
 	cfg := fmt.Sprintf(`{
 		"endpoints": [{"address": %q}, {"address": %q}],
@@ -125,25 +111,18 @@ func TestRealGateway(t *testing.T) {
 	// all go to want.
 	routeTo := func(want, other *servingEngine, n int) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			st := svc.Snapshot()
+		var st snapshot.State
+		if !testenv.Poll(testenv.WaitTimeout, func() bool {
+			st = svc.Snapshot()
 			hw, _ := hostOf(st, want.addr())
 			ho, _ := hostOf(st, other.addr())
-			if hw.Healthy && ho.Healthy && hw.Waiting < ho.Waiting {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the service never published the new queues: %+v", st)
-			}
-			time.Sleep(5 * time.Millisecond)
+			return hw.Healthy && ho.Healthy && hw.Waiting < ho.Waiting
+		}) {
+			t.Fatalf("the service never published the new queues: %+v", st)
 		}
 		ok0 := svc.pusher.Stats()[0].OK
-		for svc.pusher.Stats()[0].OK < ok0+2 {
-			if time.Now().After(deadline) {
-				t.Fatalf("no pushes reached the gateway (applied: %d)", host.CounterValue("kvroute.router.state.pushes"))
-			}
-			time.Sleep(5 * time.Millisecond)
+		if !testenv.Poll(testenv.WaitTimeout, func() bool { return svc.pusher.Stats()[0].OK >= ok0+2 }) {
+			t.Fatalf("no pushes reached the gateway (applied: %d)", host.CounterValue("kvroute.router.state.pushes"))
 		}
 		w0, o0 := want.served.Load(), other.served.Load()
 		for range n {

@@ -15,18 +15,23 @@ import (
 	"github.com/kvroute/kvroute/snapshot"
 )
 
-// Gateway reports (docs/topology.md): every gateway worker POSTs its recent
-// routing and its gateway's load to /v1/reports on its tick; the service
+// Gateway reports (docs/topology.md): every gateway POSTs its recent routing
+// (all its workers', gathered in its shared data) and its load to
+// /v1/reports once per interval; the service
 // keeps the routes until its next push and each gateway's newest load
 // picture while it is fresh, and pushes them to every gateway with the
 // snapshot (snapshot.State.Gateways). A push goes out as soon as a report
 // arrives (merged with the scrapes' wake-ups), so a route reaches the other
 // gateways within a report interval plus two POSTs.
 //
-// Scope: one service instance. Two replicas each receive some reports and
-// push what they received; a gateway applies every report it gets, and a
-// report applied twice changes nothing (a route marks blocks already
-// marked, a load picture older than the one held is ignored).
+// Scope: one service instance. Two replicas each receive some reports (each
+// POST reaches one, as Envoy's cluster picks) and push what they received;
+// a gateway applies every report it gets, and a report applied twice
+// changes nothing (a route marks blocks already marked, a load picture
+// older than the one held is ignored). One replica takes a gateway's report
+// of one seq once (a retried POST); the same report reaching both replicas
+// (a retry that went to the other) is pushed by both and applied twice,
+// which changes nothing.
 
 const (
 	// maxPendingRoutes bounds the routes kept between two pushes; past it
@@ -52,9 +57,41 @@ type reportBook struct {
 	// removals are the engines' bridged evictions for the next push
 	// (bridge.go).
 	removals []snapshot.Removal
+	// seen are the seqs of each gateway's latest reports (at most
+	// seenSeqs): a report seen already is not taken again.
+	seen map[string][]uint64
 	// Received and Dropped count reports taken and routes dropped;
+	// Duplicates the reports refused as seen already;
 	// RemovalsDropped the removals dropped past maxPendingRemovals.
-	Received, Dropped, RemovalsDropped uint64
+	Received, Dropped, RemovalsDropped, Duplicates uint64
+}
+
+// seenSeqs is how many of a gateway's latest report seqs the service
+// remembers: a retried POST arrives within a few reports of the original.
+const seenSeqs = 16
+
+// duplicate reports whether gateway's report seq was taken already, and
+// remembers it otherwise (seq 0 is not numbered: never a duplicate). The
+// map is pruned with the load pictures at every push: a gateway gone for
+// loadFresh is forgotten, so pod churn does not grow it.
+func (b *reportBook) duplicate(gateway string, seq uint64) bool {
+	if seq == 0 {
+		return false
+	}
+	if b.seen == nil {
+		b.seen = map[string][]uint64{}
+	}
+	s := b.seen[gateway]
+	for _, x := range s {
+		if x == seq {
+			return true
+		}
+	}
+	if len(s) >= seenSeqs {
+		s = append(s[:0], s[1:]...)
+	}
+	b.seen[gateway] = append(s, seq)
+	return false
 }
 
 func (b *reportBook) addRemovals(rs []snapshot.Removal) {
@@ -83,9 +120,13 @@ func (b *reportBook) takeRemovals() []snapshot.Removal {
 func (b *reportBook) add(r snapshot.GatewayReport) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.duplicate(r.Gateway, r.Seq) {
+		b.Duplicates++
+		return
+	}
 	b.Received++
 	if len(r.Routes) > 0 {
-		b.routes = append(b.routes, snapshot.GatewayReport{Gateway: r.Gateway, TimestampMs: r.TimestampMs, Routes: r.Routes})
+		b.routes = append(b.routes, snapshot.GatewayReport{Gateway: r.Gateway, TimestampMs: r.TimestampMs, Seq: r.Seq, Routes: r.Routes})
 		b.nRoute += len(r.Routes)
 		for b.nRoute > maxPendingRoutes && len(b.routes) > 1 {
 			b.nRoute -= len(b.routes[0].Routes)
@@ -119,12 +160,17 @@ func (b *reportBook) take(now time.Time) ([]snapshot.GatewayReport, bool) {
 		}
 		out = append(out, r)
 	}
+	for g := range b.seen {
+		if _, ok := b.load[g]; !ok {
+			delete(b.seen, g) // gone (or never sent load): forget its seqs
+		}
+	}
 	dirty := b.dirty
 	b.dirty = false
 	return out, dirty
 }
 
-// serveReport takes one gateway worker's report.
+// serveReport takes one gateway's report.
 func (s *Service) serveReport(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Token == nil {
 		http.Error(w, "reports are disabled: the service has no push token", http.StatusUnauthorized)

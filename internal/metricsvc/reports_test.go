@@ -95,3 +95,38 @@ func TestGatewayReportsReachEveryGateway(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// A report retried after a lost answer (the same gateway and seq) is taken
+// once: its routes are pushed once. Reports not numbered (seq 0) are all
+// taken; a gateway that stops reporting is forgotten with its load picture.
+func TestReportRetriedIsTakenOnce(t *testing.T) {
+	var b reportBook
+	now := time.Now()
+	rep := func(gw string, seq uint64) snapshot.GatewayReport {
+		return snapshot.GatewayReport{Gateway: gw, TimestampMs: now.UnixMilli(), Seq: seq,
+			Routes: []snapshot.Route{{Address: "10.0.0.1:8000", Chain: "AQAAAAAAAAA="}},
+			Load:   []snapshot.HostLoad{{Address: "10.0.0.1:8000", InFlight: 1}}}
+	}
+	b.add(rep("a", 7))
+	b.add(rep("a", 7)) // the retry
+	b.add(rep("a", 8))
+	b.add(rep("b", 7)) // another gateway's seq 7
+	b.add(rep("c", 0))
+	b.add(rep("c", 0))
+	out, _ := b.take(now)
+	routes := 0
+	for _, r := range out {
+		routes += len(r.Routes)
+	}
+	if routes != 5 || b.Duplicates != 1 || b.Received != 5 {
+		t.Fatalf("pushed %d routes, %d duplicates, %d received; want 5, 1, 5", routes, b.Duplicates, b.Received)
+	}
+	b.take(now.Add(2 * loadFresh))
+	if len(b.seen) != 0 {
+		t.Fatalf("gateways gone for %v still remembered: %v", 2*loadFresh, b.seen)
+	}
+	b.add(rep("a", 7))
+	if b.Received != 6 {
+		t.Fatalf("a gateway back after it was forgotten: its report was refused")
+	}
+}

@@ -117,6 +117,9 @@ type host struct {
 	// events are the KV events of each data-parallel rank, indexed by rank
 	// (one entry for an engine without ranks); s.mu guards the slice.
 	events []*rankEvents
+	// followedRanks is the rank count followRanks last acted on: a change
+	// of the engine's ranks, not every scrape, (re)starts subscribers.
+	followedRanks int
 
 	attempted  bool
 	failing    bool
@@ -456,7 +459,10 @@ func (s *Service) onScrape(h *host, r scrape.Result) {
 		h.lastOK = r.At
 		h.lastErr = ""
 		h.sample = r.Sample
-		s.followRanks(h, len(r.Sample.Ranks))
+		if n := len(r.Sample.Ranks); n != h.followedRanks {
+			s.followRanks(h, n)
+			h.followedRanks = n
+		}
 	} else {
 		h.failing = true
 		h.lastErr = r.Err.Error()
@@ -646,7 +652,7 @@ func (s *Service) hostSnapshot(h *host, now time.Time) snapshot.Host {
 	if out.Model == "" {
 		out.Model = h.sample.Model
 	}
-	if out.Role == "both" {
+	if out.Role == snapshot.RoleBoth {
 		out.Role = "" // the contract's default
 	}
 	out.Adapters = mergeSorted(h.ep.Adapters, h.sample.Adapters)

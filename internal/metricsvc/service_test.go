@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/metricsvc/scrape"
 	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -108,17 +109,15 @@ func hostAt(st snapshot.State, addr string, rank int) (snapshot.Host, bool) {
 // waitState waits until the gateway's latest snapshot satisfies cond.
 func (g *gateway) waitState(t *testing.T, what string, d time.Duration, cond func(snapshot.State) bool) snapshot.State {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st, n := g.latest()
-		if n > 0 && cond(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; latest snapshot: %+v", what, st)
-		}
-		time.Sleep(2 * time.Millisecond)
+	var st snapshot.State
+	if !testenv.Poll(d, func() bool {
+		var n int
+		st, n = g.latest()
+		return n > 0 && cond(st)
+	}) {
+		t.Fatalf("timed out waiting for %s; latest snapshot: %+v", what, st)
 	}
+	return st
 }
 
 // logSink collects the service's logs for assertions.

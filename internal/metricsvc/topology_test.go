@@ -1,11 +1,13 @@
 package metricsvc
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,7 +15,9 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Two gateways converge through the metrics service (docs/topology.md):
@@ -24,7 +28,7 @@ import (
 // Without the reports B places it on its own (here: anywhere but A's host,
 // since the engines' queues are equal and B has no prefix to follow).
 func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
-	mod := routerModule(t)
+	mod := testenv.Module(t)
 	var engines []*servingEngine
 	var addrs, eps []string
 	var fixed discovery.Fixed
@@ -95,10 +99,7 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 		return -1
 	}
 	// Wait for the first push to reach both gateways.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(svc.Snapshot().Hosts) < 4 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Poll(testenv.WaitTimeout, func() bool { return len(svc.Snapshot().Hosts) >= 4 })
 	time.Sleep(300 * time.Millisecond)
 	const n = 8
 	followed, control := 0, 0
@@ -120,5 +121,117 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 	}
 	if control == n {
 		t.Fatalf("the control gateway followed every route too: the test cannot tell reports from chance")
+	}
+}
+
+// One report per gateway per interval (docs/topology.md, "Report"): a
+// gateway of 4 workers (dist/kvroute.wasm in the Wasm host, streams handed
+// to the workers in turn) gathers its workers' routes in shared data and
+// one worker, the lease holder, POSTs them: every route arrives once,
+// reports come at least an interval apart, and one report carries routes
+// several workers decided. Each report carries the state token.
+func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
+	mod := testenv.Module(t)
+	var addrs, eps []string
+	for range 4 {
+		e := newServingEngine(t)
+		addrs = append(addrs, e.addr())
+		eps = append(eps, fmt.Sprintf(`{"address": %q}`, e.addr()))
+	}
+	type post struct {
+		auth string
+		rep  snapshot.GatewayReport
+	}
+	var mu sync.Mutex
+	var posts []post
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var rep snapshot.GatewayReport
+		if err := json.NewDecoder(r.Body).Decode(&rep); err != nil || r.URL.Path != ReportsPath {
+			http.Error(w, "bad report", http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		posts = append(posts, post{r.Header.Get("Authorization"), rep})
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(front.Close)
+	const workers, interval = 4, 300
+	cfg := fmt.Sprintf(`{"endpoints": [%s], "state": {"token": "s3cret", "report": {"cluster": "metrics", "intervalMs": %d}}, "fallbacks": 0}`, strings.Join(eps, ","), interval)
+	h, url := wasmhosttest.Start(t, wasmhost.Config{
+		Module: mod, VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
+		Filters:      []wasmhost.Filter{{RootID: "kvroute.router", Configuration: cfg, AllowOnHeadersStopIteration: true}},
+		Clusters:     map[string][]string{"engines": addrs, "metrics": {front.Listener.Addr().String()}},
+		RouteCluster: "engines",
+	})
+	routed := func() (n int, chains map[string]int) {
+		mu.Lock()
+		defer mu.Unlock()
+		chains = map[string]int{}
+		for _, p := range posts {
+			for _, rt := range p.rep.Routes {
+				chains[rt.Chain]++
+				n++
+			}
+		}
+		return n, chains
+	}
+	const rounds, perRound = 3, 2 * workers
+	start := time.Now()
+	for k := range rounds {
+		for i := range perRound {
+			prompt := fmt.Sprintf("Round %d request %d. ", k, i) + strings.Repeat("Answer briefly and cite the handbook. ", 40)
+			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, prompt)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for n, _ := routed(); n < (k+1)*perRound && time.Now().Before(deadline); n, _ = routed() {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	elapsed := time.Since(start)
+	for _, w := range h.Workers() {
+		if w.Requests < rounds*perRound/workers {
+			t.Fatalf("worker %d served %d requests, want %d: the test needs every worker routing", w.Index, w.Requests, rounds*perRound/workers)
+		}
+	}
+	n, chains := routed()
+	if n != rounds*perRound || len(chains) != rounds*perRound {
+		t.Fatalf("reports carry %d routes of %d distinct chains, want each of %d routes once", n, len(chains), rounds*perRound)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	withRoutes, most := 0, 0
+	for i, p := range posts {
+		if p.auth != "Bearer s3cret" {
+			t.Fatalf("report %d: authorization %q, want the state token", i, p.auth)
+		}
+		if i > 0 {
+			prev := posts[i-1].rep
+			if gap := p.rep.TimestampMs - prev.TimestampMs; gap < interval {
+				t.Errorf("reports %d and %d are %d ms apart, want at least the %d ms interval", i-1, i, gap, interval)
+			}
+			if p.rep.Seq < prev.Seq || p.rep.Gateway != prev.Gateway {
+				t.Errorf("report %d: gateway %s seq %d after gateway %s seq %d", i, p.rep.Gateway, p.rep.Seq, prev.Gateway, prev.Seq)
+			}
+		}
+		if len(p.rep.Routes) > 0 {
+			withRoutes++
+		}
+		most = max(most, len(p.rep.Routes))
+	}
+	t.Logf("%d reports in %v (%d with routes, at most %d routes in one) from %d workers", len(posts), elapsed, withRoutes, most, workers)
+	if limit := int(elapsed/(interval*time.Millisecond)) + 1; len(posts) > limit {
+		t.Errorf("%d reports in %v, want at most %d: one per %d ms interval per gateway", len(posts), elapsed, limit, interval)
+	}
+	if most <= perRound/workers {
+		t.Errorf("no report carries more than %d routes: each worker reports on its own", most)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // checkKvroute holds what kvroute needs of any manifest beyond API validity:
@@ -410,12 +411,12 @@ func checkEndpointsInCluster(r *report, doc int, at string, c *clusterv3.Cluster
 			have[fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())] = true
 		}
 	}
-	wantRole := config.RoleDecode
+	wantRole := snapshot.RoleDecode
 	if strings.Contains(c.GetName(), "prefill") {
-		wantRole = config.RolePrefill
+		wantRole = snapshot.RolePrefill
 	}
 	for _, e := range cfg.Endpoints {
-		if e.Role == wantRole || (e.Role == config.RoleBoth && wantRole == config.RoleDecode) {
+		if e.Role == wantRole || (e.Role == snapshot.RoleBoth && wantRole == snapshot.RoleDecode) {
 			if !have[e.Address] {
 				r.add(doc, at+".load_assignment", "cluster %s lacks endpoint %s (role %s) named in the plugin configuration", c.GetName(), e.Address, e.Role)
 			}

@@ -24,6 +24,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // syntheticModule is a valid Wasm header followed by bytes that differ per
@@ -281,13 +283,10 @@ func TestPushToLocalRegistry(t *testing.T) {
 	}
 }
 
-// TestRealModuleRoundTrip packages the module `make wasm` built, when it is
-// there (`make test` builds it first), and reads it back byte for byte.
+// TestRealModuleRoundTrip packages the module `make wasm` built (`make
+// test` builds it first) and reads it back byte for byte.
 func TestRealModuleRoundTrip(t *testing.T) {
-	module, err := os.ReadFile("../../../dist/kvroute.wasm")
-	if err != nil {
-		t.Skipf("SKIPPED: dist/kvroute.wasm not built: %v", err)
-	}
+	module := testenv.Module(t)
 	img, err := Build(module, Options{})
 	if err != nil {
 		t.Fatal(err)

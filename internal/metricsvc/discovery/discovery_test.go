@@ -16,6 +16,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -43,17 +45,15 @@ func (u *updates) last() ([]Endpoint, int) {
 
 func (u *updates) waitFor(t *testing.T, what string, cond func([]Endpoint) bool) []Endpoint {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		eps, n := u.last()
-		if n > 0 && cond(eps) {
-			return eps
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last set %+v", what, eps)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var eps []Endpoint
+	if !testenv.Poll(testenv.WaitTimeout, func() bool {
+		var n int
+		eps, n = u.last()
+		return n > 0 && cond(eps)
+	}) {
+		t.Fatalf("timed out waiting for %s; last set %+v", what, eps)
 	}
+	return eps
 }
 
 func addrs(eps []Endpoint) string {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // The fixtures below are EventBatches byte for byte as vLLM's publisher
@@ -154,14 +156,14 @@ func TestInteropConnectMode(t *testing.T) {
 	send(0, vllmMapBatch(t, fxTokens))
 	send(1, vllmArrayBatch(t, fxTokens))
 	// Stored, removed, cleared, twice: what is left is the clear.
-	waitFor(t, "both batches", func() bool { return tr.Stats().Batches == 2 })
+	testenv.WaitFor(t, "both batches", func() bool { return tr.Stats().Batches == 2 })
 	if st := tr.Stats(); st.Clears != 2 || st.DecodeErrors != 0 || st.Gaps != 0 || tr.CachedBlocks() != 0 {
 		t.Errorf("stats = %+v cached = %d", st, tr.CachedBlocks())
 	}
 	enc := Encoder{Layout: MapLayout}
 	enc.Stored(StoredEvent{Hashes: []uint64{42, 43}, BlockSize: 16, Tokens: 32})
 	send(2, bytes.Clone(enc.Batch(3)))
-	waitFor(t, "stored blocks", func() bool { return tr.CachedBlocks() == 2 })
+	testenv.WaitFor(t, "stored blocks", func() bool { return tr.CachedBlocks() == 2 })
 	mu.Lock()
 	if len(stored) != 3 || stored[2].Parent != "" || stored[2].Tokens != 32 || stored[0].Parent != IntHash(7) {
 		t.Errorf("OnBatch saw %+v", stored)
@@ -200,7 +202,7 @@ func TestInteropListenMode(t *testing.T) {
 	}}
 	errc := make(chan error, 1)
 	go func() { errc <- l.Run(ctx) }()
-	waitFor(t, "listener bound", func() bool { return l.Addr() != "" })
+	testenv.WaitFor(t, "listener bound", func() bool { return l.Addr() != "" })
 
 	pubs := map[string]zmq4.Socket{}
 	for _, topic := range []string{"kv@10.0.0.1@llama", "kv@10.0.0.2@llama", "kv@10.9.9.9@llama"} {
@@ -214,7 +216,7 @@ func TestInteropListenMode(t *testing.T) {
 	// A PUB that connected sends nothing until the SUB's subscription
 	// reached it: resend the first batch until it lands.
 	first := func(topic string, tr *Tracker, payload []byte) {
-		waitFor(t, "first batch on "+topic, func() bool {
+		testenv.WaitFor(t, "first batch on "+topic, func() bool {
 			if tr != nil && tr.Stats().Batches > 0 {
 				return true
 			}
@@ -238,7 +240,7 @@ func TestInteropListenMode(t *testing.T) {
 	if err := pubs["kv@10.0.0.1@llama"].Send(zmq4.NewMsgFrom(Frames("kv@10.0.0.1@llama", 3, bytes.Clone(e.Batch(3)))...)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "seq 3 on A", func() bool { n, _ := trA.Next(); return n == 4 })
+	testenv.WaitFor(t, "seq 3 on A", func() bool { n, _ := trA.Next(); return n == 4 })
 	if st := trA.Stats(); st.Replayed != 2 || st.Gaps != 0 || st.Clears != 1 {
 		t.Errorf("A after the gap: %+v", st)
 	}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // The encoders below write the two layouts vLLM has used, the way msgspec
@@ -290,13 +292,7 @@ func newPublisher(t *testing.T, ctx context.Context, addr string) *publisher {
 
 func (p *publisher) waitSubscriber() {
 	p.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(p.sock.(zmq4.Topics).Topics()) == 0 {
-		if time.Now().After(deadline) {
-			p.t.Fatal("no subscriber connected")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(p.t, "a subscriber to connect", func() bool { return len(p.sock.(zmq4.Topics).Topics()) > 0 })
 }
 
 func (p *publisher) send(seq uint64, payload []byte) {
@@ -305,17 +301,6 @@ func (p *publisher) send(seq uint64, payload []byte) {
 	binary.BigEndian.PutUint64(s[:], seq)
 	if err := p.sock.Send(zmq4.NewMsgFrom([]byte("kv"), s[:], payload)); err != nil {
 		p.t.Fatal(err)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -360,12 +345,12 @@ func TestSubscriberRealZMQ(t *testing.T) {
 	// array layout, then map layout, then a gap, then garbage.
 	pub.send(0, encArrayBatch(t, 1, storedEv{hashes: []any{uint64(1), uint64(2), uint64(3)}}))
 	pub.send(1, encMapBatch(t, 2, storedEv{hashes: []any{uint64(4)}}, removedEv{hashes: []any{uint64(1)}}))
-	waitFor(t, "two batches", func() bool { return tr.Stats().Batches == 2 })
+	testenv.WaitFor(t, "two batches", func() bool { return tr.Stats().Batches == 2 })
 	if got := tr.CachedBlocks(); got != 3 {
 		t.Fatalf("cached blocks = %d, want 3", got)
 	}
 	pub.send(5, encMapBatch(t, 3, storedEv{hashes: []any{uint64(5)}}))
-	waitFor(t, "gap", func() bool { return tr.Stats().Gaps == 1 })
+	testenv.WaitFor(t, "gap", func() bool { return tr.Stats().Gaps == 1 })
 	if st := tr.Stats(); st.MissedBatches != 3 {
 		t.Errorf("missed = %d, want 3", st.MissedBatches)
 	}
@@ -374,7 +359,7 @@ func TestSubscriberRealZMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub.send(7, encArrayBatch(t, 4, "AllBlocksCleared"))
-	waitFor(t, "clear", func() bool { return tr.Stats().Clears == 1 })
+	testenv.WaitFor(t, "clear", func() bool { return tr.Stats().Clears == 1 })
 	if st := tr.Stats(); st.DecodeErrors != 2 || st.Gaps != 1 {
 		t.Errorf("stats after garbage = %+v, want 2 decode errors and still 1 gap", st)
 	}
@@ -395,9 +380,9 @@ func TestSubscriberRealZMQ(t *testing.T) {
 	// same port with its sequence at zero.
 	addr := strings.TrimPrefix(pub.ep, "tcp://")
 	pub.sock.Close()
-	waitFor(t, "disconnect", func() bool { return !sub.Connected() })
+	testenv.WaitFor(t, "disconnect", func() bool { return !sub.Connected() })
 	var pub2 *publisher
-	waitFor(t, "rebind", func() bool {
+	testenv.WaitFor(t, "rebind", func() bool {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return false
@@ -409,7 +394,7 @@ func TestSubscriberRealZMQ(t *testing.T) {
 	defer pub2.sock.Close()
 	pub2.waitSubscriber()
 	pub2.send(0, encArrayBatch(t, 5, storedEv{hashes: []any{uint64(9)}}))
-	waitFor(t, "restart", func() bool { return tr.Stats().Restarts == 1 })
+	testenv.WaitFor(t, "restart", func() bool { return tr.Stats().Restarts == 1 })
 	if tr.CachedBlocks() != 1 || !tr.Has(IntHash(9)) {
 		t.Errorf("after restart cached=%d", tr.CachedBlocks())
 	}
@@ -476,7 +461,7 @@ func TestSubscriberReplaysGaps(t *testing.T) {
 	pub.waitSubscriber()
 	pub.send(0, encArrayBatch(t, 1, storedEv{hashes: []any{uint64(1)}}))
 	pub.send(4, encArrayBatch(t, 4, storedEv{hashes: []any{uint64(40)}}))
-	waitFor(t, "batch 4", func() bool { n, _ := tr.Next(); return n == 5 })
+	testenv.WaitFor(t, "batch 4", func() bool { n, _ := tr.Next(); return n == 5 })
 	st := tr.Stats()
 	if st.Replayed != 2 || st.Gaps != 1 || st.MissedBatches != 1 {
 		t.Errorf("stats = %+v, want 2 replayed and 1 batch still missing", st)
@@ -498,7 +483,7 @@ func TestSubscriberReplaysGaps(t *testing.T) {
 	pub2.waitSubscriber()
 	pub2.send(5, encArrayBatch(t, 5, "AllBlocksCleared"))
 	pub2.send(7, encArrayBatch(t, 7, storedEv{hashes: []any{uint64(70)}}))
-	waitFor(t, "batch 7", func() bool { n, _ := tr2.Next(); return n == 8 })
+	testenv.WaitFor(t, "batch 7", func() bool { n, _ := tr2.Next(); return n == 8 })
 	if st := tr2.Stats(); st.Gaps != 0 || st.Replayed != 1 || !tr2.Has(IntHash(60)) {
 		t.Errorf("stats = %+v", st)
 	}
@@ -510,7 +495,7 @@ func TestSubscriberReplaysGaps(t *testing.T) {
 	pub3.waitSubscriber()
 	pub3.send(0, encArrayBatch(t, 1, "AllBlocksCleared"))
 	pub3.send(3, encArrayBatch(t, 1, storedEv{hashes: []any{uint64(3)}}))
-	waitFor(t, "batch 3", func() bool { n, _ := tr3.Next(); return n == 4 })
+	testenv.WaitFor(t, "batch 3", func() bool { n, _ := tr3.Next(); return n == 4 })
 	if st := tr3.Stats(); st.Gaps != 1 || st.MissedBatches != 2 || !tr3.Has(IntHash(3)) {
 		t.Errorf("dead replay: stats = %+v", st)
 	}

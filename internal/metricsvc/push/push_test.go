@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // fakeGateway checks the bearer token like the router's state endpoint and
@@ -73,17 +75,6 @@ func (g *fakeGateway) last() (string, int) {
 	return g.bodies[len(g.bodies)-1], len(g.bodies)
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func TestPushTokenAndIsolation(t *testing.T) {
@@ -105,15 +96,15 @@ func TestPushTokenAndIsolation(t *testing.T) {
 
 	start := time.Now()
 	p.Publish([]byte(`{"v":1}`))
-	waitFor(t, "good gateway", 2*time.Second, func() bool { b, _ := good.last(); return b == `{"v":1}` })
+	testenv.WaitWithin(t, 2*time.Second, "good gateway", func() bool { b, _ := good.last(); return b == `{"v":1}` })
 	// Serialized behind the slow gateway it would take the 3 s timeout.
 	if d := time.Since(start); d > 1500*time.Millisecond {
 		t.Errorf("good gateway got the push after %v: the slow one delayed it", d)
 	}
 	p.Publish([]byte(`{"v":2}`))
-	waitFor(t, "second push", 2*time.Second, func() bool { b, _ := good.last(); return b == `{"v":2}` })
+	testenv.WaitWithin(t, 2*time.Second, "second push", func() bool { b, _ := good.last(); return b == `{"v":2}` })
 
-	waitFor(t, "failures counted", 10*time.Second, func() bool {
+	testenv.WaitWithin(t, 10*time.Second, "failures counted", func() bool {
 		st := p.Stats()
 		return st[0].FailedBy["timeout"] >= 1 && st[1].FailedBy["status"] >= 2 && st[2].FailedBy["unauthorized"] >= 2 && st[4].FailedBy["older"] >= 2
 	})
@@ -126,7 +117,7 @@ func TestPushTokenAndIsolation(t *testing.T) {
 	}
 	// The failing gateway recovers and gets the newest state, not a stale one.
 	failing.status.Store(0)
-	waitFor(t, "recovery", 3*time.Second, func() bool { b, _ := failing.last(); return b == `{"v":2}` })
+	testenv.WaitWithin(t, 3*time.Second, "recovery", func() bool { b, _ := failing.last(); return b == `{"v":2}` })
 	if _, n := failing.last(); n != 1 {
 		t.Errorf("recovered gateway got %d pushes, want only the newest", n)
 	}
@@ -149,9 +140,9 @@ func TestPushRetriesWithoutNewPublish(t *testing.T) {
 	defer cancel()
 	go p.Run(ctx)
 	p.Publish([]byte("x"))
-	waitFor(t, "a few failures", 10*time.Second, func() bool { return p.Stats()[0].Failed >= 3 })
+	testenv.WaitWithin(t, 10*time.Second, "a few failures", func() bool { return p.Stats()[0].Failed >= 3 })
 	g.status.Store(0)
-	waitFor(t, "delivery after backoff", 10*time.Second, func() bool { _, n := g.last(); return n == 1 })
+	testenv.WaitWithin(t, 10*time.Second, "delivery after backoff", func() bool { _, n := g.last(); return n == 1 })
 	if st := p.Stats()[0]; st.Consecutive != 0 || st.OK != 1 {
 		t.Errorf("stats = %+v", st)
 	}
@@ -223,7 +214,7 @@ func TestBackoffGrowsCapsAndResets(t *testing.T) {
 	defer cancel()
 	go p.Run(ctx)
 	p.Publish([]byte("first"))
-	waitFor(t, "delivery after the failures", 5*time.Second, func() bool { _, n := g.last(); return n == 1 })
+	testenv.WaitWithin(t, 5*time.Second, "delivery after the failures", func() bool { _, n := g.last(); return n == 1 })
 
 	ms := time.Millisecond
 	want := []time.Duration{100 * ms, 200 * ms, 400 * ms, 800 * ms, 1600 * ms, 3200 * ms, 6400 * ms, 10 * time.Second, 10 * time.Second}
@@ -237,7 +228,7 @@ func TestBackoffGrowsCapsAndResets(t *testing.T) {
 	// Fail again: the wait starts over at 100 ms, not at the 10 s cap.
 	g.status.Store(503)
 	p.Publish([]byte("second"))
-	waitFor(t, "the next failure's wait", 5*time.Second, func() bool { return len(recorded()) > failuresBeforeRecovery })
+	testenv.WaitWithin(t, 5*time.Second, "the next failure's wait", func() bool { return len(recorded()) > failuresBeforeRecovery })
 	if got := recorded()[failuresBeforeRecovery]; got != 100*ms {
 		t.Errorf("wait after a success then a failure = %v, want 100ms (reset)", got)
 	}

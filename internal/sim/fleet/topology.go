@@ -77,14 +77,29 @@ type gateway struct {
 	store   *index.MemStore
 	workers []*RealRouter
 	next    int // round robin over workers
-	// routes are the routing decisions since the last report, as the
-	// report carries them: host and block-hash chain.
+	// routes are the routing decisions not yet reported, as the report
+	// carries them: host and block-hash chain, with when and by which
+	// worker they were decided.
 	routes []route
 }
 
 type route struct {
 	replica int
 	chain   []uint64
+	at      time.Duration
+	worker  int
+}
+
+// flushedBy is the last time worker wi of w flushed its routes into the
+// gateway's report ring at or before now: every ReportInterval/4 (the
+// filter's tick), the workers' ticks spread over that period.
+func (t *Topology) flushedBy(wi, w int, now time.Duration) time.Duration {
+	p := max(t.ReportInterval/4, 5*time.Millisecond)
+	phase := p * time.Duration(wi) / time.Duration(w)
+	if now < phase {
+		return -1
+	}
+	return phase + (now-phase)/p*p
 }
 
 // routingReport is what one gateway sent at one report tick.
@@ -134,7 +149,8 @@ func NewTopology(name string, n int, opt StrategyOptions, top Topology) (*Topolo
 			}
 			if !top.NoReports && g > 1 {
 				r.onRoute = func(k int, chain []uint64) {
-					gw.routes = append(gw.routes, route{replica: k, chain: slices.Clone(chain)})
+					gw.routes = append(gw.routes, route{replica: k, chain: slices.Clone(chain),
+						at: time.Duration(r.nowMs) * time.Millisecond, worker: wi})
 				}
 			}
 			gw.workers = append(gw.workers, r)
@@ -224,7 +240,9 @@ func (t *TopologyRouter) apply(st []sim.Stats, now time.Duration) {
 
 // report sends every gateway's routing since its last report and its own
 // load counters to the metrics service; the service's merged push reaches
-// the other gateways ReportDelay later.
+// the other gateways ReportDelay later. A route is in the report once its
+// worker flushed it into the gateway's ring (Topology.flushedBy): the
+// filter's workers flush on their tick, and one of them reports.
 func (t *TopologyRouter) report(now time.Duration) {
 	reps := make([]routingReport, len(t.gws))
 	for gi, gw := range t.gws {
@@ -237,8 +255,16 @@ func (t *TopologyRouter) report(now time.Duration) {
 				own[i] = loads[h.Slot]
 			}
 		}
-		reps[gi] = routingReport{from: gi, routes: gw.routes, loads: own}
-		gw.routes = nil
+		var sent, kept []route
+		for _, ro := range gw.routes {
+			if ro.at <= t.top.flushedBy(ro.worker, len(gw.workers), now) {
+				sent = append(sent, ro)
+			} else {
+				kept = append(kept, ro)
+			}
+		}
+		reps[gi] = routingReport{from: gi, routes: sent, loads: own}
+		gw.routes = kept
 	}
 	t.at(now+t.top.ReportDelay, func(at time.Duration) { t.merge(reps, at) })
 }

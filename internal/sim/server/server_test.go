@@ -16,6 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // The response shapes of the OpenAI API as the official clients declare
@@ -443,12 +445,11 @@ func TestClientGoneAbortsRequest(t *testing.T) {
 	br.ReadString('\n') // the first token arrived
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if s := f.Servers[0].Stats(); s.Running == 0 && s.Waiting == 0 && s.KVUsage == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+	if testenv.Poll(5*time.Second, func() bool {
+		s := f.Servers[0].Stats()
+		return s.Running == 0 && s.Waiting == 0 && s.KVUsage == 0
+	}) {
+		return
 	}
 	t.Fatalf("request still in the engine after its client left: %+v", f.Servers[0].Stats())
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // BenchmarkFilterOverhead measures what the kvroute.router filter costs per
@@ -17,7 +19,7 @@ import (
 // loopback server answering a small JSON body; the client keeps its
 // connection alive.
 func BenchmarkFilterOverhead(b *testing.B) {
-	module := kvrouteModule(b)
+	module := testenv.Module(b)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // An endpoint serving two data-parallel ranks is two cache locations: each
@@ -28,7 +30,7 @@ func TestKvrouteDataParallelRanksAreCacheLocations(t *testing.T) {
 		_, _ = w.Write([]byte(`{"id":"cmpl-1","choices":[{"text":"ok"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`))
 	})
 	cfg := `{"endpoints":[{"address":"` + eng.addr + `","dataParallelSize":2}]}`
-	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
 		Filters:  []Filter{{RootID: "kvroute.router", Configuration: cfg, AllowOnHeadersStopIteration: true}},
 		Clusters: map[string][]string{"engines": {eng.addr}}, RouteCluster: "engines"})
 	prompts := []string{strings.Repeat("the first system prompt ", 200), strings.Repeat("another system prompt entirely ", 200)}
@@ -82,10 +84,12 @@ func TestKvrouteDataParallelRanksAreCacheLocations(t *testing.T) {
 	}
 }
 
-// An endpoint without ranks gets no rank header, and a client's is removed.
+// An endpoint without ranks gets no rank header, and a client's is removed
+// and counted (client_rank_header_removed): a client does not pick a rank,
+// and one the endpoint lacks (3 here) never reaches the engine.
 func TestKvrouteNoRankHeaderWithoutRanks(t *testing.T) {
 	eng := newUpstream(t, nil)
-	_, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
 		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig([]string{eng.addr}, ""), AllowOnHeadersStopIteration: true}},
 		Clusters: map[string][]string{"engines": {eng.addr}}, RouteCluster: "engines"})
 	r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, map[string]string{"X-Data-Parallel-Rank": "3"})
@@ -94,5 +98,14 @@ func TestKvrouteNoRankHeaderWithoutRanks(t *testing.T) {
 	}
 	if got := eng.lastHeader("X-Data-Parallel-Rank"); got != "" {
 		t.Errorf("engine saw x-data-parallel-rank %q, want none", got)
+	}
+	if got := h.CounterValue("kvroute.router.client_rank_header_removed"); got != 1 {
+		t.Errorf("client_rank_header_removed = %d, want 1", got)
+	}
+	if r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, nil); r.code != 200 {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	if got := h.CounterValue("kvroute.router.client_rank_header_removed"); got != 1 {
+		t.Errorf("client_rank_header_removed = %d after a request without one, want 1", got)
 	}
 }

@@ -16,18 +16,9 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
-)
 
-// kvrouteModule returns dist/kvroute.wasm from the module root, failing
-// the test with the command that builds it when absent.
-func kvrouteModule(t testing.TB) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "dist", "kvroute.wasm"))
-	if err != nil {
-		t.Fatalf("dist/kvroute.wasm is missing (%v): run make wasm (make test builds it first)", err)
-	}
-	return b
-}
+	"github.com/kvroute/kvroute/internal/testenv"
+)
 
 var (
 	probeOnce sync.Once
@@ -130,12 +121,7 @@ func startHost(t testing.TB, cfg Config) (*Host, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	front := httptest.NewServer(h)
-	t.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return h, front.URL
+	return h, testenv.Serve(t, h, h)
 }
 
 type result struct {
@@ -166,17 +152,3 @@ func do(t testing.TB, method, url, body string, hdr map[string]string) result {
 	b, _ := io.ReadAll(resp.Body)
 	return result{resp.StatusCode, string(b), resp.Header}
 }
-
-// eventually polls cond for up to 3 s.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-var _ = context.Background

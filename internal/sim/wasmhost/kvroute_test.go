@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // Wasm integration tests of dist/kvroute.wasm (issue 2, "Tests").
@@ -32,7 +34,7 @@ func threeUpstreams(t *testing.T) ([]*upstream, []string) {
 
 func TestKvrouteSpreadsThirtyRequestsEvenly(t *testing.T) {
 	ups, addrs := threeUpstreams(t)
-	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
 		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 	for i := 0; i < 30; i++ {
@@ -63,7 +65,7 @@ func TestKvrouteClientDestinationHeaderNeverSteers(t *testing.T) {
 			if origDst {
 				extra = `,"fallbacks":0` // ORIGINAL_DST takes one address
 			}
-			_, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
+			_, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
 				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, extra), AllowOnHeadersStopIteration: true}},
 				Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", OriginalDst: origDst})
 			steer := []string{addrs[0], attacker.addr, addrs[0] + "," + addrs[0], attacker.addr + "," + addrs[0]}
@@ -87,7 +89,7 @@ func TestKvrouteClientDestinationHeaderNeverSteers(t *testing.T) {
 }
 
 func TestKvrouteMalformedConfigFailsPluginStart(t *testing.T) {
-	_, err := New(t.Context(), Config{Module: kvrouteModule(t), VMID: "kvroute",
+	_, err := New(t.Context(), Config{Module: testenv.Module(t), VMID: "kvroute",
 		Filters: []Filter{{RootID: "kvroute.router",
 			Configuration: `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"not-an-address"}]}`}}})
 	if err == nil {
@@ -109,7 +111,7 @@ func TestKvrouteTrapOnOneWorkerOtherKeepsServing(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) {
 			ups, addrs := threeUpstreams(t)
-			h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute", Workers: 2, Dispatch: DispatchStream, FailOpen: failOpen,
+			h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute", Workers: 2, Dispatch: DispatchStream, FailOpen: failOpen,
 				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, `,"testHooks":true`), AllowOnHeadersStopIteration: true}},
 				Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 			r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x"}`, map[string]string{"x-kvroute-test-panic": "trap"})
@@ -158,7 +160,7 @@ func TestKvrouteTrapOnOneWorkerOtherKeepsServing(t *testing.T) {
 
 func TestKvrouteRecoveredPanicRoutesRequest(t *testing.T) {
 	_, addrs := threeUpstreams(t)
-	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
 		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, `,"testHooks":true`), AllowOnHeadersStopIteration: true}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 	r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x"}`, map[string]string{"x-kvroute-test-panic": "recover"})
@@ -178,7 +180,7 @@ var _ = net.JoinHostPort
 // The chain router then pd, both plugins of the one module in each VM.
 func TestKvrouteRouterThenPDChain(t *testing.T) {
 	ups, addrs := threeUpstreams(t)
-	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute",
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
 		Filters: []Filter{
 			{RootID: "kvroute.router", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true},
 			{RootID: "kvroute.pd", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true},
@@ -204,7 +206,7 @@ func TestKvrouteRouterThenPDChain(t *testing.T) {
 // to route, then never routes, exactly as it would stall in such an Envoy.
 func TestKvrouteBodyRoutingStallsWithoutAllowOnHeadersStopIteration(t *testing.T) {
 	ups, addrs := threeUpstreams(t)
-	h, url := startHost(t, Config{Module: kvrouteModule(t), VMID: "kvroute", StreamIdleTimeout: 400 * time.Millisecond,
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute", StreamIdleTimeout: 400 * time.Millisecond,
 		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, "")}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 	r := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hello"}`, nil)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // Envoy semantics, observed through testdata/probe (a raw-ABI module).
@@ -164,7 +166,7 @@ func TestStreamEndCallbacksAndSharedDataAcrossWorkers(t *testing.T) {
 		}
 	}
 	// The client may have its response before the stream's end callbacks ran.
-	eventually(t, "on_done of every stream", func() bool { return h.CounterValue("probe.delete") == n })
+	testenv.WaitFor(t, "on_done of every stream", func() bool { return h.CounterValue("probe.delete") == n })
 	for _, m := range []string{"probe.log", "probe.done", "probe.delete", "probe.log_path_readable"} {
 		if got := h.CounterValue(m); got != n {
 			t.Errorf("%s = %d, want %d", m, got, n)
@@ -257,7 +259,7 @@ func TestDispatchHTTPCallAndEffectiveContext(t *testing.T) {
 
 func TestTicksPerRootContext(t *testing.T) {
 	h, _, _ := probeHost(t, Filter{Configuration: "tick"}, nil)
-	eventually(t, "on_tick", func() bool { return h.CounterValue("probe.ticks") >= 4 })
+	testenv.WaitFor(t, "on_tick", func() bool { return h.CounterValue("probe.ticks") >= 4 })
 	before := h.CounterValue("probe.ticks")
 	h.FireTicks() // one per VM
 	if got := h.CounterValue("probe.ticks"); got < before+2 {
@@ -332,7 +334,7 @@ func TestClientDisconnectEndsStreamForFilter(t *testing.T) {
 	if _, err := http.DefaultClient.Do(req); err == nil {
 		t.Fatal("request completed; the upstream should hang")
 	}
-	eventually(t, "on_done after client disconnect", func() bool {
+	testenv.WaitFor(t, "on_done after client disconnect", func() bool {
 		return h.CounterValue("probe.done") == 1 && h.CounterValue("probe.delete") == 1 && h.CounterValue("probe.log") == 1
 	})
 }
@@ -433,7 +435,7 @@ func TestSharedQueueReadyOnRegisteringVM(t *testing.T) {
 	if err := h.Enqueue("probe.q", []byte("hello")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "on_queue_ready", func() bool {
+	testenv.WaitFor(t, "on_queue_ready", func() bool {
 		v, _, ok := h.SharedData("probe.q.last")
 		return ok && string(v) == "hello"
 	})

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/buildinfo"
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // TestModuleLogsItsVersionOncePerVM: every VM (one per Envoy worker) logs
@@ -12,7 +13,7 @@ import (
 // variant, the same facts its kvroute.buildinfo section records, so an
 // operator can tell from Envoy's log which module each worker runs.
 func TestModuleLogsItsVersionOncePerVM(t *testing.T) {
-	module := kvrouteModule(t)
+	module := testenv.Module(t)
 	info, err := buildinfo.FromWasm(module)
 	if err != nil {
 		t.Fatalf("dist/kvroute.wasm: %v", err)

@@ -1,14 +1,14 @@
-// Package wasmhosttest starts a Wasm host (internal/sim/wasmhost) behind an
-// httptest server for tests, as net/http/httptest does for a handler: the
-// host and its front close with the test.
+// Package wasmhosttest starts the wazero host (internal/sim/wasmhost)
+// behind an httptest server for tests, as net/http/httptest does for a
+// handler: the host and its front close with the test.
 package wasmhosttest
 
 import (
 	"context"
-	"net/http/httptest"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // Start runs cfg in a host with an HTTP front and returns the host and the
@@ -17,14 +17,17 @@ import (
 // its configuration.
 func Start(tb testing.TB, cfg wasmhost.Config) (*wasmhost.Host, string) {
 	tb.Helper()
-	h, err := wasmhost.New(context.Background(), cfg)
+	return StartContext(tb, context.Background(), cfg)
+}
+
+// StartContext is Start with the context New compiles the module with:
+// one carrying a wazero function listener factory, for instance, sees
+// every call the module makes.
+func StartContext(tb testing.TB, ctx context.Context, cfg wasmhost.Config) (*wasmhost.Host, string) {
+	tb.Helper()
+	h, err := wasmhost.New(ctx, cfg)
 	if err != nil { // a *PluginStartError quotes the module's log
 		tb.Fatal(err)
 	}
-	front := httptest.NewServer(h)
-	tb.Cleanup(func() {
-		front.Close()
-		h.Close()
-	})
-	return h, front.URL
+	return h, testenv.Serve(tb, h, h)
 }

@@ -5,15 +5,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -35,10 +33,7 @@ func TestStreamsOutliveTheTable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 1100 streams through dist/kvroute.wasm")
 	}
-	module, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "dist", "kvroute.wasm"))
-	if err != nil {
-		t.Fatalf("dist/kvroute.wasm is missing (%v): run make wasm (make test builds it first)", err)
-	}
+	module := testenv.Module(t)
 
 	release := make(chan struct{})
 	var received, waiting atomic.Int64
@@ -87,10 +82,8 @@ func TestStreamsOutliveTheTable(t *testing.T) {
 	}
 	waitReceived := func(n int64) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); received.Load() < n; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the upstream received %d requests, want %d", received.Load(), n)
-			}
+		if !testenv.Poll(testenv.WaitTimeout, func() bool { return received.Load() >= n }) {
+			t.Fatalf("the upstream received %d requests, want %d", received.Load(), n)
 		}
 	}
 

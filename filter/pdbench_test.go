@@ -1,7 +1,6 @@
-package pdtest
+package filter_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
 // BenchmarkPDSplit measures what kvroute.pd adds to one request in the Wasm
@@ -20,7 +21,7 @@ import (
 // decode-only (no prefill header), in the same run. The engines answer at
 // once, so only gateway work is measured.
 //
-//	go test -run '^$' -bench PDSplit -benchtime 2000x -count 3 ./internal/pdtest
+//	go test -run '^$' -bench PDSplit -benchtime 2000x -count 3 ./filter
 func BenchmarkPDSplit(b *testing.B) {
 	kv := `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"e","remote_block_ids":[1,2,3],"remote_host":"10.0.0.21","remote_port":5600}`
 	prefill := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -36,22 +37,12 @@ func BenchmarkPDSplit(b *testing.B) {
 	}))
 	defer decode.Close()
 	paddr, daddr := strings.TrimPrefix(prefill.URL, "http://"), strings.TrimPrefix(decode.URL, "http://")
-	mod, err := readModule()
-	if err != nil {
-		b.Fatal(err)
-	}
-	h, err := wasmhost.New(context.Background(), wasmhost.Config{
-		Module: mod, VMID: "kvroute", Workers: 1,
+	_, url := wasmhosttest.Start(b, wasmhost.Config{
+		Module: testenv.Module(b), VMID: "kvroute", Workers: 1,
 		Filters:      []wasmhost.Filter{{RootID: filter.RootPD, Configuration: `{}`, AllowOnHeadersStopIteration: true}},
 		Clusters:     map[string][]string{decodeCluster: {daddr}, prefillCluster: {paddr}},
 		RouteCluster: decodeCluster,
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
-	front := httptest.NewServer(h)
-	defer front.Close()
 	client := &http.Client{Timeout: 10 * time.Second}
 	for _, size := range []int{4 << 10, 64 << 10} {
 		body := completionOfBytes(size)
@@ -62,7 +53,7 @@ func BenchmarkPDSplit(b *testing.B) {
 			}
 			b.Run(fmt.Sprintf("%s/%dKiB", name, size>>10), func(b *testing.B) {
 				for b.Loop() {
-					req, _ := http.NewRequest("POST", front.URL+"/v1/completions", strings.NewReader(body))
+					req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(body))
 					req.Header.Set("Content-Type", "application/json")
 					req.Header.Set(destHeader, daddr)
 					if split {

@@ -1,4 +1,13 @@
-package pdtest
+package filter_test
+
+// The Wasm integration tests of the kvroute.pd filter: dist/kvroute.wasm
+// loaded in internal/sim/wasmhost (Envoy's behaviour, with
+// allow_on_headers_stop_iteration) in front of simulated prefill and decode
+// engines from internal/sim/server, over real HTTP on loopback.
+//
+// Every engine sits behind a recording reverse proxy, so a test can compare
+// what the prefill host answered with what the decode host then received,
+// byte for byte.
 
 import (
 	"bufio"
@@ -10,8 +19,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +32,7 @@ import (
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -59,9 +67,7 @@ type recorder struct {
 // exchanges returns what the recorder saw, once the exchanges under way
 // are over (a client can read a whole response before its handler returns).
 func (r *recorder) exchanges() []exchange {
-	for deadline := time.Now().Add(5 * time.Second); r.inflight.Load() > 0 && time.Now().Before(deadline); {
-		time.Sleep(2 * time.Millisecond)
-	}
+	testenv.Poll(5*time.Second, func() bool { return r.inflight.Load() == 0 })
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]exchange(nil), r.ex...)
@@ -135,27 +141,6 @@ type setup struct {
 	engines *server.Fleet // [0] prefill, [1] decode (when simulated)
 }
 
-var (
-	moduleOnce sync.Once
-	moduleWasm []byte
-	moduleErr  error
-)
-
-func readModule() ([]byte, error) {
-	moduleOnce.Do(func() {
-		moduleWasm, moduleErr = os.ReadFile(filepath.Join("..", "..", "dist", "kvroute.wasm"))
-	})
-	return moduleWasm, moduleErr
-}
-
-func kvrouteModule(t *testing.T) []byte {
-	t.Helper()
-	if _, err := readModule(); err != nil {
-		t.Fatalf("dist/kvroute.wasm is missing (%v): run make wasm (make test builds it first)", moduleErr)
-	}
-	return moduleWasm
-}
-
 // engines starts one simulated prefill and one decode engine.
 func engines(t *testing.T, scale float64) *server.Fleet {
 	t.Helper()
@@ -183,7 +168,7 @@ func startAllow(t *testing.T, pdConfig string, prefill, decode *recorder, allowS
 		cfg = `{"pd":` + pdConfig + `}`
 	}
 	h, url := wasmhosttest.Start(t, wasmhost.Config{
-		Module:       kvrouteModule(t),
+		Module:       testenv.Module(t),
 		VMID:         "kvroute",
 		Workers:      1,
 		Filters:      []wasmhost.Filter{{RootID: filter.RootPD, Configuration: cfg, AllowOnHeadersStopIteration: allowStopIteration}},
@@ -579,10 +564,7 @@ func TestSGLangBootstrapPair(t *testing.T) {
 				t.Errorf("prefill engine prefilled %d tokens, want %d", got, n)
 			}
 			// The prefill callout's success is counted when it lands.
-			deadline := time.Now().Add(3 * time.Second)
-			for counter(s.host, "kvroute.pd.requests.disaggregated") != 1 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
+			testenv.Poll(3*time.Second, func() bool { return counter(s.host, "kvroute.pd.requests.disaggregated") == 1 })
 			if got := counter(s.host, "kvroute.pd.requests.disaggregated"); got != 1 {
 				t.Errorf("disaggregated = %d", got)
 			}

@@ -1,7 +1,8 @@
-package pdtest
+package filter_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -31,6 +33,13 @@ type chain struct {
 // one decode engine.
 func startChain(t *testing.T, prefillN int, threshold int, pdConfig string) *chain {
 	t.Helper()
+	return startChainRanks(t, prefillN, threshold, pdConfig, 0)
+}
+
+// startChainRanks is startChain with every engine serving ranks
+// data-parallel ranks (0 or 1: none).
+func startChainRanks(t *testing.T, prefillN int, threshold int, pdConfig string, ranks int) *chain {
+	t.Helper()
 	roles := []string{"decode"}
 	for range prefillN {
 		roles = append(roles, "prefill")
@@ -41,13 +50,17 @@ func startChain(t *testing.T, prefillN int, threshold int, pdConfig string) *cha
 	}
 	t.Cleanup(func() { f.Close() })
 	c := &chain{decode: proxyTo(t, f.Servers[0].Addr), engines: f, prefillN: prefillN}
-	endpoints := fmt.Sprintf(`{"address":%q,"role":"decode"}`, c.decode.addr)
+	dp := ""
+	if ranks > 1 {
+		dp = fmt.Sprintf(`,"dataParallelSize":%d`, ranks)
+	}
+	endpoints := fmt.Sprintf(`{"address":%q,"role":"decode"%s}`, c.decode.addr, dp)
 	var prefillAddrs []string
 	for i := 1; i <= prefillN; i++ {
 		r := proxyTo(t, f.Servers[i].Addr)
 		c.prefill = append(c.prefill, r)
 		prefillAddrs = append(prefillAddrs, r.addr)
-		endpoints += fmt.Sprintf(`,{"address":%q,"role":"prefill"}`, r.addr)
+		endpoints += fmt.Sprintf(`,{"address":%q,"role":"prefill"%s}`, r.addr, dp)
 	}
 	if pdConfig == "" {
 		pdConfig = "{}"
@@ -55,7 +68,7 @@ func startChain(t *testing.T, prefillN int, threshold int, pdConfig string) *cha
 	cfg := fmt.Sprintf(`{"endpoints":[%s],"strategy":"kv_cache_aware","fallbacks":0,
 		"disaggregation":{"prefillStrategy":"kv_cache_aware","threshold":%d},"pd":%s}`, endpoints, threshold, pdConfig)
 	c.host, c.url = wasmhosttest.Start(t, wasmhost.Config{
-		Module:  kvrouteModule(t),
+		Module:  testenv.Module(t),
 		VMID:    "kvroute",
 		Workers: 1,
 		Filters: []wasmhost.Filter{
@@ -168,6 +181,49 @@ func TestChainPrefillHostAsNamed(t *testing.T) {
 	}
 	if total != 6 {
 		t.Errorf("%d prefill requests, want 6", total)
+	}
+}
+
+// Engines with data-parallel ranks through the whole chain: the router
+// picks a prefill rank and a decode rank, and each hop reaches its
+// endpoint (no rank in the destination header) with its own
+// x-data-parallel-rank; SGLang's bootstrap room names the prefill rank.
+func TestChainRanksOnBothHops(t *testing.T) {
+	for _, proto := range []string{"vllm", "sglang"} {
+		t.Run(proto, func(t *testing.T) {
+			c := startChainRanks(t, 1, 256, `{"protocol":"`+proto+`","bootstrapPort":0}`, 2)
+			for i := 0; i < 4; i++ {
+				r := c.send(t, completion(700, 2, false, fmt.Sprintf("ranked-%s-%d", proto, i)))
+				if r.status != 200 || !strings.HasPrefix(r.header.Get(markerHeader), "prefill=") {
+					t.Fatalf("request %d: %d marker %q %s", i, r.status, r.header.Get(markerHeader), r.body)
+				}
+			}
+			pre, dec := c.prefill[0].inference(), c.decode.inference()
+			if len(pre) != 4 || len(dec) != 4 {
+				t.Fatalf("%d prefill and %d decode requests, want 4 each", len(pre), len(dec))
+			}
+			seen := map[string]bool{}
+			for i, e := range pre {
+				rank := e.header.Get("X-Data-Parallel-Rank")
+				seen[rank] = true
+				if rank != "0" && rank != "1" || e.header.Get(destHeader) != c.prefill[0].addr {
+					t.Errorf("prefill %d: rank %q destination %q, want rank 0 or 1 and the endpoint %s", i, rank, e.header.Get(destHeader), c.prefill[0].addr)
+				}
+				if proto == "sglang" {
+					if room := gjson.GetBytes(e.body, "bootstrap_room").Uint(); fmt.Sprint(room%2) != rank {
+						t.Errorf("prefill %d on rank %s with bootstrap_room %d (%% 2 = %d)", i, rank, room, room%2)
+					}
+				}
+			}
+			for i, e := range dec {
+				if rank := e.header.Get("X-Data-Parallel-Rank"); rank != "0" && rank != "1" || e.header.Get(destHeader) != c.decode.addr {
+					t.Errorf("decode %d: rank %q destination %q, want rank 0 or 1 and the endpoint %s", i, rank, e.header.Get(destHeader), c.decode.addr)
+				}
+			}
+			if len(seen) != 2 {
+				t.Logf("prefill ranks used: %v (four cold prompts spread by load; both ranks usually serve)", seen)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,53 @@
+package testenv
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestWaitForReturnsOnceTheConditionHolds(t *testing.T) {
+	var n atomic.Int32
+	msg := FatalMessage(t, func(tb testing.TB) { WaitFor(tb, "three polls", func() bool { return n.Add(1) >= 3 }) })
+	if msg != "" || n.Load() != 3 {
+		t.Errorf("WaitFor failed with %q after %d polls, want success on the third", msg, n.Load())
+	}
+}
+
+func TestWaitWithinFailsNamingWhatItWaitedFor(t *testing.T) {
+	start := time.Now()
+	msg := FatalMessage(t, func(tb testing.TB) {
+		WaitWithin(tb, 30*time.Millisecond, "the impossible", func() bool { return false })
+	})
+	if !strings.Contains(msg, "the impossible") || !strings.Contains(msg, "30ms") {
+		t.Errorf("WaitWithin failed with %q, want the bound and what it waited for", msg)
+	}
+	if time.Since(start) < 30*time.Millisecond {
+		t.Errorf("WaitWithin gave up after %v, before its bound", time.Since(start))
+	}
+}
+
+func TestModuleReadsKVROUTE_WASMAndSaysHowToBuildAMissingOne(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.wasm")
+	if err := os.WriteFile(path, []byte("\x00asm"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KVROUTE_WASM", path)
+	if got := string(Module(t)); got != "\x00asm" {
+		t.Errorf("Module read %q, want the file KVROUTE_WASM names", got)
+	}
+	t.Setenv("KVROUTE_WASM", path+".absent")
+	if msg := FatalMessage(t, func(tb testing.TB) { Module(tb) }); !strings.Contains(msg, "make wasm") {
+		t.Errorf("a missing module failed with %q, want the command that builds it", msg)
+	}
+}
+
+func TestRepoRootHoldsGoMod(t *testing.T) {
+	root := RepoRoot(t)
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil || filepath.Base(root) == "testenv" {
+		t.Errorf("RepoRoot = %s: %v", root, err)
+	}
+}
