@@ -20,7 +20,7 @@ import (
 func TestFilterReachesIndexAndScorerThroughDispatch(t *testing.T) {
 	allowed := map[string][]string{
 		"github.com/kvroute/kvroute/index": {
-			"AppendGetter", "ErrNotFound", "ErrCASMismatch", // the store contract (store.go, state.go)
+			"Store", "AppendGetter", "ErrNotFound", "ErrCASMismatch", // the store contract (store.go, state.go, report.go)
 			"Load",                 // the load counters' type (dispatch.Dispatcher.Loads)
 			"DefaultCharsPerToken", // a header-only request's token estimate
 		},
