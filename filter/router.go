@@ -129,7 +129,7 @@ func rejectedCounter(reason string) metricCounter {
 	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
 
-func newRouter(cfg *config.Config) (*routerPlugin, error) {
+func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string) (*routerPlugin, error) {
 	now := clock
 	if now == nil {
 		now = time.Now
@@ -194,15 +194,15 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	// The index, session pins and prefix memory in shared data: every
 	// worker of the gateway routes a conversation's next turn alike
 	// (docs/topology.md).
-	disp, err := dispatch.NewShared(dispatch.Config{Handler: cfg.Handler, Shared: store}, nil)
+	disp, err := dispatch.NewShared(dispatch.Config{Handler: handler, Shared: store}, nil)
 	if err != nil {
 		return nil, err
 	}
 	p.disp = disp
 	p.parser = openai.NewParser(cfg, disp.NewHasher())
 	p.breakers = newBreakers(cfg.CircuitBreaker)
-	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
-	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
+	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || handler.ReadsLatency()
+	_, p.timeFirstToken = handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
 	static := make([]candidate, 0, len(cfg.Endpoints))
 	for _, e := range cfg.Endpoints {
@@ -227,7 +227,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	if cfg.State.Report.Cluster != "" {
 		p.startReports()
 	}
-	for _, w := range cfg.Warnings {
+	for _, w := range warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
 	if routerStarted != nil {

@@ -43,7 +43,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // Root ids of the two filters.
@@ -107,14 +107,14 @@ func (p *pluginContext) OnPluginStart(int) (status types.OnPluginStartStatus) {
 		proxywasm.LogCriticalf("%s: cannot read the plugin configuration: %v", p.rootID, err)
 		return types.OnPluginStartStatusFailed
 	}
-	cfg, err := config.Parse(data)
+	cfg, handler, warnings, err := scorer.Load(data)
 	if err != nil {
 		proxywasm.LogCriticalf("%s: invalid plugin configuration: %v", p.rootID, err)
 		return types.OnPluginStartStatusFailed
 	}
 	switch p.rootID {
 	case RootRouter:
-		p.plugin, err = newRouter(cfg)
+		p.plugin, err = newRouter(cfg, handler, warnings)
 	case RootPD:
 		p.plugin, err = newPD(cfg)
 	default:

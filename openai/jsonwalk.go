@@ -92,6 +92,27 @@ func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 	return jsonSpan{}, false
 }
 
+// tokens returns the token ids the validating pass read from the array
+// starting at v[0] (see tokenRun), or false when it read none there (a
+// short array, or one that holds anything but token ids).
+func (d *jsonDoc) tokens(v []byte) ([]uint32, bool) {
+	pos := int32(d.base - cap(v))
+	lo, hi := 0, len(d.runs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if d.runs[m].start < pos {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(d.runs) && d.runs[lo].start == pos {
+		r := d.runs[lo]
+		return d.ids[r.from:r.to], true
+	}
+	return nil, false
+}
+
 // numberByte marks the bytes a JSON number may hold.
 var numberByte = [256]bool{'0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true,
 	'7': true, '8': true, '9': true, '-': true, '+': true, '.': true, 'e': true, 'E': true}

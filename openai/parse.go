@@ -568,6 +568,12 @@ func (p *Parser) prompt(v []byte, name string) *Error {
 	if v[0] != '[' {
 		return BadRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
+	if ids, ok := p.doc.tokens(v); ok {
+		// Token ids, or batches of them, that the validating pass has
+		// read: hashed from there, no digit read again.
+		p.hasher.Tokens(ids)
+		return nil
+	}
 	first := SkipSpace(v, 1)
 	if cap(p.ids) < idBatch {
 		p.ids = make([]uint32, 0, idBatch)

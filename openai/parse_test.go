@@ -543,3 +543,50 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 func chatBody(system, user string) string {
 	return fmt.Sprintf(`{"model":"llama-3-8b","messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"max_tokens":4}`, system, user)
 }
+
+// TestTokenRunsMatchTheReader checks that a long token-id prompt, whose ids
+// the validating pass reads (see tokenRun), is accepted, refused and hashed
+// exactly as the parser's own reading of a short one: an id past
+// maxTokenID or an empty batch anywhere refuses it, and the ids hash as
+// one id at a time do.
+func TestTokenRunsMatchTheReader(t *testing.T) {
+	p := newParser(t, `{}`)
+	ref := index.NewHasher(index.HashConfig{})
+	long := strings.Repeat("123,", 400) // 6,400 bytes of ids: several blocks
+	for _, tc := range []struct {
+		prompt string
+		ok     bool
+	}{
+		{"[" + long + "7]", true},
+		{"[" + long + "4294967295]", true},
+		{"[" + long + "4294967296]", false},
+		{"[" + long + "12345678901]", false},
+		{"[[" + long + "7],[8]]", true},
+		{"[[" + long + "7],[]]", false},
+		{"[[" + long + "7],[8],[4294967296]]", false},
+	} {
+		body := []byte(`{"model":"m","prompt":` + tc.prompt + `}`)
+		_, err := p.Parse(body, Completions)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: error %v, want ok %v", tc.prompt, err, tc.ok)
+			continue
+		}
+		if !tc.ok {
+			if err.Param != "prompt" && !strings.HasPrefix(err.Param, "prompt[") {
+				t.Errorf("%s: error names %q", tc.prompt, err.Param)
+			}
+			continue
+		}
+		if len(p.doc.runs) != 1 {
+			t.Errorf("%s: the validating pass read %d runs, want 1", tc.prompt, len(p.doc.runs))
+		}
+		ref.Reset("m", "", "")
+		gjson.Get(string(body), "prompt|@flatten").ForEach(func(_, v gjson.Result) bool {
+			ref.Token(uint32(v.Uint()))
+			return true
+		})
+		if !slices.Equal(p.hasher.Blocks(), ref.Blocks()) || p.hasher.Len() != ref.Len() {
+			t.Errorf("%s: hashed %d blocks (%d bytes), one id at a time %d (%d)", tc.prompt, len(p.hasher.Blocks()), p.hasher.Len(), len(ref.Blocks()), ref.Len())
+		}
+	}
+}

@@ -26,6 +26,7 @@ import (
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/scorer"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -48,7 +49,7 @@ func checkKvroute(r *report, res *Result) {
 		if !standalone && p.RootID != "kvroute.router" && p.RootID != "kvroute.pd" {
 			r.add(p.Doc, p.Path, "root id %q: want kvroute.router or kvroute.pd", p.RootID)
 		}
-		cfg, err := config.Parse(p.Config)
+		cfg, _, warnings, err := scorer.Load(p.Config)
 		if err != nil {
 			var errs config.Errors
 			if errors.As(err, &errs) {
@@ -62,7 +63,7 @@ func checkKvroute(r *report, res *Result) {
 		}
 		cfgs = append(cfgs, cfg)
 		cfgPlugins = append(cfgPlugins, p)
-		for _, w := range cfg.Warnings {
+		for _, w := range warnings {
 			r.add(p.Doc, p.Path, "the strategy configuration draws a warning: %s", w)
 		}
 		if p.AllowOnHeadersStopIteration != nil { // Envoy-level config we control
