@@ -27,6 +27,7 @@ func TestFilterReachesIndexAndScorerThroughDispatch(t *testing.T) {
 		"github.com/kvroute/kvroute/scorer": {
 			"Host", "Result", // the candidates and a decision's result, as dispatch takes and returns them
 			"ParseRole", "RoleBoth", // a candidate's role, from configuration or pushed state
+			"Load", "Handler", // the strategy, built from the configuration at plugin start
 		},
 	}
 	files, err := filepath.Glob("*.go")
