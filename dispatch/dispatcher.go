@@ -982,6 +982,16 @@ func (r *Dispatcher) learnCal(model string, ratio float64) {
 	}
 }
 
+// DecidedCharsPerToken is the characters per token learned for the model
+// of the last decision, 0 while none was: what a gateway reports with the
+// route (snapshot.Route.CharsPerToken), so that the metrics service's
+// cache-state bridge converts the engine's tokens as this worker does.
+func (r *Dispatcher) DecidedCharsPerToken() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calCPT
+}
+
 // CharsPerToken returns the characters per token learned for model, or the
 // index's fixed estimate when none was.
 func (r *Dispatcher) CharsPerToken(model string) float64 {

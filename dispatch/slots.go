@@ -32,8 +32,10 @@ const SlotGraceMs = 10 * 60 * 1000
 // HostFacts are the engine facts the index keeps for every worker, which
 // ride a SetHosts: each worker applies a change once.
 type HostFacts struct {
-	// CapacityTokens is the host's KV cache in tokens (0: unknown); it
-	// drives the eviction of the index's beliefs.
+	// CapacityTokens is the KV capacity in tokens the index ages the
+	// host's blocks by (the eviction of its beliefs): 0 for none
+	// (unbounded, as under precise cache state, whose removals do it),
+	// negative when unknown (leave the index's as it is).
 	CapacityTokens int
 	// ClearedAtMs is when the engine last dropped its cache
 	// (AllBlocksCleared, a restart): a later value than the one applied
@@ -60,7 +62,7 @@ type slotTable struct {
 	// applied is, per address of the candidate set last applied (n
 	// hosts), the facts applied to the index.
 	n       int
-	applied map[string]HostFacts
+	applied map[string]applied
 	// sync and refs are Sync's input and output, in the hosts' order; seq
 	// is the table's seq after; due asks Housekeep for another Sync
 	// (departed slots still kept, or a failed write).
@@ -77,6 +79,13 @@ type slotTable struct {
 	// it to (0: none), so that a slot reassigned drops what the dispatcher
 	// learned about its previous host (forgetSlot).
 	gens [MaxSlots]uint32
+}
+
+// applied is what this worker applied of a host's facts.
+type applied struct {
+	capacity    int
+	hasCapacity bool // capacity was applied (0 is a capacity: unbounded)
+	clearedAtMs int64
 }
 
 // departure is a departed slot kept, and since when.
@@ -113,23 +122,23 @@ func (r *Dispatcher) SetHosts(hosts []scorer.Host, facts []HostFacts, pushed boo
 		addr := hosts[i].Address
 		was, ok := s.applied[addr]
 		changed = changed || !ok
-		var f HostFacts
+		f := HostFacts{CapacityTokens: -1}
 		if i < len(facts) {
 			f = facts[i]
 		}
 		sh := index.SyncHost{Addr: addr, CapacityTokens: -1}
-		if f.CapacityTokens > 0 && was.CapacityTokens != f.CapacityTokens {
+		if f.CapacityTokens >= 0 && (!was.hasCapacity || was.capacity != f.CapacityTokens) {
 			sh.CapacityTokens = f.CapacityTokens
 			changed = true
 		}
-		if f.ClearedAtMs > was.ClearedAtMs {
+		if f.ClearedAtMs > was.clearedAtMs {
 			sh.Clear = true
 			changed = true
 		}
 		s.sync = append(s.sync, sh)
 	}
 	if changed { // forget what was applied for departed hosts
-		next := make(map[string]HostFacts, len(hosts))
+		next := make(map[string]applied, len(hosts))
 		for i := range hosts {
 			next[hosts[i].Address] = s.applied[hosts[i].Address]
 		}
@@ -144,10 +153,10 @@ func (r *Dispatcher) SetHosts(hosts []scorer.Host, facts []HostFacts, pushed boo
 		for i, sh := range s.sync {
 			a := s.applied[sh.Addr]
 			if sh.CapacityTokens >= 0 {
-				a.CapacityTokens = facts[i].CapacityTokens
+				a.capacity, a.hasCapacity = sh.CapacityTokens, true
 			}
 			if sh.Clear {
-				a.ClearedAtMs = facts[i].ClearedAtMs
+				a.clearedAtMs = facts[i].ClearedAtMs
 			}
 			s.applied[sh.Addr] = a
 		}

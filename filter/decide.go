@@ -107,7 +107,7 @@ func (s *routerStream) decide(in *dispatch.Input) {
 	p.prepare(nowMs)
 	t, res := p.disp.Decide(in, p.hosts)
 	if p.reporter != nil && t.Host >= 0 {
-		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens)
+		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens, p.disp.DecidedCharsPerToken())
 	}
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0

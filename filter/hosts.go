@@ -19,6 +19,23 @@ type candidate struct {
 	blockCapacity        int
 	capacityTokens       int   // KV capacity in tokens (0: unknown)
 	clearedAtMs          int64 // when the engine last dropped its cache
+	// precise: the metrics service bridges the engine's KV events into
+	// removals the index can trust instead of its capacity model
+	// (snapshot.Host.PreciseCacheState).
+	precise bool
+}
+
+// indexCapacity is the KV capacity the index ages the host's blocks by:
+// none (0, unbounded) under precise cache state, whose removals do it;
+// else the engine's, -1 when unknown (leave the index's as it is).
+func (c *candidate) indexCapacity() int {
+	switch {
+	case c.precise:
+		return 0
+	case c.capacityTokens > 0:
+		return c.capacityTokens
+	}
+	return -1
 }
 
 // housekeepMs is how often on_tick revisits the slot table: frees departed
@@ -34,6 +51,7 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 	hosts := make([]scorer.Host, 0, len(cs))
 	facts := make([]dispatch.HostFacts, 0, len(cs))
 	pos := make(map[string]int, len(cs))
+	anyPrecise := false
 	for _, c := range cs {
 		h := scorer.Host{Address: c.address, Slot: -1}
 		if old, ok := p.pos[c.address]; ok && old < len(p.hosts) {
@@ -49,11 +67,18 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
-		facts = append(facts, dispatch.HostFacts{CapacityTokens: c.capacityTokens, ClearedAtMs: c.clearedAtMs})
+		facts = append(facts, dispatch.HostFacts{CapacityTokens: c.indexCapacity(), ClearedAtMs: c.clearedAtMs})
+		if c.precise {
+			anyPrecise = true
+		}
 		pos[c.address] = len(hosts)
 		hosts = append(hosts, h)
 	}
 	p.hosts, p.pos = hosts, pos
+	p.precise = nil
+	if anyPrecise {
+		p.precise = cs
+	}
 	p.lastModel = ""
 	p.slotsApplied(p.disp.SetHosts(hosts, facts, pushed, p.now().UnixMilli()))
 }
@@ -123,13 +148,13 @@ func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
 		cs[i] = candidate{address: addr, role: h.Role, model: h.Model, adapters: h.Adapters,
 			maxAdapters: h.MaxAdapters, adapterSlotsUsed: h.AdapterSlotsUsed, healthy: h.Healthy,
 			waiting: h.Waiting, running: h.Running, kvUsage: h.KVUsage, blockCapacity: capacity / tokensPerBlock,
-			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs}
+			capacityTokens: capacity, clearedAtMs: h.ClearedAtMs, precise: h.PreciseCacheState}
 	}
 	// Engine facts the index keeps for every worker, KV capacity (drives
 	// eviction of the index's beliefs) and cache clears (AllBlocksCleared,
 	// restarts), ride the same Sync; each worker applies a change once.
 	p.setHosts(cs, true)
-	p.stateGen, p.stateTs = gen, st.TimestampMs
+	p.stateGen, p.stateTs, p.stateCursor = gen, st.TimestampMs, st.Cursor
 	if len(st.Gateways) > 0 {
 		p.remoteLoads(st.Gateways) // gateways that do not report still count the others'
 	}
@@ -143,6 +168,9 @@ func (p *routerPlugin) prepare(nowMs int64) {
 	if stale {
 		p.stats.staleState.Increment(1)
 		p.dropRemote()
+		if p.precise != nil {
+			p.dropPrecise()
+		}
 	}
 	if p.breakers.anyOpen() {
 		p.markOpenBreakers(stale, nowMs)
@@ -153,6 +181,35 @@ func (p *routerPlugin) prepare(nowMs int64) {
 		h := &p.hosts[i]
 		h.Stale, h.BreakerOpen = stale, false
 	}
+}
+
+// dropPrecise puts the capacity model back for the hosts whose pushed
+// state said precise cache state, once that state is stale: without fresh
+// pushes their removals no longer come, and only the capacity model ages
+// out what the engines evict. The next fresh push that says precise turns
+// it off again. Out of prepare's line (noinline): rare.
+//
+//go:noinline
+func (p *routerPlugin) dropPrecise() {
+	cs := p.precise
+	if len(cs) != len(p.hosts) {
+		p.precise = nil
+		return
+	}
+	facts := make([]dispatch.HostFacts, len(cs))
+	for i := range cs {
+		facts[i] = dispatch.HostFacts{CapacityTokens: cs[i].indexCapacity(), ClearedAtMs: cs[i].clearedAtMs}
+		if cs[i].precise && cs[i].capacityTokens > 0 {
+			facts[i].CapacityTokens = cs[i].capacityTokens
+		}
+	}
+	rep := p.disp.SetHosts(p.hosts, facts, true, p.now().UnixMilli())
+	p.slotsApplied(rep)
+	if rep.Err != nil {
+		return // the next stale decision tries again
+	}
+	p.precise = nil
+	p.stats.preciseDropped.Increment(1)
 }
 
 // markOpenBreakers is prepare's per-host breaker lookup while some breaker is

@@ -135,7 +135,7 @@ func (p *routerPlugin) startReports() {
 // remember it in its prefix memory, whose keys are spread along the chain.
 //
 //go:noinline
-func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int) {
+func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int, charsPerToken float64) {
 	const from = 0
 	if len(chain) == 0 {
 		return
@@ -159,6 +159,10 @@ func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int) {
 	r.routes = base64.StdEncoding.AppendEncode(r.routes, r.chainBuf)
 	r.routes = append(r.routes, `","promptTokens":`...)
 	r.routes = strconv.AppendInt(r.routes, int64(max(promptTokens, 0)), 10)
+	if charsPerToken > 0 {
+		r.routes = append(r.routes, `,"charsPerToken":`...)
+		r.routes = strconv.AppendFloat(r.routes, charsPerToken, 'f', 3, 64)
+	}
 	r.routes = append(r.routes, '}')
 	r.n++
 }

@@ -34,7 +34,14 @@ type routerPlugin struct {
 	pos      map[string]int
 	stateGen uint64 // generation of the pushed state in hosts (0: static endpoints)
 	stateTs  int64  // its timestampMs
-	breakers *breakers
+	// stateCursor is the pulled state's cursor in the service's log of
+	// routes and removals (filter/pull.go); "" when pushed.
+	stateCursor string
+	breakers    *breakers
+	// precise is the pushed candidates (cs of setHosts) while some host's
+	// capacity model is off for precise cache state, nil otherwise: the
+	// capacities dropPrecise puts back when the pushed state goes stale.
+	precise []candidate
 	// housekeptAt is the last housekeep (the candidates' index slots are
 	// the dispatcher's: dispatch.Dispatcher.SetHosts).
 	housekeptAt int64
@@ -112,6 +119,7 @@ type routerStats struct {
 	unavailable, modelUnavailable                 metricCounter
 	clientRankRemoved                             metricCounter
 	reportsSent, reportsFailed, removalsApplied   metricCounter
+	preciseDropped                                metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
@@ -176,6 +184,7 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string) (
 		reportsSent:          counterMetric("reports.sent"),
 		reportsFailed:        counterMetric("reports.failed"),
 		removalsApplied:      counterMetric("state.removals_applied"),
+		preciseDropped:       counterMetric("state.precise_dropped"),
 		slotsFreed:           counterMetric("host_slots.freed"),
 		slotsUnassigned:      counterMetric("host_slots.unassigned"),
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),

@@ -39,6 +39,9 @@ type pushedState struct {
 	Gateways []snapshot.GatewayReport
 	// Removals are the engines' bridged evictions (filter/report.go).
 	Removals []snapshot.Removal
+	// Cursor is where a pulled state's routes and removals end in the
+	// service's log: the next pull asks from there (filter/pull.go).
+	Cursor string
 }
 
 // decodeSnapshot validates a pushed body. The error is the 400 message.
@@ -98,12 +101,34 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 			return pushedState{}, err
 		}
 	}
+	if c := root.Get("cursor"); c.Exists() {
+		if !validCursor(c) {
+			return pushedState{}, errors.New("cursor: must be a string of at most 64 characters of [0-9A-Za-z._-]")
+		}
+		st.Cursor = c.Str
+	}
 	if r := root.Get("removals"); r.Exists() && r.Type != gjson.Null {
 		if st.Removals, err = decodeRemovals(r); err != nil {
 			return pushedState{}, err
 		}
 	}
 	return st, nil
+}
+
+// validCursor accepts a pull cursor (snapshot.State.Cursor): it goes into
+// the next pull's query string as it is.
+func validCursor(c gjson.Result) bool {
+	if c.Type != gjson.String || len(c.Str) > 64 {
+		return false
+	}
+	for i := 0; i < len(c.Str); i++ {
+		switch b := c.Str[i]; {
+		case b >= '0' && b <= '9', b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b == '.', b == '_', b == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // maxRemovalBlocks bounds one removal's chain (a prompt of a few million
@@ -247,6 +272,12 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		return host, fmt.Errorf("%s.healthy: must be a boolean", at)
 	}
 	host.Healthy = !healthy.Exists() || healthy.Bool()
+	if v := m.get("preciseCacheState"); v.Exists() {
+		if v.Type != gjson.True && v.Type != gjson.False {
+			return host, fmt.Errorf("%s.preciseCacheState: must be a boolean", at)
+		}
+		host.PreciseCacheState = v.Type == gjson.True
+	}
 	ints := []struct {
 		name string
 		dst  *int
