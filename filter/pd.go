@@ -206,7 +206,8 @@ type pdStream struct {
 	// x-data-parallel-rank: each hop names its own rank.
 	prefillRank, decodeRank string
 	prefillRanks            int
-	hasCL   bool   // the request carries content-length (kept exact)
+
+	hasCL   bool // the request carries content-length (kept exact)
 	headers [][2]string
 	body    []byte          // the client's body, for the request and the fallbacks
 	members []openai.Member // its top-level members (aliasing body)
