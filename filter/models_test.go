@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/filter/statnames"
 	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // modelList is OpenAI's model list as a client reads it.
@@ -286,5 +287,28 @@ func TestWasmPushedRankOutsideEndpointRefused(t *testing.T) {
 	}
 	if after := h.UpstreamRequests(); after[addrs[1]]-before[addrs[1]] != 4 {
 		t.Errorf("requests went to %v, want all 4 on %s, the last good push's only host", after, addrs[1])
+	}
+}
+
+// Whether a model has a usable host reads "serves" as servesModel does: a
+// host of the model, a host naming no model, or a host listing the model
+// as a LoRA adapter; only healthy hosts with their breaker closed count.
+// (A request filtered out for another reason, with a usable host, keeps
+// Envoy's fallback and requests.no_candidate instead of a 503 whose
+// message would be false.)
+func TestModelUsable(t *testing.T) {
+	p := &routerPlugin{hosts: []scorer.Host{
+		{Address: "a", Model: "llama", Adapters: []string{"fin-lora"}},
+		{Address: "b", Model: "qwen", Unhealthy: true},
+		{Address: "c", Model: "mistral", BreakerOpen: true},
+	}}
+	for model, want := range map[string]bool{"llama": true, "fin-lora": true, "qwen": false, "mistral": false} {
+		if got := p.modelUsable(model); got != want {
+			t.Errorf("modelUsable(%q) = %v, want %v", model, got, want)
+		}
+	}
+	p.hosts = append(p.hosts, scorer.Host{Address: "d"}) // serves any model
+	if !p.modelUsable("qwen") {
+		t.Error("a healthy host naming no model serves qwen too")
 	}
 }

@@ -71,7 +71,7 @@ func (p *routerPlugin) applyStateReregistering(gen uint64) {
 		}
 	}
 	for _, h := range st.Hosts {
-		if _, ok := p.ix.Lookup(h.Address); !ok {
+		if _, ok := p.disp.Index().Lookup(h.Address); !ok {
 			continue
 		}
 		_ = h.BlockSize * h.NumGPUBlocks

@@ -728,20 +728,19 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 		return errBadMessages
 	}
 	n := 0
-	for i := SkipSpace(msgs, 1); ; n++ {
-		m, next, ok := p.doc.element(msgs, i)
-		if !ok {
-			break
-		}
-		i = next
-		if m[0] != '{' {
+	for i := SkipSpace(msgs, 1); i < len(msgs) && msgs[i] != ']'; n++ {
+		if msgs[i] != '{' {
 			return messageError(n, messageNotObject)
 		}
 		// One pass over the message's members (the content may be most
-		// of the body).
+		// of the body), from its opening brace to its closing one: the
+		// message is not first stepped over to find its end (its table
+		// entry, if any, is passed by).
+		p.doc.nextSpan(msgs[i:])
 		var msg [len(messageFields)][]byte // its members, by index in messageFields
-		for pos := SkipSpace(m, 1); ; {
-			k, v, next, ok := p.doc.member(m, pos)
+		pos := SkipSpace(msgs, i+1)
+		for {
+			k, v, next, ok := p.doc.member(msgs, pos)
 			if !ok {
 				break
 			}
@@ -749,6 +748,10 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 			if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
 				msg[f] = v
 			}
+		}
+		// msgs[pos] is the message's closing brace.
+		if i = SkipSpace(msgs, pos+1); i < len(msgs) && msgs[i] == ',' {
+			i = SkipSpace(msgs, i+1)
 		}
 		role, content := msg[messageRole], msg[messageContent]
 		if jsonType(role) != gjson.String || len(role) == 2 {
@@ -842,14 +845,13 @@ func (p *Parser) messageRest(fields *[len(messageFields)][]byte, i int) *Error {
 	case jsonType(content) == gjson.String:
 		p.hasher.Text(p.doc.text(content))
 	case content != nil && content[0] == '[':
-		for pos, j := SkipSpace(content, 1), 0; ; j++ {
-			part, next, ok := p.doc.element(content, pos)
-			if !ok {
-				break
-			}
-			pos = next
-			if err := p.part(part, i, j); err != nil {
+		for pos, j := SkipSpace(content, 1), 0; pos < len(content) && content[pos] != ']'; j++ {
+			end, err := p.part(content, pos, i, j)
+			if err != nil {
 				return err
+			}
+			if pos = SkipSpace(content, end); pos < len(content) && content[pos] == ',' {
+				pos = SkipSpace(content, pos+1)
 			}
 		}
 	case jsonType(content) == gjson.Null:
@@ -968,23 +970,28 @@ func (p *Parser) valueString(v []byte) string {
 	return gjson.Parse(unsafeString(v)).String()
 }
 
-// part hashes content part j of message i.
-func (p *Parser) part(part []byte, i, j int) *Error {
-	if part[0] != '{' {
-		return partError(i, j, "", "'%s' must be a content part object")
+// part hashes content part j of message i, which starts at content[at], and
+// returns the index after it.
+func (p *Parser) part(content []byte, at, i, j int) (int, *Error) {
+	if content[at] != '{' {
+		return at, partError(i, j, "", "'%s' must be a content part object")
 	}
-	// One walk of the part's members finds type, text and the first
-	// image_url and input_audio by their raw keys. gjson finds a member by
-	// its decoded key: a key with an escape (never a plain one) might decode
-	// to one of these, and then lookup walks the part again as gjson would.
+	// One walk of the part's members, from its opening brace to its
+	// closing one (not first stepped over to find its end), finds type,
+	// text and the first image_url and input_audio by their raw keys. gjson
+	// finds a member by its decoded key: a key with an escape (never a
+	// plain one) might decode to one of these, and then lookup walks the
+	// part again as gjson would.
+	p.doc.nextSpan(content[at:]) // its table entry, if any, is passed by
 	var typ, text, image, audio []byte
 	escapedKey := false
-	for i := SkipSpace(part, 1); ; {
-		k, v, next, ok := p.doc.member(part, i)
+	pos := SkipSpace(content, at+1)
+	for {
+		k, v, next, ok := p.doc.member(content, pos)
 		if !ok {
 			break
 		}
-		i = next
+		pos = next
 		switch ks := unsafeString(k); {
 		case is(ks, `"type"`):
 			typ = v
@@ -1002,16 +1009,17 @@ func (p *Parser) part(part []byte, i, j int) *Error {
 			escapedKey = escapedKey || hasBackslash(k)
 		}
 	}
+	part := content[at : pos+1] // content[pos] is its closing brace
 	if escapedKey {
 		image, audio = p.lookup(part, "image_url"), p.lookup(part, "input_audio")
 	}
 	if jsonType(typ) != gjson.String || typ == nil {
-		return partError(i, j, ".type", "'%s.type' must be a string")
+		return pos, partError(i, j, ".type", "'%s.type' must be a string")
 	}
 	switch t := p.doc.text(typ); t {
 	case "text":
 		if jsonType(text) != gjson.String || text == nil {
-			return partError(i, j, ".text", "'%s.text' must be a string")
+			return pos, partError(i, j, ".text", "'%s.text' must be a string")
 		}
 		p.hasher.Text(p.doc.text(text))
 	case "image_url":
@@ -1022,7 +1030,7 @@ func (p *Parser) part(part []byte, i, j int) *Error {
 		// Other part types shape the prompt too: hash them whole.
 		p.hasher.Part(t, unsafeString(part))
 	}
-	return nil
+	return pos + 1, nil
 }
 
 // partError is messageError for content part j of message i.
