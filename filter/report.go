@@ -338,7 +338,7 @@ func (p *routerPlugin) report(nowMs int64) {
 	b = append(b, `,"routes":[`...)
 	b = r.appendRing(b, from, to)
 	b = append(b, `],"load":[`...)
-	loads := p.ix.Loads(nil)
+	loads := p.disp.Loads(nil)
 	first := true
 	for i := range p.hosts {
 		h := &p.hosts[i]
@@ -408,7 +408,7 @@ func (p *routerPlugin) learnReports(st *pushedState) {
 			continue
 		}
 		for _, rt := range rep.Routes {
-			ref, ok := p.ix.Lookup(rt.Address)
+			ref, ok := p.disp.Lookup(rt.Address)
 			if !ok {
 				continue
 			}
@@ -442,7 +442,7 @@ func (p *routerPlugin) learnReports(st *pushedState) {
 func (p *routerPlugin) learnRemovals(rs []snapshot.Removal) {
 	var chain []uint64
 	for _, rm := range rs {
-		ref, ok := p.ix.Lookup(rm.Address)
+		ref, ok := p.disp.Lookup(rm.Address)
 		if !ok {
 			continue
 		}
@@ -454,7 +454,7 @@ func (p *routerPlugin) learnRemovals(rs []snapshot.Removal) {
 		for j := 0; j+8 <= len(raw); j += 8 {
 			chain = append(chain, binary.LittleEndian.Uint64(raw[j:]))
 		}
-		if err := p.ix.Removed(ref, chain, rm.From); err != nil {
+		if err := p.disp.Removed(ref, chain, rm.From); err != nil {
 			p.stats.indexErrors.Increment(1)
 			continue
 		}

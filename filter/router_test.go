@@ -553,7 +553,7 @@ func TestLoadCountersReturnToZero(t *testing.T) {
 			open = open[1:]
 		}
 	}
-	loads := p.ix.Loads(nil)
+	loads := p.disp.Index().Loads(nil)
 	busy := false
 	for _, l := range loads {
 		if l.InFlight != 0 {
@@ -566,7 +566,7 @@ func TestLoadCountersReturnToZero(t *testing.T) {
 	for _, id := range open {
 		host.CompleteHttpContext(id)
 	}
-	for slot, l := range p.ix.Loads(nil) {
+	for slot, l := range p.disp.Index().Loads(nil) {
 		if l != (index.Load{}) {
 			t.Errorf("slot %d load after every stream ended = %+v, want zero", slot, l)
 		}
@@ -602,19 +602,19 @@ func TestOneChunkResponseReleasesOnce(t *testing.T) {
 	host, p := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
 	id, _ := post(host, completion)
 	busy := false
-	for _, l := range p.ix.Loads(nil) {
+	for _, l := range p.disp.Index().Loads(nil) {
 		busy = busy || l.InFlight != 0
 	}
 	if !busy {
 		t.Fatal("no host shows the routed request's load")
 	}
 	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
-	writes := p.ix.Metrics().Writes
+	writes := p.disp.Index().Metrics().Writes
 	host.CallOnResponseBody(id, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens":48}}}`), true)
-	if got := p.ix.Metrics().Writes - writes; got != 1 {
+	if got := p.disp.Index().Metrics().Writes - writes; got != 1 {
 		t.Errorf("shared-data writes for a one-chunk response = %d, want 1 (the release alone)", got)
 	}
-	for slot, l := range p.ix.Loads(nil) {
+	for slot, l := range p.disp.Index().Loads(nil) {
 		if l != (index.Load{}) {
 			t.Errorf("slot %d load after the last body chunk = %+v, want zero", slot, l)
 		}
@@ -650,7 +650,7 @@ func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
 			host, p := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
 			id, _ := post(host, tc.body)
 			total := func() (l index.Load) {
-				for _, x := range p.ix.Loads(nil) {
+				for _, x := range p.disp.Index().Loads(nil) {
 					l.InFlight += x.InFlight
 					l.PrefillTokens += x.PrefillTokens
 					l.DecodeTokens += x.DecodeTokens
@@ -661,17 +661,17 @@ func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
 				t.Fatalf("load after routing = %+v, want one request with pending prompt tokens", l)
 			}
 			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
-			writes := p.ix.Metrics().Writes
+			writes := p.disp.Index().Metrics().Writes
 			host.CallOnResponseBody(id, []byte(`data: {"choices":[{"text":"hi"}]}`+"\n\n"), false)
-			if got := int(p.ix.Metrics().Writes - writes); got != tc.writesAtFirst {
+			if got := int(p.disp.Index().Metrics().Writes - writes); got != tc.writesAtFirst {
 				t.Errorf("shared-data writes at the first chunk = %d, want %d", got, tc.writesAtFirst)
 			}
 			if l := total(); l.InFlight != 1 || (l.PrefillTokens != 0) != tc.prefillAfter {
 				t.Errorf("load after the first chunk = %+v, want in flight with prompt tokens pending: %v", l, tc.prefillAfter)
 			}
-			writes = p.ix.Metrics().Writes
+			writes = p.disp.Index().Metrics().Writes
 			host.CallOnResponseBody(id, nil, true)
-			if got := p.ix.Metrics().Writes - writes; got != 1 {
+			if got := p.disp.Index().Metrics().Writes - writes; got != 1 {
 				t.Errorf("shared-data writes at the last chunk = %d, want 1 (the release)", got)
 			}
 			if l := total(); l != (index.Load{}) {
@@ -730,7 +730,7 @@ func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 			if got := counter(t, host, "kvroute.router.feedback.predicted_cached_tokens"); got != 0 {
 				t.Errorf("feedback.predicted_cached_tokens = %d, want 0", got)
 			}
-			for slot, l := range p.ix.Loads(nil) {
+			for slot, l := range p.disp.Index().Loads(nil) {
 				if l != (index.Load{}) {
 					t.Errorf("slot %d load after the stream = %+v, want zero", slot, l)
 				}
@@ -874,7 +874,7 @@ func TestStatePushClearsAndSizesHosts(t *testing.T) {
 	matched := func() int {
 		p.parser.Parse([]byte(body), openai.Chat)
 		var m index.Matches
-		if err := p.ix.Query(p.parser.Hasher().Blocks(), &m); err != nil {
+		if err := p.disp.Index().Query(p.parser.Hasher().Blocks(), &m); err != nil {
 			t.Fatal(err)
 		}
 		_, blocks := m.Best()
