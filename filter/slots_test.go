@@ -207,7 +207,7 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 	ts := time.Now().Add(-time.Duration(pushes) * time.Millisecond).UnixMilli()
 	for k := 0; k < pushes; k++ {
 		ts++
-		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
 			t.Fatalf("push %d: %d %s", k, code, body)
 		}
 		if k == pushes/2 {
@@ -223,13 +223,13 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 		hosts = append(hosts, fmt.Sprintf(`{"address":%q}`, a))
 	}
 	last := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, ts+1, strings.Join(hosts, ","))
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", last, auth); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", last, auth); code != 200 {
 		t.Fatalf("last push: %d %s", code, body)
 	}
 	before := h.CounterValue("kvroute.router.predicted_cached_tokens")
 	prompt := chatBody(systemPrompt(7), "the same question")
 	for i := 0; i < 4; i++ { // both workers, twice
-		if code, body, _ := call(t, "POST", url+"/v1/chat/completions", prompt, nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", prompt, nil); code != 200 {
 			t.Fatalf("request %d: %d %s", i, code, body)
 		}
 	}
@@ -424,7 +424,7 @@ func TestWasmDepartedHostSlotFreedOnTick(t *testing.T) {
 	h, url := startRouterConfig(t, []string{slow, other}, 1, tickConfig)
 	departedFreedOnTick(t, tickHost{
 		post: func(path, body string, hdr map[string]string) int {
-			code, _, _ := call(t, "POST", url+path, body, hdr)
+			code, _, _ := testenv.Call(t, "POST", url+path, body, hdr)
 			return code
 		},
 		store:   hostStore{h},

@@ -586,6 +586,13 @@ func (p *Parser) prompt(v []byte, name string) *Error {
 	case jsonTypeOf[c] == gjson.Number:
 		_, err = p.tokenIDs(v, 0, name, -1)
 	case c == '"':
+		if t, ok := p.doc.texts(v); ok {
+			// Strings that the validating pass has read: their text
+			// hashed from there (the hasher concatenates texts outside a
+			// chat, as texts does).
+			p.hasher.Text(unsafeString(t))
+			return nil
+		}
 		return p.texts(v, first, name)
 	case c == '[':
 		for i, n := first, 0; i < len(v) && v[i] != ']'; n++ {

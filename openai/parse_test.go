@@ -590,3 +590,51 @@ func TestTokenRunsMatchTheReader(t *testing.T) {
 		}
 	}
 }
+
+// TestTextRunsMatchTheReader is TestTokenRunsMatchTheReader for a long
+// prompt of strings, whose text the validating pass gathers (see
+// stringArray): escapes, non-ASCII text and empty strings hash as one
+// string at a time does, and a string that is not UTF-8 or an element that
+// is not a string refuses it as before.
+func TestTextRunsMatchTheReader(t *testing.T) {
+	p := newParser(t, `{}`)
+	ref := index.NewHasher(index.HashConfig{})
+	long := strings.Repeat(`"ab",""," c\nd \u00e9\ud83d\ude00","日本語のテキスト","`+strings.Repeat("x", 70)+`",`, 30)
+	for _, tc := range []struct {
+		prompt, param string // param: "" for accepted
+	}{
+		{"[" + long + `"end"]`, ""},
+		{"[" + long + `"\/"]`, ""},
+		{"[" + long + "\"\xff\"]", "-"},
+		{"[" + long + `7]`, "prompt"},
+		{"[" + long + `"a" ]`, ""},
+	} {
+		body := []byte(`{"model":"m","prompt":` + tc.prompt + `}`)
+		_, err := p.Parse(body, Completions)
+		switch {
+		case tc.param == "" && err != nil:
+			t.Errorf("%.40s: %s", tc.prompt, err.Message)
+			continue
+		case tc.param == "-" && err != errBodyNotUTF8:
+			t.Errorf("%.40s: error %v, want the UTF-8 one", tc.prompt, err)
+			continue
+		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[150]")):
+			t.Errorf("%.40s: error %v, want one naming %s[150]", tc.prompt, err, tc.param)
+			continue
+		case tc.param != "":
+			continue
+		}
+		ref.Reset("m", "", "")
+		gjson.Get(string(body), "prompt").ForEach(func(_, v gjson.Result) bool {
+			ref.Text(v.String())
+			return true
+		})
+		if !slices.Equal(p.hasher.Blocks(), ref.Blocks()) || p.hasher.Len() != ref.Len() {
+			t.Errorf("%.40s: hashed %d blocks (%d bytes), one string at a time %d (%d)", tc.prompt, len(p.hasher.Blocks()), p.hasher.Len(), len(ref.Blocks()), ref.Len())
+		}
+	}
+	// The last case has a space before its bracket: no run, the reader's way.
+	if _, err := p.Parse([]byte(`{"model":"m","prompt":[`+long+`"end"]}`), Completions); err != nil || len(p.doc.textRuns) != 1 {
+		t.Errorf("the validating pass gathered %d texts (error %v), want 1", len(p.doc.textRuns), err)
+	}
+}
