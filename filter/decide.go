@@ -144,7 +144,7 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *dispatch.Input
 	s.primary = hosts[order[0]].Address
 	// The host copies the value: no string copy of p.dest (see emulatedHost).
 	value := unsafeString(dest)
-	if emulatedHost {
+	if p.store.emulated {
 		value = string(dest)
 	}
 	if err := setRequestHeader(cfg.DestinationHeader, value); err != nil {

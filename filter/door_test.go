@@ -71,3 +71,51 @@ func TestFilterReachesIndexAndScorerThroughDispatch(t *testing.T) {
 		})
 	}
 }
+
+// Test seams are Options given where the filters are built
+// (NewVMContextWith), not package variables a test overwrites: no test
+// assigns a package-level variable of the production code.
+func TestTestsSetNoPackageVariables(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	prodVars := map[string]bool{}
+	var tests []*ast.File
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(name, "_test.go") {
+			tests = append(tests, f)
+			continue
+		}
+		for _, d := range f.Decls {
+			if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.VAR {
+				for _, s := range g.Specs {
+					for _, n := range s.(*ast.ValueSpec).Names {
+						prodVars[n.Name] = true
+					}
+				}
+			}
+		}
+	}
+	for _, f := range tests {
+		ast.Inspect(f, func(n ast.Node) bool {
+			a, ok := n.(*ast.AssignStmt)
+			if !ok {
+				return true
+			}
+			for _, l := range a.Lhs {
+				// Obj is nil for a name declared in another file: the
+				// package's own variables, not a test's locals.
+				if id, ok := l.(*ast.Ident); ok && id.Obj == nil && id.Name != "_" && prodVars[id.Name] {
+					t.Errorf("%s: a test sets the package variable %s: make it an Options field", fset.Position(id.Pos()), id.Name)
+				}
+			}
+			return true
+		})
+	}
+}

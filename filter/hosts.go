@@ -114,7 +114,7 @@ func (p *routerPlugin) housekeep() {
 
 // refreshState picks up a state push made on any worker.
 func (p *routerPlugin) refreshState() {
-	if gen := loadStateGen(); gen != 0 && gen != p.stateGen {
+	if gen := loadStateGen(p.store); gen != 0 && gen != p.stateGen {
 		p.applyState(gen)
 	}
 }

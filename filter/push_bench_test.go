@@ -42,7 +42,7 @@ func storePush(b *testing.B, body []byte) uint64 {
 			b.Fatal(err)
 		}
 	}
-	gen := loadStateGen() + 1
+	gen := loadStateGen(&sharedStore{emulated: true}) + 1
 	var buf [8]byte
 	binary.LittleEndian.PutUint64(buf[:], gen)
 	_, cas, err := proxywasm.GetSharedData(stateGenKey)

@@ -86,8 +86,7 @@ type reporter struct {
 
 // gatewayID reads the gateway's id from shared data, making it if no
 // worker has yet (16 hex digits, random).
-func gatewayID() (string, error) {
-	store := &sharedStore{emulated: emulatedHost}
+func gatewayID(store *sharedStore) (string, error) {
 	for range maxCASAttempts {
 		v, _, err := store.Get(gatewayIDKey)
 		if err == nil && len(v) > 0 {
@@ -112,7 +111,7 @@ func gatewayID() (string, error) {
 // a quarter interval in the worker before the ring has it.
 func (p *routerPlugin) startReports() {
 	rc := p.cfg.State.Report
-	id, err := gatewayID()
+	id, err := gatewayID(p.store)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.router: gateway id: %v (no routing reports from this worker)", err)
 		return
@@ -120,7 +119,7 @@ func (p *routerPlugin) startReports() {
 	if p.token == "" {
 		proxywasm.LogWarnf("kvroute.router: state.report needs the state token (state.token or state.tokenEnv): the metrics service refuses reports without it")
 	}
-	p.reporter = &reporter{gateway: id, worker: rand.Uint64() | 1, store: &sharedStore{emulated: emulatedHost}}
+	p.reporter = &reporter{gateway: id, worker: rand.Uint64() | 1, store: p.store}
 	tick := max(rc.IntervalMs/4, 5)
 	if p.adm != nil && p.cfg.Admission.TickMs < tick {
 		tick = p.cfg.Admission.TickMs

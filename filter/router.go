@@ -14,10 +14,6 @@ import (
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// routerStarted, when set (by tests), receives every router plugin that
-// starts, so tests can read its books.
-var routerStarted func(*routerPlugin)
-
 // routerPlugin is the kvroute.router root, one per worker VM. It owns the
 // VM's view of the candidates, its dispatcher (the door to the index and
 // the decision) and the request scratch.
@@ -26,6 +22,7 @@ type routerPlugin struct {
 	stats  routerStats
 	token  string // state endpoint bearer token ("" disables pushes)
 	disp   *dispatch.Dispatcher
+	store  *sharedStore // the gateway's shared data
 	parser openai.Parser
 
 	// hosts is the candidate set handed to every decision; pos maps an
@@ -137,12 +134,12 @@ func rejectedCounter(reason string) metricCounter {
 	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
 
-func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string) (*routerPlugin, error) {
-	now := clock
+func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string, opts Options) (*routerPlugin, error) {
+	now := opts.Clock
 	if now == nil {
 		now = time.Now
 	}
-	p := &routerPlugin{cfg: cfg, now: now, stepped: clock != nil, pos: map[string]int{},
+	p := &routerPlugin{cfg: cfg, now: now, stepped: opts.Clock != nil, pos: map[string]int{},
 		hostVal: make([]byte, hostValSize), born: now(), bornMono: monoNanos()}
 	p.stats = routerStats{
 		commonStats:          newCommonStats(statnames.Router),
@@ -199,11 +196,16 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string) (
 			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
 		}
 	}
-	store := &sharedStore{emulated: emulatedHost}
+	store := &sharedStore{emulated: opts.Emulated}
+	p.store = store
 	// The index, session pins and prefix memory in shared data: every
 	// worker of the gateway routes a conversation's next turn alike
 	// (docs/topology.md).
-	disp, err := dispatch.NewShared(dispatch.Config{Handler: handler, Shared: store}, nil)
+	var indexNow func() int64 // the index's clock: the wall clock, or the test's
+	if p.stepped {
+		indexNow = func() int64 { return p.now().UnixMilli() }
+	}
+	disp, err := dispatch.NewShared(dispatch.Config{Handler: handler, Shared: store}, indexNow)
 	if err != nil {
 		return nil, err
 	}
@@ -239,8 +241,8 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string) (
 	for _, w := range warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
-	if routerStarted != nil {
-		routerStarted(p)
+	if opts.started != nil {
+		opts.started(p)
 	}
 	return p, nil
 }

@@ -24,12 +24,18 @@ const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10
 // when one started.
 func newHost(t testing.TB, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
 	t.Helper()
+	return newHostWith(t, Options{}, rootID, cfg, want)
+}
+
+// newHostWith is newHost with opts (Emulated is always set: the host is
+// the SDK's emulator).
+func newHostWith(t testing.TB, opts Options, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
+	t.Helper()
 	var started *routerPlugin
-	routerStarted = func(p *routerPlugin) { started = p }
-	emulatedHost = true
-	t.Cleanup(func() { routerStarted, emulatedHost = nil, false })
+	opts.started = func(p *routerPlugin) { started = p }
+	opts.Emulated = true
 	opt := proxytest.NewEmulatorOption().
-		WithVMContext(NewVMContext("test")).
+		WithVMContext(NewVMContextWith("test", opts)).
 		WithPluginConfiguration([]byte(cfg)).
 		WithProperty([]string{"plugin_root_id"}, []byte(rootID))
 	host, reset := proxytest.NewHostEmulator(opt)
@@ -343,9 +349,7 @@ func pushBodyRaw(ts string, addrs ...string) string {
 
 func TestStateEndpointAuthAndValidation(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000}}`, types.OnPluginStartStatusOK)
 	good := pushBody(now.UnixMilli(), "10.1.0.1:8000", "10.1.0.2:8000")
 	cases := []struct {
 		name, auth, body string
@@ -421,9 +425,7 @@ func TestStateEndpointAuthAndValidation(t *testing.T) {
 // changes nothing; the same snapshot again, or a newer one, is accepted.
 func TestStatePushOlderThanInForceRefused(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
 	push := func(body string) int {
 		t.Helper()
 		id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
@@ -437,7 +439,7 @@ func TestStatePushOlderThanInForceRefused(t *testing.T) {
 	if code := push(pushBody(ts, "10.1.0.1:8000")); code != 200 {
 		t.Fatalf("first push: %d", code)
 	}
-	gen := loadStateGen()
+	gen := loadStateGen(&sharedStore{emulated: true})
 	if code := push(pushBody(ts-3_600_000, "10.2.0.1:8000")); code != 409 {
 		t.Errorf("a push an hour older than the state in force: %d, want 409", code)
 	}
@@ -447,8 +449,8 @@ func TestStatePushOlderThanInForceRefused(t *testing.T) {
 	if got := counter(t, host, "kvroute.router.state.rejected_older"); got != 2 {
 		t.Errorf("state.rejected_older = %d, want 2", got)
 	}
-	if loadStateGen() != gen || p.stateTs != ts {
-		t.Fatalf("a refused push changed the state: gen %d -> %d, timestamp %d", gen, loadStateGen(), p.stateTs)
+	if loadStateGen(&sharedStore{emulated: true}) != gen || p.stateTs != ts {
+		t.Fatalf("a refused push changed the state: gen %d -> %d, timestamp %d", gen, loadStateGen(&sharedStore{emulated: true}), p.stateTs)
 	}
 	for i := 0; i < 3; i++ {
 		id, _ := post(host, completion)
@@ -473,9 +475,7 @@ func TestStatePushOlderThanInForceRefused(t *testing.T) {
 // breaker is open, must still stay out while others remain.
 func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000},"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000},"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}}`, types.OnPluginStartStatusOK)
 	const sick, broken = "10.1.0.2:8000", "10.1.0.3:8000"
 	body := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":"10.1.0.1:8000"},{"address":%q,"healthy":false},{"address":%q},{"address":"10.1.0.4:8000"}]}`, now.UnixMilli(), sick, broken)
 	id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
@@ -510,7 +510,7 @@ func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
 // loadStateGenIn reads the state generation through the emulator's shared data.
 func loadStateGenIn(t *testing.T, host proxytest.HostEmulator) uint64 {
 	t.Helper()
-	return loadStateGen()
+	return loadStateGen(&sharedStore{emulated: true})
 }
 
 func TestStateEndpointDisabledWithoutToken(t *testing.T) {
@@ -741,9 +741,7 @@ func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 
 func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
+	host, _ := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
 	bad := "10.0.0.2:8000"
 	respond := func(id uint32) { answer(host, id, bad) }
 	sentToBad := 0
@@ -783,9 +781,7 @@ func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 // theirs closed.
 func TestCircuitBreakerOpensOnLatency(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"latencyThresholdMs":2000,"cooldownMs":60000}}`, types.OnPluginStartStatusOK)
+	host, _ := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"latencyThresholdMs":2000,"cooldownMs":60000}}`, types.OnPluginStartStatusOK)
 	slow := "10.0.0.3:8000"
 	sentToSlow := 0
 	for i := 0; i < 12; i++ {

@@ -62,9 +62,7 @@ func answer(host proxytest.HostEmulator, id uint32, failing string) string {
 // shared load accounting.
 func TestStatePushChurnFreesHostSlots(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
 	push := func(addrs []string) {
 		t.Helper()
 		id, _ := send(host, "POST", "/.kvroute/v1/state", pushBody(now.UnixMilli(), addrs...), [2]string{"authorization", "Bearer " + stateToken})
@@ -136,9 +134,7 @@ func TestStatePushChurnFreesHostSlots(t *testing.T) {
 // period passes if the request never ends.
 func TestDepartedHostSlotFreedOnTick(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
 	push := func(addrs ...string) {
 		t.Helper()
 		now = now.Add(time.Second)

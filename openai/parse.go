@@ -39,8 +39,9 @@ func EndpointOf(path string) Endpoint {
 	return OtherEndpoint
 }
 
-// Request is what routing needs from one body. No prompt text, and no
-// string that aliases the body (which is reused).
+// Request is what routing needs from one body, all of it: the caller
+// reads nothing else of the parser. No prompt text, and no string that
+// aliases the body (which is reused).
 type Request struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
@@ -54,6 +55,17 @@ type Request struct {
 	ContinuousUsage bool
 	MaxTokens       int
 	PromptTokens    int
+	// The prompt as routing sees it: Chain is its block hash chain, Tokens
+	// the hasher that cut it (it counts the tokens of leading blocks), and
+	// PromptChars its canonical length in characters. They are the
+	// parser's, valid until its next Parse.
+	Chain       []uint64
+	Tokens      *index.Hasher
+	PromptChars int
+	// ClientOnly counts the gateway-only members (kv_transfer_params,
+	// bootstrap_*) the body held: the body goes on only without them
+	// (Parser.WithoutClientOnly).
+	ClientOnly int
 }
 
 // Error is a client error: the filter answers it locally with an
@@ -420,7 +432,9 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	if err != nil {
 		return r, err
 	}
-	r.PromptTokens = p.hasher.PromptTokens()
+	h := p.hasher
+	r.PromptTokens, r.Chain, r.Tokens, r.PromptChars = h.PromptTokens(), h.Blocks(), h, h.Len()
+	r.ClientOnly = p.dropped
 	return r, nil
 }
 
