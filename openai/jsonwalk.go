@@ -153,6 +153,9 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		if e < 0 && c == '"' {
 			e = shortString(b, i)
 		}
+		if k := SkipSpace(b, i+1); e < 0 && c != '"' && k < len(b) && b[k] == c+2 {
+			e = k + 1 // an empty container, which the table does not hold
+		}
 		if e < 0 {
 			if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
 				e = i + int(s.end-s.start)

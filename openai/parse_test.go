@@ -79,11 +79,17 @@ func TestParseStreamUsage(t *testing.T) {
 func TestParseHashesPrefixes(t *testing.T) {
 	p := newParser(t, `{}`)
 	sys := strings.Repeat("shared system prompt ", 100)
+	// The request carries the prompt's chain and length: the caller reads
+	// nothing of the parser.
 	chain := func(body string, kind Endpoint) []uint64 {
-		if _, err := p.Parse([]byte(body), kind); err != nil {
+		r, err := p.Parse([]byte(body), kind)
+		if err != nil {
 			t.Fatal(err.Message)
 		}
-		return append([]uint64(nil), p.hasher.Blocks()...)
+		if len(r.Chain) == 0 || r.Tokens == nil || r.PromptChars < len(sys) || r.Tokens.TokensIn(len(r.Chain)+1) != r.PromptTokens {
+			t.Fatalf("request: %d blocks, %d chars, %d tokens (hasher %v)", len(r.Chain), r.PromptChars, r.PromptTokens, r.Tokens != nil)
+		}
+		return append([]uint64(nil), r.Chain...)
 	}
 	a := chain(chatBody(sys, "one"), Chat)
 	b := chain(chatBody(sys, "two"), Chat)
@@ -160,8 +166,8 @@ func TestEscapedKeysCountAsDecoded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err.Message)
 	}
-	if r.Model != "m" {
-		t.Errorf("model %q, want m", r.Model)
+	if r.Model != "m" || r.ClientOnly != 1 {
+		t.Errorf("model %q, %d client-only members; want m, 1", r.Model, r.ClientOnly)
 	}
 	clean := p.WithoutClientOnly(body)
 	if p.dropped != 1 || strings.Contains(string(clean), "169.254") || gjson.GetBytes(clean, "prompt").Str != "hi" {
