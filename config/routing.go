@@ -224,14 +224,24 @@ func (p *Params) take(name string) (gjson.Result, bool) {
 	return v, ok
 }
 
-// Float reads a number parameter in [min, max], def when absent.
-func (p *Params) Float(name string, def, min, max float64) float64 {
+// value takes parameter name when it is given and of type t (True for a
+// boolean), reporting one of another type as not what (a number, ...).
+func (p *Params) value(name string, t gjson.Type, what string) (gjson.Result, bool) {
 	v, ok := p.take(name)
 	if !ok {
-		return def
+		return v, false
 	}
-	if v.Type != gjson.Number {
-		p.Errorf(name, "must be a number, got %s", kind(v))
+	if v.Type != t && !(t == gjson.True && v.Type == gjson.False) {
+		p.Errorf(name, "must be %s, got %s", what, kind(v))
+		return v, false
+	}
+	return v, true
+}
+
+// Float reads a number parameter in [min, max], def when absent.
+func (p *Params) Float(name string, def, min, max float64) float64 {
+	v, ok := p.value(name, gjson.Number, "a number")
+	if !ok {
 		return def
 	}
 	if v.Num < min || v.Num > max || math.IsNaN(v.Num) {
@@ -243,12 +253,8 @@ func (p *Params) Float(name string, def, min, max float64) float64 {
 
 // Int reads a whole-number parameter in [min, max], def when absent.
 func (p *Params) Int(name string, def, min, max int) int {
-	v, ok := p.take(name)
+	v, ok := p.value(name, gjson.Number, "a number")
 	if !ok {
-		return def
-	}
-	if v.Type != gjson.Number {
-		p.Errorf(name, "must be a number, got %s", kind(v))
 		return def
 	}
 	if v.Num != math.Trunc(v.Num) || v.Num < float64(min) || v.Num > float64(max) {
@@ -260,12 +266,8 @@ func (p *Params) Int(name string, def, min, max int) int {
 
 // Bool reads a boolean parameter, def when absent.
 func (p *Params) Bool(name string, def bool) bool {
-	v, ok := p.take(name)
+	v, ok := p.value(name, gjson.True, "true or false")
 	if !ok {
-		return def
-	}
-	if v.Type != gjson.True && v.Type != gjson.False {
-		p.Errorf(name, "must be true or false, got %s", kind(v))
 		return def
 	}
 	return v.Type == gjson.True
@@ -273,12 +275,8 @@ func (p *Params) Bool(name string, def bool) bool {
 
 // String reads a free-form string parameter, def when absent.
 func (p *Params) String(name, def string) string {
-	v, ok := p.take(name)
+	v, ok := p.value(name, gjson.String, "a string")
 	if !ok {
-		return def
-	}
-	if v.Type != gjson.String {
-		p.Errorf(name, "must be a string, got %s", kind(v))
 		return def
 	}
 	return v.Str
@@ -286,20 +284,16 @@ func (p *Params) String(name, def string) string {
 
 // Enum reads a string parameter that must be one of allowed; def when absent.
 func (p *Params) Enum(name, def string, allowed ...string) string {
-	if _, ok := p.m[name]; !ok {
-		p.read = append(p.read, name)
-		return def
-	}
-	v := p.String(name, "\x00")
-	if v == "\x00" {
+	v, ok := p.value(name, gjson.String, "a string")
+	if !ok {
 		return def
 	}
 	for _, a := range allowed {
-		if v == a {
-			return v
+		if v.Str == a {
+			return v.Str
 		}
 	}
-	p.Errorf(name, "%q is not one of %s", v, strings.Join(allowed, ", "))
+	p.Errorf(name, "%q is not one of %s", v.Str, strings.Join(allowed, ", "))
 	return def
 }
 

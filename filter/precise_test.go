@@ -52,7 +52,7 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 		now := time.Now()
 		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q,"blockSize":16,"numGpuBlocks":100,"preciseCacheState":%t}]}`,
 			now.UnixMilli(), addrs[0], precise)
-		if code, r, _ := call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
+		if code, r, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
 			t.Fatalf("push: %d %s", code, r)
 		}
 		return now
@@ -62,7 +62,7 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
 		responses := h.CounterValue("kvroute.router.feedback.responses")
 		body := `{"model":"m","prompt":"` + prompt + `","max_tokens":2}`
-		if code, r, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 			t.Fatalf("request: %d %s", code, r)
 		}
 		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
@@ -153,7 +153,7 @@ func TestWasmPulledStateCarriesRoutesAndRemovals(t *testing.T) {
 		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
 		responses := h.CounterValue("kvroute.router.feedback.responses")
 		served := h.UpstreamRequests()
-		if code, r, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 			t.Fatalf("request: %d %s", code, r)
 		}
 		var to string

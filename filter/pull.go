@@ -99,7 +99,7 @@ func (p *routerPlugin) takePulled(bodySize int) error {
 	if p.stateGen != 0 && st.TimestampMs <= p.stateTs {
 		return nil // nothing newer than what this worker runs
 	}
-	gen, err := storeState(body, st.TimestampMs)
+	gen, err := storeState(p.store, body, st.TimestampMs)
 	var older *olderStateError
 	if errors.As(err, &older) {
 		return nil // another worker stored a newer one meanwhile

@@ -29,7 +29,7 @@ func TestWasmOtherGatewaysLoadCounts(t *testing.T) {
 		t.Helper()
 		now := time.Now().UnixMilli()
 		body := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, now, addrs[0], addrs[1], gateways)
-		if code, resp, _ := call(t, "POST", url+"/.kvroute/v1/state", body, auth); code != 200 {
+		if code, resp, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", body, auth); code != 200 {
 			t.Fatalf("push: %d %s", code, resp)
 		}
 	}
@@ -37,7 +37,7 @@ func TestWasmOtherGatewaysLoadCounts(t *testing.T) {
 		before := h.UpstreamRequests()
 		for i := range n {
 			body := fmt.Sprintf(`{"model":"m","prompt":"question %d %s","max_tokens":2}`, i, strings.Repeat("x ", 20))
-			if code, resp, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			if code, resp, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 				t.Fatalf("request %d: %d %s", i, code, resp)
 			}
 		}
@@ -89,7 +89,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 		t.Helper()
 		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
 		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, time.Now().UnixMilli(), addrs[0], addrs[1], extra)
-		if code, r, _ := call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
+		if code, r, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
 			t.Fatalf("push: %d %s", code, r)
 		}
 	}
@@ -98,7 +98,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
 		responses := h.CounterValue("kvroute.router.feedback.responses")
 		served := h.UpstreamRequests()
-		if code, r, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 			t.Fatalf("request: %d %s", code, r)
 		}
 		var to string

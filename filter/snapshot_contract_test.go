@@ -14,16 +14,16 @@ import (
 func fullSnapshot() snapshot.State {
 	chain := base64.StdEncoding.EncodeToString(make([]byte, 16)) // two blocks
 	return snapshot.State{
-		Version: snapshot.Version, TimestampMs: 1_700_000_000_000, Source: "metrics-0",
+		Version: snapshot.Version, TimestampMs: 1_700_000_000_000, Source: "metrics-0", Cursor: "c-12.3",
 		Hosts: []snapshot.Host{{
 			Address: "10.0.0.1:8000", Role: snapshot.RoleDecode, Model: "m", Adapters: []string{"a"},
 			MaxAdapters: 4, AdapterSlotsUsed: 1, Healthy: true, Waiting: 2, Running: 3, KVUsage: 0.5,
-			BlockSize: 16, NumGPUBlocks: 1000, CachedBlocks: 10, ClearedAtMs: 1_699_000_000_000,
+			BlockSize: 16, NumGPUBlocks: 1000, CachedBlocks: 10, ClearedAtMs: 1_699_000_000_000, PreciseCacheState: true,
 			ScrapedAtMs: 1_700_000_000_000, DataParallelSize: 2, Rank: 1,
 		}},
 		Gateways: []snapshot.GatewayReport{{
 			Gateway: "gw-a", TimestampMs: 1_700_000_000_001, Seq: 7,
-			Routes: []snapshot.Route{{Address: "10.0.0.1:8000", From: 1, Chain: chain, PromptTokens: 40}},
+			Routes: []snapshot.Route{{Address: "10.0.0.1:8000", From: 1, Chain: chain, PromptTokens: 40, CharsPerToken: 3.5}},
 			Load:   []snapshot.HostLoad{{Address: "10.0.0.1:8000", InFlight: 1, PrefillTokens: 30, DecodeTokens: 20}},
 		}},
 		Removals: []snapshot.Removal{{Address: "10.0.0.1:8000", From: 1, Chain: chain}},
@@ -73,10 +73,17 @@ func TestDecodeSnapshotReadsEveryFieldOfTheContract(t *testing.T) {
 		t.Fatalf("decodeSnapshot refused the service's own encoding: %v\n%s", err, body)
 	}
 	// Version is checked, not kept. The gateway does not read Source (the
-	// service's logs) nor a report's Seq (how the service drops a retried
-	// report): only these may be missing from what it decodes.
+	// service's logs), a report's Seq (how the service drops a retried
+	// report) nor a route's CharsPerToken (for the service's bridge): only
+	// these may be missing from what it decodes.
 	for i := range want.Gateways {
 		want.Gateways[i].Seq = 0
+		for j := range want.Gateways[i].Routes {
+			want.Gateways[i].Routes[j].CharsPerToken = 0
+		}
+	}
+	if got.Cursor != want.Cursor {
+		t.Errorf("cursor = %q, want %q", got.Cursor, want.Cursor)
 	}
 	if got.TimestampMs != want.TimestampMs {
 		t.Errorf("timestampMs = %d, want %d", got.TimestampMs, want.TimestampMs)

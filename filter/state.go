@@ -451,8 +451,7 @@ func (e *olderStateError) Error() string {
 // force: of two pushes racing on two workers, the older one is refused
 // (olderStateError) whichever lands first. A push stamped like the one in
 // force (the same snapshot sent again) is accepted.
-func storeState(body []byte, ts int64) (uint64, error) {
-	st := &sharedStore{emulated: emulatedHost}
+func storeState(st *sharedStore, body []byte, ts int64) (uint64, error) {
 	stored := false
 	for attempt := 0; attempt < maxCASAttempts && !stored; attempt++ {
 		cur, cas, err := st.Get(stateBodyKey)
@@ -508,8 +507,8 @@ const createCAS = ^uint32(0)
 var stateGenBuf [8]byte
 
 // loadStateGen reads the current generation (0: never pushed).
-func loadStateGen() uint64 {
-	v, _, err := (&sharedStore{emulated: emulatedHost}).GetAppend(stateGenBuf[:0], stateGenKey)
+func loadStateGen(st *sharedStore) uint64 {
+	v, _, err := st.GetAppend(stateGenBuf[:0], stateGenKey)
 	if err != nil || len(v) != 8 {
 		return 0
 	}
@@ -591,7 +590,7 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 		p.stats.stateRejected.Increment(1)
 		return s.reject(openai.BadRequest("", "invalid state snapshot: %v", err))
 	}
-	gen, err := storeState(body, st.TimestampMs)
+	gen, err := storeState(p.store, body, st.TimestampMs)
 	if len(st.Gateways) > 0 {
 		p.learnReports(&st) // even from a push refused as older: routes are facts
 	}

@@ -63,6 +63,7 @@ func NewVMContext(build string) types.VMContext {
 type vmContext struct {
 	types.DefaultVMContext
 	build string
+	opts  Options
 }
 
 func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
@@ -71,7 +72,7 @@ func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
 }
 
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{contextID: contextID}
+	return &pluginContext{contextID: contextID, opts: v.opts}
 }
 
 // filterPlugin is what a root id turns into once its configuration is valid.
@@ -85,6 +86,7 @@ type filterPlugin interface {
 type pluginContext struct {
 	types.DefaultPluginContext
 	contextID uint32
+	opts      Options
 	rootID    string
 	plugin    filterPlugin
 }
@@ -114,9 +116,9 @@ func (p *pluginContext) OnPluginStart(int) (status types.OnPluginStartStatus) {
 	}
 	switch p.rootID {
 	case RootRouter:
-		p.plugin, err = newRouter(cfg, handler, warnings)
+		p.plugin, err = newRouter(cfg, handler, warnings, p.opts)
 	case RootPD:
-		p.plugin, err = newPD(cfg)
+		p.plugin, err = newPD(cfg, p.opts)
 	default:
 		err = fmt.Errorf("unknown root id %q: set the plugin's root_id to %q or %q", p.rootID, RootRouter, RootPD)
 	}

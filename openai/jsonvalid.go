@@ -43,6 +43,11 @@ type jsonSpans struct {
 	// ids cost twice its validation.
 	ids  []uint32
 	runs []tokenRun
+	// The same for the texts of long arrays of strings (a prompt sent as
+	// strings): each array's strings, unescaped and concatenated, are
+	// textBuf[from:to] of its entry in textRuns.
+	textBuf  []byte
+	textRuns []tokenRun
 }
 
 // tokenRun is the token ids of the array body[start:...]: ids[from:to].
@@ -90,6 +95,7 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 		}
 		rec.spans = rec.spans[:0]
 		rec.ids, rec.runs = rec.ids[:0], rec.runs[:0]
+		rec.textBuf, rec.textRuns = rec.textBuf[:0], rec.textRuns[:0]
 		if len(b) >= math.MaxInt32 {
 			rec = nil // offsets would not fit: validate without the table
 		}
@@ -122,6 +128,12 @@ scan:
 			// table only when long, as strings are.
 			if c == '[' && i+1 < len(b) && (b[i+1]-'1' <= 8 || b[i+1] == '[') { // a chat body never enters it
 				if e := intArrays(b, i, rec); e > 0 {
+					i = e
+					break
+				}
+			}
+			if c == '[' && i+1 < len(b) && b[i+1] == '"' && rec != nil {
+				if e := stringArray(b, i, rec, nonASCII); e > 0 {
 					i = e
 					break
 				}
@@ -354,6 +366,65 @@ arrays:
 	}
 	rec.ids = rec.ids[:keep] // ids is rec.ids's array
 	return i
+}
+
+// stringArray is intArrays for an array of strings separated by commas
+// without spaces (a prompt sent as strings), with the table rec: it returns
+// the index after the array starting at b[i], or -1 for any other array or
+// a string it must refuse (the caller's general way then finds why). A long
+// array goes in the table, and the text of its strings, unescaped and
+// concatenated, in rec.textBuf (see texts): the parser hashes the prompt from
+// there rather than finding and copying each string a second time.
+// nonASCII is as for scanString. Not inlined, as intArrays.
+//
+//go:noinline
+func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
+	start, from := i, len(rec.textBuf)
+	// text[:n] is the text so far, written into the buffer's full length,
+	// which is grown first to hold every string of the rest of b (no text
+	// is longer than its string) and 8 bytes more: a short string is
+	// copied as one 8-byte word (a call to copy per string cost more than
+	// finding it). The buffer is kept: at most the largest body.
+	n := from
+	if most := n + len(b) - i + 8; cap(rec.textBuf) < most {
+		rec.textBuf = slices.Grow(rec.textBuf, most-n)
+	}
+	text := rec.textBuf[:cap(rec.textBuf)]
+	end := -1
+	for i++; i < len(b) && b[i] == '"'; {
+		e := shortPlain(b, i)
+		if e >= 0 {
+			binary.LittleEndian.PutUint64(text[n:], load64(b, i+1))
+			n += e - i - 2
+		} else {
+			var escaped bool
+			if e, escaped = scanString(b, i, nonASCII); e < 0 {
+				break
+			}
+			if escaped {
+				n = len(appendUnescaped(text[:n], b[i+1:e-1])) // in place: it fits
+			} else {
+				n += copy(text[n:], b[i+1:e-1])
+			}
+		}
+		// A comma and the next string, or the end of the array.
+		if e+1 < len(b) && b[e] == ',' && b[e+1] == '"' {
+			i = e + 1
+			continue
+		}
+		if e < len(b) && b[e] == ']' {
+			end = e + 1
+		}
+		break
+	}
+	keep := from
+	if end-start >= minSpanString {
+		rec.add(jsonSpan{start: int32(start), end: int32(end)})
+		keep = n
+		rec.textRuns = append(rec.textRuns, tokenRun{int32(start), int32(from), int32(n)})
+	}
+	rec.textBuf = rec.textBuf[:keep]
+	return end
 }
 
 // integerRun returns the index after the elements ",<integer>" that follow one

@@ -3,6 +3,7 @@ package openai
 import (
 	"encoding/binary"
 	"math/bits"
+	"slices"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -96,21 +97,36 @@ func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 // starting at v[0] (see tokenRun), or false when it read none there (a
 // short array, or one that holds anything but token ids).
 func (d *jsonDoc) tokens(v []byte) ([]uint32, bool) {
+	if r, ok := d.run(d.runs, v); ok {
+		return d.ids[r.from:r.to], true
+	}
+	return nil, false
+}
+
+// texts is tokens for the text of an array of strings (see stringArray).
+func (d *jsonDoc) texts(v []byte) ([]byte, bool) {
+	if r, ok := d.run(d.textRuns, v); ok {
+		return d.textBuf[r.from:r.to], true
+	}
+	return nil, false
+}
+
+// run returns the entry of runs for the array starting at v[0].
+func (d *jsonDoc) run(runs []tokenRun, v []byte) (tokenRun, bool) {
 	pos := int32(d.base - cap(v))
-	lo, hi := 0, len(d.runs)
+	lo, hi := 0, len(runs)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
-		if d.runs[m].start < pos {
+		if runs[m].start < pos {
 			lo = m + 1
 		} else {
 			hi = m
 		}
 	}
-	if lo < len(d.runs) && d.runs[lo].start == pos {
-		r := d.runs[lo]
-		return d.ids[r.from:r.to], true
+	if lo < len(runs) && runs[lo].start == pos {
+		return runs[lo], true
 	}
-	return nil, false
+	return tokenRun{}, false
 }
 
 // numberByte marks the bytes a JSON number may hold.
@@ -137,6 +153,9 @@ func (d *jsonDoc) skip(b []byte, i int) int {
 		}
 		if e < 0 && c == '"' {
 			e = shortString(b, i)
+		}
+		if k := SkipSpace(b, i+1); e < 0 && c != '"' && k < len(b) && b[k] == c+2 {
+			e = k + 1 // an empty container, which the table does not hold
 		}
 		if e < 0 {
 			if s, ok := d.find(b[i:]); ok && i+int(s.end-s.start) <= len(b) {
@@ -424,10 +443,21 @@ func (d *jsonDoc) unescape(inner []byte) []byte {
 // 8 bytes per step and copied whole, into a buffer reused across requests.
 func appendUnescaped(dst, s []byte) []byte {
 	const ones = 0x0101010101010101
-	for {
-		// k: the next backslash, 8 bytes per step.
+	// out[:n] is the text so far, written by index into a buffer grown
+	// first (a text is never longer than its escaped form, and a \u
+	// escape's UTF-8 never longer than its six bytes): an append per
+	// escape, and a copy of each empty run between two escapes, cost more
+	// than the escapes in Wasm.
+	n, out := len(dst), dst
+	if cap(out)-n < len(s) {
+		out = growText(out, len(s))
+	}
+	out = out[:cap(out)]
+	for len(s) > 0 {
+		// k: the next backslash, 8 bytes per step (none needed when s
+		// starts with one: escapes often follow each other).
 		k := 0
-		for k+8 <= len(s) {
+		for s[0] != '\\' && k+8 <= len(s) {
 			z := binary.LittleEndian.Uint64(s[k:]) ^ ('\\' * ones)
 			if m := (z - ones) &^ z & (0x80 * ones); m != 0 {
 				k += bits.TrailingZeros64(m) >> 3
@@ -438,42 +468,42 @@ func appendUnescaped(dst, s []byte) []byte {
 		for k < len(s) && s[k] != '\\' {
 			k++
 		}
-		if k == len(s) {
-			return append(dst, s...)
+		if k > 0 {
+			n += copy(out[n:], s[:k])
 		}
-		dst = append(dst, s[:k]...)
 		if k+1 >= len(s) {
-			return dst // not reached: s is valid
+			break // the end (k+1 == len(s) is not reached: s is valid)
 		}
 		c := s[k+1]
 		s = s[k+2:]
-		switch c {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			if len(s) < 4 {
-				return dst // not reached: s is valid
-			}
-			r := hex4(s)
-			s = s[4:]
-			if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
-				r = utf16.DecodeRune(r, hex4(s[2:]))
-				s = s[6:]
-			}
-			dst = utf8.AppendRune(dst, r)
-		default: // '"', '\\', '/'
-			dst = append(dst, c)
+		if u := unescapedByte[c]; u != 0 {
+			out[n] = u
+			n++
+			continue
 		}
+		if c != 'u' || len(s) < 4 {
+			break // not reached: s is valid
+		}
+		r := hex4(s)
+		s = s[4:]
+		if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
+			r = utf16.DecodeRune(r, hex4(s[2:]))
+			s = s[6:]
+		}
+		n += utf8.EncodeRune(out[n:], r)
 	}
+	return out[:n]
 }
+
+// growText returns b with room for n more bytes. Out of appendUnescaped,
+// which every request with an escaped string enters.
+//
+//go:noinline
+func growText(b []byte, n int) []byte { return slices.Grow(b, n) }
+
+// unescapedByte is the byte each escape other than \u stands for (0 for
+// the others).
+var unescapedByte = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 // hex4 reads the four hex digits at the start of s.
 func hex4(s []byte) rune {
