@@ -12,12 +12,16 @@
 // unknown keys are rejected (a misspelt key would otherwise silently keep its
 // default), and the Wasm module carries no reflection-based decoder.
 //
+// It is the one schema and the one parser of the document, the decision
+// layer's keys included (routing.go): package scorer builds the strategy
+// from the parsed Config (scorer.Build) and reads plugin parameters through
+// Params, so every mistake, wherever it is found, is an Error with its path.
+//
 // The top-level keys `endpoints`, `strategy` and `destinationHeader` are stable:
 // tools outside the project rely on them. Add keys; never rename one.
 package config
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -26,7 +30,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/admission"
-	"github.com/kvroute/kvroute/scorer"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Defaults. They are also what docs/configuration.md lists.
@@ -48,17 +52,6 @@ const (
 // DefaultInferencePaths are the request paths the router decides for.
 var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions", "/v1/embeddings"}
 
-// Presets are the strategy names of the bench contract (docs/simulator.md). A
-// configuration may also name a profile it defines under "profiles".
-var Presets = scorer.PresetNames()
-
-// Roles an endpoint may serve.
-const (
-	RoleBoth    = "both"
-	RolePrefill = "prefill"
-	RoleDecode  = "decode"
-)
-
 // Config is a validated plugin configuration with every default applied.
 type Config struct {
 	// Endpoints is the static candidate set, used until (and unless) the
@@ -66,13 +59,12 @@ type Config struct {
 	Endpoints []Endpoint
 	// Strategy names a preset or a profile under "profiles".
 	Strategy string
-	// Handler runs the strategy. The decision-layer keys ("strategy",
-	// "plugins", "profiles", "disaggregation") belong to package scorer,
-	// which validates them; Parse merges its errors with the others.
-	Handler *scorer.Handler
-	// Warnings are the scorer's non-fatal remarks on the profiles, for the
-	// plugin-start log.
-	Warnings []string
+	// Plugins, Profiles (in name order) and Disaggregation are the rest
+	// of the decision layer's keys (routing.go): Parse checks their shape,
+	// scorer.Build resolves them into the strategy's handler.
+	Plugins        []PluginSpec
+	Profiles       []ProfileSpec
+	Disaggregation *DisaggregationSpec
 	// DestinationHeader is the header Envoy's override_host policy reads
 	// (lower case). Client-supplied values are always removed.
 	DestinationHeader string
@@ -136,7 +128,7 @@ type Config struct {
 // Endpoint is one static upstream.
 type Endpoint struct {
 	Address string // host:port as Envoy's cluster knows it
-	Role    string // RoleBoth, RolePrefill or RoleDecode
+	Role    string // snapshot.RoleBoth, RolePrefill or RoleDecode
 	Model   string // served model; empty matches any request
 	// DataParallelSize is how many data-parallel ranks the endpoint serves,
 	// each with its own KV cache (vLLM --data-parallel-size, SGLang
@@ -219,10 +211,21 @@ type CircuitBreaker struct {
 	CooldownMs int
 }
 
-// Error is one invalid field.
-type Error = scorer.FieldError
+// Error is one configuration mistake, located by its path in the document.
+type Error struct {
+	Path string // "profiles.default.scorers[2].weight"; empty for the document itself
+	Msg  string // "must be >= 0"
+}
 
-// Errors is every problem found in one configuration, in document order.
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// Errors is every problem found in one configuration, in document order
+// (Parse's, then scorer.Build's), so an operator fixes them all in one go.
 type Errors []*Error
 
 func (es Errors) Error() string {
@@ -252,9 +255,9 @@ func Parse(data []byte) (*Config, error) {
 	p.object(root, "", map[string]func(gjson.Result, string){
 		"endpoints":         func(v gjson.Result, path string) { c.Endpoints = p.endpoints(v, path) },
 		"strategy":          func(v gjson.Result, path string) { c.Strategy = p.nonEmptyString(v, path) },
-		"profiles":          func(v gjson.Result, path string) {}, // scorer's
-		"plugins":           func(v gjson.Result, path string) {}, // scorer's
-		"disaggregation":    func(v gjson.Result, path string) {}, // scorer's
+		"profiles":          func(v gjson.Result, path string) { c.Profiles = p.profiles(v, path) },
+		"plugins":           func(v gjson.Result, path string) { c.Plugins = p.plugins(v, path) },
+		"disaggregation":    func(v gjson.Result, path string) { c.Disaggregation = p.disaggregation(v, path) },
 		"destinationHeader": func(v gjson.Result, path string) { c.DestinationHeader = p.headerName(v, path) },
 		"fallbacks":         func(v gjson.Result, path string) { c.Fallbacks = p.intRange(v, path, 0, MaxFallbacks) },
 		"inferencePaths":    func(v gjson.Result, path string) { c.InferencePaths = p.paths(v, path) },
@@ -275,7 +278,6 @@ func Parse(data []byte) (*Config, error) {
 		"admission":         func(v gjson.Result, path string) { c.Admission = p.admissionCfg(v, path) },
 	})
 	p.crossChecks(c)
-	p.routing(root, c)
 	if len(p.errs) > 0 {
 		return nil, p.errs
 	}
@@ -300,21 +302,9 @@ func defaults() *Config {
 	}
 }
 
-// IsPreset reports whether name is one of the built-in strategy names.
-func IsPreset(name string) bool {
-	for _, p := range Presets {
-		if p == name {
-			return true
-		}
-	}
-	return false
-}
-
 type parser struct{ errs Errors }
 
-func (p *parser) fail(path, format string, args ...any) {
-	p.errs = append(p.errs, &Error{Path: path, Msg: fmt.Sprintf(format, args...)})
-}
+func (p *parser) fail(path, format string, args ...any) { p.errs.Add(path, format, args...) }
 
 func join(path, key string) string {
 	if path == "" {
@@ -324,7 +314,10 @@ func join(path, key string) string {
 }
 
 // object walks an object's keys in document order, rejecting unknown and
-// duplicate keys.
+// duplicate keys. Not inlined: each of its twenty callers would carry a
+// copy of the walk (1.6 KB of Wasm each).
+//
+//go:noinline
 func (p *parser) object(v gjson.Result, path string, fields map[string]func(gjson.Result, string)) {
 	seen := map[string]bool{}
 	v.ForEach(func(k, val gjson.Result) bool {
@@ -498,7 +491,7 @@ func (p *parser) endpoints(v gjson.Result, path string) []Endpoint {
 			p.fail(ep, "must be an object like {\"address\": \"10.0.0.7:8000\"}, got %s", kind(e))
 			continue
 		}
-		end := Endpoint{Role: RoleBoth}
+		end := Endpoint{Role: snapshot.RoleBoth}
 		p.object(e, ep, map[string]func(gjson.Result, string){
 			"address": func(v gjson.Result, fp string) { end.Address = p.address(v, fp) },
 			"role":    func(v gjson.Result, fp string) { end.Role = p.role(v, fp) },
@@ -591,16 +584,13 @@ func splitHostPort(s string) (host, port, problem string) {
 func (p *parser) role(v gjson.Result, path string) string {
 	s, ok := p.str(v, path)
 	if !ok {
-		return RoleBoth
+		return snapshot.RoleBoth
 	}
-	switch s {
-	case RoleBoth, RolePrefill, RoleDecode:
-		return s
-	case "":
-		return RoleBoth
+	role, err := snapshot.CheckRole(s)
+	if err != nil {
+		p.fail(path, "%v", err)
 	}
-	p.fail(path, "%q is not a role: use \"prefill\", \"decode\" or \"both\"", s)
-	return RoleBoth
+	return role
 }
 
 // When a streamed response carries usage (Config.StreamUsage).
@@ -753,26 +743,6 @@ func (p *parser) crossChecks(c *Config) {
 			p.fail(h.path, "%q is the destination header, which kvroute sets and removes from clients: name another header", h.name)
 		}
 	}
-}
-
-// routing validates the decision-layer keys with package scorer and builds
-// the handler.
-func (p *parser) routing(root gjson.Result, c *Config) {
-	sc, err := scorer.ParseConfigValue(root)
-	if err == nil {
-		c.Handler, c.Warnings, err = sc.Build()
-	}
-	if err == nil {
-		return
-	}
-	var ce *scorer.ConfigError
-	if errors.As(err, &ce) {
-		for _, fe := range ce.Errors {
-			p.errs = append(p.errs, &fe)
-		}
-		return
-	}
-	p.fail("", "%v", err)
 }
 
 func (p *parser) envName(v gjson.Result, path string) string {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 func TestParseDefaults(t *testing.T) {
@@ -49,7 +51,7 @@ func TestParseFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Endpoint{{"10.0.0.7:8000", RolePrefill, "llama-3-8b", 0}, {"[fd00::1]:8000", RoleBoth, "", 4}, {"vllm-1.ns.svc:8001", RoleDecode, "", 0}}
+	want := []Endpoint{{"10.0.0.7:8000", snapshot.RolePrefill, "llama-3-8b", 0}, {"[fd00::1]:8000", snapshot.RoleBoth, "", 4}, {"vllm-1.ns.svc:8001", snapshot.RoleDecode, "", 0}}
 	if len(c.Endpoints) != len(want) {
 		t.Fatalf("endpoints = %+v", c.Endpoints)
 	}
@@ -58,7 +60,7 @@ func TestParseFull(t *testing.T) {
 			t.Errorf("endpoints[%d] = %+v, want %+v", i, c.Endpoints[i], want[i])
 		}
 	}
-	if c.Strategy != "mine" || c.Handler == nil || c.Handler.Name != "mine" || c.DestinationHeader != "x-dest" ||
+	if c.Strategy != "mine" || len(c.Profiles) != 1 || c.Profiles[0].Name != "mine" || c.Profiles[0].Path != "profiles.mine" || c.DestinationHeader != "x-dest" ||
 		c.Fallbacks != 3 || len(c.InferencePaths) != 1 || !c.RejectOtherPaths || c.BodyRouting || c.MaxBodyBytes != 1<<20 ||
 		c.SessionHeader != "" || c.PrefixKeyHeader != "x-prefix-key" || c.LoRAAdapters["sql-lora"] != "llama-3-8b" ||
 		c.State != (State{Path: "/state", Token: "s3cret", StaleAfterMs: 5000}) ||
@@ -85,9 +87,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"endpoints":[{"address":"a:1"},{"address":"a:1"}]}`, "endpoints[1].address: \"a:1\" is already endpoints[0]"},
 		{`{"endpoints":["a:1"]}`, "endpoints[0]: must be an object"},
 		{`{"endpoints":{"address":"a:1"}}`, "endpoints: must be an array"},
-		{`{"strategy":"fastest"}`, "strategy: unknown strategy \"fastest\""},
-		{`{"strategy":"p","profiles":{"p":{"scorers":[{"plugin":"prefix_cache","weight":1}]}}}`, "profiles.p: affinity scorers (prefix_cache) with no distribution"},
-		{`{"plugins":3}`, "plugins: want an array"},
+		{`{"plugins":3}`, "plugins: must be an array"},
+		{`{"profiles":{"p":{"scorers":[{"plugin":"queue","wieght":1}]}}}`, "profiles.p.scorers[0].wieght: unknown key"},
+		{`{"disaggregation":{"threshold":-1}}`, "disaggregation.threshold: must be a whole number in [0,"},
 		{`{"state":{"tokenEnv":"1X"}}`, "state.tokenEnv: \"1X\" is not an environment variable name"},
 		{`{"strategy":""}`, "strategy: must not be empty"},
 		{`{"destinationHeader":"X-Dest"}`, "destinationHeader: \"X-Dest\": header names must be lower case"},

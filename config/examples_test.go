@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // The example plugin configurations under testdata/ are what users copy: each
@@ -23,11 +23,11 @@ func TestExamplePluginConfigsParse(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := config.Parse(data)
+			_, h, _, err := scorer.Load(data)
 			if err != nil {
 				t.Fatalf("example does not parse: %v", err)
 			}
-			if cfg.Handler == nil {
+			if h == nil {
 				t.Fatalf("example parsed without a routing handler")
 			}
 		})
@@ -52,7 +52,7 @@ func TestExampleInvalidPluginConfigsNameTheField(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = config.Parse(data)
+			_, _, _, err = scorer.Load(data) // config.Parse, then the strategy's checks
 			if err == nil {
 				t.Fatalf("invalid example was accepted")
 			}

@@ -60,6 +60,11 @@ type Input struct {
 	// (index.Hasher.Len): with the engine's usage.prompt_tokens it
 	// calibrates the model's characters per token. 0: no calibration.
 	PromptChars int
+	// NowMs is the decision's clock reading in the index's milliseconds:
+	// the index takes it for the whole decision instead of reading the
+	// clock three or four times (each a host call in Wasm, two through
+	// time.Now). 0: the index reads its clock.
+	NowMs int64
 }
 
 // DefaultPrefixBlocks is the prefix length hashed for prefix_hash: with the
@@ -146,6 +151,9 @@ type Stats struct {
 	// TTFTDropped counts time-to-first-token samples not stored because
 	// other workers kept winning the shared record (predicted_ttft).
 	TTFTDropped uint64
+	// CASRetries counts the index's compare-and-swap retries (writes that
+	// lost a race with another worker and went again).
+	CASRetries uint64
 }
 
 // Add adds o's counters to s (the workers of a simulated gateway).
@@ -161,6 +169,7 @@ func (s *Stats) Add(o Stats) {
 	s.UnderPredicted += o.UnderPredicted
 	s.IndexErrors += o.IndexErrors
 	s.LoadErrors += o.LoadErrors
+	s.CASRetries += o.CASRetries
 }
 
 // PredictionError is the block-weighted prediction error: the sum over
@@ -237,6 +246,8 @@ type Dispatcher struct {
 	ttft   *ttftModels
 	ttftDW float64
 	stats  Stats
+	// slots is this worker's view of the index's slot table (SetHosts).
+	slots slotTable
 }
 
 type localLoad struct {
@@ -283,6 +294,9 @@ func (r *Dispatcher) Handler() *scorer.Handler { return r.handler }
 func (r *Dispatcher) Stats() Stats {
 	r.mu.Lock()
 	s := r.stats
+	if r.ix != nil {
+		s.CASRetries = r.ix.CASRetries()
+	}
 	r.mu.Unlock()
 	return s
 }
@@ -294,18 +308,7 @@ func (r *Dispatcher) Register(addr string, h *scorer.Host) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ix == nil {
-		slot := -1
-		for i, a := range r.addrs {
-			if a == addr {
-				slot = i
-			}
-		}
-		if slot < 0 {
-			slot = len(r.addrs)
-			r.addrs = append(r.addrs, addr)
-			r.growLocal(slot)
-		}
-		h.Address, h.Slot, h.Gen = addr, slot, 1
+		r.registerLocal(addr, h)
 		return nil
 	}
 	ref, err := r.ix.Register(addr)
@@ -314,6 +317,23 @@ func (r *Dispatcher) Register(addr string, h *scorer.Host) error {
 	}
 	h.Address, h.Slot, h.Gen = addr, ref.Slot, ref.Gen
 	return nil
+}
+
+// registerLocal is Register without an index: slots in order of first
+// registration.
+func (r *Dispatcher) registerLocal(addr string, h *scorer.Host) {
+	slot := -1
+	for i, a := range r.addrs {
+		if a == addr {
+			slot = i
+		}
+	}
+	if slot < 0 {
+		slot = len(r.addrs)
+		r.addrs = append(r.addrs, addr)
+		r.growLocal(slot)
+	}
+	h.Address, h.Slot, h.Gen = addr, slot, 1
 }
 
 // growLocal extends the local table to hold slot. It runs only when a slot is
@@ -341,6 +361,10 @@ func (r *Dispatcher) growLocal(slot int) {
 func (r *Dispatcher) Decide(in *Input, hosts []scorer.Host) (t Ticket, res scorer.Result) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	pinned := in.NowMs != 0 && r.ix != nil
+	if pinned {
+		r.ix.PinClock(in.NowMs)
+	}
 	n := len(hosts)
 	maxSlot := -1
 	for i := range hosts {
@@ -503,6 +527,9 @@ func (r *Dispatcher) Decide(in *Input, hosts []scorer.Host) (t Ticket, res score
 			}
 			r.book(&t.decode, h, in.Chain, queried, max(prompt-cached, 0), out, prompt+out)
 		}
+	}
+	if pinned {
+		r.ix.UnpinClock()
 	}
 	return t, res
 }
@@ -805,10 +832,16 @@ func (r *Dispatcher) learnTTFT(t *Ticket, cached int) {
 // load counters need nothing: they follow the slot's generation.
 func (r *Dispatcher) ForgetSlot(slot int) {
 	r.mu.Lock()
+	r.forgetSlot(slot)
+	r.mu.Unlock()
+}
+
+// forgetSlot is ForgetSlot under the lock (SetHosts does it itself when a
+// slot changes hands).
+func (r *Dispatcher) forgetSlot(slot int) {
 	if slot >= 0 && slot < len(r.trust) {
 		r.trust[slot] = 0
 	}
-	r.mu.Unlock()
 }
 
 // growTrust extends the trust table to hold slot. It runs once per slot,
@@ -947,6 +980,16 @@ func (r *Dispatcher) learnCal(model string, ratio float64) {
 	if model == r.calModel {
 		r.calCPT, r.calF = c, r.hashCPT/c
 	}
+}
+
+// DecidedCharsPerToken is the characters per token learned for the model
+// of the last decision, 0 while none was: what a gateway reports with the
+// route (snapshot.Route.CharsPerToken), so that the metrics service's
+// cache-state bridge converts the engine's tokens as this worker does.
+func (r *Dispatcher) DecidedCharsPerToken() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calCPT
 }
 
 // CharsPerToken returns the characters per token learned for model, or the

@@ -48,11 +48,7 @@ func mustHandler(t testing.TB, name string) *scorer.Handler {
 // buildHandler is the handler of the plugin configuration config.
 func buildHandler(t *testing.T, config string) *scorer.Handler {
 	t.Helper()
-	cfg, err := scorer.ParseConfig([]byte(config))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
+	_, h, _, err := scorer.Load([]byte(config))
 	if err != nil {
 		t.Fatal(err)
 	}

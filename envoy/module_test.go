@@ -79,18 +79,8 @@ func startManifest(t *testing.T, file, listener string, remap map[string]string)
 
 func post(t *testing.T, url, body string, hdr map[string]string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
-	req.Header.Set("content-type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	code, resp, _ := testenv.Call(t, "POST", url, body, hdr)
+	return code, resp
 }
 
 func TestShippedBootstrapRunsWithTheModule(t *testing.T) {

@@ -196,7 +196,7 @@ func (a *admitter) admit(s *routerStream, in *dispatch.Input) (action types.Acti
 func (a *admitter) saturated(model string) bool {
 	p := a.p
 	stale := p.stateGen != 0 && p.now().UnixMilli()-p.stateTs > int64(p.cfg.State.StaleAfterMs)
-	a.loads = p.ix.Loads(a.loads[:0])
+	a.loads = p.disp.Loads(a.loads[:0])
 	a.sat = a.sat[:0]
 	for i := range p.hosts {
 		h := &p.hosts[i]

@@ -103,7 +103,7 @@ func heldRequestsResume(t *testing.T, workers int) {
 			if i == 0 {
 				maxTokens = 80 // long enough for every other request to arrive and be held
 			}
-			code, body, _ := call(t, "POST", url+"/v1/completions", admCompletion(i, maxTokens), map[string]string{PriorityHeader: prio})
+			code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(i, maxTokens), map[string]string{PriorityHeader: prio})
 			codes[i] = code
 			if code != 200 || gjson.Get(body, "choices.0.text").String() == "" {
 				t.Errorf("request %d (%s): %d %s", i, prio, code, body)
@@ -134,14 +134,14 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 	// Occupy the engine.
 	busy := make(chan int, 1)
 	go func() {
-		code, _, _ := call(t, "POST", url+"/v1/completions", admCompletion(0, 60), nil)
+		code, _, _ := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(0, 60), nil)
 		busy <- code
 	}()
 	testenv.WaitFor(t, "the engine busy", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
 
 	// Deadline expiry: 429, Retry-After, an OpenAI error body.
 	start := time.Now()
-	code, body, hdr := call(t, "POST", url+"/v1/completions", admCompletion(1, 4), map[string]string{DeadlineHeader: "50"})
+	code, body, hdr := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(1, 4), map[string]string{DeadlineHeader: "50"})
 	if code != 429 || hdr.Get("retry-after") != "3" || gjson.Get(body, "error.type").String() != "rate_limit_exceeded" || gjson.Get(body, "error.code").Int() != 429 {
 		t.Fatalf("expired request: %d retry-after %q %s", code, hdr.Get("retry-after"), body)
 	}
@@ -157,7 +157,7 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(admCompletion(2, 4)))
 	gone := make(chan error, 1)
 	go func() {
-		resp, err := httpClient.Do(req)
+		resp, err := testenv.Client.Do(req)
 		if err == nil {
 			resp.Body.Close()
 		}
@@ -178,7 +178,7 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 	// a second batch request overflows at once.
 	shed := make(chan int, 1)
 	go func() {
-		code, body, hdr := call(t, "POST", url+"/v1/completions", admCompletion(3, 4), map[string]string{PriorityHeader: "batch"})
+		code, body, hdr := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(3, 4), map[string]string{PriorityHeader: "batch"})
 		if code == 429 && hdr.Get("retry-after") == "" {
 			t.Errorf("shed reply without Retry-After: %s", body)
 		}
@@ -189,13 +189,13 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 	})
 	inter := make(chan int, 1)
 	go func() {
-		code, _, _ := call(t, "POST", url+"/v1/completions", admCompletion(4, 4), map[string]string{PriorityHeader: "interactive"})
+		code, _, _ := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(4, 4), map[string]string{PriorityHeader: "interactive"})
 		inter <- code
 	}()
 	if c := <-shed; c != 429 {
 		t.Fatalf("held batch request displaced by an interactive one: got %d, want 429", c)
 	}
-	code, body, hdr = call(t, "POST", url+"/v1/completions", admCompletion(5, 4), map[string]string{PriorityHeader: "batch"})
+	code, body, hdr = testenv.Call(t, "POST", url+"/v1/completions", admCompletion(5, 4), map[string]string{PriorityHeader: "batch"})
 	if code != 429 || hdr.Get("retry-after") != "3" {
 		t.Fatalf("overflow: %d %s", code, body)
 	}
@@ -209,7 +209,7 @@ func TestWasmAdmissionDeadlineExpiryOverflowShedAndDisconnect(t *testing.T) {
 		t.Errorf("shed, overflow, released = %v, want [1 1 1]", got)
 	}
 	// A malformed priority is the client's error.
-	if code, body, _ := call(t, "POST", url+"/v1/completions", admCompletion(6, 4), map[string]string{PriorityHeader: "urgent"}); code != 400 || !strings.Contains(body, PriorityHeader) {
+	if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(6, 4), map[string]string{PriorityHeader: "urgent"}); code != 400 || !strings.Contains(body, PriorityHeader) {
 		t.Errorf("bad priority header: %d %s", code, body)
 	}
 	noLeakedLoad(t, h)

@@ -5,11 +5,6 @@ import (
 	"time"
 )
 
-// clock, when set (by tests), replaces the real clock for both wall-clock
-// readings (p.now) and durations (p.mono), so tests can step through
-// breaker cool-downs, response latencies and state staleness.
-var clock func() time.Time
-
 // mono is the time since the plugin started, from the monotonic clock
 // alone: one host call per reading in Wasm (monoNanos), where time.Now
 // makes two (wall and monotonic).

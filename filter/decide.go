@@ -41,12 +41,14 @@ func (s *routerStream) noCandidate(model, adapter string) {
 	s.reject(modelNotFound(model))
 }
 
-// modelUsable reports whether some candidate serving model (naming it, or
-// naming no model) is healthy and has its circuit breaker closed.
+// modelUsable reports whether some candidate serving model (as
+// servesModel reads it: naming it, naming no model, or listing it as an
+// adapter) is healthy and has its circuit breaker closed.
 func (p *routerPlugin) modelUsable(model string) bool {
 	for i := range p.hosts {
 		h := &p.hosts[i]
-		if (h.Model == "" || h.Model == model) && !h.Unhealthy && !h.BreakerOpen {
+		serves := h.Model == "" || h.Model == model || len(h.Adapters) > 0 && hasAdapter(h.Adapters, model)
+		if serves && !h.Unhealthy && !h.BreakerOpen {
 			return true
 		}
 	}
@@ -101,14 +103,13 @@ func (s *routerStream) decide(in *dispatch.Input) {
 	nowMs := p.wallMs()
 	t0 := p.mono()
 	// One clock read for the whole decision: the index takes it too
-	// instead of reading the clock three or four times (each a host call
-	// in Wasm, two through time.Now).
-	p.ix.PinClock(nowMs)
+	// (Input.NowMs) instead of reading the clock three or four times
+	// (each a host call in Wasm, two through time.Now).
+	in.NowMs = nowMs
 	p.prepare(nowMs)
 	t, res := p.disp.Decide(in, p.hosts)
-	p.ix.UnpinClock()
 	if p.reporter != nil && t.Host >= 0 {
-		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens)
+		p.reporter.addRoute(t.Address, in.Chain, in.PromptTokens, p.disp.DecidedCharsPerToken())
 	}
 	p.stats.decisionMicros.Record(micros(p.mono() - t0))
 	s.ticket, s.decided, s.decidedAt = t, true, t0
@@ -143,7 +144,7 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *dispatch.Input
 	s.primary = hosts[order[0]].Address
 	// The host copies the value: no string copy of p.dest (see emulatedHost).
 	value := unsafeString(dest)
-	if emulatedHost {
+	if p.store.emulated {
 		value = string(dest)
 	}
 	if err := setRequestHeader(cfg.DestinationHeader, value); err != nil {

@@ -16,9 +16,7 @@ import (
 // a rank as host:port|rank.
 func TestPushedRanksRouteByRankLoad(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0,"strategy":"q","profiles":{"q":{"scorers":["queue"],"picker":"max_score"}},"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"fallbacks":0,"strategy":"q","profiles":{"q":{"scorers":["queue"],"picker":"max_score"}},"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
 	push := func(body string) (int, string) {
 		t.Helper()
 		id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})

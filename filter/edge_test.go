@@ -122,7 +122,7 @@ func TestWasmStatePathNeverReachesAnEngine(t *testing.T) {
 					if !m.body && want != 401 {
 						want = 501 // header-only: refused from the headers
 					}
-					code, body, _ := call(t, "POST", url+path, tc.body, tc.hdr)
+					code, body, _ := testenv.Call(t, "POST", url+path, tc.body, tc.hdr)
 					if code != want {
 						t.Errorf("%s %s: %d %s, want %d", tc.name, path, code, body, want)
 					}
@@ -198,7 +198,7 @@ func TestWasmShippedWasmPluginPrefixKeyAffinity(t *testing.T) {
 	const keys, per = 6, 8
 	for i := range keys * per {
 		key := fmt.Sprintf("tenant-%d-system-prompt-sha256-%064d", i%keys, i%keys)
-		if code, body, _ := call(t, "POST", url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
 			map[string]string{keyHeader: key}); code != 200 {
 			t.Fatalf("request %d: %d %s", i, code, body)
 		}
@@ -251,7 +251,7 @@ func TestWasmClientPDFieldsStrippedOnEveryPathAndMode(t *testing.T) {
 			sent := 0
 			for _, path := range paths {
 				for _, body := range bodies {
-					code, reply, _ := call(t, "POST", url+path, body, nil)
+					code, reply, _ := testenv.Call(t, "POST", url+path, body, nil)
 					if code != 200 && code != 400 {
 						t.Errorf("%s: %d %s", path, code, reply)
 					}
@@ -286,7 +286,7 @@ func TestWasmClientPDFieldsStrippedOnEveryPathAndMode(t *testing.T) {
 				{`{"model":"m","kv_transfer_params":{"x":NaN}}`, 400},
 				{`{"model":"m","temperature":NaN}`, 200},
 			} {
-				if code, reply, _ := call(t, "POST", url+"/invocations", tc.body, nil); code != tc.want {
+				if code, reply, _ := testenv.Call(t, "POST", url+"/invocations", tc.body, nil); code != tc.want {
 					t.Errorf("/invocations %q: %d %s, want %d", tc.body, code, reply, tc.want)
 				}
 			}
@@ -304,13 +304,13 @@ func TestWasmClientPDFieldsStrippedOnEveryPathAndMode(t *testing.T) {
 func TestWasmUnservedModelIs404(t *testing.T) {
 	eng := newRecordingEngines(t, 2)
 	h, url := startConfig(t, eng.addrs, true, fmt.Sprintf(`{"endpoints":[{"address":%q,"model":"llama-3-8b"},{"address":%q,"model":"qwen"}],"strategy":"round_robin"}`, eng.addrs[0], eng.addrs[1]))
-	code, body, _ := call(t, "POST", url+"/v1/chat/completions", `{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}`, nil)
+	code, body, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", `{"model":"gpt-x","messages":[{"role":"user","content":"hi"}]}`, nil)
 	want := `{"error":{"message":"The model 'gpt-x' does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`
 	if code != 404 || body != want {
 		t.Errorf("unserved model: %d %s, want 404 %s", code, body, want)
 	}
 	for _, model := range []string{"llama-3-8b", "qwen"} {
-		if code, body, _ := call(t, "POST", url+"/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`, nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`, nil); code != 200 {
 			t.Errorf("%s: %d %s", model, code, body)
 		}
 	}
@@ -335,7 +335,7 @@ func TestWasmClientPriorityIsIgnored(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			eng := newRecordingEngines(t, 1)
 			_, url := startMode(t, eng.addrs, true, `,"fallbacks":0,"admission":{"maxWaiting":0,"maxKvUsage":0,"maxPendingPrefillTokens":1`+tc.admission+`}`)
-			code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, map[string]string{tc.header: "urgent"})
+			code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, map[string]string{tc.header: "urgent"})
 			if code != tc.want {
 				t.Errorf("%s: urgent: %d %s, want %d", tc.header, code, body, tc.want)
 			}
@@ -362,7 +362,7 @@ func TestWasmFailOpenStillStripsClientPDFields(t *testing.T) {
 				hooks = append(hooks, "recover-body")
 			}
 			for _, hook := range hooks {
-				if code, reply, _ := call(t, "POST", url+"/v1/completions", body, map[string]string{"x-kvroute-test-panic": hook}); code != 200 {
+				if code, reply, _ := testenv.Call(t, "POST", url+"/v1/completions", body, map[string]string{"x-kvroute-test-panic": hook}); code != 200 {
 					t.Errorf("%s: %d %s", hook, code, reply)
 				}
 			}
@@ -423,7 +423,7 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 		return len(auths) >= 4
 	})
 	for i := 0; i < 8; i++ {
-		if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, nil); code != 200 {
 			t.Fatalf("request %d: %d %s", i, code, body)
 		}
 	}

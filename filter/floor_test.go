@@ -16,6 +16,7 @@ import (
 	"github.com/tetratelabs/wazero/experimental"
 
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
 )
 
@@ -123,7 +124,7 @@ func TestColdFloorRunsItsCode(t *testing.T) {
 		Filters: []wasmhost.Filter{{RootID: "floor", AllowOnHeadersStopIteration: true, Configuration: strings.Join(addrs, ",")}}})
 	body := chatBody(strings.Repeat("cold code ", 100), "q")
 	counter.take()
-	if code, msg, _ := call(t, "POST", url+"/v1/chat/completions", body, nil); code != 200 {
+	if code, msg, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", body, nil); code != 200 {
 		t.Fatalf("status %d: %s", code, msg)
 	}
 	_, _, byTop := counter.take()
@@ -170,13 +171,8 @@ func TestFloorModuleRoutesOnTheWholeBody(t *testing.T) {
 			pw.Close()
 		}()
 		resp, err := http.Post(url+"/v1/chat/completions", "application/json", pr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
+		if code := testenv.Drain(t, resp, err); code != 200 {
+			t.Fatalf("status %d", code)
 		}
 	}
 	mu.Lock()

@@ -179,7 +179,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 
 	system := strings.Repeat("You are a careful assistant for the kvroute benchmark. ", (32<<10)/55)
 	send := func(i int) {
-		if code, body, _ := call(t, "POST", front+"/v1/chat/completions", chatBody(system, fmt.Sprintf("question number %d", i)), nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", front+"/v1/chat/completions", chatBody(system, fmt.Sprintf("question number %d", i)), nil); code != 200 {
 			t.Fatalf("status %d: %s", code, body)
 		}
 	}
@@ -309,7 +309,7 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 		counter.mu.Lock()
 		counter.callsByTop = map[string]int{}
 		counter.mu.Unlock()
-		code, resp, _ := call(t, "POST", front+"/v1/chat/completions", body, nil)
+		code, resp, _ := testenv.Call(t, "POST", front+"/v1/chat/completions", body, nil)
 		if code != 200 || strings.Count(resp, "data: ") < streamedTokens {
 			t.Fatalf("status %d, %d events", code, strings.Count(resp, "data: "))
 		}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // In the module the request header map is read into the router's lent
@@ -36,7 +38,7 @@ func TestWasmRequestHeaderMapInPlaceAndTooLarge(t *testing.T) {
 		for k, v := range spoofed {
 			hdr[k] = v
 		}
-		if code, b, _ := call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x","max_tokens":1}`, hdr); code != 200 {
+		if code, b, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"x","max_tokens":1}`, hdr); code != 200 {
 			t.Fatalf("request %d (%d bytes of padding): %d %s", i, extra, code, b)
 		}
 	}

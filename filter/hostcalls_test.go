@@ -21,7 +21,7 @@ func TestWasmHostCallBudget(t *testing.T) {
 	h, url := startRouter(t, addrs, 1, "")
 	system := strings.Repeat("You are a careful assistant for the host-call budget. ", 300)
 	send := func(i int) {
-		if code, body, _ := call(t, "POST", url+"/v1/chat/completions", chatBody(system, fmt.Sprintf("question %d", i)), nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", chatBody(system, fmt.Sprintf("question %d", i)), nil); code != 200 {
 			t.Fatalf("status %d: %s", code, body)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // loraPush is a pushed snapshot of three engines with LoRA state: the first
@@ -37,7 +39,7 @@ func TestWasmDefaultProfilePrefersLoadedAdapterAvoidsFullHost(t *testing.T) {
 		before := h.UpstreamRequests()
 		for i := 0; i < n; i++ {
 			body := fmt.Sprintf(`{"model":%q,"prompt":"ticket %d: %s","max_tokens":2}`, model, i, strings.Repeat("words ", 40+i))
-			if code, resp, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			if code, resp, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 				t.Fatalf("%s request %d: %d %s", model, i, code, resp)
 			}
 		}
@@ -48,7 +50,7 @@ func TestWasmDefaultProfilePrefersLoadedAdapterAvoidsFullHost(t *testing.T) {
 		}
 		return got
 	}
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", loraPush(addrs, 1), auth); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", loraPush(addrs, 1), auth); code != 200 {
 		t.Fatalf("push: %d %s", code, body)
 	}
 	if got := send("fin-lora", 12); got[addrs[1]] != 12 {
@@ -56,7 +58,7 @@ func TestWasmDefaultProfilePrefersLoadedAdapterAvoidsFullHost(t *testing.T) {
 	}
 	// Nobody holds it now: the full engine 0 gets none.
 	none := strings.Replace(loraPush(addrs, 1), `"adapters":["fin-lora"]`, `"adapters":["d"]`, 1)
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", none, auth); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", none, auth); code != 200 {
 		t.Fatalf("push: %d %s", code, body)
 	}
 	if got := send("fin-lora", 12); got[addrs[0]] != 0 {
@@ -79,7 +81,7 @@ func TestWasmUnknownAdapterIs404(t *testing.T) {
 		{"address":%q,"model":"llama-3-8b"},
 		{"address":%q,"model":"llama-3-8b","adapters":["pushed-lora"]},
 		{"address":%q,"model":"llama-3-8b"}]}`, time.Now().UnixMilli(), addrs[0], addrs[1], addrs[2])
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
 		t.Fatalf("push: %d %s", code, body)
 	}
 	for _, c := range []struct{ model, want string }{
@@ -87,7 +89,7 @@ func TestWasmUnknownAdapterIs404(t *testing.T) {
 		// Configured, but its base model is served by nobody.
 		{"orphan-lora", `{"error":{"message":"The model 'orphan-lora' does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`},
 	} {
-		code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"`+c.model+`","prompt":"hi","max_tokens":2}`, nil)
+		code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"`+c.model+`","prompt":"hi","max_tokens":2}`, nil)
 		if code != 404 || body != c.want {
 			t.Errorf("%s: %d %s, want 404 %s", c.model, code, body, c.want)
 		}
@@ -97,14 +99,14 @@ func TestWasmUnknownAdapterIs404(t *testing.T) {
 	}
 	before := h.UpstreamRequests()
 	for i := 0; i < 6; i++ {
-		if code, body, _ := call(t, "POST", url+"/v1/completions", fmt.Sprintf(`{"model":"pushed-lora","prompt":"q%d","max_tokens":2}`, i), nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", fmt.Sprintf(`{"model":"pushed-lora","prompt":"q%d","max_tokens":2}`, i), nil); code != 200 {
 			t.Fatalf("pushed-lora: %d %s", code, body)
 		}
 	}
 	if after := h.UpstreamRequests(); after[addrs[1]]-before[addrs[1]] != 6 {
 		t.Errorf("pushed-lora went to %v, want all 6 on %s, the engine listing it", after, addrs[1])
 	}
-	if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"fin-lora","prompt":"hi","max_tokens":2}`, nil); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"fin-lora","prompt":"hi","max_tokens":2}`, nil); code != 200 {
 		t.Errorf("fin-lora (base served): %d %s", code, body)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/filter/statnames"
+	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // modelList is OpenAI's model list as a client reads it.
@@ -33,11 +35,11 @@ func TestWasmModelsListFromPushedState(t *testing.T) {
 		{"address":%q,"model":"llama-3-8b","adapters":["fin-lora"]},
 		{"address":%q,"model":"qwen-7b"},
 		{"address":%q,"model":"llama-3-8b","adapters":["fin-lora"]}]}`, time.Now().UnixMilli(), addrs[0], addrs[1], addrs[2])
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
 		t.Fatalf("push: %d %s", code, body)
 	}
 	before := h.UpstreamRequests()
-	code, body, _ := call(t, "GET", url+"/v1/models", "", nil)
+	code, body, _ := testenv.Call(t, "GET", url+"/v1/models", "", nil)
 	if code != 200 {
 		t.Fatalf("GET /v1/models: %d %s", code, body)
 	}
@@ -86,7 +88,7 @@ func TestWasmModelsAnswerConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			eng := newRecordingEngines(t, 1)
 			_, url := startConfig(t, eng.addrs, true, fmt.Sprintf(`{%s"endpoints":[{"address":%q,"model":%q}]}`, tc.cfg, eng.addrs[0], tc.model))
-			code, body, _ := call(t, "GET", url+"/v1/models", "", nil)
+			code, body, _ := testenv.Call(t, "GET", url+"/v1/models", "", nil)
 			if reached := len(eng.requests()) == 1; reached != tc.engine || code != 200 {
 				t.Fatalf("%d %s; engine reached %v, want %v", code, body, reached, tc.engine)
 			}
@@ -108,14 +110,14 @@ func TestWasmRoutedRequestsByModel(t *testing.T) {
 	push := func(hosts string) {
 		t.Helper()
 		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, time.Now().UnixMilli(), hosts)
-		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
 			t.Fatalf("push: %d %s", code, body)
 		}
 	}
 	send := func(model string, n int) {
 		t.Helper()
 		for i := 0; i < n; i++ {
-			if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"`+model+`","prompt":"hello"}`, nil); code != 200 {
+			if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"`+model+`","prompt":"hello"}`, nil); code != 200 {
 				t.Fatalf("%s: %d %s", model, code, body)
 			}
 		}
@@ -153,7 +155,7 @@ func TestWasmModelObject(t *testing.T) {
 	push := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[
 		{"address":%q,"model":"llama-3-8b","adapters":["fin-lora"]},
 		{"address":%q,"model":"meta/qwen-7b"}]}`, time.Now().UnixMilli(), addrs[0], addrs[1])
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
 		t.Fatalf("push: %d %s", code, body)
 	}
 	before := h.UpstreamRequests()
@@ -165,7 +167,7 @@ func TestWasmModelObject(t *testing.T) {
 		{"/v1/models/fin-lora", "fin-lora", "llama-3-8b"},
 		{"/v1/models/sql-lora", "sql-lora", "meta/qwen-7b"},
 	} {
-		code, body, _ := call(t, "GET", url+c.path, "", nil)
+		code, body, _ := testenv.Call(t, "GET", url+c.path, "", nil)
 		var m struct {
 			ID      string `json:"id"`
 			Object  string `json:"object"`
@@ -182,10 +184,10 @@ func TestWasmModelObject(t *testing.T) {
 		}
 	}
 	const want404 = `{"error":{"message":"The model 'LLAMA-3-8B' does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`
-	if code, body, _ := call(t, "GET", url+"/v1/models/LLAMA-3-8B", "", nil); code != 404 || body != want404 {
+	if code, body, _ := testenv.Call(t, "GET", url+"/v1/models/LLAMA-3-8B", "", nil); code != 404 || body != want404 {
 		t.Errorf("unknown id: %d %s, want 404 %s", code, body, want404)
 	}
-	if code, body, _ := call(t, "GET", url+"/v1/models/orphan", "", nil); code != 404 || !strings.Contains(body, `"code":"model_not_found"`) {
+	if code, body, _ := testenv.Call(t, "GET", url+"/v1/models/orphan", "", nil); code != 404 || !strings.Contains(body, `"code":"model_not_found"`) {
 		t.Errorf("unknown id: %d %s, want 404 model_not_found", code, body)
 	}
 	if got := h.CounterValue("kvroute.router.requests.model_not_found"); got != 2 {
@@ -207,7 +209,7 @@ func TestWasmModelObject(t *testing.T) {
 func TestWasmModelObjectPassthrough(t *testing.T) {
 	eng := newRecordingEngines(t, 1)
 	_, url := startConfig(t, eng.addrs, true, fmt.Sprintf(`{"models":{"answer":"passthrough"},"endpoints":[{"address":%q,"model":"m"}]}`, eng.addrs[0]))
-	if code, body, _ := call(t, "GET", url+"/v1/models/m", "", nil); code != 200 || len(eng.requests()) != 1 {
+	if code, body, _ := testenv.Call(t, "GET", url+"/v1/models/m", "", nil); code != 200 || len(eng.requests()) != 1 {
 		t.Fatalf("%d %s; engine requests %d, want the engine to answer", code, body, len(eng.requests()))
 	}
 }
@@ -225,13 +227,13 @@ func TestWasmModelWithNoHealthyHost(t *testing.T) {
 			{"address":%q,"model":"llama-3-8b","healthy":%v},
 			{"address":%q,"model":"llama-3-8b","healthy":%v},
 			{"address":%q,"model":"qwen-7b","healthy":true}]}`, time.Now().UnixMilli(), addrs[0], healthy, addrs[1], healthy, addrs[2])
-		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", st, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
 			t.Fatalf("push: %d %s", code, body)
 		}
 	}
 	push(false)
 	before := h.UpstreamRequests()
-	code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil)
+	code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil)
 	const want = `{"error":{"message":"The model 'llama-3-8b' has no healthy replica right now (every engine serving it failed its health checks or has its circuit breaker open); retry later.","type":"service_unavailable_error","param":"model","code":"model_unavailable"}}`
 	if code != 503 || body != want {
 		t.Errorf("model with no healthy host: %d %s, want 503 %s", code, body, want)
@@ -245,11 +247,68 @@ func TestWasmModelWithNoHealthyHost(t *testing.T) {
 	if got := h.CounterValue(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, "unavailable", "rejected")); got != 1 {
 		t.Errorf("requests.rejected{unavailable} = %d, want 1", got)
 	}
-	if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"qwen-7b","prompt":"hi","max_tokens":2}`, nil); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"qwen-7b","prompt":"hi","max_tokens":2}`, nil); code != 200 {
 		t.Errorf("qwen-7b: %d %s", code, body)
 	}
 	push(true)
-	if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil); code != 200 {
 		t.Errorf("llama-3-8b healthy again: %d %s", code, body)
+	}
+}
+
+// A push naming a data-parallel rank its endpoint does not have is refused
+// whole through the Wasm host: 400 naming the field, state.rejected, and
+// the candidates stay those of the last good push.
+func TestWasmPushedRankOutsideEndpointRefused(t *testing.T) {
+	addrs := jsonUpstreams(t, 2, `{"choices":[{"text":"ok"}]}`)
+	h, url := startRouter(t, addrs, 1, `,"fallbacks":0,"state":{"token":"`+stateToken+`"}`)
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	push := func(hosts string) (int, string) {
+		t.Helper()
+		time.Sleep(2 * time.Millisecond)
+		code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, time.Now().UnixMilli(), hosts), auth)
+		return code, body
+	}
+	if code, body := push(fmt.Sprintf(`{"address":%q,"healthy":true}`, addrs[1])); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	code, body := push(fmt.Sprintf(`{"address":%q,"healthy":true,"dataParallelSize":2,"rank":0},{"address":%q,"healthy":true,"dataParallelSize":2,"rank":2}`, addrs[0], addrs[0]))
+	if code != 400 || !strings.Contains(body, "hosts[1].rank: 2 is not a rank of the endpoint's 2 data-parallel ranks") {
+		t.Errorf("rank 2 of 2: %d %s, want 400 naming hosts[1].rank", code, body)
+	}
+	if got := h.CounterValue("kvroute.router.state.rejected"); got != 1 {
+		t.Errorf("state.rejected = %d, want 1", got)
+	}
+	before := h.UpstreamRequests()
+	for i := range 4 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"q%d"}`, i), nil); code != 200 {
+			t.Fatalf("request: %d %s", code, body)
+		}
+	}
+	if after := h.UpstreamRequests(); after[addrs[1]]-before[addrs[1]] != 4 {
+		t.Errorf("requests went to %v, want all 4 on %s, the last good push's only host", after, addrs[1])
+	}
+}
+
+// Whether a model has a usable host reads "serves" as servesModel does: a
+// host of the model, a host naming no model, or a host listing the model
+// as a LoRA adapter; only healthy hosts with their breaker closed count.
+// (A request filtered out for another reason, with a usable host, keeps
+// Envoy's fallback and requests.no_candidate instead of a 503 whose
+// message would be false.)
+func TestModelUsable(t *testing.T) {
+	p := &routerPlugin{hosts: []scorer.Host{
+		{Address: "a", Model: "llama", Adapters: []string{"fin-lora"}},
+		{Address: "b", Model: "qwen", Unhealthy: true},
+		{Address: "c", Model: "mistral", BreakerOpen: true},
+	}}
+	for model, want := range map[string]bool{"llama": true, "fin-lora": true, "qwen": false, "mistral": false} {
+		if got := p.modelUsable(model); got != want {
+			t.Errorf("modelUsable(%q) = %v, want %v", model, got, want)
+		}
+	}
+	p.hosts = append(p.hosts, scorer.Host{Address: "d"}) // serves any model
+	if !p.modelUsable("qwen") {
+		t.Error("a healthy host naming no model serves qwen too")
 	}
 }

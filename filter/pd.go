@@ -77,7 +77,7 @@ const (
 // buffered it), so a longer wait means Envoy holds the body back: the plugin
 // lacks allow_on_headers_stop_iteration. The request then goes on
 // decode-only instead of hanging until the stream times out.
-var pdBodyWait = 2 * time.Second
+const pdBodyWait = 2 * time.Second
 
 // pdTickMs is the root tick that looks for such requests.
 const pdTickMs = 500
@@ -119,8 +119,11 @@ type pdStats struct {
 	prefillMicros metricHistogram
 }
 
-func newPD(cfg *config.Config) (*pdPlugin, error) {
+func newPD(cfg *config.Config, opts Options) (*pdPlugin, error) {
 	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait}
+	if opts.PDBodyWait > 0 {
+		p.bodyWait = opts.PDBodyWait
+	}
 	p.stats = pdStats{
 		commonStats:    newCommonStats(statnames.PD),
 		disaggregated:  defineCounter(statnames.PD + "requests.disaggregated"),
@@ -206,7 +209,8 @@ type pdStream struct {
 	// x-data-parallel-rank: each hop names its own rank.
 	prefillRank, decodeRank string
 	prefillRanks            int
-	hasCL   bool   // the request carries content-length (kept exact)
+
+	hasCL   bool // the request carries content-length (kept exact)
 	headers [][2]string
 	body    []byte          // the client's body, for the request and the fallbacks
 	members []openai.Member // its top-level members (aliasing body)

@@ -32,13 +32,18 @@ const pdClientBody = `{"model":"llama-3-8b","messages":[{"role":"user","content"
 
 func pdStart(t *testing.T, pdCfg string) proxytest.HostEmulator {
 	t.Helper()
+	return pdStartWith(t, Options{}, pdCfg)
+}
+
+func pdStartWith(t *testing.T, opts Options, pdCfg string) proxytest.HostEmulator {
+	t.Helper()
 	cfg := `{"testHooks":true`
 	if pdCfg != "" {
 		cfg += `,"pd":` + pdCfg
 	}
 	cfg += `}`
 	opt := proxytest.NewEmulatorOption().
-		WithVMContext(NewVMContext("test")).
+		WithVMContext(NewVMContextWith("test", opts)).
 		WithPluginConfiguration([]byte(cfg)).
 		WithProperty([]string{"plugin_root_id"}, []byte(RootPD))
 	host, reset := proxytest.NewHostEmulator(opt)
@@ -502,9 +507,7 @@ func TestPDBodyHelpers(t *testing.T) {
 // Without allow_on_headers_stop_iteration Envoy never delivers the body to a
 // filter holding the headers: the tick sends such a request on decode-only.
 func TestPDNoBodySendsDecodeOnly(t *testing.T) {
-	defer func(w time.Duration) { pdBodyWait = w }(pdBodyWait)
-	pdBodyWait = 20 * time.Millisecond
-	host := pdStart(t, "")
+	host := pdStartWith(t, Options{PDBodyWait: 20 * time.Millisecond}, "")
 	if p := host.GetTickPeriod(); p != pdTickMs {
 		t.Fatalf("tick period %d, want %d", p, pdTickMs)
 	}

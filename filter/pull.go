@@ -3,6 +3,7 @@ package filter
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 )
@@ -19,9 +20,17 @@ import (
 // carries the state token, when one is configured, so the service can
 // tell gateways from strangers.
 //
+// A pull carries the other gateways' routes and the engines' removals
+// pushed since the previous pull: it asks /state?since=<cursor>, the
+// cursor the state in force came with (snapshot.State.Cursor), and the
+// worker that stores a newer state applies them, as a push's.
+//
 // State: pulling and pulledAt are per worker (each worker pulls; the
-// snapshot they store is the gateway's). A metrics service that is down
-// leaves the state in force to go stale as it would without pushes.
+// snapshot they store, and its cursor, are the gateway's). Two workers
+// whose pulls cross store one state; both may apply its routes and
+// removals, which marks blocks already marked and clears bits already
+// clear. A metrics service that is down leaves the state in force to go
+// stale as it would without pushes.
 
 // pullState starts a pull when one is due and none is in flight.
 func (p *routerPlugin) pullState(nowMs int64) {
@@ -30,7 +39,18 @@ func (p *routerPlugin) pullState(nowMs int64) {
 		return
 	}
 	p.pulledAt = nowMs
-	headers := [][2]string{{":method", "GET"}, {":path", pc.Path}, {":authority", pc.Authority}, {"accept", "application/json"}}
+	p.refreshState() // the gateway's cursor: another worker may have pulled since
+	path := pc.Path
+	if p.stateCursor != "" {
+		// The routes and removals pushed since the state in force
+		// (validCursor: nothing to escape).
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		path += sep + "since=" + p.stateCursor
+	}
+	headers := [][2]string{{":method", "GET"}, {":path", path}, {":authority", pc.Authority}, {"accept", "application/json"}}
 	if p.token != "" {
 		headers = append(headers, [2]string{"authorization", "Bearer " + p.token})
 	}
@@ -79,7 +99,7 @@ func (p *routerPlugin) takePulled(bodySize int) error {
 	if p.stateGen != 0 && st.TimestampMs <= p.stateTs {
 		return nil // nothing newer than what this worker runs
 	}
-	gen, err := storeState(body, st.TimestampMs)
+	gen, err := storeState(p.store, body, st.TimestampMs)
 	var older *olderStateError
 	if errors.As(err, &older) {
 		return nil // another worker stored a newer one meanwhile
@@ -88,6 +108,15 @@ func (p *routerPlugin) takePulled(bodySize int) error {
 		return fmt.Errorf("storing the state: %w", err)
 	}
 	p.stats.statePulls.Increment(1)
+	// The other gateways' routes and the engines' removals since the
+	// previous pull, applied to the gateway's index by the worker that
+	// stored the state, as a push's are by the worker that took it.
+	if len(st.Gateways) > 0 {
+		p.learnReports(&st)
+	}
+	if len(st.Removals) > 0 {
+		p.learnRemovals(st.Removals)
+	}
 	p.applyPushed(gen, st)
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // pushBodies returns k snapshots of n hosts stamped ts, ts+1, ...: the
@@ -40,7 +42,7 @@ func storePush(b *testing.B, body []byte) uint64 {
 			b.Fatal(err)
 		}
 	}
-	gen := loadStateGen() + 1
+	gen := loadStateGen(&sharedStore{emulated: true}) + 1
 	var buf [8]byte
 	binary.LittleEndian.PutUint64(buf[:], gen)
 	_, cas, err := proxywasm.GetSharedData(stateGenKey)
@@ -69,7 +71,7 @@ func (p *routerPlugin) applyStateReregistering(gen uint64) {
 		}
 	}
 	for _, h := range st.Hosts {
-		if _, ok := p.ix.Lookup(h.Address); !ok {
+		if _, ok := p.disp.Index().Lookup(h.Address); !ok {
 			continue
 		}
 		_ = h.BlockSize * h.NumGPUBlocks
@@ -138,7 +140,7 @@ func BenchmarkStatePushInWasm(b *testing.B) {
 			ts := time.Now().Add(-time.Hour).UnixMilli()
 			timed := func(u, body string, hdr map[string]string) float64 {
 				start := time.Now()
-				if code, resp, _ := call(b, "POST", u, body, hdr); code != 200 {
+				if code, resp, _ := testenv.Call(b, "POST", u, body, hdr); code != 200 {
 					b.Fatalf("%s: %d %s", u, code, resp)
 				}
 				return float64(time.Since(start).Microseconds()) / 1000

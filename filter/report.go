@@ -86,8 +86,7 @@ type reporter struct {
 
 // gatewayID reads the gateway's id from shared data, making it if no
 // worker has yet (16 hex digits, random).
-func gatewayID() (string, error) {
-	store := &sharedStore{emulated: emulatedHost}
+func gatewayID(store *sharedStore) (string, error) {
 	for range maxCASAttempts {
 		v, _, err := store.Get(gatewayIDKey)
 		if err == nil && len(v) > 0 {
@@ -112,7 +111,7 @@ func gatewayID() (string, error) {
 // a quarter interval in the worker before the ring has it.
 func (p *routerPlugin) startReports() {
 	rc := p.cfg.State.Report
-	id, err := gatewayID()
+	id, err := gatewayID(p.store)
 	if err != nil {
 		proxywasm.LogWarnf("kvroute.router: gateway id: %v (no routing reports from this worker)", err)
 		return
@@ -120,7 +119,7 @@ func (p *routerPlugin) startReports() {
 	if p.token == "" {
 		proxywasm.LogWarnf("kvroute.router: state.report needs the state token (state.token or state.tokenEnv): the metrics service refuses reports without it")
 	}
-	p.reporter = &reporter{gateway: id, worker: rand.Uint64() | 1, store: &sharedStore{emulated: emulatedHost}}
+	p.reporter = &reporter{gateway: id, worker: rand.Uint64() | 1, store: p.store}
 	tick := max(rc.IntervalMs/4, 5)
 	if p.adm != nil && p.cfg.Admission.TickMs < tick {
 		tick = p.cfg.Admission.TickMs
@@ -135,7 +134,7 @@ func (p *routerPlugin) startReports() {
 // remember it in its prefix memory, whose keys are spread along the chain.
 //
 //go:noinline
-func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int) {
+func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int, charsPerToken float64) {
 	const from = 0
 	if len(chain) == 0 {
 		return
@@ -159,6 +158,10 @@ func (r *reporter) addRoute(addr string, chain []uint64, promptTokens int) {
 	r.routes = base64.StdEncoding.AppendEncode(r.routes, r.chainBuf)
 	r.routes = append(r.routes, `","promptTokens":`...)
 	r.routes = strconv.AppendInt(r.routes, int64(max(promptTokens, 0)), 10)
+	if charsPerToken > 0 {
+		r.routes = append(r.routes, `,"charsPerToken":`...)
+		r.routes = strconv.AppendFloat(r.routes, charsPerToken, 'f', 3, 64)
+	}
 	r.routes = append(r.routes, '}')
 	r.n++
 }
@@ -334,7 +337,7 @@ func (p *routerPlugin) report(nowMs int64) {
 	b = append(b, `,"routes":[`...)
 	b = r.appendRing(b, from, to)
 	b = append(b, `],"load":[`...)
-	loads := p.ix.Loads(nil)
+	loads := p.disp.Loads(nil)
 	first := true
 	for i := range p.hosts {
 		h := &p.hosts[i]
@@ -404,7 +407,7 @@ func (p *routerPlugin) learnReports(st *pushedState) {
 			continue
 		}
 		for _, rt := range rep.Routes {
-			ref, ok := p.ix.Lookup(rt.Address)
+			ref, ok := p.disp.Lookup(rt.Address)
 			if !ok {
 				continue
 			}
@@ -438,7 +441,7 @@ func (p *routerPlugin) learnReports(st *pushedState) {
 func (p *routerPlugin) learnRemovals(rs []snapshot.Removal) {
 	var chain []uint64
 	for _, rm := range rs {
-		ref, ok := p.ix.Lookup(rm.Address)
+		ref, ok := p.disp.Lookup(rm.Address)
 		if !ok {
 			continue
 		}
@@ -450,7 +453,7 @@ func (p *routerPlugin) learnRemovals(rs []snapshot.Removal) {
 		for j := 0; j+8 <= len(raw); j += 8 {
 			chain = append(chain, binary.LittleEndian.Uint64(raw[j:]))
 		}
-		if err := p.ix.Removed(ref, chain, rm.From); err != nil {
+		if err := p.disp.Removed(ref, chain, rm.From); err != nil {
 			p.stats.indexErrors.Increment(1)
 			continue
 		}

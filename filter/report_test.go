@@ -29,7 +29,7 @@ func TestWasmOtherGatewaysLoadCounts(t *testing.T) {
 		t.Helper()
 		now := time.Now().UnixMilli()
 		body := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, now, addrs[0], addrs[1], gateways)
-		if code, resp, _ := call(t, "POST", url+"/.kvroute/v1/state", body, auth); code != 200 {
+		if code, resp, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", body, auth); code != 200 {
 			t.Fatalf("push: %d %s", code, resp)
 		}
 	}
@@ -37,7 +37,7 @@ func TestWasmOtherGatewaysLoadCounts(t *testing.T) {
 		before := h.UpstreamRequests()
 		for i := range n {
 			body := fmt.Sprintf(`{"model":"m","prompt":"question %d %s","max_tokens":2}`, i, strings.Repeat("x ", 20))
-			if code, resp, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			if code, resp, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 				t.Fatalf("request %d: %d %s", i, code, resp)
 			}
 		}
@@ -89,7 +89,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 		t.Helper()
 		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
 		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, time.Now().UnixMilli(), addrs[0], addrs[1], extra)
-		if code, r, _ := call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
+		if code, r, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
 			t.Fatalf("push: %d %s", code, r)
 		}
 	}
@@ -98,7 +98,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
 		responses := h.CounterValue("kvroute.router.feedback.responses")
 		served := h.UpstreamRequests()
-		if code, r, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 			t.Fatalf("request: %d %s", code, r)
 		}
 		var to string
@@ -169,9 +169,9 @@ func TestReportLeaseOneReporterPerGateway(t *testing.T) {
 	}
 	const interval = 50
 	now := int64(1_000_000)
-	a.addRoute("10.0.0.1:8000", []uint64{1, 2}, 32)
-	b.addRoute("10.0.0.2:8000", []uint64{3}, 16)
-	b.addRoute("10.0.0.2:8000", []uint64{4}, 16)
+	a.addRoute("10.0.0.1:8000", []uint64{1, 2}, 32, 0)
+	b.addRoute("10.0.0.2:8000", []uint64{3}, 16, 0)
+	b.addRoute("10.0.0.2:8000", []uint64{4}, 16, 0)
 	a.flush()
 	b.flush()
 	from, to, ok := a.take(now, interval)
@@ -181,7 +181,7 @@ func TestReportLeaseOneReporterPerGateway(t *testing.T) {
 	if _, _, ok := b.take(now+1, interval); ok {
 		t.Fatal("a second worker reported while the lease holds")
 	}
-	a.addRoute("10.0.0.1:8000", []uint64{5}, 16)
+	a.addRoute("10.0.0.1:8000", []uint64{5}, 16, 0)
 	a.flush()
 	if _, _, ok := a.take(now+interval-1, interval); ok {
 		t.Fatal("reported again within the interval")
@@ -192,7 +192,7 @@ func TestReportLeaseOneReporterPerGateway(t *testing.T) {
 	}
 	// a stops (its VM is gone): b's routes wait in the ring until the
 	// lease expires, then b reports them.
-	b.addRoute("10.0.0.2:8000", []uint64{6}, 16)
+	b.addRoute("10.0.0.2:8000", []uint64{6}, 16, 0)
 	b.flush()
 	last := now + interval
 	if _, _, ok := b.take(last+interval, interval); ok {
@@ -214,7 +214,7 @@ func TestReportLeaseOneReporterPerGateway(t *testing.T) {
 func TestReportRingStuckAndWrapped(t *testing.T) {
 	store := &index.MemStore{}
 	r := &reporter{gateway: "g", worker: 1, store: store}
-	r.addRoute("10.0.0.1:8000", []uint64{1}, 16)
+	r.addRoute("10.0.0.1:8000", []uint64{1}, 16, 0)
 	r.flush()
 	// Another worker claims seq 1 and has not written it yet.
 	_ = store.Set(reportSeqKey, binary.LittleEndian.AppendUint64(nil, 2), 0)
@@ -225,7 +225,7 @@ func TestReportRingStuckAndWrapped(t *testing.T) {
 		t.Fatalf("ring end %d, want 2 (entry 1 skipped the second time)", end)
 	}
 	for range reportRingSlots + 3 {
-		r.addRoute("10.0.0.1:8000", []uint64{7}, 16)
+		r.addRoute("10.0.0.1:8000", []uint64{7}, 16, 0)
 		r.flush()
 	}
 	to := r.ringEnd(2)

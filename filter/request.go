@@ -248,13 +248,13 @@ func (s *routerStream) routeBody(bodySize int) types.Action {
 	if req.SessionKey == "" {
 		req.SessionKey = s.sessionKey
 	}
-	if p.parser.Dropped() > 0 && !s.forwardWithoutClientFields(body) {
+	if req.ClientOnly > 0 && !s.forwardWithoutClientFields(body, req.ClientOnly) {
 		return s.reject(errClientFields)
 	}
 	in := dispatch.Input{
 		Model: req.Model, Adapter: req.Adapter, SessionKey: req.SessionKey,
 		PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens,
-		Chain: p.parser.Hasher().Blocks(), Tokens: p.parser.Hasher(), PromptChars: p.parser.Hasher().Len(),
+		Chain: req.Chain, Tokens: req.Tokens, PromptChars: req.PromptChars,
 	}
 	s.streamed = req.Stream
 	s.noUsage = req.Stream && !req.StreamUsage && !req.ContinuousUsage && !p.streamUsageAlways
@@ -291,10 +291,10 @@ func (s *routerStream) unparsable(perr *openai.Error) types.Action {
 var errClientFields = &openai.Error{Status: 400, Message: "kv_transfer_params and bootstrap_* are set by the gateway, not by clients"}
 
 // forwardWithoutClientFields replaces the request body with body without
-// the P/D fields only the gateway may set (which parse found in it) and
+// the n P/D fields only the gateway may set (which Parse found in it) and
 // reports whether it could. Out of line, with the body's rewrite: clients
 // rarely send those fields.
-func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
+func (s *routerStream) forwardWithoutClientFields(body []byte, n int) bool {
 	p := s.plugin
 	if s.panicInBody {
 		hookPanic("recover") // test hook: fail open with the fields still in the body
@@ -306,7 +306,7 @@ func (s *routerStream) forwardWithoutClientFields(body []byte) bool {
 		return false
 	}
 	_ = proxywasm.ReplaceHttpRequestHeader("content-length", strconv.Itoa(len(clean)))
-	p.stats.clientFieldsRemoved.Increment(uint64(p.parser.Dropped()))
+	p.stats.clientFieldsRemoved.Increment(uint64(n))
 	return true
 }
 

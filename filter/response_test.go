@@ -94,8 +94,6 @@ func TestMillisIsWholeMicroseconds(t *testing.T) {
 // (through the hosts' EWMA) or the breaker's latency threshold.
 func TestResponsesTimedOnlyWhenRead(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
 	for _, c := range []struct {
 		name, cfg string
 		timed     bool
@@ -105,7 +103,7 @@ func TestResponsesTimedOnlyWhenRead(t *testing.T) {
 		{"latency scorer", `,"strategy":"fast","profiles":{"fast":{"scorers":[{"plugin":"latency"}],"picker":"max_score"}}}`, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			host, p := newHost(t, RootRouter, threeEndpoints+c.cfg, types.OnPluginStartStatusOK)
+			host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+c.cfg, types.OnPluginStartStatusOK)
 			if p.timeResponses != c.timed {
 				t.Fatalf("timeResponses = %v, want %v", p.timeResponses, c.timed)
 			}

@@ -10,23 +10,19 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/filter/statnames"
-	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
 
-// routerStarted, when set (by tests), receives every router plugin that
-// starts, so tests can read its books.
-var routerStarted func(*routerPlugin)
-
 // routerPlugin is the kvroute.router root, one per worker VM. It owns the
-// VM's view of the candidates, the index client and the decision scratch.
+// VM's view of the candidates, its dispatcher (the door to the index and
+// the decision) and the request scratch.
 type routerPlugin struct {
 	cfg    *config.Config
 	stats  routerStats
 	token  string // state endpoint bearer token ("" disables pushes)
-	ix     *index.Index
 	disp   *dispatch.Dispatcher
+	store  *sharedStore // the gateway's shared data
 	parser openai.Parser
 
 	// hosts is the candidate set handed to every decision; pos maps an
@@ -35,30 +31,17 @@ type routerPlugin struct {
 	pos      map[string]int
 	stateGen uint64 // generation of the pushed state in hosts (0: static endpoints)
 	stateTs  int64  // its timestampMs
-	breakers *breakers
-	// Per address, what this VM last applied to the index from pushed state.
-	capacity  map[string]int
-	clearedAt map[string]int64
-	// The slot table as this VM last applied its candidates to it
-	// (setHosts, syncSlots): pushed says they came from pushed state;
-	// syncHosts and refs are Sync's input and output, in hosts' order;
-	// slotSeq is the table's seq after; syncDue asks the tick for another
-	// Sync (departed slots still kept, or a failed write); departedAt times
-	// the kept departed slots' grace (slotFate), with fateNow and kept as
-	// one Sync's scratch; housekeptAt is the last housekeep.
-	pushed      bool
-	syncHosts   []index.SyncHost
-	refs        []index.HostRef
-	slotSeq     uint32
-	syncDue     bool
-	departedAt  map[index.HostRef]int64
-	fateNow     int64
-	kept        []departure
+	// stateCursor is the pulled state's cursor in the service's log of
+	// routes and removals (filter/pull.go); "" when pushed.
+	stateCursor string
+	breakers    *breakers
+	// precise is the pushed candidates (cs of setHosts) while some host's
+	// capacity model is off for precise cache state, nil otherwise: the
+	// capacities dropPrecise puts back when the pushed state goes stale.
+	precise []candidate
+	// housekeptAt is the last housekeep (the candidates' index slots are
+	// the dispatcher's: dispatch.Dispatcher.SetHosts).
 	housekeptAt int64
-	// slotGens is, per slot, the generation of the host this worker last
-	// gave it to (0: none), so that a slot reassigned drops what the
-	// dispatcher learned about its previous host (Dispatcher.ForgetSlot).
-	slotGens [index.MaxSlots]uint32
 
 	lastSynced [10]uint64 // the counts syncStats last turned into metrics
 	keyChain   [1]uint64  // a header-only request's chain: its prefix key's hash
@@ -133,6 +116,7 @@ type routerStats struct {
 	unavailable, modelUnavailable                 metricCounter
 	clientRankRemoved                             metricCounter
 	reportsSent, reportsFailed, removalsApplied   metricCounter
+	preciseDropped                                metricCounter
 	slotsFreed, slotsUnassigned                   metricCounter
 	decisionMicros, bodyMicros                    metricHistogram
 	byProfile                                     map[string]metricCounter
@@ -150,12 +134,12 @@ func rejectedCounter(reason string) metricCounter {
 	return defineCounter(statnames.Tagged(statnames.Router+"requests.", statnames.TagReason, reason, "rejected"))
 }
 
-func newRouter(cfg *config.Config) (*routerPlugin, error) {
-	now := clock
+func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string, opts Options) (*routerPlugin, error) {
+	now := opts.Clock
 	if now == nil {
 		now = time.Now
 	}
-	p := &routerPlugin{cfg: cfg, now: now, stepped: clock != nil, pos: map[string]int{}, capacity: map[string]int{}, clearedAt: map[string]int64{},
+	p := &routerPlugin{cfg: cfg, now: now, stepped: opts.Clock != nil, pos: map[string]int{},
 		hostVal: make([]byte, hostValSize), born: now(), bornMono: monoNanos()}
 	p.stats = routerStats{
 		commonStats:          newCommonStats(statnames.Router),
@@ -197,6 +181,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 		reportsSent:          counterMetric("reports.sent"),
 		reportsFailed:        counterMetric("reports.failed"),
 		removalsApplied:      counterMetric("state.removals_applied"),
+		preciseDropped:       counterMetric("state.precise_dropped"),
 		slotsFreed:           counterMetric("host_slots.freed"),
 		slotsUnassigned:      counterMetric("host_slots.unassigned"),
 		decisionMicros:       defineHistogram(statnames.Router + "decision_us"),
@@ -211,19 +196,24 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 			proxywasm.LogWarnf("kvroute.router: state.tokenEnv %s is empty in the VM: every state push will get 401 (pass it with vm_config.environment_variables)", cfg.State.TokenEnv)
 		}
 	}
-	store := &sharedStore{emulated: emulatedHost}
-	ix, err := index.New(store, index.Config{})
+	store := &sharedStore{emulated: opts.Emulated}
+	p.store = store
+	// The index, session pins and prefix memory in shared data: every
+	// worker of the gateway routes a conversation's next turn alike
+	// (docs/topology.md).
+	var indexNow func() int64 // the index's clock: the wall clock, or the test's
+	if p.stepped {
+		indexNow = func() int64 { return p.now().UnixMilli() }
+	}
+	disp, err := dispatch.NewShared(dispatch.Config{Handler: handler, Shared: store}, indexNow)
 	if err != nil {
 		return nil, err
 	}
-	p.ix = ix
-	// Session pins and prefix memory in shared data too: every worker of
-	// the gateway routes a conversation's next turn alike (docs/topology.md).
-	p.disp = dispatch.New(dispatch.Config{Handler: cfg.Handler, Index: ix, Shared: store})
-	p.parser = openai.NewParser(cfg, index.NewHasher(ix.Config().Hash))
+	p.disp = disp
+	p.parser = openai.NewParser(cfg, disp.NewHasher())
 	p.breakers = newBreakers(cfg.CircuitBreaker)
-	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || cfg.Handler.ReadsLatency()
-	_, p.timeFirstToken = cfg.Handler.ReadsTTFT()
+	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || handler.ReadsLatency()
+	_, p.timeFirstToken = handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
 	static := make([]candidate, 0, len(cfg.Endpoints))
 	for _, e := range cfg.Endpoints {
@@ -235,7 +225,6 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 			static = append(static, candidate{address: addr, role: e.Role, model: e.Model, healthy: true})
 		}
 	}
-	p.departedAt = map[index.HostRef]int64{}
 	p.setHosts(static, false)
 	// The tick frees the slots of departed hosts and applies pushes off the
 	// request path (housekeep); admission, when on, sets a faster one.
@@ -249,11 +238,11 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 	if cfg.State.Report.Cluster != "" {
 		p.startReports()
 	}
-	for _, w := range cfg.Warnings {
+	for _, w := range warnings {
 		proxywasm.LogWarnf("kvroute.router: %s", w)
 	}
-	if routerStarted != nil {
-		routerStarted(p)
+	if opts.started != nil {
+		opts.started(p)
 	}
 	return p, nil
 }
@@ -264,7 +253,7 @@ func newRouter(cfg *config.Config) (*routerPlugin, error) {
 // (docs/performance.md).
 func (p *routerPlugin) syncStats() {
 	rs := p.disp.Stats()
-	now := [len(p.lastSynced)]uint64{p.ix.CASRetries(), rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
+	now := [len(p.lastSynced)]uint64{rs.CASRetries, rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
 		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
 	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
 		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated,

@@ -24,12 +24,18 @@ const threeEndpoints = `{"endpoints":[{"address":"10.0.0.1:8000"},{"address":"10
 // when one started.
 func newHost(t testing.TB, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
 	t.Helper()
+	return newHostWith(t, Options{}, rootID, cfg, want)
+}
+
+// newHostWith is newHost with opts (Emulated is always set: the host is
+// the SDK's emulator).
+func newHostWith(t testing.TB, opts Options, rootID, cfg string, want types.OnPluginStartStatus) (proxytest.HostEmulator, *routerPlugin) {
+	t.Helper()
 	var started *routerPlugin
-	routerStarted = func(p *routerPlugin) { started = p }
-	emulatedHost = true
-	t.Cleanup(func() { routerStarted, emulatedHost = nil, false })
+	opts.started = func(p *routerPlugin) { started = p }
+	opts.Emulated = true
 	opt := proxytest.NewEmulatorOption().
-		WithVMContext(NewVMContext("test")).
+		WithVMContext(NewVMContextWith("test", opts)).
 		WithPluginConfiguration([]byte(cfg)).
 		WithProperty([]string{"plugin_root_id"}, []byte(rootID))
 	host, reset := proxytest.NewHostEmulator(opt)
@@ -343,9 +349,7 @@ func pushBodyRaw(ts string, addrs ...string) string {
 
 func TestStateEndpointAuthAndValidation(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000}}`, types.OnPluginStartStatusOK)
 	good := pushBody(now.UnixMilli(), "10.1.0.1:8000", "10.1.0.2:8000")
 	cases := []struct {
 		name, auth, body string
@@ -421,9 +425,7 @@ func TestStateEndpointAuthAndValidation(t *testing.T) {
 // changes nothing; the same snapshot again, or a newer one, is accepted.
 func TestStatePushOlderThanInForceRefused(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
 	push := func(body string) int {
 		t.Helper()
 		id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
@@ -437,7 +439,7 @@ func TestStatePushOlderThanInForceRefused(t *testing.T) {
 	if code := push(pushBody(ts, "10.1.0.1:8000")); code != 200 {
 		t.Fatalf("first push: %d", code)
 	}
-	gen := loadStateGen()
+	gen := loadStateGen(&sharedStore{emulated: true})
 	if code := push(pushBody(ts-3_600_000, "10.2.0.1:8000")); code != 409 {
 		t.Errorf("a push an hour older than the state in force: %d, want 409", code)
 	}
@@ -447,8 +449,8 @@ func TestStatePushOlderThanInForceRefused(t *testing.T) {
 	if got := counter(t, host, "kvroute.router.state.rejected_older"); got != 2 {
 		t.Errorf("state.rejected_older = %d, want 2", got)
 	}
-	if loadStateGen() != gen || p.stateTs != ts {
-		t.Fatalf("a refused push changed the state: gen %d -> %d, timestamp %d", gen, loadStateGen(), p.stateTs)
+	if loadStateGen(&sharedStore{emulated: true}) != gen || p.stateTs != ts {
+		t.Fatalf("a refused push changed the state: gen %d -> %d, timestamp %d", gen, loadStateGen(&sharedStore{emulated: true}), p.stateTs)
 	}
 	for i := 0; i < 3; i++ {
 		id, _ := post(host, completion)
@@ -473,9 +475,7 @@ func TestStatePushOlderThanInForceRefused(t *testing.T) {
 // breaker is open, must still stay out while others remain.
 func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000},"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`","staleAfterMs":5000},"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}}`, types.OnPluginStartStatusOK)
 	const sick, broken = "10.1.0.2:8000", "10.1.0.3:8000"
 	body := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":"10.1.0.1:8000"},{"address":%q,"healthy":false},{"address":%q},{"address":"10.1.0.4:8000"}]}`, now.UnixMilli(), sick, broken)
 	id, _ := send(host, "POST", "/.kvroute/v1/state", body, [2]string{"authorization", "Bearer " + stateToken})
@@ -510,7 +510,7 @@ func TestStaleStateKeepsDeadHostsOut(t *testing.T) {
 // loadStateGenIn reads the state generation through the emulator's shared data.
 func loadStateGenIn(t *testing.T, host proxytest.HostEmulator) uint64 {
 	t.Helper()
-	return loadStateGen()
+	return loadStateGen(&sharedStore{emulated: true})
 }
 
 func TestStateEndpointDisabledWithoutToken(t *testing.T) {
@@ -553,7 +553,7 @@ func TestLoadCountersReturnToZero(t *testing.T) {
 			open = open[1:]
 		}
 	}
-	loads := p.ix.Loads(nil)
+	loads := p.disp.Index().Loads(nil)
 	busy := false
 	for _, l := range loads {
 		if l.InFlight != 0 {
@@ -566,7 +566,7 @@ func TestLoadCountersReturnToZero(t *testing.T) {
 	for _, id := range open {
 		host.CompleteHttpContext(id)
 	}
-	for slot, l := range p.ix.Loads(nil) {
+	for slot, l := range p.disp.Index().Loads(nil) {
 		if l != (index.Load{}) {
 			t.Errorf("slot %d load after every stream ended = %+v, want zero", slot, l)
 		}
@@ -602,19 +602,19 @@ func TestOneChunkResponseReleasesOnce(t *testing.T) {
 	host, p := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
 	id, _ := post(host, completion)
 	busy := false
-	for _, l := range p.ix.Loads(nil) {
+	for _, l := range p.disp.Index().Loads(nil) {
 		busy = busy || l.InFlight != 0
 	}
 	if !busy {
 		t.Fatal("no host shows the routed request's load")
 	}
 	host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
-	writes := p.ix.Metrics().Writes
+	writes := p.disp.Index().Metrics().Writes
 	host.CallOnResponseBody(id, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens":48}}}`), true)
-	if got := p.ix.Metrics().Writes - writes; got != 1 {
+	if got := p.disp.Index().Metrics().Writes - writes; got != 1 {
 		t.Errorf("shared-data writes for a one-chunk response = %d, want 1 (the release alone)", got)
 	}
-	for slot, l := range p.ix.Loads(nil) {
+	for slot, l := range p.disp.Index().Loads(nil) {
 		if l != (index.Load{}) {
 			t.Errorf("slot %d load after the last body chunk = %+v, want zero", slot, l)
 		}
@@ -650,7 +650,7 @@ func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
 			host, p := newHost(t, RootRouter, threeEndpoints+`}`, types.OnPluginStartStatusOK)
 			id, _ := post(host, tc.body)
 			total := func() (l index.Load) {
-				for _, x := range p.ix.Loads(nil) {
+				for _, x := range p.disp.Index().Loads(nil) {
 					l.InFlight += x.InFlight
 					l.PrefillTokens += x.PrefillTokens
 					l.DecodeTokens += x.DecodeTokens
@@ -661,17 +661,17 @@ func TestFirstTokenOnlyForStreamedResponses(t *testing.T) {
 				t.Fatalf("load after routing = %+v, want one request with pending prompt tokens", l)
 			}
 			host.CallOnResponseHeaders(id, [][2]string{{":status", "200"}}, false)
-			writes := p.ix.Metrics().Writes
+			writes := p.disp.Index().Metrics().Writes
 			host.CallOnResponseBody(id, []byte(`data: {"choices":[{"text":"hi"}]}`+"\n\n"), false)
-			if got := int(p.ix.Metrics().Writes - writes); got != tc.writesAtFirst {
+			if got := int(p.disp.Index().Metrics().Writes - writes); got != tc.writesAtFirst {
 				t.Errorf("shared-data writes at the first chunk = %d, want %d", got, tc.writesAtFirst)
 			}
 			if l := total(); l.InFlight != 1 || (l.PrefillTokens != 0) != tc.prefillAfter {
 				t.Errorf("load after the first chunk = %+v, want in flight with prompt tokens pending: %v", l, tc.prefillAfter)
 			}
-			writes = p.ix.Metrics().Writes
+			writes = p.disp.Index().Metrics().Writes
 			host.CallOnResponseBody(id, nil, true)
-			if got := p.ix.Metrics().Writes - writes; got != 1 {
+			if got := p.disp.Index().Metrics().Writes - writes; got != 1 {
 				t.Errorf("shared-data writes at the last chunk = %d, want 1 (the release)", got)
 			}
 			if l := total(); l != (index.Load{}) {
@@ -730,7 +730,7 @@ func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 			if got := counter(t, host, "kvroute.router.feedback.predicted_cached_tokens"); got != 0 {
 				t.Errorf("feedback.predicted_cached_tokens = %d, want 0", got)
 			}
-			for slot, l := range p.ix.Loads(nil) {
+			for slot, l := range p.disp.Index().Loads(nil) {
 				if l != (index.Load{}) {
 					t.Errorf("slot %d load after the stream = %+v, want zero", slot, l)
 				}
@@ -741,9 +741,7 @@ func TestStreamChunksReadOnlyWhenUsageCanBeThere(t *testing.T) {
 
 func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
+	host, _ := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":1000}}`, types.OnPluginStartStatusOK)
 	bad := "10.0.0.2:8000"
 	respond := func(id uint32) { answer(host, id, bad) }
 	sentToBad := 0
@@ -783,9 +781,7 @@ func TestCircuitBreakerOpensAndProbes(t *testing.T) {
 // theirs closed.
 func TestCircuitBreakerOpensOnLatency(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, _ := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"latencyThresholdMs":2000,"cooldownMs":60000}}`, types.OnPluginStartStatusOK)
+	host, _ := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"circuitBreaker":{"consecutiveFailures":2,"latencyThresholdMs":2000,"cooldownMs":60000}}`, types.OnPluginStartStatusOK)
 	slow := "10.0.0.3:8000"
 	sentToSlow := 0
 	for i := 0; i < 12; i++ {
@@ -874,7 +870,7 @@ func TestStatePushClearsAndSizesHosts(t *testing.T) {
 	matched := func() int {
 		p.parser.Parse([]byte(body), openai.Chat)
 		var m index.Matches
-		if err := p.ix.Query(p.parser.Hasher().Blocks(), &m); err != nil {
+		if err := p.disp.Index().Query(p.parser.Hasher().Blocks(), &m); err != nil {
 			t.Fatal(err)
 		}
 		_, blocks := m.Best()

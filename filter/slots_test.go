@@ -14,6 +14,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/testenv"
@@ -61,9 +62,7 @@ func answer(host proxytest.HostEmulator, id uint32, failing string) string {
 // shared load accounting.
 func TestStatePushChurnFreesHostSlots(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
 	push := func(addrs []string) {
 		t.Helper()
 		id, _ := send(host, "POST", "/.kvroute/v1/state", pushBody(now.UnixMilli(), addrs...), [2]string{"authorization", "Bearer " + stateToken})
@@ -111,21 +110,21 @@ func TestStatePushChurnFreesHostSlots(t *testing.T) {
 		t.Error("the repeated prompt was predicted no cached tokens: the last hosts get no prefix matching")
 	}
 	// Load accounting: the request in flight counts on its host's slot.
-	ref, ok := p.ix.Lookup(dest)
+	ref, ok := p.disp.Index().Lookup(dest)
 	if !ok {
 		t.Fatalf("%s is not in the slot table", dest)
 	}
-	if l := p.ix.Loads(nil)[ref.Slot]; l.InFlight != 1 {
+	if l := p.disp.Index().Loads(nil)[ref.Slot]; l.InFlight != 1 {
 		t.Errorf("load of %s while a request is in flight = %+v, want 1 in flight", dest, l)
 	}
 	finish(host, again)
-	if l := p.ix.Loads(nil)[ref.Slot]; l.InFlight != 0 {
+	if l := p.disp.Index().Loads(nil)[ref.Slot]; l.InFlight != 0 {
 		t.Errorf("load of %s after the request = %+v, want 0", dest, l)
 	}
 	if got := counter(t, host, "kvroute.router.host_slots.freed"); got < uint64(pushes*perPush-2*perPush) {
 		t.Errorf("host_slots.freed = %d after %d addresses", got, pushes*perPush)
 	}
-	if n := p.ix.Slots(); n > 2*perPush+1 {
+	if n := p.disp.Index().Slots(); n > 2*perPush+1 {
 		t.Errorf("the slot table has %d slots for %d hosts at a time", n, perPush)
 	}
 }
@@ -135,9 +134,7 @@ func TestStatePushChurnFreesHostSlots(t *testing.T) {
 // period passes if the request never ends.
 func TestDepartedHostSlotFreedOnTick(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
-	clock = func() time.Time { return now }
-	t.Cleanup(func() { clock = nil })
-	host, p := newHost(t, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
+	host, p := newHostWith(t, Options{Clock: func() time.Time { return now }}, RootRouter, threeEndpoints+`,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}}`, types.OnPluginStartStatusOK)
 	push := func(addrs ...string) {
 		t.Helper()
 		now = now.Add(time.Second)
@@ -160,28 +157,28 @@ func TestDepartedHostSlotFreedOnTick(t *testing.T) {
 	}
 	base := freed()
 	push(b)
-	if _, ok := p.ix.Lookup(a); !ok {
+	if _, ok := p.disp.Index().Lookup(a); !ok {
 		t.Fatal("a departed host with requests in flight lost its slot at once")
 	}
 	finish(host, ended)
 	tick()
-	if _, ok := p.ix.Lookup(a); !ok || freed() != base {
+	if _, ok := p.disp.Index().Lookup(a); !ok || freed() != base {
 		t.Fatal("a departed host with a request still in flight lost its slot")
 	}
-	now = now.Add(slotGraceMs * time.Millisecond)
+	now = now.Add(dispatch.SlotGraceMs * time.Millisecond)
 	tick()
-	if _, ok := p.ix.Lookup(a); ok || freed() != base+1 {
+	if _, ok := p.disp.Index().Lookup(a); ok || freed() != base+1 {
 		t.Fatalf("after the grace period the departed host keeps its slot (freed %d)", freed()-base)
 	}
 	finish(host, stuck) // its load goes to an old generation: nothing counts
-	for s, l := range p.ix.Loads(nil) {
+	for s, l := range p.disp.Index().Loads(nil) {
 		if l != (index.Load{}) {
 			t.Errorf("slot %d load %+v after the stale request ended", s, l)
 		}
 	}
 	// Idle departed hosts are freed by the push itself.
 	push(a)
-	if _, ok := p.ix.Lookup(b); ok || freed() != base+2 {
+	if _, ok := p.disp.Index().Lookup(b); ok || freed() != base+2 {
 		t.Errorf("an idle departed host kept its slot (freed %d)", freed()-base)
 	}
 }
@@ -210,7 +207,7 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 	ts := time.Now().Add(-time.Duration(pushes) * time.Millisecond).UnixMilli()
 	for k := 0; k < pushes; k++ {
 		ts++
-		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", pushBody(ts, churnAddrs(k, perPush)...), auth); code != 200 {
 			t.Fatalf("push %d: %d %s", k, code, body)
 		}
 		if k == pushes/2 {
@@ -226,13 +223,13 @@ func TestWasmPushChurnFreesHostSlots(t *testing.T) {
 		hosts = append(hosts, fmt.Sprintf(`{"address":%q}`, a))
 	}
 	last := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, ts+1, strings.Join(hosts, ","))
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", last, auth); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", last, auth); code != 200 {
 		t.Fatalf("last push: %d %s", code, body)
 	}
 	before := h.CounterValue("kvroute.router.predicted_cached_tokens")
 	prompt := chatBody(systemPrompt(7), "the same question")
 	for i := 0; i < 4; i++ { // both workers, twice
-		if code, body, _ := call(t, "POST", url+"/v1/chat/completions", prompt, nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", prompt, nil); code != 200 {
 			t.Fatalf("request %d: %d %s", i, code, body)
 		}
 	}
@@ -427,7 +424,7 @@ func TestWasmDepartedHostSlotFreedOnTick(t *testing.T) {
 	h, url := startRouterConfig(t, []string{slow, other}, 1, tickConfig)
 	departedFreedOnTick(t, tickHost{
 		post: func(path, body string, hdr map[string]string) int {
-			code, _, _ := call(t, "POST", url+path, body, hdr)
+			code, _, _ := testenv.Call(t, "POST", url+path, body, hdr)
 			return code
 		},
 		store:   hostStore{h},

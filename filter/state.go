@@ -39,6 +39,9 @@ type pushedState struct {
 	Gateways []snapshot.GatewayReport
 	// Removals are the engines' bridged evictions (filter/report.go).
 	Removals []snapshot.Removal
+	// Cursor is where a pulled state's routes and removals end in the
+	// service's log: the next pull asks from there (filter/pull.go).
+	Cursor string
 }
 
 // decodeSnapshot validates a pushed body. The error is the 400 message.
@@ -98,12 +101,34 @@ func decodeSnapshot(body []byte) (pushedState, error) {
 			return pushedState{}, err
 		}
 	}
+	if c := root.Get("cursor"); c.Exists() {
+		if !validCursor(c) {
+			return pushedState{}, errors.New("cursor: must be a string of at most 64 characters of [0-9A-Za-z._-]")
+		}
+		st.Cursor = c.Str
+	}
 	if r := root.Get("removals"); r.Exists() && r.Type != gjson.Null {
 		if st.Removals, err = decodeRemovals(r); err != nil {
 			return pushedState{}, err
 		}
 	}
 	return st, nil
+}
+
+// validCursor accepts a pull cursor (snapshot.State.Cursor): it goes into
+// the next pull's query string as it is.
+func validCursor(c gjson.Result) bool {
+	if c.Type != gjson.String || len(c.Str) > 64 {
+		return false
+	}
+	for i := 0; i < len(c.Str); i++ {
+		switch b := c.Str[i]; {
+		case b >= '0' && b <= '9', b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b == '.', b == '_', b == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // maxRemovalBlocks bounds one removal's chain (a prompt of a few million
@@ -220,14 +245,11 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		return host, fmt.Errorf("%s.address: %v", at, err)
 	}
 	host.Address = addr.Str
-	switch role := m.get("role"); {
-	case !role.Exists() || role.Str == "":
-		host.Role = config.RoleBoth
-	case role.Str == config.RoleBoth || role.Str == config.RolePrefill || role.Str == config.RoleDecode:
-		host.Role = role.Str
-	default:
-		return host, fmt.Errorf("%s.role: %q is not prefill, decode or both", at, role.Str)
+	role, err := snapshot.CheckRole(m.get("role").Str)
+	if err != nil {
+		return host, fmt.Errorf("%s.role: %v", at, err)
 	}
+	host.Role = role
 	if m := m.get("model"); m.Exists() {
 		if m.Type != gjson.String {
 			return host, fmt.Errorf("%s.model: must be a string", at)
@@ -250,6 +272,12 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		return host, fmt.Errorf("%s.healthy: must be a boolean", at)
 	}
 	host.Healthy = !healthy.Exists() || healthy.Bool()
+	if v := m.get("preciseCacheState"); v.Exists() {
+		if v.Type != gjson.True && v.Type != gjson.False {
+			return host, fmt.Errorf("%s.preciseCacheState: must be a boolean", at)
+		}
+		host.PreciseCacheState = v.Type == gjson.True
+	}
 	ints := []struct {
 		name string
 		dst  *int
@@ -423,8 +451,7 @@ func (e *olderStateError) Error() string {
 // force: of two pushes racing on two workers, the older one is refused
 // (olderStateError) whichever lands first. A push stamped like the one in
 // force (the same snapshot sent again) is accepted.
-func storeState(body []byte, ts int64) (uint64, error) {
-	st := &sharedStore{emulated: emulatedHost}
+func storeState(st *sharedStore, body []byte, ts int64) (uint64, error) {
 	stored := false
 	for attempt := 0; attempt < maxCASAttempts && !stored; attempt++ {
 		cur, cas, err := st.Get(stateBodyKey)
@@ -480,8 +507,8 @@ const createCAS = ^uint32(0)
 var stateGenBuf [8]byte
 
 // loadStateGen reads the current generation (0: never pushed).
-func loadStateGen() uint64 {
-	v, _, err := (&sharedStore{emulated: emulatedHost}).GetAppend(stateGenBuf[:0], stateGenKey)
+func loadStateGen(st *sharedStore) uint64 {
+	v, _, err := st.GetAppend(stateGenBuf[:0], stateGenKey)
 	if err != nil || len(v) != 8 {
 		return 0
 	}
@@ -563,7 +590,7 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 		p.stats.stateRejected.Increment(1)
 		return s.reject(openai.BadRequest("", "invalid state snapshot: %v", err))
 	}
-	gen, err := storeState(body, st.TimestampMs)
+	gen, err := storeState(p.store, body, st.TimestampMs)
 	if len(st.Gateways) > 0 {
 		p.learnReports(&st) // even from a push refused as older: routes are facts
 	}

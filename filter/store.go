@@ -27,12 +27,6 @@ type sharedStore struct {
 // functions entered per request in Wasm.
 var _ index.AppendGetter = (*sharedStore)(nil)
 
-// emulatedHost is set by tests that run the filter on the SDK's proxytest
-// emulator, which keeps the slices and strings it is given where Envoy
-// copies them: newRouter then builds an emulator-adapted store, and the
-// destination header is handed over as a string of its own.
-var emulatedHost = false
-
 func (st *sharedStore) Get(key string) ([]byte, uint32, error) {
 	v, cas, err := proxywasm.GetSharedData(key)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 // sseUpstream streams a completion whose first token comes after delay,
@@ -41,7 +43,7 @@ func TestWasmPredictedTTFTLearnsTheSlowEngine(t *testing.T) {
 		before := h.UpstreamRequests()
 		for i := from; i < from+n; i++ {
 			body := fmt.Sprintf(`{"model":"llama-3-8b","prompt":"q%d %s","max_tokens":4,"stream":true,"stream_options":{"include_usage":true}}`, i, strings.Repeat("w ", 100+20*(i%5)))
-			code, resp, _ := call(t, "POST", url+"/v1/completions", body, nil)
+			code, resp, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil)
 			if code != 200 || !strings.Contains(resp, "[DONE]") {
 				t.Fatalf("request %d: %d %s", i, code, resp)
 			}

@@ -182,3 +182,53 @@ func TestV8ModelObjectAndClientRank(t *testing.T) {
 			st.Metrics["kvroute.router.client_rank_header_removed"].Value, st.Metrics["kvroute.router.requests.model_not_found"].Value)
 	}
 }
+
+// Bad input about models, adapters and ranks in V8, where the answer is a
+// local reply from the body callback: an adapter nobody serves gets 404, a
+// model whose every host the push marks unhealthy gets 503 (not an engine
+// of another model), and a push naming a rank outside its endpoint's
+// ranks gets 400 naming the field and changes nothing. Each is counted.
+func TestV8BadModelAdapterAndRank(t *testing.T) {
+	eng := newRecordingEngines(t, 2)
+	h := startV8(t, eng.addrs, fmt.Sprintf(`{"endpoints":[{"address":%q,"model":"llama-3-8b"},{"address":%q,"model":"qwen"}],
+		"strategy":"round_robin","loraAdapters":{"fin-lora":"llama-3-8b"},"state":{"token":%q}}`, eng.addrs[0], eng.addrs[1], stateToken))
+	auth := http.Header{"Authorization": {"Bearer " + stateToken}}
+	push := func(hosts string) (int, string) {
+		t.Helper()
+		time.Sleep(2 * time.Millisecond)
+		return v8Post(t, h.Filtered+"/.kvroute/v1/state", fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[%s]}`, time.Now().UnixMilli(), hosts), auth)
+	}
+	if code, body := v8Post(t, h.Filtered+"/v1/completions", `{"model":"no-such-lora","prompt":"hi"}`, nil); code != 404 || gjson.Get(body, "error.code").Str != "model_not_found" {
+		t.Errorf("unknown adapter: %d %s, want 404 model_not_found", code, body)
+	}
+	if code, body := push(fmt.Sprintf(`{"address":%q,"model":"llama-3-8b","healthy":false},{"address":%q,"model":"qwen","healthy":true}`, eng.addrs[0], eng.addrs[1])); code != 200 {
+		t.Fatalf("push: %d %s", code, body)
+	}
+	for _, m := range []string{"llama-3-8b", "fin-lora"} {
+		code, body := v8Post(t, h.Filtered+"/v1/completions", `{"model":"`+m+`","prompt":"hi"}`, nil)
+		if code != 503 || gjson.Get(body, "error.code").Str != "model_unavailable" || !strings.Contains(gjson.Get(body, "error.message").Str, "'"+m+"'") {
+			t.Errorf("%s with no healthy host: %d %s, want 503 model_unavailable naming it", m, code, body)
+		}
+	}
+	code, body := push(fmt.Sprintf(`{"address":%q,"model":"llama-3-8b","healthy":true,"dataParallelSize":2,"rank":0},{"address":%q,"model":"llama-3-8b","healthy":true,"dataParallelSize":2,"rank":2}`, eng.addrs[0], eng.addrs[0]))
+	if code != 400 || !strings.Contains(body, "hosts[1].rank") {
+		t.Errorf("a rank outside the endpoint's: %d %s, want 400 naming hosts[1].rank", code, body)
+	}
+	// The refused push changed nothing: llama-3-8b still has no healthy host.
+	if code, _ := v8Post(t, h.Filtered+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi"}`, nil); code != 503 {
+		t.Errorf("after the refused push: %d, want 503 as before it", code)
+	}
+	if got := eng.requests(); len(got) != 0 {
+		t.Errorf("engines got %d requests, want none", len(got))
+	}
+	st, err := h.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]float64{"kvroute.router.requests.model_not_found": 1,
+		"kvroute.router.requests.model_unavailable": 3, "kvroute.router.state.rejected": 1} {
+		if got := st.Metrics[name].Value; got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+}

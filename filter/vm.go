@@ -43,7 +43,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/scorer"
 )
 
 // Root ids of the two filters.
@@ -63,6 +63,7 @@ func NewVMContext(build string) types.VMContext {
 type vmContext struct {
 	types.DefaultVMContext
 	build string
+	opts  Options
 }
 
 func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
@@ -71,7 +72,7 @@ func (v *vmContext) OnVMStart(int) types.OnVMStartStatus {
 }
 
 func (v *vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{contextID: contextID}
+	return &pluginContext{contextID: contextID, opts: v.opts}
 }
 
 // filterPlugin is what a root id turns into once its configuration is valid.
@@ -85,6 +86,7 @@ type filterPlugin interface {
 type pluginContext struct {
 	types.DefaultPluginContext
 	contextID uint32
+	opts      Options
 	rootID    string
 	plugin    filterPlugin
 }
@@ -107,16 +109,16 @@ func (p *pluginContext) OnPluginStart(int) (status types.OnPluginStartStatus) {
 		proxywasm.LogCriticalf("%s: cannot read the plugin configuration: %v", p.rootID, err)
 		return types.OnPluginStartStatusFailed
 	}
-	cfg, err := config.Parse(data)
+	cfg, handler, warnings, err := scorer.Load(data)
 	if err != nil {
 		proxywasm.LogCriticalf("%s: invalid plugin configuration: %v", p.rootID, err)
 		return types.OnPluginStartStatusFailed
 	}
 	switch p.rootID {
 	case RootRouter:
-		p.plugin, err = newRouter(cfg)
+		p.plugin, err = newRouter(cfg, handler, warnings, p.opts)
 	case RootPD:
-		p.plugin, err = newPD(cfg)
+		p.plugin, err = newPD(cfg, p.opts)
 	default:
 		err = fmt.Errorf("unknown root id %q: set the plugin's root_id to %q or %q", p.rootID, RootRouter, RootPD)
 	}

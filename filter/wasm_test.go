@@ -87,7 +87,7 @@ func startRouterConfig(t testing.TB, addrs []string, workers int, config string)
 func servedBy(t testing.TB, h *wasmhost.Host, url, body string, hdr map[string]string) string {
 	t.Helper()
 	before := h.UpstreamRequests()
-	if code, b, _ := call(t, "POST", url+"/v1/chat/completions", body, hdr); code != 200 {
+	if code, b, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", body, hdr); code != 200 {
 		t.Fatalf("%d %s", code, b)
 	}
 	for a, n := range h.UpstreamRequests() {
@@ -97,27 +97,6 @@ func servedBy(t testing.TB, h *wasmhost.Host, url, body string, hdr map[string]s
 	}
 	t.Fatal("no upstream served the request")
 	return ""
-}
-
-var httpClient = &http.Client{Timeout: 20 * time.Second}
-
-func call(t testing.TB, method, url, body string, hdr map[string]string) (int, string, http.Header) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("content-type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), resp.Header
 }
 
 // systemPrompt is one of n long shared prefixes (about 2 KB each).
@@ -141,7 +120,7 @@ func cachedTokensFor(t *testing.T, strategy string) int64 {
 	rng := rand.New(rand.NewSource(7))
 	var cached int64
 	for i := 0; i < 320; i++ {
-		code, body, _ := call(t, "POST", url+"/v1/chat/completions", chatBody(systemPrompt(rng.Intn(16)), fmt.Sprintf("question %d", i)), nil)
+		code, body, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", chatBody(systemPrompt(rng.Intn(16)), fmt.Sprintf("question %d", i)), nil)
 		if code != 200 {
 			t.Fatalf("%s request %d: %d %s", strategy, i, code, body)
 		}
@@ -196,7 +175,7 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 		if tc.auth != "" {
 			hdr["authorization"] = tc.auth
 		}
-		if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", tc.body, hdr); code != tc.want {
+		if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", tc.body, hdr); code != tc.want {
 			t.Errorf("%s: %d %s, want %d", tc.name, code, body, tc.want)
 		}
 		if _, _, ok := h.SharedData(stateGenKey); ok {
@@ -205,17 +184,17 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 	}
 	// Nothing changed: all four engines still serve.
 	for i := 0; i < 8; i++ {
-		call(t, "POST", url+"/v1/completions", completion, nil)
+		testenv.Call(t, "POST", url+"/v1/completions", completion, nil)
 	}
 	if n := len(h.UpstreamRequests()); n != 4 {
 		t.Fatalf("before the push %d engines served, want 4", n)
 	}
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
 		t.Fatalf("good push: %d %s", code, body)
 	}
 	before := h.UpstreamRequests()
 	for i := 0; i < 8; i++ { // both workers must pick the push up
-		call(t, "POST", url+"/v1/completions", completion, nil)
+		testenv.Call(t, "POST", url+"/v1/completions", completion, nil)
 	}
 	after := h.UpstreamRequests()
 	for _, a := range addrs[:2] {
@@ -237,7 +216,7 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 	}
 	// A push older than the state in force is refused and changes nothing.
 	old := pushBody(time.Now().Add(-time.Hour).UnixMilli(), addrs[0], addrs[1])
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 409 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 409 {
 		t.Fatalf("a push older than the state in force: %d %s, want 409", code, body)
 	}
 	if got := h.CounterValue("kvroute.router.state.rejected_older"); got != 1 {
@@ -245,7 +224,7 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 	}
 	before = h.UpstreamRequests()
 	for i := 0; i < 4; i++ {
-		call(t, "POST", url+"/v1/completions", completion, nil)
+		testenv.Call(t, "POST", url+"/v1/completions", completion, nil)
 	}
 	after = h.UpstreamRequests()
 	if after[addrs[0]] != before[addrs[0]] || after[addrs[1]] != before[addrs[1]] {
@@ -253,11 +232,11 @@ func TestWasmStateEndpointAuth(t *testing.T) {
 	}
 	// On a gateway with no state yet, an hour-old push is accepted, and stale.
 	h2, url2 := startRouter(t, addrs, 1, `,"strategy":"round_robin","fallbacks":0,"state":{"token":"`+stateToken+`"}`)
-	if code, body, _ := call(t, "POST", url2+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url2+"/.kvroute/v1/state", old, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
 		t.Fatalf("old push to a fresh gateway: %d %s", code, body)
 	}
 	for i := 0; i < 4; i++ {
-		call(t, "POST", url2+"/v1/completions", completion, nil)
+		testenv.Call(t, "POST", url2+"/v1/completions", completion, nil)
 	}
 	if got := h2.CounterValue("kvroute.router.stale_state"); got == 0 {
 		t.Error("a push stamped an hour ago was not counted stale")
@@ -281,12 +260,12 @@ func TestWasmStaleStateKeepsDeadHostsOut(t *testing.T) {
 	// The gateway's first push, stamped a minute ago: accepted, and stale.
 	push := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q,"healthy":false},{"address":%q},{"address":%q}]}`,
 		time.Now().Add(-time.Minute).UnixMilli(), addrs[0], sick, addrs[2], deadAddr)
-	if code, body, _ := call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", push, map[string]string{"authorization": "Bearer " + stateToken}); code != 200 {
 		t.Fatalf("push: %d %s", code, body)
 	}
 	failed := 0
 	for i := 0; i < 8; i++ { // the dead engine fails twice: its breaker opens
-		if code, _, _ := call(t, "POST", url+"/v1/completions", llamaCompletion, nil); code != 200 {
+		if code, _, _ := testenv.Call(t, "POST", url+"/v1/completions", llamaCompletion, nil); code != 200 {
 			failed++
 		}
 	}
@@ -298,7 +277,7 @@ func TestWasmStaleStateKeepsDeadHostsOut(t *testing.T) {
 	}
 	before := h.UpstreamRequests()
 	for i := 0; i < 30; i++ {
-		if code, body, _ := call(t, "POST", url+"/v1/completions", llamaCompletion, nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", llamaCompletion, nil); code != 200 {
 			t.Errorf("request %d: %d %s (went to the dead engine)", i, code, body)
 		}
 	}
@@ -366,7 +345,7 @@ func sendWithResets(t *testing.T, url string, n int) {
 					time.AfterFunc(time.Duration(rng.Intn(3000))*time.Microsecond, cancel)
 				}
 				req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(body))
-				resp, err := httpClient.Do(req)
+				resp, err := testenv.Client.Do(req)
 				outcome := "reset"
 				if err == nil {
 					_, err = io.Copy(io.Discard, resp.Body)
@@ -446,7 +425,7 @@ func TestWasmBadInputs(t *testing.T) {
 		}
 		req, _ := http.NewRequest(tc.method, url+tc.path, body)
 		req.Header.Set("content-type", "application/json")
-		resp, err := httpClient.Do(req)
+		resp, err := testenv.Client.Do(req)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -474,7 +453,7 @@ func TestWasmBadInputs(t *testing.T) {
 			t.Errorf("worker %d failed", w.Index)
 		}
 	}
-	if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"still alive?","max_tokens":2}`, nil); code != 200 {
+	if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"still alive?","max_tokens":2}`, nil); code != 200 {
 		t.Errorf("after the bad inputs: %d %s", code, body)
 	}
 	if h.VMFailures() != 0 {
@@ -494,7 +473,7 @@ func TestWasmDeadEngineOpensTheBreaker(t *testing.T) {
 	addrs := append([]string{deadAddr}, f.Addrs()...)
 	h, url := startRouter(t, addrs, 1, `,"strategy":"round_robin","fallbacks":2,"circuitBreaker":{"consecutiveFailures":2,"cooldownMs":600000}`)
 	for i := 0; i < 12; i++ {
-		if code, body, _ := call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hello","max_tokens":2}`, nil); code != 200 {
+		if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hello","max_tokens":2}`, nil); code != 200 {
 			t.Fatalf("request %d: %d %s (a fallback should have served it)", i, code, body)
 		}
 	}
@@ -515,7 +494,7 @@ func TestWasmORCARequested(t *testing.T) {
 	f := startFleet(t, server.Options{Replicas: 2, TimeScale: 0, TimeScaleSet: true})
 	for _, on := range []bool{true, false} {
 		_, url := startRouter(t, f.Addrs(), 1, fmt.Sprintf(`,"orca":%v`, on))
-		code, body, hdr := call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil)
+		code, body, hdr := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":2}`, nil)
 		if code != 200 {
 			t.Fatalf("%d %s", code, body)
 		}
@@ -539,7 +518,7 @@ func TestWasmClientPDFieldsNeverReachTheEngine(t *testing.T) {
 	defer up.Close()
 	_, url := startRouter(t, []string{up.Listener.Addr().String()}, 1, `,"fallbacks":0`)
 	body := `{"model":"m","prompt":"x","kv_transfer_params":{"remote_host":"169.254.169.254"},"bootstrap_host":"169.254.169.254"}`
-	if code, b, _ := call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+	if code, b, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
 		t.Fatalf("%d %s", code, b)
 	}
 	mu.Lock()
@@ -601,7 +580,7 @@ func TestWasmSessionsHoldAcrossWorkers(t *testing.T) {
 	for turn := 1; turn <= 3; turn++ {
 		// One request without a session first: each round's turns then
 		// reach the other worker than the round before.
-		if code, b, _ := call(t, "POST", url+"/v1/chat/completions", chatBody(systemPrompt(9), "hello"), nil); code != 200 {
+		if code, b, _ := testenv.Call(t, "POST", url+"/v1/chat/completions", chatBody(systemPrompt(9), "hello"), nil); code != 200 {
 			t.Fatalf("%d %s", code, b)
 		}
 		for i := range 20 {

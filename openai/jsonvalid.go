@@ -34,7 +34,26 @@ type jsonSpans struct {
 	// utf8.Valid pass over the body; badUTF8 then reports a failure due to
 	// a string that is not.
 	checkUTF8, badUTF8 bool
+
+	// The token ids the pass read: of each long array of plain integers
+	// and each long array of such arrays (a token-id prompt and a batch of
+	// them), in body order, and where each array's ids are (runs, by
+	// start). The parser hashes a prompt's ids from here rather than
+	// reading its digits a second time: reading them made a body of token
+	// ids cost twice its validation.
+	ids  []uint32
+	runs []tokenRun
+	// The same for the texts of long arrays of strings (a prompt sent as
+	// strings): each array's strings, unescaped and concatenated, are
+	// textBuf[from:to] of its entry in textRuns.
+	textBuf  []byte
+	textRuns []tokenRun
 }
+
+// tokenRun is the token ids of the array body[start:...]: ids[from:to].
+// An array holding a number that is no token id (above maxTokenID) has
+// none.
+type tokenRun struct{ start, from, to int32 }
 
 // jsonSpan is one value of the validated body: body[start:end].
 type jsonSpan struct {
@@ -75,6 +94,8 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			nonASCII = 0x8080808080808080
 		}
 		rec.spans = rec.spans[:0]
+		rec.ids, rec.runs = rec.ids[:0], rec.runs[:0]
+		rec.textBuf, rec.textRuns = rec.textBuf[:0], rec.textRuns[:0]
 		if len(b) >= math.MaxInt32 {
 			rec = nil // offsets would not fit: validate without the table
 		}
@@ -105,11 +126,14 @@ scan:
 			// An array of plain integers (a token-id prompt, or one of
 			// its batches) in one call, without a stack entry; in the
 			// table only when long, as strings are.
-			if c == '[' && i+1 < len(b) && b[i+1]-'1' <= 8 { // a chat body never enters it
-				if e := intArray(b, i); e > 0 {
-					if rec != nil && e-i >= minSpanString {
-						rec.add(jsonSpan{start: int32(i), end: int32(e)})
-					}
+			if c == '[' && i+1 < len(b) && (b[i+1]-'1' <= 8 || b[i+1] == '[') { // a chat body never enters it
+				if e := intArrays(b, i, rec); e > 0 {
+					i = e
+					break
+				}
+			}
+			if c == '[' && i+1 < len(b) && b[i+1] == '"' && rec != nil {
+				if e := stringArray(b, i, rec, nonASCII); e > 0 {
 					i = e
 					break
 				}
@@ -243,30 +267,164 @@ func (s *jsonSpans) add(sp jsonSpan) int32 {
 //go:noinline
 func (s *jsonSpans) grow() { s.spans = slices.Grow(s.spans, 1) }
 
-// intArray returns the index after the array starting at b[i] when it
-// holds nothing but plain integers (no zero, sign, fraction or exponent)
-// separated by commas without spaces, as token-id prompts are sent; and -1
-// for any other array, which the caller then scans its general way (having
-// lost at most this scan of it). A 1 MiB prompt of [7,8] batches spent
-// most of its validation opening and closing each batch as a container.
-// Not inlined: inlined into scanJSONWith it made parsing a body of many
-// unused keys, which holds no array, 1.7 times slower in Wasm (measured
-// with the parser's benchmarks compiled to wasip1 on wazero), though the
-// validation itself was no slower.
+// intArrays returns the index after the array starting at b[i] when it
+// holds nothing but plain integers (no zero, sign, fraction or exponent),
+// or nothing but non-empty arrays of them, separated by commas without
+// spaces, as token-id prompts and their batches are sent; and -1 for any
+// other array, which the caller then scans its general way (having lost
+// at most this scan of it). A 1 MiB prompt of [7,8] batches spent most of
+// its validation opening and closing each batch as a container. A long
+// array goes in rec's table, and its integers, when all are token ids, in
+// rec.ids (see tokenRun). Not inlined: inlined into scanJSONWith it made
+// parsing a body of many unused keys, which holds no array, 1.7 times
+// slower in Wasm (measured with the parser's benchmarks compiled to wasip1
+// on wazero), though the validation itself was no slower.
 //
 //go:noinline
-func intArray(b []byte, i int) int {
-	for i++; i < len(b) && b[i]-'1' <= 8; i++ { // a digit 1-9 starts each integer
-		for i++; i < len(b) && b[i]-'0' <= 9; i++ {
+func intArrays(b []byte, i int, rec *jsonSpans) int {
+	start, nested := i, i+1 < len(b) && b[i+1] == '['
+	// ids[:n] are the ids read, written by index into the buffer's full
+	// length, grown first to hold every integer the rest of b can (an
+	// append per id, or growing the buffer as it fills, made reading them
+	// cost more than validating them in Wasm). The buffer is kept for the
+	// next body: at most twice the largest body's bytes, as the span table
+	// can be.
+	var ids []uint32
+	n := 0
+	if rec != nil {
+		n = len(rec.ids)
+		if most := n + (len(b)-i)/2 + 1; cap(rec.ids) < most {
+			rec.ids = slices.Grow(rec.ids, most-n)
 		}
-		if i < len(b) && b[i] == ']' {
-			return i + 1
+		ids = rec.ids[:cap(rec.ids)]
+	}
+	from, tokens := n, true
+	if nested {
+		i++
+	}
+arrays:
+	for {
+		// An array of integers from b[i] ('['): a digit 1-9 starts each,
+		// and a comma or the closing bracket follows it. An empty batch
+		// is valid JSON but no token ids.
+		closed := nested && i+1 < len(b) && b[i+1] == ']'
+		if closed {
+			tokens = false
 		}
-		if i >= len(b) || b[i] != ',' {
+		for i++; !closed && i < len(b) && b[i]-'1' <= 8; i++ {
+			v, digits := uint64(b[i]-'0'), 1
+			for i++; i < len(b) && b[i]-'0' <= 9; i++ {
+				v, digits = v*10+uint64(b[i]-'0'), digits+1
+			}
+			if digits > 10 || v > maxTokenID {
+				tokens = false
+			}
+			if n < len(ids) {
+				ids[n] = uint32(v)
+				n++
+			}
+			if i < len(b) && b[i] == ']' {
+				closed = true
+				break
+			}
+			if i >= len(b) || b[i] != ',' {
+				break
+			}
+		}
+		if !closed {
+			i = -1 // not such an array
+			break arrays
+		}
+		i++
+		if !nested {
 			break
 		}
+		// The next batch, or the end of the outer array.
+		if i+1 < len(b) && b[i] == ',' && b[i+1] == '[' {
+			i++
+			continue
+		}
+		if i >= len(b) || b[i] != ']' {
+			i = -1
+			break arrays
+		}
+		i++
+		break
 	}
-	return -1
+	if rec == nil {
+		return i
+	}
+	// The ids stay only for a long array of token ids; the buffer, grown
+	// or not, stays for the next.
+	keep := from
+	if i-start >= minSpanString {
+		rec.add(jsonSpan{start: int32(start), end: int32(i)})
+		if tokens {
+			keep = n
+			rec.runs = append(rec.runs, tokenRun{int32(start), int32(from), int32(n)})
+		}
+	}
+	rec.ids = rec.ids[:keep] // ids is rec.ids's array
+	return i
+}
+
+// stringArray is intArrays for an array of strings separated by commas
+// without spaces (a prompt sent as strings), with the table rec: it returns
+// the index after the array starting at b[i], or -1 for any other array or
+// a string it must refuse (the caller's general way then finds why). A long
+// array goes in the table, and the text of its strings, unescaped and
+// concatenated, in rec.textBuf (see texts): the parser hashes the prompt from
+// there rather than finding and copying each string a second time.
+// nonASCII is as for scanString. Not inlined, as intArrays.
+//
+//go:noinline
+func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
+	start, from := i, len(rec.textBuf)
+	// text[:n] is the text so far, written into the buffer's full length,
+	// which is grown first to hold every string of the rest of b (no text
+	// is longer than its string) and 8 bytes more: a short string is
+	// copied as one 8-byte word (a call to copy per string cost more than
+	// finding it). The buffer is kept: at most the largest body.
+	n := from
+	if most := n + len(b) - i + 8; cap(rec.textBuf) < most {
+		rec.textBuf = slices.Grow(rec.textBuf, most-n)
+	}
+	text := rec.textBuf[:cap(rec.textBuf)]
+	end := -1
+	for i++; i < len(b) && b[i] == '"'; {
+		e := shortPlain(b, i)
+		if e >= 0 {
+			binary.LittleEndian.PutUint64(text[n:], load64(b, i+1))
+			n += e - i - 2
+		} else {
+			var escaped bool
+			if e, escaped = scanString(b, i, nonASCII); e < 0 {
+				break
+			}
+			if escaped {
+				n = len(appendUnescaped(text[:n], b[i+1:e-1])) // in place: it fits
+			} else {
+				n += copy(text[n:], b[i+1:e-1])
+			}
+		}
+		// A comma and the next string, or the end of the array.
+		if e+1 < len(b) && b[e] == ',' && b[e+1] == '"' {
+			i = e + 1
+			continue
+		}
+		if e < len(b) && b[e] == ']' {
+			end = e + 1
+		}
+		break
+	}
+	keep := from
+	if end-start >= minSpanString {
+		rec.add(jsonSpan{start: int32(start), end: int32(end)})
+		keep = n
+		rec.textRuns = append(rec.textRuns, tokenRun{int32(start), int32(from), int32(n)})
+	}
+	rec.textBuf = rec.textBuf[:keep]
+	return end
 }
 
 // integerRun returns the index after the elements ",<integer>" that follow one

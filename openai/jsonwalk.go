@@ -92,6 +92,42 @@ func (d *jsonDoc) search(pos int32) (jsonSpan, bool) {
 	return jsonSpan{}, false
 }
 
+// tokens returns the token ids the validating pass read from the array
+// starting at v[0] (see tokenRun), or false when it read none there (a
+// short array, or one that holds anything but token ids).
+func (d *jsonDoc) tokens(v []byte) ([]uint32, bool) {
+	if r, ok := d.run(d.runs, v); ok {
+		return d.ids[r.from:r.to], true
+	}
+	return nil, false
+}
+
+// texts is tokens for the text of an array of strings (see stringArray).
+func (d *jsonDoc) texts(v []byte) ([]byte, bool) {
+	if r, ok := d.run(d.textRuns, v); ok {
+		return d.textBuf[r.from:r.to], true
+	}
+	return nil, false
+}
+
+// run returns the entry of runs for the array starting at v[0].
+func (d *jsonDoc) run(runs []tokenRun, v []byte) (tokenRun, bool) {
+	pos := int32(d.base - cap(v))
+	lo, hi := 0, len(runs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if runs[m].start < pos {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(runs) && runs[lo].start == pos {
+		return runs[lo], true
+	}
+	return tokenRun{}, false
+}
+
 // numberByte marks the bytes a JSON number may hold.
 var numberByte = [256]bool{'0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true,
 	'7': true, '8': true, '9': true, '-': true, '+': true, '.': true, 'e': true, 'E': true}

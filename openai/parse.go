@@ -39,8 +39,9 @@ func EndpointOf(path string) Endpoint {
 	return OtherEndpoint
 }
 
-// Request is what routing needs from one body. No prompt text, and no
-// string that aliases the body (which is reused).
+// Request is what routing needs from one body, all of it: the caller
+// reads nothing else of the parser. No prompt text, and no string that
+// aliases the body (which is reused).
 type Request struct {
 	Model, Adapter string
 	SessionKey     string // the body's "user"
@@ -54,6 +55,17 @@ type Request struct {
 	ContinuousUsage bool
 	MaxTokens       int
 	PromptTokens    int
+	// The prompt as routing sees it: Chain is its block hash chain, Tokens
+	// the hasher that cut it (it counts the tokens of leading blocks), and
+	// PromptChars its canonical length in characters. They are the
+	// parser's, valid until its next Parse.
+	Chain       []uint64
+	Tokens      *index.Hasher
+	PromptChars int
+	// ClientOnly counts the gateway-only members (kv_transfer_params,
+	// bootstrap_*) the body held: the body goes on only without them
+	// (Parser.WithoutClientOnly).
+	ClientOnly int
 }
 
 // Error is a client error: the filter answers it locally with an
@@ -420,7 +432,9 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	if err != nil {
 		return r, err
 	}
-	r.PromptTokens = p.hasher.PromptTokens()
+	h := p.hasher
+	r.PromptTokens, r.Chain, r.Tokens, r.PromptChars = h.PromptTokens(), h.Blocks(), h, h.Len()
+	r.ClientOnly = p.dropped
 	return r, nil
 }
 
@@ -568,6 +582,12 @@ func (p *Parser) prompt(v []byte, name string) *Error {
 	if v[0] != '[' {
 		return BadRequest(name, "'%s' must be a string, an array of strings or an array of token ids", name)
 	}
+	if ids, ok := p.doc.tokens(v); ok {
+		// Token ids, or batches of them, that the validating pass has
+		// read: hashed from there, no digit read again.
+		p.hasher.Tokens(ids)
+		return nil
+	}
 	first := SkipSpace(v, 1)
 	if cap(p.ids) < idBatch {
 		p.ids = make([]uint32, 0, idBatch)
@@ -580,6 +600,13 @@ func (p *Parser) prompt(v []byte, name string) *Error {
 	case jsonTypeOf[c] == gjson.Number:
 		_, err = p.tokenIDs(v, 0, name, -1)
 	case c == '"':
+		if t, ok := p.doc.texts(v); ok {
+			// Strings that the validating pass has read: their text
+			// hashed from there (the hasher concatenates texts outside a
+			// chat, as texts does).
+			p.hasher.Text(unsafeString(t))
+			return nil
+		}
 		return p.texts(v, first, name)
 	case c == '[':
 		for i, n := first, 0; i < len(v) && v[i] != ']'; n++ {
@@ -722,20 +749,19 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 		return errBadMessages
 	}
 	n := 0
-	for i := SkipSpace(msgs, 1); ; n++ {
-		m, next, ok := p.doc.element(msgs, i)
-		if !ok {
-			break
-		}
-		i = next
-		if m[0] != '{' {
+	for i := SkipSpace(msgs, 1); i < len(msgs) && msgs[i] != ']'; n++ {
+		if msgs[i] != '{' {
 			return messageError(n, messageNotObject)
 		}
 		// One pass over the message's members (the content may be most
-		// of the body).
+		// of the body), from its opening brace to its closing one: the
+		// message is not first stepped over to find its end (its table
+		// entry, if any, is passed by).
+		p.doc.nextSpan(msgs[i:])
 		var msg [len(messageFields)][]byte // its members, by index in messageFields
-		for pos := SkipSpace(m, 1); ; {
-			k, v, next, ok := p.doc.member(m, pos)
+		pos := SkipSpace(msgs, i+1)
+		for {
+			k, v, next, ok := p.doc.member(msgs, pos)
 			if !ok {
 				break
 			}
@@ -743,6 +769,10 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 			if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
 				msg[f] = v
 			}
+		}
+		// msgs[pos] is the message's closing brace.
+		if i = SkipSpace(msgs, pos+1); i < len(msgs) && msgs[i] == ',' {
+			i = SkipSpace(msgs, i+1)
 		}
 		role, content := msg[messageRole], msg[messageContent]
 		if jsonType(role) != gjson.String || len(role) == 2 {
@@ -836,14 +866,13 @@ func (p *Parser) messageRest(fields *[len(messageFields)][]byte, i int) *Error {
 	case jsonType(content) == gjson.String:
 		p.hasher.Text(p.doc.text(content))
 	case content != nil && content[0] == '[':
-		for pos, j := SkipSpace(content, 1), 0; ; j++ {
-			part, next, ok := p.doc.element(content, pos)
-			if !ok {
-				break
-			}
-			pos = next
-			if err := p.part(part, i, j); err != nil {
+		for pos, j := SkipSpace(content, 1), 0; pos < len(content) && content[pos] != ']'; j++ {
+			end, err := p.part(content, pos, i, j)
+			if err != nil {
 				return err
+			}
+			if pos = SkipSpace(content, end); pos < len(content) && content[pos] == ',' {
+				pos = SkipSpace(content, pos+1)
 			}
 		}
 	case jsonType(content) == gjson.Null:
@@ -962,23 +991,28 @@ func (p *Parser) valueString(v []byte) string {
 	return gjson.Parse(unsafeString(v)).String()
 }
 
-// part hashes content part j of message i.
-func (p *Parser) part(part []byte, i, j int) *Error {
-	if part[0] != '{' {
-		return partError(i, j, "", "'%s' must be a content part object")
+// part hashes content part j of message i, which starts at content[at], and
+// returns the index after it.
+func (p *Parser) part(content []byte, at, i, j int) (int, *Error) {
+	if content[at] != '{' {
+		return at, partError(i, j, "", "'%s' must be a content part object")
 	}
-	// One walk of the part's members finds type, text and the first
-	// image_url and input_audio by their raw keys. gjson finds a member by
-	// its decoded key: a key with an escape (never a plain one) might decode
-	// to one of these, and then lookup walks the part again as gjson would.
+	// One walk of the part's members, from its opening brace to its
+	// closing one (not first stepped over to find its end), finds type,
+	// text and the first image_url and input_audio by their raw keys. gjson
+	// finds a member by its decoded key: a key with an escape (never a
+	// plain one) might decode to one of these, and then lookup walks the
+	// part again as gjson would.
+	p.doc.nextSpan(content[at:]) // its table entry, if any, is passed by
 	var typ, text, image, audio []byte
 	escapedKey := false
-	for i := SkipSpace(part, 1); ; {
-		k, v, next, ok := p.doc.member(part, i)
+	pos := SkipSpace(content, at+1)
+	for {
+		k, v, next, ok := p.doc.member(content, pos)
 		if !ok {
 			break
 		}
-		i = next
+		pos = next
 		switch ks := unsafeString(k); {
 		case is(ks, `"type"`):
 			typ = v
@@ -996,16 +1030,17 @@ func (p *Parser) part(part []byte, i, j int) *Error {
 			escapedKey = escapedKey || hasBackslash(k)
 		}
 	}
+	part := content[at : pos+1] // content[pos] is its closing brace
 	if escapedKey {
 		image, audio = p.lookup(part, "image_url"), p.lookup(part, "input_audio")
 	}
 	if jsonType(typ) != gjson.String || typ == nil {
-		return partError(i, j, ".type", "'%s.type' must be a string")
+		return pos, partError(i, j, ".type", "'%s.type' must be a string")
 	}
 	switch t := p.doc.text(typ); t {
 	case "text":
 		if jsonType(text) != gjson.String || text == nil {
-			return partError(i, j, ".text", "'%s.text' must be a string")
+			return pos, partError(i, j, ".text", "'%s.text' must be a string")
 		}
 		p.hasher.Text(p.doc.text(text))
 	case "image_url":
@@ -1016,7 +1051,7 @@ func (p *Parser) part(part []byte, i, j int) *Error {
 		// Other part types shape the prompt too: hash them whole.
 		p.hasher.Part(t, unsafeString(part))
 	}
-	return nil
+	return pos + 1, nil
 }
 
 // partError is messageError for content part j of message i.

@@ -79,11 +79,17 @@ func TestParseStreamUsage(t *testing.T) {
 func TestParseHashesPrefixes(t *testing.T) {
 	p := newParser(t, `{}`)
 	sys := strings.Repeat("shared system prompt ", 100)
+	// The request carries the prompt's chain and length: the caller reads
+	// nothing of the parser.
 	chain := func(body string, kind Endpoint) []uint64 {
-		if _, err := p.Parse([]byte(body), kind); err != nil {
+		r, err := p.Parse([]byte(body), kind)
+		if err != nil {
 			t.Fatal(err.Message)
 		}
-		return append([]uint64(nil), p.hasher.Blocks()...)
+		if len(r.Chain) == 0 || r.Tokens == nil || r.PromptChars < len(sys) || r.Tokens.TokensIn(len(r.Chain)+1) != r.PromptTokens {
+			t.Fatalf("request: %d blocks, %d chars, %d tokens (hasher %v)", len(r.Chain), r.PromptChars, r.PromptTokens, r.Tokens != nil)
+		}
+		return append([]uint64(nil), r.Chain...)
 	}
 	a := chain(chatBody(sys, "one"), Chat)
 	b := chain(chatBody(sys, "two"), Chat)
@@ -160,8 +166,8 @@ func TestEscapedKeysCountAsDecoded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err.Message)
 	}
-	if r.Model != "m" {
-		t.Errorf("model %q, want m", r.Model)
+	if r.Model != "m" || r.ClientOnly != 1 {
+		t.Errorf("model %q, %d client-only members; want m, 1", r.Model, r.ClientOnly)
 	}
 	clean := p.WithoutClientOnly(body)
 	if p.dropped != 1 || strings.Contains(string(clean), "169.254") || gjson.GetBytes(clean, "prompt").Str != "hi" {
@@ -542,4 +548,99 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 
 func chatBody(system, user string) string {
 	return fmt.Sprintf(`{"model":"llama-3-8b","messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"max_tokens":4}`, system, user)
+}
+
+// TestTokenRunsMatchTheReader checks that a long token-id prompt, whose ids
+// the validating pass reads (see tokenRun), is accepted, refused and hashed
+// exactly as the parser's own reading of a short one: an id past
+// maxTokenID or an empty batch anywhere refuses it, and the ids hash as
+// one id at a time do.
+func TestTokenRunsMatchTheReader(t *testing.T) {
+	p := newParser(t, `{}`)
+	ref := index.NewHasher(index.HashConfig{})
+	long := strings.Repeat("123,", 400) // 6,400 bytes of ids: several blocks
+	for _, tc := range []struct {
+		prompt string
+		ok     bool
+	}{
+		{"[" + long + "7]", true},
+		{"[" + long + "4294967295]", true},
+		{"[" + long + "4294967296]", false},
+		{"[" + long + "12345678901]", false},
+		{"[[" + long + "7],[8]]", true},
+		{"[[" + long + "7],[]]", false},
+		{"[[" + long + "7],[8],[4294967296]]", false},
+	} {
+		body := []byte(`{"model":"m","prompt":` + tc.prompt + `}`)
+		_, err := p.Parse(body, Completions)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: error %v, want ok %v", tc.prompt, err, tc.ok)
+			continue
+		}
+		if !tc.ok {
+			if err.Param != "prompt" && !strings.HasPrefix(err.Param, "prompt[") {
+				t.Errorf("%s: error names %q", tc.prompt, err.Param)
+			}
+			continue
+		}
+		if len(p.doc.runs) != 1 {
+			t.Errorf("%s: the validating pass read %d runs, want 1", tc.prompt, len(p.doc.runs))
+		}
+		ref.Reset("m", "", "")
+		gjson.Get(string(body), "prompt|@flatten").ForEach(func(_, v gjson.Result) bool {
+			ref.Token(uint32(v.Uint()))
+			return true
+		})
+		if !slices.Equal(p.hasher.Blocks(), ref.Blocks()) || p.hasher.Len() != ref.Len() {
+			t.Errorf("%s: hashed %d blocks (%d bytes), one id at a time %d (%d)", tc.prompt, len(p.hasher.Blocks()), p.hasher.Len(), len(ref.Blocks()), ref.Len())
+		}
+	}
+}
+
+// TestTextRunsMatchTheReader is TestTokenRunsMatchTheReader for a long
+// prompt of strings, whose text the validating pass gathers (see
+// stringArray): escapes, non-ASCII text and empty strings hash as one
+// string at a time does, and a string that is not UTF-8 or an element that
+// is not a string refuses it as before.
+func TestTextRunsMatchTheReader(t *testing.T) {
+	p := newParser(t, `{}`)
+	ref := index.NewHasher(index.HashConfig{})
+	long := strings.Repeat(`"ab",""," c\nd \u00e9\ud83d\ude00","日本語のテキスト","`+strings.Repeat("x", 70)+`",`, 30)
+	for _, tc := range []struct {
+		prompt, param string // param: "" for accepted
+	}{
+		{"[" + long + `"end"]`, ""},
+		{"[" + long + `"\/"]`, ""},
+		{"[" + long + "\"\xff\"]", "-"},
+		{"[" + long + `7]`, "prompt"},
+		{"[" + long + `"a" ]`, ""},
+	} {
+		body := []byte(`{"model":"m","prompt":` + tc.prompt + `}`)
+		_, err := p.Parse(body, Completions)
+		switch {
+		case tc.param == "" && err != nil:
+			t.Errorf("%.40s: %s", tc.prompt, err.Message)
+			continue
+		case tc.param == "-" && err != errBodyNotUTF8:
+			t.Errorf("%.40s: error %v, want the UTF-8 one", tc.prompt, err)
+			continue
+		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[150]")):
+			t.Errorf("%.40s: error %v, want one naming %s[150]", tc.prompt, err, tc.param)
+			continue
+		case tc.param != "":
+			continue
+		}
+		ref.Reset("m", "", "")
+		gjson.Get(string(body), "prompt").ForEach(func(_, v gjson.Result) bool {
+			ref.Text(v.String())
+			return true
+		})
+		if !slices.Equal(p.hasher.Blocks(), ref.Blocks()) || p.hasher.Len() != ref.Len() {
+			t.Errorf("%.40s: hashed %d blocks (%d bytes), one string at a time %d (%d)", tc.prompt, len(p.hasher.Blocks()), p.hasher.Len(), len(ref.Blocks()), ref.Len())
+		}
+	}
+	// The last case has a space before its bracket: no run, the reader's way.
+	if _, err := p.Parse([]byte(`{"model":"m","prompt":[`+long+`"end"]}`), Completions); err != nil || len(p.doc.textRuns) != 1 {
+		t.Errorf("the validating pass gathered %d texts (error %v), want 1", len(p.doc.textRuns), err)
+	}
 }

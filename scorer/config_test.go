@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 func TestConfigErrorsNameTheirPath(t *testing.T) {
@@ -11,56 +13,56 @@ func TestConfigErrorsNameTheirPath(t *testing.T) {
 		name, config string
 		path, msg    string // one of the errors must have this path and contain msg
 	}{
-		{"root not an object", `[1,2]`, "(root)", "want a JSON object"},
-		{"strategy not a string", `{"strategy": 3}`, "strategy", "want a string"},
+		{"root not an object", `[1,2]`, "", "must be a JSON object"},
+		{"strategy not a string", `{"strategy": 3}`, "strategy", "must be a string"},
 		{"unknown strategy", `{"strategy": "fastest"}`, "strategy", `unknown strategy "fastest"; presets: round_robin`},
-		{"plugins not an array", `{"plugins": {}}`, "plugins", "want an array"},
-		{"plugin not an object", `{"plugins": ["healthy"]}`, "plugins[0]", "want a JSON object"},
-		{"unknown plugin field", `{"plugins": [{"name": "a", "type": "healthy", "parms": {}}]}`, "plugins[0].parms", "unknown field; known: name, type, params"},
+		{"plugins not an array", `{"plugins": {}}`, "plugins", "must be an array"},
+		{"plugin not an object", `{"plugins": ["healthy"]}`, "plugins[0]", "must be an object"},
+		{"unknown plugin field", `{"plugins": [{"name": "a", "type": "healthy", "parms": {}}]}`, "plugins[0].parms", "unknown key (known keys: name, params, type)"},
 		{"missing name", `{"plugins": [{"type": "healthy"}]}`, "plugins[0].name", "missing"},
 		{"missing type", `{"plugins": [{"name": "a"}]}`, "plugins[0].type", "missing"},
 		{"unknown plugin type", `{"plugins": [{"name": "a", "type": "magic"}]}`, "plugins[0].type", `unknown plugin type "magic"; known:`},
 		{"duplicate names", `{"plugins": [{"name": "a", "type": "healthy"}, {"name": "a", "type": "role"}]}`, "plugins[1].name", `duplicate name "a" (first defined at plugins[0])`},
-		{"unknown parameter", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"absolute": 5}}]}`, "plugins[0].params.absolute", "unknown field; known: absoluteTokens, basis, decodeWeight, relative, waitingTokens"},
+		{"unknown parameter", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"absolute": 5}}]}`, "plugins[0].params.absolute", "unknown key (known keys: absoluteTokens, basis, decodeWeight, relative, waitingTokens)"},
 		{"parameter of a parameterless plugin", `{"plugins": [{"name": "p", "type": "session_affinity", "params": {"x": 1}}]}`, "plugins[0].params.x", "takes no parameters"},
 		{"parameter out of range", `{"plugins": [{"name": "h", "type": "consistent_hash", "params": {"loadFactor": 0.5}}]}`, "plugins[0].params.loadFactor", "must be in [1, 100]"},
-		{"parameter wrong type", `{"plugins": [{"name": "h", "type": "consistent_hash", "params": {"loadFactor": "1.25"}}]}`, "plugins[0].params.loadFactor", "want a number, got a string"},
+		{"parameter wrong type", `{"plugins": [{"name": "h", "type": "consistent_hash", "params": {"loadFactor": "1.25"}}]}`, "plugins[0].params.loadFactor", "must be a number, got a string"},
 		{"parameter not whole", `{"plugins": [{"name": "s", "type": "saturation", "params": {"maxWaiting": 1.5}}]}`, "plugins[0].params.maxWaiting", "whole number"},
 		{"enum parameter", `{"plugins": [{"name": "r", "type": "role", "params": {"role": "encode"}}]}`, "plugins[0].params.role", `"encode" is not one of auto, prefill, decode, both`},
-		{"profiles not an object", `{"profiles": []}`, "profiles", "want a JSON object"},
-		{"profile not an object", `{"profiles": {"p": 1}}`, "profiles.p", "want a JSON object"},
-		{"unknown profile field", `{"profiles": {"p": {"picker": "random", "scorer": []}}}`, "profiles.p.scorer", "unknown field"},
+		{"profiles not an object", `{"profiles": []}`, "profiles", "must be an object"},
+		{"profile not an object", `{"profiles": {"p": 1}}`, "profiles.p", "must be an object"},
+		{"unknown profile field", `{"profiles": {"p": {"picker": "random", "scorer": []}}}`, "profiles.p.scorer", "unknown key"},
 		{"empty profile", `{"profiles": {"p": {}}}`, "profiles.p", "empty profile"},
 		{"negative weight", `{"profiles": {"default": {"scorers": ["queue", "running", {"plugin": "kv_utilization", "weight": -1}]}}}`, "profiles.default.scorers[2].weight", "must be >= 0"},
 		{"weight too large", `{"profiles": {"p": {"scorers": [{"plugin": "queue", "weight": 5000}]}}}`, "profiles.p.scorers[0].weight", "must be <= 1000"},
-		{"weight not a number", `{"profiles": {"p": {"scorers": [{"plugin": "queue", "weight": "2"}]}}}`, "profiles.p.scorers[0].weight", "want a number"},
-		{"unknown scorer ref field", `{"profiles": {"p": {"scorers": [{"plugin": "queue", "wieght": 2}]}}}`, "profiles.p.scorers[0].wieght", "unknown field"},
+		{"weight not a number", `{"profiles": {"p": {"scorers": [{"plugin": "queue", "weight": "2"}]}}}`, "profiles.p.scorers[0].weight", "must be a number"},
+		{"unknown scorer ref field", `{"profiles": {"p": {"scorers": [{"plugin": "queue", "wieght": 2}]}}}`, "profiles.p.scorers[0].wieght", "unknown key"},
 		{"undefined plugin", `{"profiles": {"p": {"filters": ["healthy", "nope"], "picker": "random"}}}`, "profiles.p.filters[1]", `"nope" is not defined in plugins and is not a built-in filter`},
 		{"undefined picker", `{"profiles": {"p": {"scorers": ["queue"], "picker": "best"}}}`, "profiles.p.picker", `"best" is not defined`},
 		{"filter used as scorer", `{"profiles": {"p": {"scorers": ["healthy"]}}}`, "profiles.p.scorers[0].plugin", `"healthy" is a filter, not a scorer`},
 		{"scorer used as picker", `{"profiles": {"p": {"scorers": ["queue"], "picker": "queue"}}}`, "profiles.p.picker", `"queue" is a scorer, not a picker`},
-		{"filter name not a string", `{"profiles": {"p": {"filters": [1], "picker": "random"}}}`, "profiles.p.filters[0]", "want a plugin name"},
+		{"filter name not a string", `{"profiles": {"p": {"filters": [1], "picker": "random"}}}`, "profiles.p.filters[0]", "must be a string"},
 		{"scorer listed twice", `{"profiles": {"p": {"scorers": ["queue", {"plugin": "queue", "weight": 2}]}}}`, "profiles.p.scorers[1].plugin", "already listed at profiles.p.scorers[0]"},
 		{"all weights zero", `{"profiles": {"p": {"scorers": [{"plugin": "queue", "weight": 0}]}}}`, "profiles.p.scorers", "every weight is 0"},
 		{"hotspot recipe", `{"profiles": {"p": {"scorers": ["prefix_cache", "session_affinity"]}}}`, "profiles.p", "hotspot recipe"},
 		{"hotspot recipe with a zero-weight spreader", `{"profiles": {"p": {"scorers": ["prefix_cache", {"plugin": "queue", "weight": 0}]}}}`, "profiles.p", "hotspot recipe"},
-		{"allowHotspot not a bool", `{"profiles": {"p": {"scorers": ["queue"], "allowHotspot": "yes"}}}`, "profiles.p.allowHotspot", "want true or false"},
+		{"allowHotspot not a bool", `{"profiles": {"p": {"scorers": ["queue"], "allowHotspot": "yes"}}}`, "profiles.p.allowHotspot", "must be true or false"},
 		{"bad index hint", `{"profiles": {"p": {"scorers": ["queue"], "index": {"blockChars": 0}}}}`, "profiles.p.index.blockChars", "must be a whole number in [1,"},
-		{"unknown index hint", `{"profiles": {"p": {"scorers": ["queue"], "index": {"blocks": 5}}}}`, "profiles.p.index.blocks", "unknown field"},
-		{"negative prefill threshold", `{"disaggregation": {"threshold": -1}}`, "disaggregation.threshold", ">= 0"},
+		{"unknown index hint", `{"profiles": {"p": {"scorers": ["queue"], "index": {"blocks": 5}}}}`, "profiles.p.index.blocks", "unknown key"},
+		{"negative prefill threshold", `{"disaggregation": {"threshold": -1}}`, "disaggregation.threshold", "must be a whole number in [0,"},
 		{"unknown prefill strategy", `{"disaggregation": {"prefillStrategy": "x"}}`, "disaggregation.prefillStrategy", `unknown strategy "x"`},
-		{"unknown disaggregation field", `{"disaggregation": {"treshold": 5}}`, "disaggregation.treshold", "unknown field"},
+		{"unknown disaggregation field", `{"disaggregation": {"treshold": 5}}`, "disaggregation.treshold", "unknown key"},
 		{"broken unused profile", `{"strategy": "round_robin", "profiles": {"spare": {"scorers": [{"plugin": "queue", "weight": -2}]}}}`, "profiles.spare.scorers[0].weight", "must be >= 0"},
 		{"broken unused plugin", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"relative": 0}}]}`, "plugins[0].params.relative", "must be in [1, 1000]"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			err := buildErr(tc.config)
-			var ce *ConfigError
+			var ce config.Errors
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %v, want a *ConfigError", err)
+				t.Fatalf("got %v, want config.Errors", err)
 			}
-			for _, fe := range ce.Errors {
+			for _, fe := range ce {
 				if fe.Path == tc.path && strings.Contains(fe.Msg, tc.msg) {
 					return
 				}
@@ -71,22 +73,18 @@ func TestConfigErrorsNameTheirPath(t *testing.T) {
 }
 
 func buildErr(config string) error {
-	cfg, err := ParseConfig([]byte(config))
-	if err != nil {
-		return err
-	}
-	_, _, err = cfg.Build()
+	_, _, _, err := Load([]byte(config))
 	return err
 }
 
 func TestConfigReportsEveryMistakeAtOnce(t *testing.T) {
 	err := buildErr(`{"plugins": [{"name": "a", "type": "magic"}],
 		"profiles": {"p": {"scorers": [{"plugin": "queue", "weight": -1}], "picker": "nope"}}}`)
-	var ce *ConfigError
-	if !errors.As(err, &ce) || len(ce.Errors) != 3 {
+	var ce config.Errors
+	if !errors.As(err, &ce) || len(ce) != 3 {
 		t.Fatalf("want 3 errors, got %v", err)
 	}
-	if !strings.HasPrefix(err.Error(), "invalid routing configuration: plugins[0].type: ") {
+	if !strings.HasPrefix(err.Error(), "plugins[0].type: ") {
 		t.Fatalf("message %q", err.Error())
 	}
 }
@@ -149,11 +147,11 @@ func TestValidConfigs(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := ParseConfig([]byte(tc.config))
+			cfg, err := config.Parse([]byte(tc.config))
 			if err != nil {
 				t.Fatal(err)
 			}
-			h, warnings, err := cfg.Build()
+			h, warnings, err := Build(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -179,12 +177,12 @@ func TestPresetsAreValidConfigs(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s has no config", name)
 		}
-		cfg, err := ParseConfig([]byte(src))
+		cfg, err := config.Parse([]byte(src))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		cfg.Strategy = name
-		if _, _, err := cfg.Build(); err != nil {
+		if _, _, err := Build(cfg); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
@@ -205,11 +203,11 @@ func TestReadsLatency(t *testing.T) {
 			t.Errorf("preset %s reads latency; the filter would time every response", name)
 		}
 	}
-	cfg, err := ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"scorers": ["queue", "latency"]}}}`))
+	cfg, err := config.Parse([]byte(`{"strategy": "p", "profiles": {"p": {"scorers": ["queue", "latency"]}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, _, err := cfg.Build()
+	h, _, err := Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,13 +27,15 @@
 //
 // # Configuration
 //
-// Profiles are assembled from JSON (see [ParseConfig]): named plugin
+// Profiles are assembled from the plugin configuration, which package
+// config parses ([Build] takes its result; [Load] does both): named plugin
 // instances with parameters, and profiles referring to them with weights.
 // Every mistake is reported with the path of the offending field, for
 // example "profiles.default.scorers[2].weight: must be >= 0", and all of them
 // at once. The built-in strategies ([Presets]) need no configuration.
 //
-// The package imports only the standard library and xxhash, so it compiles
+// The package imports only the standard library, gjson, xxhash and
+// kvroute's config and snapshot (no proxy-wasm SDK), so it compiles
 // unchanged for GOOS=wasip1 and is shared by the Envoy filter, the fleet
 // simulator and the benchmarks: the strategy measured is the strategy shipped.
 package scorer

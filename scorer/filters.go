@@ -1,17 +1,22 @@
 package scorer
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/snapshot"
+)
 
 func init() {
 	Register("healthy", KindFilter,
 		"drops hosts whose circuit breaker is open, that stopped answering scrapes, or (dropStale) whose pushed state is stale; keeps everyone if nobody is left (failOpen)",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return &healthyFilter{dropStale: p.Bool("dropStale", true), failOpen: p.Bool("failOpen", true)}
 		})
 	Register("role", KindFilter,
 		"keeps hosts that serve the role being picked (auto: decode or prefill in a disaggregated handler, any otherwise)",
-		func(p *Params) Plugin {
-			r := p.Enum("role", "auto", "auto", "prefill", "decode", "both")
+		func(p *config.Params) Plugin {
+			r := p.Enum("role", "auto", "auto", snapshot.RolePrefill, snapshot.RoleDecode, snapshot.RoleBoth)
 			f := &roleFilter{auto: r == "auto"}
 			if !f.auto {
 				f.role, _ = ParseRole(r)
@@ -20,12 +25,12 @@ func init() {
 		})
 	Register("model", KindFilter,
 		"keeps hosts serving the request's model (hosts that declare no model serve any); requireAdapter also requires the LoRA adapter loaded or loadable",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return &modelFilter{requireAdapter: p.Bool("requireAdapter", false)}
 		})
 	Register("saturation", KindFilter,
 		"drops hosts over the waiting-queue or KV-utilization threshold while others remain",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return &saturationFilter{
 				maxWaiting: p.Int("maxWaiting", 128, 1, 1<<30),
 				maxKVUsage: p.Float("maxKVUsage", 0.95, 0, 1),
@@ -33,7 +38,7 @@ func init() {
 		})
 	Register("load_guard", KindFilter,
 		"the imbalance guard: drops hosts whose token work exceeds the best host's by more than absoluteTokens AND by more than relative times; work is outstanding tokens plus, with basis cost, this request's uncached tokens there",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return &loadGuard{
 				absTokens:    float64(p.Int("absoluteTokens", 32768, 0, 1<<40)),
 				rel:          p.Float("relative", 1.5, 1, 1000),

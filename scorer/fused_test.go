@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // appendByScore's one pass picks what repeated selection picks: by score,
@@ -85,8 +87,8 @@ func TestLoadScorersReadTheirFigure(t *testing.T) {
 	hosts[3].PendingPrefillTokens = 100
 	c := &Cycle{Req: newReq(4, 100, 1), Hosts: hosts, s: &Scratch{}}
 	for want, typ := range []string{"queue", "running", "least_request", "pending_tokens"} {
-		errs := &errList{}
-		sc := registry[typ].new(newParams("test", map[string]gjson.Result{}, errs)).(Scorer)
+		errs := &config.Errors{}
+		sc := registry[typ].new(config.NewParams("test", map[string]gjson.Result{}, errs)).(Scorer)
 		out := make([]float64, 4)
 		sc.Score(c, []int{0, 1, 2, 3}, out)
 		for h, v := range out {
@@ -96,8 +98,8 @@ func TestLoadScorersReadTheirFigure(t *testing.T) {
 		}
 	}
 	// pending_tokens weighs decode tokens by decodeWeight.
-	errs := &errList{}
-	sc := registry["pending_tokens"].new(newParams("test", map[string]gjson.Result{"decodeWeight": gjson.Parse("2")}, errs)).(loadScorer)
+	errs := &config.Errors{}
+	sc := registry["pending_tokens"].new(config.NewParams("test", map[string]gjson.Result{"decodeWeight": gjson.Parse("2")}, errs)).(loadScorer)
 	if got := sc.load(&Host{PendingPrefillTokens: 10, PendingDecodeTokens: 3}); got != 16 {
 		t.Fatalf("pending_tokens load with decodeWeight 2: %v, want 16", got)
 	}

@@ -3,10 +3,12 @@ package scorer
 import (
 	"errors"
 	"testing"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // FuzzParseConfig: any input either builds a handler that decides without
-// panicking, or fails with a *ConfigError. Never a panic, never another
+// panicking, or fails with config.Errors. Never a panic, never another
 // error type, never a handler that cannot decide.
 func FuzzParseConfig(f *testing.F) {
 	for _, name := range PresetNames() {
@@ -24,18 +26,18 @@ func FuzzParseConfig(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		cfg, err := ParseConfig(data)
-		var ce *ConfigError
+		cfg, err := config.Parse(data)
+		var ce config.Errors
 		if err != nil {
-			if !errors.As(err, &ce) || len(ce.Errors) == 0 {
-				t.Fatalf("ParseConfig error %T %v is not a *ConfigError with errors", err, err)
+			if !errors.As(err, &ce) || len(ce) == 0 {
+				t.Fatalf("ParseConfig error %T %v is not config.Errors", err, err)
 			}
 			return
 		}
-		h, _, err := cfg.Build()
+		h, _, err := Build(cfg)
 		if err != nil {
-			if !errors.As(err, &ce) || len(ce.Errors) == 0 {
-				t.Fatalf("Build error %T %v is not a *ConfigError with errors", err, err)
+			if !errors.As(err, &ce) || len(ce) == 0 {
+				t.Fatalf("Build error %T %v is not config.Errors", err, err)
 			}
 			return
 		}

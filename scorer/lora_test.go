@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // The default profile decides a base-model request exactly as it would
@@ -18,11 +20,11 @@ func TestDefaultProfileLoRAAffinity(t *testing.T) {
 	src, _ := PresetConfig("kv_cache_aware")
 	src = strings.Replace(src, `,
 		            {"plugin": "lora_affinity", "weight": 3}`, "", 1)
-	cfg, err := ParseConfig([]byte(src))
+	cfg, err := config.Parse([]byte(src))
 	if err != nil {
 		t.Fatal(err)
 	}
-	without, _, err := cfg.Build()
+	without, _, err := Build(cfg)
 	if err != nil || len(without.Decode.Scorers) != len(with.Decode.Scorers)-1 {
 		t.Fatalf("profile without lora_affinity: %v (%d scorers)", err, len(without.Decode.Scorers))
 	}

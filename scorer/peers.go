@@ -1,6 +1,10 @@
 package scorer
 
-import "math"
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/config"
+)
 
 // Peer emulations, implemented from the peers' public descriptions so the
 // benchmark compares kvroute with what they do, on the same index and load
@@ -10,7 +14,7 @@ import "math"
 func init() {
 	Register("sglang_cache_aware", KindPicker,
 		"SGLang router's cache_aware policy: shortest queue (in-flight requests) when the fleet is imbalanced, else the best prefix match above cacheThreshold, else the host with the smallest cache tree",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return sglangPicker{
 				cacheThreshold: p.Float("cacheThreshold", 0.3, 0, 1),
 				balanceAbs:     float64(p.Int("balanceAbsThreshold", 64, 0, 1<<30)),
@@ -19,7 +23,7 @@ func init() {
 		})
 	Register("dynamo_kv", KindPicker,
 		"NVIDIA Dynamo's KV router: cost = overlapWeight x prefill blocks to compute + decode blocks active; lowest cost, or softmax sampling when temperature > 0",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return dynamoPicker{
 				overlapWeight: p.Float("overlapWeight", 1.0, 0, 1000),
 				temperature:   p.Float("temperature", 0, 0, 1e6),

@@ -5,12 +5,14 @@ import (
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 func init() {
 	Register("max_score", KindPicker,
 		"the highest total score, ties broken at random; fallbacks by descending score",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			if p.Enum("tieBreak", "random", "random", "round_robin") == "round_robin" {
 				return &maxScoreRoundRobinPicker{}
 			}
@@ -18,21 +20,21 @@ func init() {
 		})
 	Register("weighted_random", KindPicker,
 		"samples the primary with probability softmax(score / temperature); fallbacks by descending score",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return weightedRandomPicker{temperature: p.Float("temperature", 0.1, 1e-6, 1e6)}
 		})
 	Register("power_of_two", KindPicker,
 		"samples two candidates at random and keeps the better scored (power of two choices)",
-		func(p *Params) Plugin { return powerOfTwoPicker{} })
+		func(p *config.Params) Plugin { return powerOfTwoPicker{} })
 	Register("round_robin", KindPicker,
 		"each candidate in turn, ignoring scores",
-		func(p *Params) Plugin { return &roundRobinPicker{} })
+		func(p *config.Params) Plugin { return &roundRobinPicker{} })
 	Register("random", KindPicker,
 		"a uniformly random candidate, ignoring scores",
-		func(p *Params) Plugin { return randomPicker{} })
+		func(p *config.Params) Plugin { return randomPicker{} })
 	Register("consistent_hash", KindPicker,
 		"rendezvous (consistent) hashing of the prompt-prefix hash with bounded-load spill-over: a host above loadFactor times the mean in-flight load is skipped for the next one in the key's order",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return consistentHashPicker{loadFactor: p.Float("loadFactor", 1.25, 1, 100)}
 		})
 }

@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"testing"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // plugin builds a built-in plugin type with the given params JSON.
@@ -14,14 +16,14 @@ func plugin(t *testing.T, typ, params string) Plugin {
 		cfg += `, "params": ` + params
 	}
 	cfg += `}]}`
-	c, err := ParseConfig([]byte(cfg))
+	c, err := config.Parse([]byte(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
-	errs := &errList{}
+	errs := &config.Errors{}
 	b := newBuilder(c, errs)
 	p := b.instance("x")
-	if err := errs.err(); err != nil {
+	if err := errs.Err(); err != nil {
 		t.Fatal(err)
 	}
 	return p

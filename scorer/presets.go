@@ -3,6 +3,8 @@ package scorer
 import (
 	"fmt"
 	"strings"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // presetOrder is the bench contract's strategy list (docs/simulator.md).
@@ -86,11 +88,11 @@ func Preset(name string) (*Profile, error) {
 	if !ok {
 		return nil, fmt.Errorf("unknown strategy %q; presets: %s", name, strings.Join(presetOrder, ", "))
 	}
-	cfg, err := ParseConfig([]byte(src))
+	cfg, err := config.Parse([]byte(src))
 	if err != nil {
 		return nil, fmt.Errorf("preset %s: %w", name, err)
 	}
-	errs := &errList{}
+	errs := &config.Errors{}
 	b := newBuilder(cfg, errs)
 	var p *Profile
 	for i := range cfg.Profiles {
@@ -98,7 +100,7 @@ func Preset(name string) (*Profile, error) {
 			p = b.profile(&cfg.Profiles[i])
 		}
 	}
-	if err := errs.err(); err != nil {
+	if err := errs.Err(); err != nil {
 		return nil, fmt.Errorf("preset %s: %w", name, err)
 	}
 	return p, nil

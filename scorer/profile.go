@@ -1,6 +1,10 @@
 package scorer
 
-import "math"
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/config"
+)
 
 // WeightedScorer is a scorer with its weight in a profile.
 type WeightedScorer struct {
@@ -29,7 +33,7 @@ type Profile struct {
 	// without a distribution or balance scorer.
 	AllowHotspot bool
 	// Index, when set, is how this profile expects prompts to be indexed.
-	Index *IndexHint
+	Index *config.IndexHint
 	// TrustFeedback asks the router to discount each host's predicted
 	// matches by how much of its past predictions the engine confirmed
 	// (cached_tokens): an index that over-believes a host stops pulling

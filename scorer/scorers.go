@@ -1,11 +1,15 @@
 package scorer
 
-import "math"
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/config"
+)
 
 func init() {
 	Register("prefix_cache", KindScorer,
 		"affinity: the fraction of the request the index believes the host holds: matched over total tokens (unit tokens, the default) or blocks (unit blocks, as GIE counts); with scaleTokens, matched tokens over that scale (capped at 1)",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return &prefixScorer{
 				blocks: p.Enum("unit", "tokens", "tokens", "blocks") == "blocks",
 				scale:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
@@ -13,30 +17,30 @@ func init() {
 		})
 	Register("kv_utilization", KindScorer,
 		"balance: 1 minus the host's KV-cache utilization (stale state scores 0.5)",
-		func(p *Params) Plugin { return kvUtilScorer{} })
+		func(p *config.Params) Plugin { return kvUtilScorer{} })
 	Register("queue", KindScorer,
 		"distribution: the engine's waiting queue, min-max normalised (shortest queue scores 1)",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return loadScorer{typ: "queue", figure: loadWaiting}
 		})
 	Register("running", KindScorer,
 		"distribution: the engine's running requests, min-max normalised",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return loadScorer{typ: "running", figure: loadRunning}
 		})
 	Register("least_request", KindScorer,
 		"distribution: the gateway's own in-flight requests, min-max normalised",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return loadScorer{typ: "least_request", figure: loadInFlight}
 		})
 	Register("pending_tokens", KindScorer,
 		"distribution: token-aware load, prompt tokens not yet prefilled plus decodeWeight times decode tokens outstanding, min-max normalised",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return loadScorer{typ: "pending_tokens", figure: loadPendingTokens, decodeWeight: p.Float("decodeWeight", 0.05, 0, 100)}
 		})
 	Register("prefill_cost", KindScorer,
 		"distribution: estimated prefill work ahead of the request, in tokens: pending prompt tokens plus this request's uncached tokens (plus decodeWeight times decode tokens); the cheapest host scores 1, others cheapest/cost",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return &prefillCostScorer{
 				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
 				scaleTokens:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
@@ -44,7 +48,7 @@ func init() {
 		})
 	Register("predicted_ttft", KindScorer,
 		"distribution: time to first token predicted by each host's learned model, base delay plus milliseconds per token times prefill_cost's work (pending prompt tokens, this request's uncached tokens, decodeWeight times decode tokens); the fastest host scores 1, others fastest/predicted, or with scaleMs 1 - extra/scaleMs",
-		func(p *Params) Plugin {
+		func(p *config.Params) Plugin {
 			return &ttftScorer{
 				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
 				scaleMs:      float64(p.Int("scaleMs", 0, 0, 1<<30)),
@@ -52,19 +56,19 @@ func init() {
 		})
 	Register("session_affinity", KindScorer,
 		"affinity: 1 for the host the request's session is pinned to, 0 for the others",
-		func(p *Params) Plugin { return &addressScorer{typ: "session_affinity"} })
+		func(p *config.Params) Plugin { return &addressScorer{typ: "session_affinity"} })
 	Register("prefix_memory", KindScorer,
 		"affinity: 1 for the host that last served a request with the same leading prompt prefix (the router's memory, which outlives the index's), 0 for the others",
-		func(p *Params) Plugin { return &addressScorer{typ: "prefix_memory", memory: true} })
+		func(p *config.Params) Plugin { return &addressScorer{typ: "prefix_memory", memory: true} })
 	Register("prefix_home", KindScorer,
 		"affinity: 1 for the request's home host, the candidate that rendezvous hashing of the prompt-prefix hash ranks first, 0 for the others; keeps a prefix group together when the index has forgotten it",
-		func(p *Params) Plugin { return prefixHomeScorer{} })
+		func(p *config.Params) Plugin { return prefixHomeScorer{} })
 	Register("lora_affinity", KindScorer,
 		"affinity: 1 when the requested LoRA adapter is loaded, 0.5 when a slot is free to load it, 0 when the host's adapter slots are full; not run (weight included) for requests without an adapter",
-		func(p *Params) Plugin { return loraScorer{} })
+		func(p *config.Params) Plugin { return loraScorer{} })
 	Register("latency", KindScorer,
 		"balance: time-to-first-byte EWMA, fastest scores 1, others fastest/latency; hosts without samples score 1",
-		func(p *Params) Plugin { return latencyScorer{} })
+		func(p *config.Params) Plugin { return latencyScorer{} })
 }
 
 // prefixScorer scores the cached fraction of the prompt. Tokens are the

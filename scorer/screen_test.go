@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // A profile with its screen decides exactly what the same profile without
@@ -29,11 +31,11 @@ func TestScreenMatchesFilters(t *testing.T) {
 		if !ok {
 			return handler(t, name)
 		}
-		cfg, err := ParseConfig([]byte(src))
+		cfg, err := config.Parse([]byte(src))
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, _, err := cfg.Build()
+		h, _, err := Build(cfg)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

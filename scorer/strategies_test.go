@@ -4,6 +4,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 func handler(t testing.TB, name string) *Handler {
@@ -225,11 +227,11 @@ func TestGIEEmulation(t *testing.T) {
 }
 
 func TestDisaggregationThreshold(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"disaggregation": {"threshold": 1000}}`))
+	cfg, err := config.Parse([]byte(`{"disaggregation": {"threshold": 1000}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, _, err := cfg.Build()
+	h, _, err := Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,12 +291,12 @@ func (wildScorer) Score(c *Cycle, cand []int, out []float64) {
 }
 
 func init() {
-	Register("test_wild", KindScorer, "test only", func(*Params) Plugin { return wildScorer{} })
+	Register("test_wild", KindScorer, "test only", func(*config.Params) Plugin { return wildScorer{} })
 }
 
 func TestScoresAreClamped(t *testing.T) {
-	cfg, _ := ParseConfig([]byte(`{"strategy": "p", "profiles": {"p": {"scorers": ["test_wild"]}}}`))
-	h, _, err := cfg.Build()
+	cfg, _ := config.Parse([]byte(`{"strategy": "p", "profiles": {"p": {"scorers": ["test_wild"]}}}`))
+	h, _, err := Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,13 +328,13 @@ func TestShortRequestSlices(t *testing.T) {
 // keeps every request until its work passes the bound, then loses it, and
 // the explanation names the guard.
 func TestImbalanceGuardBound(t *testing.T) {
-	cfg, err := ParseConfig([]byte(`{"strategy": "p",
+	cfg, err := config.Parse([]byte(`{"strategy": "p",
 		"plugins": [{"name": "g", "type": "load_guard", "params": {"absoluteTokens": 10000, "relative": 1.5, "decodeWeight": 0}}],
 		"profiles": {"p": {"filters": ["g"], "scorers": [{"plugin": "prefix_cache", "weight": 100}, {"plugin": "least_request", "weight": 0.01}]}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, _, err := cfg.Build()
+	h, _, err := Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

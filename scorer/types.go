@@ -1,8 +1,9 @@
 package scorer
 
 import (
-	"fmt"
 	"math/rand/v2"
+
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Role is what part of inference a host serves.
@@ -17,27 +18,27 @@ const (
 	RoleDecode
 )
 
-// ParseRole accepts "prefill", "decode", "both" and "" (both).
+// ParseRole reads a role as the snapshot and the configuration spell it
+// (snapshot.CheckRole): "prefill", "decode", "both" and "" (both).
 func ParseRole(s string) (Role, error) {
+	s, err := snapshot.CheckRole(s)
 	switch s {
-	case "", "both":
-		return RoleBoth, nil
-	case "prefill":
+	case snapshot.RolePrefill:
 		return RolePrefill, nil
-	case "decode":
+	case snapshot.RoleDecode:
 		return RoleDecode, nil
 	}
-	return RoleBoth, fmt.Errorf("role %q: want prefill, decode or both", s)
+	return RoleBoth, err
 }
 
 func (r Role) String() string {
 	switch r {
 	case RolePrefill:
-		return "prefill"
+		return snapshot.RolePrefill
 	case RoleDecode:
-		return "decode"
+		return snapshot.RoleDecode
 	}
-	return "both"
+	return snapshot.RoleBoth
 }
 
 // Serves reports whether a host of role r can do work of role want.

@@ -13,8 +13,34 @@ import (
 	"strings"
 )
 
+import "fmt"
+
 // Version is the snapshot format version carried in State.Version.
 const Version = 1
+
+// The roles an engine serves, as the snapshot (Host.Role), the plugin
+// configuration (endpoints[].role), discovery and the simulated engines
+// spell them. An empty role means RoleBoth.
+const (
+	// RoleBoth is an aggregated engine: it prefills and decodes.
+	RoleBoth = "both"
+	// RolePrefill engines compute prompts and hand the KV cache over.
+	RolePrefill = "prefill"
+	// RoleDecode engines receive transferred KV cache and generate.
+	RoleDecode = "decode"
+)
+
+// CheckRole returns the role s names, RoleBoth for "", or an error that
+// lists the roles.
+func CheckRole(s string) (string, error) {
+	switch s {
+	case "":
+		return RoleBoth, nil
+	case RoleBoth, RolePrefill, RoleDecode:
+		return s, nil
+	}
+	return RoleBoth, fmt.Errorf("%q is not a role: use %q, %q or %q", s, RolePrefill, RoleDecode, RoleBoth)
+}
 
 // State is one full picture of the fleet. A push replaces the previous
 // picture: hosts absent from Hosts are no longer candidates.
@@ -38,6 +64,14 @@ type State struct {
 	// no coordination. A gateway that does not read this field keeps its
 	// approximate cache state. Absent when there is none.
 	Removals []Removal `json:"removals,omitempty"`
+	// Cursor is set in the service's answer to a pulling gateway (GET
+	// /state, state.pull): where, in the service's log of the routes and
+	// removals it pushed, this answer ends. The gateway keeps it with the
+	// state and asks /state?since=<cursor> next, and the answer carries
+	// the routes and removals pushed since then, not only the last push's
+	// (docs/cache-state.md). Opaque to the gateway; at most 64 characters
+	// of [0-9A-Za-z._-].
+	Cursor string `json:"cursor,omitempty"`
 }
 
 // Removal says Address no longer holds the blocks of a chain from block
@@ -80,7 +114,7 @@ func SplitLocation(loc string) (address string, rank int) {
 type Host struct {
 	// Address is host:port as Envoy's override_host policy sees it.
 	Address string `json:"address"`
-	// Role is "prefill", "decode" or "both" (the default when empty).
+	// Role is RolePrefill, RoleDecode or RoleBoth (the default when empty).
 	Role string `json:"role,omitempty"`
 	// Model is the served base model name.
 	Model string `json:"model,omitempty"`
@@ -113,6 +147,15 @@ type Host struct {
 	// ClearedAtMs is the last time (Unix ms) the engine reported
 	// AllBlocksCleared; the gateway forgets that host's blocks recorded before it.
 	ClearedAtMs int64 `json:"clearedAtMs,omitempty"`
+	// PreciseCacheState says the service bridges this host's KV events
+	// into removals it can be trusted with (docs/cache-state.md): the
+	// event stream is up, no events were lost lately, and nearly every
+	// block the engine stored was matched to a route the gateways
+	// reported. While a fresh push says so, a gateway drops its own
+	// eviction model (the KV capacity) for the host and lets the removals
+	// age its blocks out; without it, or once the pushed state is stale,
+	// the capacity model applies.
+	PreciseCacheState bool `json:"preciseCacheState,omitempty"`
 	// ScrapedAtMs is when this host was last scraped successfully (Unix ms).
 	ScrapedAtMs int64 `json:"scrapedAtMs,omitempty"`
 	// DataParallelSize is how many data-parallel ranks the endpoint serves,
@@ -166,6 +209,11 @@ type Route struct {
 	// estimated it: what the service's bridge between engine KV events and
 	// kvroute chains correlates by (docs/cache-state.md).
 	PromptTokens int `json:"promptTokens,omitempty"`
+	// CharsPerToken is the gateway's calibrated characters per token for
+	// the request's model (the engines' usage.prompt_tokens against the
+	// prompts' canonical length), absent until calibrated: the service's
+	// bridge converts engine tokens to kvroute characters with it.
+	CharsPerToken float64 `json:"charsPerToken,omitempty"`
 }
 
 // HostLoad is one gateway's outstanding work on one host.

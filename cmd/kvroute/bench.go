@@ -47,6 +47,8 @@ type benchOptions struct {
 	adapters   int
 	maxLoRAs   int
 	loraLoad   time.Duration
+	dpRanks    int
+	dpRouting  string
 }
 
 func init() {
@@ -97,6 +99,8 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.IntVar(&o.adapters, "adapters", 0, "LoRA adapters the requests name (0: none): each conversation runs one, popular ones more often (docs/simulator.md)")
 	f.IntVar(&o.maxLoRAs, "max-loras", 4, "with --adapters: adapters each engine batches at once (vLLM's --max-loras)")
 	f.DurationVar(&o.loraLoad, "lora-load", 50*time.Millisecond, "with --adapters: time an engine step takes longer to bring an adapter into a GPU slot")
+	f.IntVar(&o.dpRanks, "dp-ranks", 1, "data-parallel ranks per replica (vLLM --data-parallel-size): each rank an engine with its own KV cache")
+	f.StringVar(&o.dpRouting, "dp-routing", "rank", "with --dp-ranks: rank (the router chooses each (endpoint, rank), as kvroute does) or endpoint (the router chooses the endpoint, the engine's balancer the least-loaded rank)")
 	addCommand(cmd)
 }
 
@@ -126,6 +130,20 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	o.top.Gateways, o.top.Workers = max(o.top.Gateways, 1), max(o.top.Workers, 1)
 	if o.top.Gateways > 64 || o.top.Workers > 256 {
 		return fmt.Errorf("--gateways (at most 64) and --workers (at most 256): got %d and %d", o.top.Gateways, o.top.Workers)
+	}
+	o.dpRanks = max(o.dpRanks, 1)
+	if o.dpRanks > 64 {
+		return fmt.Errorf("--dp-ranks must be at most 64, got %d", o.dpRanks)
+	}
+	switch o.dpRouting {
+	case "", "rank":
+		o.dpRouting = "rank"
+	case "endpoint":
+		if o.top.Gateways > 1 || o.top.Workers > 1 || o.cacheState == "precise" {
+			return errors.New("--dp-routing endpoint runs with one gateway and one worker and the approximate cache state")
+		}
+	default:
+		return fmt.Errorf("--dp-routing %q: use rank or endpoint", o.dpRouting)
 	}
 	o.top.NoReports = !o.reports
 	o.top.Seed = o.seed
@@ -209,12 +227,15 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "%d requests from %s, %d x %s, rate scale %g, seed %d, %d gateways x %d workers, %s cache state", len(w.Requests), source, o.replicas, prof.Name, o.rateScale, o.seed, o.top.Gateways, o.top.Workers, o.cacheState)
+	if o.dpRanks > 1 {
+		fmt.Fprintf(stdout, ", %d data-parallel ranks per replica routed per %s", o.dpRanks, o.dpRouting)
+	}
 	if o.adapters > 0 {
 		fmt.Fprintf(stdout, ", %d LoRA adapters (%d per batch, %v to load)", o.adapters, prof.MaxLoRAs, prof.LoRALoadTime)
 	}
 	fmt.Fprint(stdout, "\n\n")
 	report.Markdown(stdout)
-	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas, parallelism(o.parallel, len(names)))
+	fmt.Fprintf(stdout, "\nwall time per strategy (simulating %d replicas, %d at a time):", o.replicas*o.dpRanks, parallelism(o.parallel, len(names)))
 	for i, name := range names {
 		fmt.Fprintf(stdout, " %s %.1fs", name, walls[i].Seconds())
 	}
@@ -225,8 +246,10 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 // benchFleet simulates every strategy on the workload (in parallel, each
 // with its own fleet and router) and computes the fleet's ceiling.
 func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []sim.Profile, o benchOptions, sopt fleet.StrategyOptions, progress func(int)) (*report.Report, []time.Duration, error) {
+	// Every data-parallel rank is an engine of its own.
+	engines := o.replicas * max(o.dpRanks, 1)
 	report := &report.Report{
-		Replicas: o.replicas, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated", CacheState: o.cacheState,
+		Replicas: engines, Profile: prof.Name, RateScale: o.rateScale, Seed: o.seed, Mode: "simulated", CacheState: o.cacheState,
 		Gateways: o.top.Gateways, Workers: o.top.Workers,
 		Results: make([]report.Result, len(names)),
 	}
@@ -239,10 +262,10 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	var routed atomic.Int64
-	wg.Go(func() { report.CeilingHitRatio = fleet.Ceiling(w, prof, o.replicas) })
+	wg.Go(func() { report.CeilingHitRatio = fleet.Ceiling(w, prof, engines) })
 	if len(mixed) == 0 {
 		// Oracles assume one profile: a mixed fleet has no single prefill time.
-		wg.Go(func() { report.Oracles = oracles(w, prof, o.replicas) })
+		wg.Go(func() { report.Oracles = oracles(w, prof, engines) })
 	}
 	for i, name := range names {
 		wg.Go(func() {
@@ -250,10 +273,13 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 			defer func() { <-sem }()
 			var router fleet.Router
 			var err error
-			if o.top.Gateways == 1 && o.top.Workers == 1 {
-				router, err = fleet.NewStrategy(name, o.replicas, sopt)
-			} else {
-				router, err = fleet.NewTopology(name, o.replicas, sopt, o.top)
+			switch {
+			case o.dpRouting == "endpoint" && o.dpRanks > 1:
+				router, err = endpointRanks(name, o, sopt)
+			case o.top.Gateways == 1 && o.top.Workers == 1:
+				router, err = fleet.NewStrategy(name, engines, sopt)
+			default:
+				router, err = fleet.NewTopology(name, engines, sopt, o.top)
 			}
 			if err != nil {
 				errs[i] = err
@@ -267,7 +293,7 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 			}
 			last := 0
 			res, err := fleet.Run(fleet.Config{
-				Replicas: o.replicas, Profile: prof, Mixed: mixed,
+				Replicas: engines, Profile: prof, Mixed: mixed,
 				Progress: func(done, _ int) {
 					if progress != nil {
 						progress(int(routed.Add(int64(done - last))))
@@ -298,6 +324,18 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 		return nil, nil, err
 	}
 	return report, walls, nil
+}
+
+// endpointRanks is strategy name routing among --replicas endpoints whose
+// ranks the engines' own balancer chooses (fleet.EndpointRanks); its index
+// knows each endpoint's KV capacity, every rank's together.
+func endpointRanks(name string, o benchOptions, sopt fleet.StrategyOptions) (fleet.Router, error) {
+	sopt.Profile.NumGPUBlocksOverride = sopt.Profile.NumGPUBlocks() * o.dpRanks
+	inner, err := fleet.NewStrategy(name, o.replicas, sopt)
+	if err != nil {
+		return nil, err
+	}
+	return fleet.NewEndpointRanks(inner, o.replicas, o.dpRanks)
 }
 
 // oracles are the clairvoyant bounds of the run (fleet.RunOracle): the

@@ -160,17 +160,21 @@ func TestBenchWritesTheContract(t *testing.T) {
 
 func TestBenchRejectsBadFlags(t *testing.T) {
 	cases := map[string]benchOptions{
-		"give --trace FILE":      {replicas: 8, strategies: "round_robin", rateScale: 1},
-		"--replicas":             {trace: "x", replicas: 0, strategies: "round_robin", rateScale: 1},
-		"--rate-scale":           {trace: "x", replicas: 2, strategies: "round_robin", rateScale: -1},
-		"unknown strategy":       {trace: "x", replicas: 2, strategies: "round_robin,fastest", rateScale: 1},
-		"unknown engine profile": {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "tpu"},
-		"open trace":             {trace: filepath.Join(t.TempDir(), "missing.jsonl"), replicas: 2, strategies: "round_robin", rateScale: 1},
-		"--cache-state":          {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, cacheState: "exact"},
-		"--spread":               {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, spread: "sticky"},
-		"--gateways":             {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, top: fleet.Topology{Gateways: 1000}},
-		"--max-loras":            {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, adapters: 4, maxLoRAs: 0},
-		"\"a100x\"":              {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "llama3-8b-h100,a100x"},
+		"give --trace FILE":       {replicas: 8, strategies: "round_robin", rateScale: 1},
+		"--replicas":              {trace: "x", replicas: 0, strategies: "round_robin", rateScale: 1},
+		"--rate-scale":            {trace: "x", replicas: 2, strategies: "round_robin", rateScale: -1},
+		"unknown strategy":        {trace: "x", replicas: 2, strategies: "round_robin,fastest", rateScale: 1},
+		"unknown engine profile":  {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "tpu"},
+		"open trace":              {trace: filepath.Join(t.TempDir(), "missing.jsonl"), replicas: 2, strategies: "round_robin", rateScale: 1},
+		"--cache-state":           {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, cacheState: "exact"},
+		"--spread":                {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, spread: "sticky"},
+		"--gateways":              {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, top: fleet.Topology{Gateways: 1000}},
+		"--max-loras":             {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, adapters: 4, maxLoRAs: 0},
+		"\"a100x\"":               {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "llama3-8b-h100,a100x"},
+		"--dp-ranks":              {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, dpRanks: 65},
+		"--dp-routing \"engine\"": {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, dpRanks: 2, dpRouting: "engine"},
+		"one gateway and one worker": {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, dpRanks: 2, dpRouting: "endpoint",
+			top: fleet.Topology{Gateways: 2}},
 	}
 	for want, o := range cases {
 		var out, errb bytes.Buffer
@@ -193,6 +197,35 @@ func TestBenchGeneratedWorkload(t *testing.T) {
 	validateBenchJSON(t, raw, []string{"round_robin", "kv_cache_aware"}, 4)
 	if !strings.Contains(string(raw), `"trace": "workload:shared-prefix"`) {
 		t.Fatalf("trace field does not name the workload:\n%s", raw[:200])
+	}
+}
+
+// --dp-ranks: every replica serves that many data-parallel ranks, each an
+// engine; routed per rank (kvroute's way) the fleet hits more of its
+// prefixes than routed per endpoint with the engines balancing their ranks.
+func TestBenchDataParallelRanks(t *testing.T) {
+	hit := map[string]float64{}
+	for _, mode := range []string{"rank", "endpoint"} {
+		out := filepath.Join(t.TempDir(), mode+".json")
+		var stdout bytes.Buffer
+		err := runBench(benchOptions{workload: "shared-prefix", replicas: 2, strategies: "kv_cache_aware",
+			out: out, rateScale: 1, seed: 3, limit: 400, dpRanks: 2, dpRouting: mode}, &stdout, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := os.ReadFile(out)
+		validateBenchJSON(t, raw, []string{"kv_cache_aware"}, 4)
+		var rep report.Report
+		if err := json.Unmarshal(raw, &rep); err != nil {
+			t.Fatal(err)
+		}
+		hit[mode] = rep.Results[0].CacheHitRatio
+		if !strings.Contains(stdout.String(), "2 data-parallel ranks per replica routed per "+mode) {
+			t.Errorf("the table's header does not say the ranks:\n%s", stdout.String())
+		}
+	}
+	if hit["rank"] <= hit["endpoint"] {
+		t.Errorf("hit ratio per rank %.3f, per endpoint %.3f: want per rank ahead", hit["rank"], hit["endpoint"])
 	}
 }
 

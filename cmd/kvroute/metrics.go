@@ -28,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metricsvc"
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // metricsOptions are the `kvroute metrics` flags; a config file sets the
@@ -114,7 +115,7 @@ Every flag can also be set in a YAML --config file under the flag's name
 
 	fl.StringVar(&o.dnsName, "dns-name", "", "dns discovery: name whose A/AAAA records are the engines (a headless Service)")
 	fl.IntVar(&o.port, "port", 8000, "dns discovery: the engines' HTTP port")
-	fl.StringVar(&o.role, "role", "both", "dns discovery: role of every engine found (prefill, decode or both)")
+	fl.StringVar(&o.role, "role", snapshot.RoleBoth, "dns discovery: role of every engine found (prefill, decode or both)")
 	fl.StringVar(&o.model, "model", "", "dns discovery: model of every engine found (default: from its metrics)")
 	fl.DurationVar(&o.dnsRefresh, "dns-refresh", 5*time.Second, "dns discovery: re-resolution period")
 

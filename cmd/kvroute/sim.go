@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/sim/server"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 func init() {
@@ -57,7 +58,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	fl.IntVar(&o.Replicas, "replicas", 1, "number of engine servers")
 	fl.IntVar(&o.PortBase, "port-base", 8000, "port of the first server; the others follow (0: any free ports)")
 	fl.StringVar(&o.Host, "host", "127.0.0.1", "listen address")
-	fl.StringVar(&o.Role, "role", "both", "prefill, decode or both")
+	fl.StringVar(&o.Role, "role", snapshot.RoleBoth, "prefill, decode or both")
 	fl.Float64Var(&o.TimeScale, "time-scale", 1, "wall-clock seconds per simulated second")
 	fl.StringVar(&o.Profile, "profile", sim.DefaultProfile, "engine cost profile")
 	fl.StringVar(&o.Model, "model", "llama-3-8b", "served model name")

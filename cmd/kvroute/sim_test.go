@@ -207,7 +207,7 @@ func TestSimCommandBadInput(t *testing.T) {
 	port := busy.Addr().(*net.TCPAddr).Port
 	cases := map[string][]string{
 		"pick another --port-base":        {"--port-base", fmt.Sprint(port)},
-		"want prefill, decode or both":    {"--port-base", "0", "--role", "chef"},
+		"\"chef\" is not a role":          {"--port-base", "0", "--role", "chef"},
 		"time scale must not be negative": {"--port-base", "0", "--time-scale", "-1"},
 	}
 	for want, args := range cases {

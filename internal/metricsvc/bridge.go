@@ -42,13 +42,40 @@ const (
 	maxPendingRemovals = 20_000
 )
 
+// Trust (snapshot.Host.PreciseCacheState): a gateway that trusts a host's
+// removals drops its capacity model for that host, so a block whose
+// eviction the bridge cannot map (its BlockStored matched no route: the
+// route went to another service replica, or came after the bridge lag)
+// would be believed until a cached_tokens correction. The bridge is
+// trusted while, over the last trustWindow to 2 x trustWindow, its event
+// stream is connected, no events were lost (gaps left after replay,
+// undecodable batches), at least trustMinStores BlockStored events came
+// and at least trustMatched of them were matched to a route. An engine
+// that stores nothing for a while (idle) falls back to the capacity model,
+// which ages out nothing while nothing new is recorded.
+const (
+	trustWindow    = 30 * time.Second
+	trustMinStores = 16
+	trustMatched   = 0.8
+)
+
 // hostBridge is one engine's bridge and the batches waiting to enter it.
 type hostBridge struct {
 	mu     sync.Mutex
 	b      cachestate.Bridge
 	queue  []queuedBatch
 	deltas []cachestate.Delta
+	// cptN counts the calibrated routes b.CharsPerToken averages.
+	cptN int
+	// trust counts matched and unmatched stores and lost events in the
+	// current and the previous window (trust[1] current), since winStart;
+	// seen is what the bridge and the tracker had counted at the last drain.
+	trust    [2]trustCounts
+	winStart time.Time
+	seen     trustCounts
 }
+
+type trustCounts struct{ matched, unmatched, lost uint64 }
 
 type queuedBatch struct {
 	at    time.Time
@@ -68,20 +95,88 @@ func (hb *hostBridge) batch(b kvevents.Batch, now time.Time) {
 	hb.queue = append(hb.queue, queuedBatch{at: now, batch: b})
 }
 
-// route reports a request a gateway sent to the engine: its whole chain
-// and prompt length in tokens as the gateway estimated them.
-func (hb *hostBridge) route(chain []uint64, promptTokens int, now time.Time) {
+// route reports a request a gateway sent to the engine: its whole chain,
+// its prompt length in tokens at the index's fixed characters per token
+// (the prompt's canonical length over it, as the gateway counts it), and
+// the gateway's calibrated characters per token for the request's model
+// (0: not calibrated yet).
+func (hb *hostBridge) route(chain []uint64, promptTokens int, charsPerToken float64, now time.Time) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	chars := promptTokens * hb.b.Hash.CharsPerToken
 	hb.b.Route(chain, chars, now.UnixMilli())
+	hb.calibrate(charsPerToken)
+}
+
+// calibrate averages the gateways' calibrations of this engine's model
+// into the bridge's characters per token: the mean of the first 16, then
+// an EWMA (1/16), so one worker's early estimate cannot pin it. Scope: the
+// engine's bridge in this service instance (one engine serves one model);
+// each gateway worker learns its ratio from the engine's own
+// usage.prompt_tokens (dispatch.Dispatcher.CharsPerToken). Until a
+// calibrated route arrives the bridge converts at the index's fixed
+// characters per token.
+func (hb *hostBridge) calibrate(cpt float64) {
+	if !(cpt >= 1 && cpt <= 16) {
+		return
+	}
+	if hb.cptN < 16 {
+		hb.cptN++
+	}
+	c := hb.b.CharsPerToken
+	if c == 0 {
+		c = cpt
+	}
+	hb.b.CharsPerToken = c + (cpt-c)/float64(hb.cptN)
+}
+
+// trusted reports whether the gateways may trust this engine's removals
+// instead of their capacity model (see trustWindow); connected says
+// whether its event stream is up.
+func (hb *hostBridge) trusted(connected bool) bool {
+	if !connected {
+		return false
+	}
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	m := hb.trust[0].matched + hb.trust[1].matched
+	all := m + hb.trust[0].unmatched + hb.trust[1].unmatched
+	lost := hb.trust[0].lost + hb.trust[1].lost
+	return lost == 0 && all >= trustMinStores && float64(m) >= trustMatched*float64(all)
+}
+
+// count moves the trust window on to now with the bridge's counters and
+// the engine's lost events (tracker gaps and decode errors) so far; hb.mu
+// is held.
+func (hb *hostBridge) count(now time.Time, lost uint64) {
+	st := hb.b.Stats()
+	cur := trustCounts{matched: st.Matched, unmatched: st.Unmatched, lost: lost}
+	if hb.winStart.IsZero() {
+		hb.winStart = now
+	}
+	if now.Sub(hb.winStart) >= trustWindow {
+		hb.trust[0], hb.trust[1] = hb.trust[1], trustCounts{}
+		if now.Sub(hb.winStart) >= 2*trustWindow {
+			hb.trust[0] = trustCounts{} // nothing drained for a whole window
+		}
+		hb.winStart = now
+	}
+	t := &hb.trust[1]
+	t.matched += cur.matched - hb.seen.matched
+	t.unmatched += cur.unmatched - hb.seen.unmatched
+	if cur.lost >= hb.seen.lost {
+		t.lost += cur.lost - hb.seen.lost
+	}
+	hb.seen = cur
 }
 
 // drain bridges the batches older than lag (all of them past
 // maxQueuedBatches) and returns the removals they imply for address.
-func (hb *hostBridge) drain(address string, now time.Time, lag time.Duration, dst []snapshot.Removal) []snapshot.Removal {
+// lost is the engine's lost events so far, for the trust window.
+func (hb *hostBridge) drain(address string, now time.Time, lag time.Duration, lost uint64, dst []snapshot.Removal) []snapshot.Removal {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
+	defer hb.count(now, lost)
 	n := 0
 	for n < len(hb.queue) && (now.Sub(hb.queue[n].at) >= lag || len(hb.queue)-n > maxQueuedBatches) {
 		q := &hb.queue[n]
@@ -148,7 +243,7 @@ func (s *Service) bridgeRoutes(rep *snapshot.GatewayReport, now time.Time) {
 			continue
 		}
 		if chain := decodeChain(rt.Chain); len(chain) > 0 {
-			re.bridge.route(chain, rt.PromptTokens, now)
+			re.bridge.route(chain, rt.PromptTokens, rt.CharsPerToken, now)
 		}
 	}
 }
@@ -157,8 +252,9 @@ func (s *Service) bridgeRoutes(rep *snapshot.GatewayReport, now time.Time) {
 // books the removals for the next push.
 func (s *Service) drainBridges(now time.Time) {
 	type hb struct {
-		loc string
-		b   *hostBridge
+		loc  string
+		b    *hostBridge
+		lost uint64
 	}
 	var bs []hb
 	s.mu.Lock()
@@ -167,14 +263,14 @@ func (s *Service) drainBridges(now time.Time) {
 		n := len(h.sample.Ranks)
 		for r, re := range h.events {
 			if re != nil && (r == 0 || r < n) {
-				bs = append(bs, hb{snapshot.Location(addr, r, n), re.bridge})
+				bs = append(bs, hb{snapshot.Location(addr, r, n), re.bridge, re.lost()})
 			}
 		}
 	}
 	s.mu.Unlock()
 	var rs []snapshot.Removal
 	for _, x := range bs {
-		rs = x.b.drain(x.loc, now, s.cfg.BridgeLag, rs)
+		rs = x.b.drain(x.loc, now, s.cfg.BridgeLag, x.lost, rs)
 	}
 	s.reports.addRemovals(rs)
 }

@@ -104,6 +104,7 @@ type Service struct {
 	discOK    bool
 	listener  *kvevents.Listener
 	reports   reportBook // gateways' routing reports for the next push (reports.go)
+	pulls     *pullLog   // what was pushed, for pulling gateways (pull.go)
 }
 
 // host is the service's state for one engine.
@@ -117,6 +118,9 @@ type host struct {
 	// events are the KV events of each data-parallel rank, indexed by rank
 	// (one entry for an engine without ranks); s.mu guards the slice.
 	events []*rankEvents
+	// followedRanks is the rank count followRanks last acted on: a change
+	// of the engine's ranks, not every scrape, (re)starts subscribers.
+	followedRanks int
 
 	attempted  bool
 	failing    bool
@@ -174,6 +178,7 @@ func New(cfg Config) (*Service, error) {
 		log:   log,
 		wake:  make(chan struct{}, 1),
 		hosts: map[string]*host{},
+		pulls: newPullLog(),
 	}
 	s.scrapeC = cfg.ScrapeClient
 	if s.scrapeC == nil {
@@ -301,8 +306,8 @@ func (s *Service) startHost(e discovery.Endpoint) {
 			Log:            s.log.With("host", e.Address),
 			OnChange:       s.notify,
 		}
+		r0.sub = h.sub
 		if e.KVEvents != "" {
-			r0.sub = h.sub
 			h.sub.OnBatch = r0.batch
 			go h.sub.Run(hctx)
 		} else {
@@ -336,6 +341,19 @@ func newRankEvents() *rankEvents {
 
 func (r *rankEvents) batch(b kvevents.Batch, _ kvevents.SeqResult) { r.bridge.batch(b, time.Now()) }
 
+// lost counts the rank's events lost for good: sequence gaps left after
+// replay and batches that could not be decoded.
+func (r *rankEvents) lost() uint64 {
+	st := r.tracker.Stats()
+	return st.Gaps + st.DecodeErrors
+}
+
+// preciseCacheState reports whether the gateways may trust the rank's
+// removals instead of their capacity model (hostBridge.trusted).
+func (r *rankEvents) preciseCacheState() bool {
+	return r.sub != nil && r.bridge.trusted(r.sub.Connected())
+}
+
 // rankTracker is the tracker of rank of h for a listen-mode batch, made on
 // its first batch: nil (the batch is dropped and counted) for a rank the
 // engine's last good scrape does not show; before the first one, any rank
@@ -355,6 +373,7 @@ func (s *Service) rankTracker(h *host, rank int) *kvevents.Tracker {
 	}
 	if h.events[rank] == nil {
 		h.events[rank] = newRankEvents()
+		h.events[rank].sub = h.sub // listen mode: one socket for every rank
 	}
 	return h.events[rank].tracker
 }
@@ -456,7 +475,10 @@ func (s *Service) onScrape(h *host, r scrape.Result) {
 		h.lastOK = r.At
 		h.lastErr = ""
 		h.sample = r.Sample
-		s.followRanks(h, len(r.Sample.Ranks))
+		if n := len(r.Sample.Ranks); n != h.followedRanks {
+			s.followRanks(h, n)
+			h.followedRanks = n
+		}
 	} else {
 		h.failing = true
 		h.lastErr = r.Err.Error()
@@ -569,6 +591,7 @@ func (s *Service) assembleAndPublish(now time.Time) {
 		s.log.Error("encoding snapshot", "err", err)
 		return
 	}
+	s.pulls.add(&st, now) // first: a pull in between finds the routes logged
 	s.mu.Lock()
 	s.published, s.lastPub, s.current = st.Hosts, now, st
 	s.mu.Unlock()
@@ -593,7 +616,7 @@ func sameContent(a, b []snapshot.Host) bool {
 			x.BlockSize != y.BlockSize || x.NumGPUBlocks != y.NumGPUBlocks ||
 			x.CachedBlocks != y.CachedBlocks || x.ClearedAtMs != y.ClearedAtMs ||
 			x.MaxAdapters != y.MaxAdapters || x.AdapterSlotsUsed != y.AdapterSlotsUsed ||
-			x.DataParallelSize != y.DataParallelSize || x.Rank != y.Rank {
+			x.DataParallelSize != y.DataParallelSize || x.Rank != y.Rank || x.PreciseCacheState != y.PreciseCacheState {
 			return false
 		}
 	}
@@ -624,6 +647,7 @@ func withEvents(h snapshot.Host, events []*rankEvents, rank int) snapshot.Host {
 	}
 	t := events[rank].tracker
 	h.CachedBlocks = t.CachedBlocks()
+	h.PreciseCacheState = events[rank].preciseCacheState()
 	if c := t.ClearedAt(); !c.IsZero() {
 		h.ClearedAtMs = c.UnixMilli()
 	}
@@ -646,7 +670,7 @@ func (s *Service) hostSnapshot(h *host, now time.Time) snapshot.Host {
 	if out.Model == "" {
 		out.Model = h.sample.Model
 	}
-	if out.Role == "both" {
+	if out.Role == snapshot.RoleBoth {
 		out.Role = "" // the contract's default
 	}
 	out.Adapters = mergeSorted(h.ep.Adapters, h.sample.Adapters)
@@ -708,7 +732,8 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("POST "+ReportsPath, s.serveReport)
 	mux.HandleFunc("GET /state", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(s.Snapshot())
+		// Pulling gateways pass the cursor of their previous pull (pull.go).
+		json.NewEncoder(w).Encode(s.pulls.since(s.Snapshot(), r.URL.Query().Get("since")))
 	})
 	return mux
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,4 +141,44 @@ func Serve(tb testing.TB, h http.Handler, c io.Closer) string {
 		}
 	})
 	return front.URL
+}
+
+// Client is the HTTP client of Call: a bound on every request, so that a
+// host that never answers fails the test instead of hanging it.
+var Client = &http.Client{Timeout: 20 * time.Second}
+
+// Call sends one request (a JSON content type, then hdr) and returns the
+// status, the body and the headers; a transport error fails tb.
+func Call(tb testing.TB, method, url, body string, hdr map[string]string) (int, string, http.Header) {
+	tb.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if body == "" {
+		req.Body = http.NoBody
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := Client.Do(req)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// Drain reads and closes resp's body and returns its status; err (the
+// request's) fails tb.
+func Drain(tb testing.TB, resp *http.Response, err error) int {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,5 +51,25 @@ func TestRepoRootHoldsGoMod(t *testing.T) {
 	root := RepoRoot(t)
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil || filepath.Base(root) == "testenv" {
 		t.Errorf("RepoRoot = %s: %v", root, err)
+	}
+}
+
+func TestCallSendsJSONWithHeadersAndReturnsTheAnswer(t *testing.T) {
+	url := Serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Echo", r.Header.Get("X-Test")+"|"+r.Header.Get("Content-Type"))
+		w.WriteHeader(201)
+		io.WriteString(w, r.Method+" "+string(b))
+	}), nil)
+	code, body, hdr := Call(t, "POST", url+"/p", `{"a":1}`, map[string]string{"X-Test": "v"})
+	if code != 201 || body != `POST {"a":1}` || hdr.Get("X-Echo") != "v|application/json" {
+		t.Errorf("Call = %d %q %v", code, body, hdr)
+	}
+	resp, err := http.Get(url)
+	if got := Drain(t, resp, err); got != 201 {
+		t.Errorf("Drain = %d, want the status", got)
+	}
+	if msg := FatalMessage(t, func(tb testing.TB) { Drain(tb, nil, io.ErrUnexpectedEOF) }); !strings.Contains(msg, "unexpected EOF") {
+		t.Errorf("Drain of a failed request failed with %q, want the request's error", msg)
 	}
 }

@@ -26,6 +26,8 @@ import (
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/scorer"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // checkKvroute holds what kvroute needs of any manifest beyond API validity:
@@ -47,7 +49,7 @@ func checkKvroute(r *report, res *Result) {
 		if !standalone && p.RootID != "kvroute.router" && p.RootID != "kvroute.pd" {
 			r.add(p.Doc, p.Path, "root id %q: want kvroute.router or kvroute.pd", p.RootID)
 		}
-		cfg, err := config.Parse(p.Config)
+		cfg, _, warnings, err := scorer.Load(p.Config)
 		if err != nil {
 			var errs config.Errors
 			if errors.As(err, &errs) {
@@ -61,7 +63,7 @@ func checkKvroute(r *report, res *Result) {
 		}
 		cfgs = append(cfgs, cfg)
 		cfgPlugins = append(cfgPlugins, p)
-		for _, w := range cfg.Warnings {
+		for _, w := range warnings {
 			r.add(p.Doc, p.Path, "the strategy configuration draws a warning: %s", w)
 		}
 		if p.AllowOnHeadersStopIteration != nil { // Envoy-level config we control
@@ -410,12 +412,12 @@ func checkEndpointsInCluster(r *report, doc int, at string, c *clusterv3.Cluster
 			have[fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())] = true
 		}
 	}
-	wantRole := config.RoleDecode
+	wantRole := snapshot.RoleDecode
 	if strings.Contains(c.GetName(), "prefill") {
-		wantRole = config.RolePrefill
+		wantRole = snapshot.RolePrefill
 	}
 	for _, e := range cfg.Endpoints {
-		if e.Role == wantRole || (e.Role == config.RoleBoth && wantRole == config.RoleDecode) {
+		if e.Role == wantRole || (e.Role == snapshot.RoleBoth && wantRole == snapshot.RoleDecode) {
 			if !have[e.Address] {
 				r.add(doc, at+".load_assignment", "cluster %s lacks endpoint %s (role %s) named in the plugin configuration", c.GetName(), e.Address, e.Role)
 			}

@@ -17,6 +17,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Endpoint is one engine replica.
@@ -24,7 +26,7 @@ type Endpoint struct {
 	// Address is host:port of the engine's HTTP server, as the gateway's
 	// override_host policy sees it.
 	Address string `json:"address"`
-	// Role is "prefill", "decode" or "both" (empty means both).
+	// Role is snapshot.RolePrefill, RoleDecode or RoleBoth (empty means both).
 	Role  string `json:"role,omitempty"`
 	Model string `json:"model,omitempty"`
 	// Adapters are LoRA adapters known to be served (added to those the
@@ -57,13 +59,11 @@ func (e *Endpoint) Validate() error {
 	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
 		return fmt.Errorf("endpoint address %q: port must be 1..65535", e.Address)
 	}
-	switch e.Role {
-	case "", "both":
-		e.Role = "both"
-	case "prefill", "decode":
-	default:
-		return fmt.Errorf("endpoint %s: role %q: want prefill, decode or both", e.Address, e.Role)
+	role, err := snapshot.CheckRole(e.Role)
+	if err != nil {
+		return fmt.Errorf("endpoint %s: %v", e.Address, err)
 	}
+	e.Role = role
 	if e.KVEvents != "" && !strings.HasPrefix(e.KVEvents, "tcp://") && !strings.HasPrefix(e.KVEvents, "ipc://") {
 		return fmt.Errorf("endpoint %s: kvEvents %q: want tcp://host:port (the engine's --kv-events-config endpoint)", e.Address, e.KVEvents)
 	}

@@ -29,11 +29,7 @@ func TestDefaultProfileLoRAAffinityCutsAdapterLoads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := scorer.ParseConfig(noLoRA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, _, err := cfg.Build()
+	_, h, _, err := scorer.Load(noLoRA)
 	if err != nil {
 		t.Fatal(err)
 	}

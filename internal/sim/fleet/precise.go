@@ -189,6 +189,8 @@ func routerStats(r Router) dispatch.Stats {
 		}
 	case *PreciseRouter:
 		return routerStats(r.inner)
+	case *EndpointRanks:
+		return routerStats(r.Inner)
 	}
 	var s dispatch.Stats
 	for _, x := range rs {
@@ -202,7 +204,7 @@ func routerStats(r Router) dispatch.Stats {
 // the bench reports.
 func RouterStats(r Router) (dispatch.Stats, bool) {
 	switch r.(type) {
-	case *RealRouter, *TopologyRouter, *PreciseRouter:
+	case *RealRouter, *TopologyRouter, *PreciseRouter, *EndpointRanks:
 		return routerStats(r), true
 	}
 	return dispatch.Stats{}, false

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/sim"
@@ -59,12 +60,12 @@ func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.
 	var h *scorer.Handler
 	var err error
 	if opt.Config != nil {
-		cfg, perr := scorer.ParseConfig(opt.Config)
+		cfg, perr := config.Parse(opt.Config)
 		if perr != nil {
 			return nil, perr
 		}
 		cfg.Strategy = name
-		h, _, err = cfg.Build()
+		h, _, err = scorer.Build(cfg)
 	} else {
 		h, err = scorer.NewHandler(name)
 	}

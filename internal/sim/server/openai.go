@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/sim/workload"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // maxBody bounds request bodies (a 128k-token prompt is ~512 KB of text).
@@ -258,7 +259,7 @@ func (s *Server) common(w http.ResponseWriter, c *commonFields, j *job) bool {
 			writeError(w, http.StatusBadRequest, "bootstrap_room", "bootstrap_host, bootstrap_port and bootstrap_room go together")
 			return false
 		}
-		if s.Role == "both" {
+		if s.Role == snapshot.RoleBoth {
 			writeError(w, http.StatusBadRequest, "bootstrap_room", "this server runs with role both; bootstrap pairing needs a prefill and a decode server")
 			return false
 		}
@@ -360,7 +361,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 	ctx := r.Context()
 	// Decode side of a disaggregated request: wait for the prefill peer
 	// (SGLang bootstrap) and for the KV transfer.
-	if j.bootstrap != nil && s.Role == "decode" {
+	if j.bootstrap != nil && s.Role == snapshot.RoleDecode {
 		if err := s.waitBootstrap(ctx, j.bootstrap); err != nil {
 			writeError(w, http.StatusServiceUnavailable, "bootstrap_room", "%v", err)
 			return
@@ -379,7 +380,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		}
 	}
 	var room *room
-	if j.bootstrap != nil && s.Role == "prefill" {
+	if j.bootstrap != nil && s.Role == snapshot.RolePrefill {
 		room = s.rooms.get(j.bootstrap.room)
 	}
 

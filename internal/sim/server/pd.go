@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // SGLang's disaggregation pairs a prefill and a decode server per request:
@@ -74,7 +76,7 @@ func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bootstrap_room", "bootstrap room must be an unsigned integer")
 		return
 	}
-	if s.Role != "prefill" {
+	if s.Role != snapshot.RolePrefill {
 		writeError(w, http.StatusBadRequest, "bootstrap_room", "this server (role %s) is not a prefill server", s.Role)
 		return
 	}

@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/sim"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Options configures a set of simulated engines.
@@ -143,12 +144,10 @@ func Start(opt Options) (*Fleet, error) {
 		if opt.Roles != nil {
 			role = opt.Roles[i]
 		}
-		if role == "" {
-			role = "both"
-		}
-		if role != "both" && role != "prefill" && role != "decode" {
+		role, err := snapshot.CheckRole(role)
+		if err != nil {
 			f.Close()
-			return nil, fmt.Errorf("role %q: want prefill, decode or both", role)
+			return nil, err
 		}
 		port := 0
 		if opt.PortBase > 0 {

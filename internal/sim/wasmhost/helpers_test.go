@@ -9,11 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/tetratelabs/wazero"
 
@@ -132,23 +130,6 @@ type result struct {
 
 func do(t testing.TB, method, url, body string, hdr map[string]string) result {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body == "" {
-		req.Body = http.NoBody
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return result{resp.StatusCode, string(b), resp.Header}
+	code, b, h := testenv.Call(t, method, url, body, hdr)
+	return result{code, b, h}
 }

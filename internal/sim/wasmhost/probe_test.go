@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -122,13 +121,8 @@ func TestDispatchConnectionPinsAConnectionToOneWorker(t *testing.T) {
 	get := func(c *http.Client) {
 		t.Helper()
 		resp, err := c.Get(url + "/x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
+		if code := testenv.Drain(t, resp, err); code != 200 {
+			t.Fatalf("status %d", code)
 		}
 	}
 	served := func() []int64 {

@@ -1,0 +1,201 @@
+package filter
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/sim/wasmhost"
+	"github.com/kvroute/kvroute/internal/testenv"
+	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
+	"github.com/kvroute/kvroute/openai"
+)
+
+// Precise cache state turns the capacity model off for a host, and only
+// while the pushed state is fresh (snapshot.Host.PreciseCacheState). One
+// engine whose KV capacity holds one of two prompts, A and B, each
+// recorded in a recency bucket of its own (1 s apart):
+//   - without precise cache state, recording B ages A out (A is predicted
+//     nothing);
+//   - with it, recording B leaves A predicted whole: the engine's
+//     removals, not the capacity, say what it evicted;
+//   - once the pushed state is stale (the metrics service down), the
+//     capacity model is back: recording B ages A out again, and
+//     state.precise_dropped counts the fallback.
+func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out recency buckets and a stale state: about 6 s")
+	}
+	promptA := strings.Repeat("a quick brown fox jumps over the lazy dog ", 100)
+	promptB := strings.Repeat("b quick brown fox jumps over the lazy dog ", 100)
+	n := len(promptA) / 4
+	// The engine confirms every prompt whole: never fewer tokens than
+	// predicted, so cached_tokens corrects nothing here.
+	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, n, n)
+	addrs := jsonUpstreams(t, 1, resp)
+	const staleMs = 3000
+	h, url := startRouter(t, addrs, 1, fmt.Sprintf(`,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":%q,"staleAfterMs":%d}`, stateToken, staleMs))
+	auth := map[string]string{"authorization": "Bearer " + stateToken}
+	// 16-token blocks x 100: 1,600 tokens of KV, one prompt (about 1,100
+	// tokens) and a half.
+	push := func(precise bool) time.Time {
+		t.Helper()
+		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
+		now := time.Now()
+		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q,"blockSize":16,"numGpuBlocks":100,"preciseCacheState":%t}]}`,
+			now.UnixMilli(), addrs[0], precise)
+		if code, r, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
+			t.Fatalf("push: %d %s", code, r)
+		}
+		return now
+	}
+	predicted := func(prompt string) int64 {
+		t.Helper()
+		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
+		responses := h.CounterValue("kvroute.router.feedback.responses")
+		body := `{"model":"m","prompt":"` + prompt + `","max_tokens":2}`
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			t.Fatalf("request: %d %s", code, r)
+		}
+		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before
+	}
+	bucket := func() { time.Sleep(1100 * time.Millisecond) } // the index's recency buckets are 1 s
+
+	push(false)
+	predicted(promptA)
+	bucket()
+	predicted(promptB)
+	if got := predicted(promptA); got > int64(n)/2 {
+		t.Fatalf("capacity model: after B, A predicted %d cached tokens; want it aged out (the capacity holds %d of A's and B's %d)", got, 1600, 2*n)
+	}
+
+	pushedAt := push(true)
+	bucket()
+	predicted(promptB)
+	bucket()
+	whole := predicted(promptA)
+	if whole < int64(n)*3/4 {
+		t.Fatalf("precise cache state: after B, A predicted %d cached tokens; want about %d (no capacity model)", whole, n)
+	}
+	if time.Since(pushedAt) >= staleMs*time.Millisecond {
+		t.Skipf("the machine is too slow for this test: %v passed since the push, the state went stale", time.Since(pushedAt))
+	}
+
+	time.Sleep(time.Until(pushedAt.Add(staleMs*time.Millisecond + 200*time.Millisecond)))
+	predicted(promptB) // stale: the capacity model is back, and B's record ages A out
+	if got := predicted(promptA); got > whole/2 {
+		t.Fatalf("stale state: after B, A predicted %d cached tokens; want it aged out by the capacity model again", got)
+	}
+	if v := h.CounterValue("kvroute.router.state.precise_dropped"); v != 1 {
+		t.Errorf("state.precise_dropped = %d, want 1", v)
+	}
+}
+
+// A pulling gateway (state.pull) applies the routes and removals a pull
+// carries, as a pushed gateway does a push's, and asks the next pull from
+// the cursor the state came with: another gateway's route marks the chain
+// on engine 0, a later pull's removal cuts it, and that pull asked
+// since=<the first pull's cursor>.
+func TestWasmPulledStateCarriesRoutesAndRemovals(t *testing.T) {
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 100)
+	body := `{"model":"m","prompt":"` + prompt + `","max_tokens":2}`
+	n := len(prompt) / 4
+	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, n, n)
+	addrs := jsonUpstreams(t, 2, resp)
+	chain := newParser(t, `{}`)
+	if _, err := chain.Parse([]byte(body), openai.Completions); err != nil {
+		t.Fatal(err.Message)
+	}
+	b64 := chainBase64(chain.Hasher().Blocks())
+
+	var mu sync.Mutex
+	var asked []string
+	state := ""
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, r.URL.RawQuery)
+		io.WriteString(w, state)
+	}))
+	t.Cleanup(metrics.Close)
+	serve := func(extra string) {
+		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
+		mu.Lock()
+		defer mu.Unlock()
+		state = fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, time.Now().UnixMilli(), addrs[0], addrs[1], extra)
+		asked = asked[:0]
+	}
+	h, url := wasmhosttest.Start(t, wasmhost.Config{
+		Module: testenv.Module(t), VMID: "kvroute", Workers: 1, Dispatch: wasmhost.DispatchStream,
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: `{` + endpointsJSON(addrs) +
+			`,"strategy":"kv_cache_aware","fallbacks":0,"state":{"token":"` + stateToken + `","pull":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
+		Clusters:     map[string][]string{"engines": addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
+		RouteCluster: "engines",
+	})
+	pull := func() {
+		t.Helper()
+		before := h.CounterValue("kvroute.router.state.pulls")
+		time.Sleep(110 * time.Millisecond) // the pull interval
+		h.FireTicks()
+		testenv.WaitFor(t, "a pulled state stored", func() bool { return h.CounterValue("kvroute.router.state.pulls") > before })
+	}
+	predicted := func() (int64, string) {
+		t.Helper()
+		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
+		responses := h.CounterValue("kvroute.router.feedback.responses")
+		served := h.UpstreamRequests()
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			t.Fatalf("request: %d %s", code, r)
+		}
+		var to string
+		for a, c := range h.UpstreamRequests() {
+			if c > served[a] {
+				to = a
+			}
+		}
+		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
+	}
+
+	serve(fmt.Sprintf(`,"cursor":"svc1.7","gateways":[{"gateway":"other","timestampMs":%d,"routes":[{"address":%q,"chain":%q,"promptTokens":%d}]}]`,
+		time.Now().UnixMilli(), addrs[0], b64, n))
+	pull()
+	whole, to := predicted()
+	if to != addrs[0] || whole <= 0 {
+		t.Fatalf("after a pull carrying another gateway's route to engine 0: served by %s, predicted %d cached tokens; want engine 0, > 0", to, whole)
+	}
+
+	serve(fmt.Sprintf(`,"cursor":"svc1.9","removals":[{"address":%q,"from":0,"chain":%q}]`, addrs[0], b64))
+	pull()
+	mu.Lock()
+	q := slices.Clone(asked)
+	mu.Unlock()
+	if len(q) == 0 || q[0] != "since=svc1.7" {
+		t.Errorf("the pull after a state with cursor svc1.7 asked %q, want since=svc1.7", q)
+	}
+	if v := h.CounterValue("kvroute.router.state.removals_applied"); v != 1 {
+		t.Errorf("state.removals_applied = %d after a pull carrying one removal, want 1", v)
+	}
+	if none, _ := predicted(); none != 0 {
+		t.Fatalf("after a pull carrying engine 0's eviction of the whole chain: predicted %d cached tokens, want 0", none)
+	}
+}
+
+// chainBase64 is a chain as snapshots carry it: 8-byte little-endian
+// hashes, base64.
+func chainBase64(c []uint64) string {
+	var raw []byte
+	for _, x := range c {
+		raw = binary.LittleEndian.AppendUint64(raw, x)
+	}
+	return base64.StdEncoding.EncodeToString(raw)
+}
