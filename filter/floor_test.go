@@ -157,7 +157,9 @@ func TestFloorModuleRoutesOnTheWholeBody(t *testing.T) {
 		self = up.Listener.Addr().String()
 		addrs = append(addrs, self)
 	}
-	_, url := wasmhosttest.Start(t, wasmhost.Config{Module: floorModule(t), VMID: "floor",
+	// Streams dealt to the workers in turn: each worker's round robin then
+	// sees two of the four, whatever connections the client opens.
+	_, url := wasmhosttest.Start(t, wasmhost.Config{Module: floorModule(t), VMID: "floor", Workers: 2, Dispatch: wasmhost.DispatchStream,
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
 		Filters: []wasmhost.Filter{{RootID: "floor", AllowOnHeadersStopIteration: true, Configuration: strings.Join(addrs, ",")}}})
 	const size = 32 << 10

@@ -83,10 +83,18 @@ var Shapes = []Shape{
 	{"escaped-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"\n"`, ",", `]}`)
 	}},
-	// searched-worst is the costliest unit TestBodyShapeSearch found per
-	// byte: image parts whose URL holds an escape and non-ASCII text.
-	{"searched-worst", "/v1/chat/completions", func(n, i int) string {
+	// Image parts whose URL holds an escape and non-ASCII text: the
+	// costliest unit an earlier search found.
+	{"escaped-image-parts", "/v1/chat/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
 			`{"type":"image_url","image_url":{"url":"\n日"}}`, ",", `]}]}`)
+	}},
+	// searched-worst is the costliest unit TestBodyShapeSearch found and
+	// BenchmarkBodyShapesInWasm confirmed among the search's top
+	// candidates: text parts with an escaped text and an unused key that
+	// holds an escape and non-ASCII text.
+	{"searched-worst", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
+			`{"text":"\\","type":"text","\né":{}}`, ",", `]}]}`)
 	}},
 }

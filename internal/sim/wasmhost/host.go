@@ -90,6 +90,12 @@ type Config struct {
 	StreamIdleTimeout time.Duration
 	RouteTimeout      time.Duration
 	ConnectTimeout    time.Duration
+	// DelayedCloseTimeout is how long a connection whose stream ended
+	// before its request body stays open for the client to finish sending
+	// (Envoy's delayed_close_timeout, default 1 s): the rest of the body is
+	// read and dropped meanwhile, so a client still writing it reads the
+	// response instead of meeting a reset.
+	DelayedCloseTimeout time.Duration
 	// BufferLimitBytes is the per-stream buffer limit (Envoy's connection
 	// buffer limit, default 1 MiB): a request body a filter buffers
 	// (StopIterationAndBuffer, the SDK's Pause in a body callback) past it
@@ -235,6 +241,9 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = 5 * time.Second
+	}
+	if cfg.DelayedCloseTimeout <= 0 {
+		cfg.DelayedCloseTimeout = time.Second
 	}
 	if cfg.BufferLimitBytes <= 0 {
 		cfg.BufferLimitBytes = 1 << 20

@@ -32,9 +32,14 @@ func threeUpstreams(t *testing.T) ([]*upstream, []string) {
 	return ups, addrs
 }
 
+// Each worker runs its own round robin. Streams are dealt to the two
+// workers in turn (DispatchStream), so the spread is exact whatever
+// connections the client uses: with per-connection dispatch a request on
+// a new connection (the client's pool may open one at any time) can land
+// on the other worker mid-count.
 func TestKvrouteSpreadsThirtyRequestsEvenly(t *testing.T) {
 	ups, addrs := threeUpstreams(t)
-	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute", Workers: 2, Dispatch: DispatchStream,
 		Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines"})
 	for i := 0; i < 30; i++ {
@@ -56,6 +61,9 @@ func TestKvrouteSpreadsThirtyRequestsEvenly(t *testing.T) {
 	}
 }
 
+// A client's destination header never picks the engine: round robin
+// over two workers (see TestKvrouteSpreadsThirtyRequestsEvenly) gives each
+// engine exactly its share, and an address the client names gets nothing.
 func TestKvrouteClientDestinationHeaderNeverSteers(t *testing.T) {
 	for _, origDst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("original_dst=%v", origDst), func(t *testing.T) {
@@ -65,7 +73,7 @@ func TestKvrouteClientDestinationHeaderNeverSteers(t *testing.T) {
 			if origDst {
 				extra = `,"fallbacks":0` // ORIGINAL_DST takes one address
 			}
-			_, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
+			_, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute", Workers: 2, Dispatch: DispatchStream,
 				Filters:  []Filter{{RootID: "kvroute.router", Configuration: routerConfig(addrs, extra), AllowOnHeadersStopIteration: true}},
 				Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", OriginalDst: origDst})
 			steer := []string{addrs[0], attacker.addr, addrs[0] + "," + addrs[0], attacker.addr + "," + addrs[0]}
@@ -177,10 +185,11 @@ func TestKvrouteRecoveredPanicRoutesRequest(t *testing.T) {
 
 var _ = net.JoinHostPort
 
-// The chain router then pd, both plugins of the one module in each VM.
+// The chain router then pd, both plugins of the one module in each VM
+// (streams dealt in turn: see TestKvrouteSpreadsThirtyRequestsEvenly).
 func TestKvrouteRouterThenPDChain(t *testing.T) {
 	ups, addrs := threeUpstreams(t)
-	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute",
+	h, url := startHost(t, Config{Module: testenv.Module(t), VMID: "kvroute", Workers: 2, Dispatch: DispatchStream,
 		Filters: []Filter{
 			{RootID: "kvroute.router", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true},
 			{RootID: "kvroute.pd", Configuration: routerConfig(addrs, ""), AllowOnHeadersStopIteration: true},

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -494,6 +496,64 @@ func TestLocalReplyBeforeBodyClosesConnection(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 413 || !resp.Close {
 		t.Errorf("status %d, Connection: close %v; want the filter's 413 and a closed connection", resp.StatusCode, resp.Close)
+	}
+}
+
+// A local reply while the client is still sending its body closes the
+// connection as Envoy does, with a delayed close: the rest of the body is
+// read and dropped, so the client's writes succeed and it reads the reply
+// (closing at once resets the connection under the writer, whose HTTP
+// client then may report the write error instead of the response). A
+// client that never finishes loses the connection after the delay.
+func TestLocalReplyDuringBodyLetsTheClientFinish(t *testing.T) {
+	_, url, _ := probeHost(t, Filter{}, func(c *Config) { c.DelayedCloseTimeout = 30 * time.Second })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-probe-local: 413\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n%s\r\n", strings.Repeat("a", 100))
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 413 || !resp.Close {
+		t.Fatalf("status %d, Connection: close %v; want the filter's 413 and a closed connection", resp.StatusCode, resp.Close)
+	}
+	// The rest of the body, in pieces, after the reply: each write lands.
+	for i := 0; i < 3; i++ {
+		time.Sleep(50 * time.Millisecond) // the reply is out: a closing host would have reset by now
+		if _, err := fmt.Fprintf(conn, "64\r\n%s\r\n", strings.Repeat("b", 100)); err != nil {
+			t.Fatalf("write %d of the body after the reply: %v", i, err)
+		}
+	}
+	if _, err := io.WriteString(conn, "0\r\n\r\n"); err != nil {
+		t.Fatalf("the body's end: %v", err)
+	}
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("after the body: read %d bytes, %v; want the connection closed (EOF)", n, err)
+	}
+
+	// A client that stops sending loses the connection after the delay.
+	_, url, _ = probeHost(t, Filter{}, func(c *Config) { c.DelayedCloseTimeout = 100 * time.Millisecond })
+	conn2, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	fmt.Fprintf(conn2, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-probe-local: 413\r\nContent-Length: 5000\r\n\r\n%s", strings.Repeat("a", 100))
+	conn2.SetDeadline(time.Now().Add(20 * time.Second))
+	br = bufio.NewReader(conn2)
+	if resp, err = http.ReadResponse(br, nil); err != nil || resp.StatusCode != 413 {
+		t.Fatalf("stalled client: %v, %v; want the 413", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err == nil || os.IsTimeout(err) {
+		t.Errorf("stalled client: read %d bytes, %v; want the connection closed after the delay", n, err)
 	}
 }
 

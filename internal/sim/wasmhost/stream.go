@@ -170,21 +170,27 @@ func (h *Host) serveStream(w http.ResponseWriter, r *http.Request) {
 			s.readBody()
 		}()
 		// The body reader must be gone before the handler returns, or the
-		// server's next read races with it: a stream that ended before the
-		// body did (a local reply, an early response) stops reading by
-		// expiring the read deadline, which also closes the connection.
+		// server's next read races with it. A stream that ended before the
+		// body did (a local reply, an early response) closes its connection
+		// as Envoy's delayed close does: the response goes out, and the
+		// rest of the body is read and dropped for DelayedCloseTimeout, so
+		// a client still writing it is not reset before it reads the
+		// response. An aborted stream, or a client still sending after the
+		// delay, stops reading by expiring the read deadline, which also
+		// closes the connection.
 		defer func() {
 			select {
 			case <-readerDone:
 				return
 			default:
 			}
-			if r.ContentLength > 0 && s.bodyRead.Load() >= r.ContentLength {
-				// Every byte arrived; the reader is about to see EOF.
+			if !s.aborted {
+				_ = rc.Flush()
+				_ = rc.SetReadDeadline(time.Now().Add(h.cfg.DelayedCloseTimeout))
 				select {
 				case <-readerDone:
 					return
-				case <-time.After(time.Second):
+				case <-time.After(h.cfg.DelayedCloseTimeout):
 				}
 			}
 			_ = rc.SetReadDeadline(time.Now())
