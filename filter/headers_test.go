@@ -49,24 +49,6 @@ func TestDecimalAndPathOnly(t *testing.T) {
 	}
 }
 
-func TestIndexBytes(t *testing.T) {
-	key := []byte(`"cached_tokens":`)
-	for _, c := range []struct {
-		b    string
-		want int
-	}{
-		{`{"cached_tokens":5}`, 1},
-		{`"cached_tokens"`, -1},
-		{`""cached_tokens":`, 1},
-		{`xx"cached_token":"cached_tokens":`, 17},
-		{``, -1},
-	} {
-		if got := indexBytes([]byte(c.b), key); got != c.want {
-			t.Errorf("indexBytes(%q) = %d, want %d", c.b, got, c.want)
-		}
-	}
-}
-
 // pick answers as the host would after stripRoutingHeaders: first value,
 // any case, and nothing for a header it removes.
 func TestRequestHeadersPick(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/filter/hostbuf"
 	"github.com/kvroute/kvroute/filter/quietbody"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
 
@@ -167,17 +168,17 @@ func (s *routerStream) OnHttpResponseBody(bodySize int, endOfStream bool) (actio
 	// has none to read: its chunks (one per token or so) are not read.
 	if bodySize > 0 && !s.noUsage {
 		if chunk, err := p.readBuffer(bodySize, bufferResponseBody, proxywasm.GetHttpResponseBody); err == nil {
-			if n, ok := cachedTokens(s.tail.bytes(), chunk); ok {
+			if n, ok := openai.CachedTokens(s.tail.Bytes(), chunk); ok {
 				s.cached, s.feedbackSet = n, true
 				// The same usage object's prompt_tokens, when the chunk
 				// holds it and the router samples this request: the
 				// model's characters per token.
 				if s.ticket.SampleUsage() {
-					s.ticket.EnginePromptTokens, _ = lastNumber(chunk, promptTokensKey)
+					s.ticket.EnginePromptTokens, _ = openai.PromptTokens(chunk)
 				}
 			}
 			if !endOfStream {
-				s.tail.keep(chunk)
+				s.tail.Keep(chunk)
 			}
 		}
 		if s.probeUsage {

@@ -10,64 +10,6 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
-// cachedTokensJoined is the answer the seam logic must give: a whole-buffer
-// scan (cachedTokens without a tail) of tail joined with chunk's head, then
-// of chunk, the last value found winning. cachedTokens looks at the seam
-// only when chunk has no value, which must not change any answer.
-func cachedTokensJoined(tail, chunk []byte) (val int, found bool) {
-	if len(tail) > 0 {
-		joined := append(append([]byte(nil), tail...), chunk[:min(len(chunk), tailKeep)]...)
-		val, found = cachedTokens(nil, joined)
-	}
-	if v, ok := cachedTokens(nil, chunk); ok {
-		val, found = v, true
-	}
-	return val, found
-}
-
-// TestCachedTokensMatchesJoinedScan splits response bodies with zero, one
-// or several cached_tokens fields (some cut short, some padded with
-// spaces) into chunks at random places, and checks that every chunk's
-// answer, with the previous chunk's tail, is the joined scan's.
-func TestCachedTokensMatchesJoinedScan(t *testing.T) {
-	rng := rand.New(rand.NewSource(1))
-	pieces := []string{
-		`data: {"choices":[{"text":"hi"}]}` + "\n\n",
-		`"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":48}}`,
-		`"cached_tokens": 1024}`,
-		`"cached_tokens":`,
-		`"cached_tokens":7`,
-		`"cached_tokens":  123456789012345678901,`,
-		`"cached_":12}`,
-		strings.Repeat("x", 70),
-		"data: [DONE]\n\n",
-		"9",
-		" ",
-	}
-	for round := 0; round < 20000; round++ {
-		var b strings.Builder
-		for n := rng.Intn(6); n >= 0; n-- {
-			b.WriteString(pieces[rng.Intn(len(pieces))])
-		}
-		body := []byte(b.String())
-		var tail tailBuf
-		for len(body) > 0 {
-			n := 1 + rng.Intn(len(body))
-			if rng.Intn(2) == 0 {
-				n = min(len(body), 1+rng.Intn(20))
-			}
-			chunk := body[:n]
-			body = body[n:]
-			gotN, gotOK := cachedTokens(tail.bytes(), chunk)
-			wantN, wantOK := cachedTokensJoined(tail.bytes(), chunk)
-			if gotOK != wantOK || gotOK && gotN != wantN {
-				t.Fatalf("cachedTokens(%q, %q) = %d, %v; joined scan: %d, %v", tail.bytes(), chunk, gotN, gotOK, wantN, wantOK)
-			}
-			tail.keep(chunk)
-		}
-	}
-}
-
 // TestMillisIsWholeMicroseconds checks the response latency's float
 // arithmetic against the integer division it replaces.
 func TestMillisIsWholeMicroseconds(t *testing.T) {

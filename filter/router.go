@@ -427,5 +427,5 @@ type routerStream struct {
 	// promptTokens is the router's estimate of the prompt's length, for
 	// the hit-ratio counters (prompt_tokens, feedback.prompt_tokens).
 	promptTokens int
-	tail         tailBuf // end of the previous response chunk, for fields split across chunks
+	tail         openai.Tail // end of the previous response chunk, for fields split across chunks
 }

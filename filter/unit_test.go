@@ -1,7 +1,6 @@
 package filter
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 
@@ -131,35 +130,6 @@ func TestParseORCA(t *testing.T) {
 		if l := parseORCA(bad); l.ok {
 			t.Errorf("%q parsed as %+v", bad, l)
 		}
-	}
-}
-
-func TestCachedTokensAcrossChunks(t *testing.T) {
-	if n, ok := cachedTokens(nil, []byte(`{"usage":{"prompt_tokens_details":{"cached_tokens": 96}}}`)); !ok || n != 96 {
-		t.Errorf("whole: %d %v", n, ok)
-	}
-	first := []byte(`data: {"usage":{"prompt_tokens_details":{"cached_tok`)
-	second := []byte(`ens":128}}}` + "\n\n")
-	if _, ok := cachedTokens(nil, first); ok {
-		t.Error("found a value in half a field")
-	}
-	var tail tailBuf
-	tail.keep(first)
-	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
-		t.Errorf("split: %d %v", n, ok)
-	}
-	// A long chunk leaves only its end; a split field is still found.
-	long := append(bytes.Repeat([]byte("x"), 3*tailKeep), first...)
-	tail.keep(long)
-	if got := string(tail.bytes()); got != string(long[len(long)-tailKeep:]) {
-		t.Errorf("tail kept %q, want the chunk's last %d bytes", got, tailKeep)
-	}
-	if n, ok := cachedTokens(tail.bytes(), second); !ok || n != 128 {
-		t.Errorf("split after a long chunk: %d %v", n, ok)
-	}
-	// A number cut at the chunk end is not taken until it is complete.
-	if _, ok := cachedTokens(nil, []byte(`"cached_tokens":12`)); ok {
-		t.Error("took a number that may continue in the next chunk")
 	}
 }
 

@@ -21,7 +21,7 @@
 //	response headers status, latency and ORCA feed the breaker and the
 //	                 host's load (response.go, breaker.go, orca.go)
 //	response body    first byte ends pending prefill; cached_tokens is noted
-//	                 (cachedtokens.go)
+//	                 (response.go, read by openai/usage.go)
 //	stream done      feedback, then every load counter is released
 //
 // The candidates and their index slots: hosts.go; data-parallel ranks:

@@ -2,7 +2,9 @@
 // completions, embeddings) for the router: it validates a body, hashes its
 // prompt into prefix blocks and returns the few fields routing needs, and it
 // rewrites bodies (removing client-set prefill/decode fields, the prefill and
-// decode bodies of kvroute.pd) without unmarshalling them.
+// decode bodies of kvroute.pd) without unmarshalling them. On the way back it
+// reads the usage an engine reports in a response (cached_tokens,
+// prompt_tokens), chunk by chunk (usage.go).
 //
 // It exists apart from filter so that the request parsing, and the JSON
 // scanner under it, are one concern that imports no proxy-wasm SDK: its unit

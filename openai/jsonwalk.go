@@ -3,6 +3,7 @@ package openai
 import (
 	"encoding/binary"
 	"math/bits"
+	"slices"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -442,10 +443,21 @@ func (d *jsonDoc) unescape(inner []byte) []byte {
 // 8 bytes per step and copied whole, into a buffer reused across requests.
 func appendUnescaped(dst, s []byte) []byte {
 	const ones = 0x0101010101010101
-	for {
-		// k: the next backslash, 8 bytes per step.
+	// out[:n] is the text so far, written by index into a buffer grown
+	// first (a text is never longer than its escaped form, and a \u
+	// escape's UTF-8 never longer than its six bytes): an append per
+	// escape, and a copy of each empty run between two escapes, cost more
+	// than the escapes in Wasm.
+	n, out := len(dst), dst
+	if cap(out)-n < len(s) {
+		out = growText(out, len(s))
+	}
+	out = out[:cap(out)]
+	for len(s) > 0 {
+		// k: the next backslash, 8 bytes per step (none needed when s
+		// starts with one: escapes often follow each other).
 		k := 0
-		for k+8 <= len(s) {
+		for s[0] != '\\' && k+8 <= len(s) {
 			z := binary.LittleEndian.Uint64(s[k:]) ^ ('\\' * ones)
 			if m := (z - ones) &^ z & (0x80 * ones); m != 0 {
 				k += bits.TrailingZeros64(m) >> 3
@@ -456,42 +468,42 @@ func appendUnescaped(dst, s []byte) []byte {
 		for k < len(s) && s[k] != '\\' {
 			k++
 		}
-		if k == len(s) {
-			return append(dst, s...)
+		if k > 0 {
+			n += copy(out[n:], s[:k])
 		}
-		dst = append(dst, s[:k]...)
 		if k+1 >= len(s) {
-			return dst // not reached: s is valid
+			break // the end (k+1 == len(s) is not reached: s is valid)
 		}
 		c := s[k+1]
 		s = s[k+2:]
-		switch c {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			if len(s) < 4 {
-				return dst // not reached: s is valid
-			}
-			r := hex4(s)
-			s = s[4:]
-			if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
-				r = utf16.DecodeRune(r, hex4(s[2:]))
-				s = s[6:]
-			}
-			dst = utf8.AppendRune(dst, r)
-		default: // '"', '\\', '/'
-			dst = append(dst, c)
+		if u := unescapedByte[c]; u != 0 {
+			out[n] = u
+			n++
+			continue
 		}
+		if c != 'u' || len(s) < 4 {
+			break // not reached: s is valid
+		}
+		r := hex4(s)
+		s = s[4:]
+		if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
+			r = utf16.DecodeRune(r, hex4(s[2:]))
+			s = s[6:]
+		}
+		n += utf8.EncodeRune(out[n:], r)
 	}
+	return out[:n]
 }
+
+// growText returns b with room for n more bytes. Out of appendUnescaped,
+// which every request with an escaped string enters.
+//
+//go:noinline
+func growText(b []byte, n int) []byte { return slices.Grow(b, n) }
+
+// unescapedByte is the byte each escape other than \u stands for (0 for
+// the others).
+var unescapedByte = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 // hex4 reads the four hex digits at the start of s.
 func hex4(s []byte) rune {

@@ -1,4 +1,9 @@
-package filter
+package openai
+
+// Reading an engine's response: the usage it reports, for the router's
+// feedback. Nothing here keeps state: a stream's Tail lives with that one
+// response (in the filter's stream context), and the scans read only the
+// chunk and tail they are given.
 
 // cachedTokensKey is the field vLLM and SGLang report prefix-cache hits in
 // (usage.prompt_tokens_details.cached_tokens), in non-streaming bodies and in
@@ -7,14 +12,14 @@ var cachedTokensKey = []byte(`"cached_tokens":`)
 
 const tailKeep = 64
 
-// cachedTokens finds the last complete cached_tokens value in tail+chunk:
+// CachedTokens finds the last complete cached_tokens value in tail+chunk:
 // a run of up to 18 digits after the key (and optional spaces) that
 // something other than a digit follows (a run that reaches the end may
 // continue in the next chunk). It scans bytes instead of parsing JSON: a
 // stream's chunks are SSE events, and the field may straddle two chunks. A
 // value found in chunk is the last one (a value across the seam starts
 // before it), so the seam is looked at only when chunk has none.
-func cachedTokens(tail, chunk []byte) (val int, found bool) {
+func CachedTokens(tail, chunk []byte) (val int, found bool) {
 	val, found = lastNumber(chunk, cachedTokensKey)
 	if !found && len(tail) > 0 {
 		return seamCachedTokens(tail, chunk)
@@ -25,6 +30,14 @@ func cachedTokens(tail, chunk []byte) (val int, found bool) {
 // promptTokensKey is usage.prompt_tokens (the quote after the name keeps
 // prompt_tokens_details out).
 var promptTokensKey = []byte(`"prompt_tokens":`)
+
+// PromptTokens finds the last complete usage.prompt_tokens value in chunk,
+// as lastNumber reads it: the engine's count of the prompt's tokens, read
+// from the chunk that carries cached_tokens (no seam: the two fields are one
+// usage object).
+func PromptTokens(chunk []byte) (val int, found bool) {
+	return lastNumber(chunk, promptTokensKey)
+}
 
 // lastNumber finds the last complete value of key in b: a run of up to 18
 // digits after the key (and optional spaces) that something other than a
@@ -61,24 +74,26 @@ func seamCachedTokens(tail, chunk []byte) (int, bool) {
 	var buf [2 * tailKeep]byte
 	joined := append(buf[:0], tail...)
 	joined = append(joined, chunk[:min(len(chunk), tailKeep)]...)
-	return cachedTokens(nil, joined)
+	return CachedTokens(nil, joined)
 }
 
-// tailBuf holds the last tailKeep bytes of a response chunk in the stream
-// itself (no allocation per stream).
-type tailBuf struct {
+// Tail holds the last tailKeep bytes of a response chunk, for a field split
+// across two chunks. Its scope is one response: the filter keeps it in the
+// stream context itself (no allocation per stream).
+type Tail struct {
 	b [tailKeep]byte
 	n int
 }
 
-func (t *tailBuf) bytes() []byte { return t.b[:t.n] }
+// Bytes is the kept end of the previous chunk.
+func (t *Tail) Bytes() []byte { return t.b[:t.n] }
 
-// keep replaces the tail with the end of chunk. Out of line (noinline): only a
+// Keep replaces the tail with the end of chunk. Out of line (noinline): only a
 // response in several chunks keeps a tail, and each function entered costs a
 // response (docs/performance.md).
 //
 //go:noinline
-func (t *tailBuf) keep(chunk []byte) {
+func (t *Tail) Keep(chunk []byte) {
 	if len(chunk) > tailKeep {
 		chunk = chunk[len(chunk)-tailKeep:]
 	}
