@@ -15,7 +15,7 @@ PLATFORMS ?= linux/amd64,linux/arm64
 # required: make bench TRACE=path/to/trace.jsonl.
 TRACE ?=
 
-.PHONY: all wasm wasm-tinygo test demo bench bench-topology bench-knee fuzz oci image release vet clean
+.PHONY: all wasm wasm-tinygo test demo bench bench-topology bench-knee bench-knee-seeds fuzz oci image release vet clean
 
 all: wasm
 
@@ -70,6 +70,18 @@ bench-knee:
 	  $(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --rate-scale $$rs --gateways $${gw%x*} --workers $${gw#*x} \
 	    --strategies round_robin,kv_cache_aware,dynamo_kv,gie_default,sglang_cache_aware \
 	    --out dist/bench-knee-r$$rs-$$gw.json || exit 1; done; done
+
+# The default profile's hit ratio against the pooled ceiling at the knee in
+# every run: rate scales 1.3-1.5 x 1x1, 2x4, 4x8 x seeds 1-5 (docs/performance.md,
+# "Round robin's knee"); one line per run: its kv_cache_aware row and the ceiling.
+.PHONY: bench-knee-seeds
+bench-knee-seeds:
+	$(need-trace)
+	mkdir -p dist && for rs in 1.3 1.4 1.5; do for gw in 1x1 2x4 4x8; do for seed in 1 2 3 4 5; do \
+	  echo "rate scale $$rs, $$gw, seed $$seed:"; \
+	  $(GO) run ./cmd/kvroute bench --trace $(TRACE) --replicas 8 --rate-scale $$rs --gateways $${gw%x*} --workers $${gw#*x} \
+	    --seed $$seed --strategies kv_cache_aware --out dist/bench-knee-seeds-r$$rs-$$gw-s$$seed.json | grep -E '^\| kv_cache_aware|^ceiling' \
+	    || exit 1; done; done; done
 
 # Aggregated vs disaggregated fleets of 8 on the trace (kvroute.pd: docs/prefill-decode.md).
 .PHONY: bench-pd

@@ -251,14 +251,17 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string, o
 // syncStats turns the index's and the router's cumulative counters into metric
 // increments. One loop over arrays rather than eight inlined copies of the
 // test and the call: each function entered costs a request
-// (docs/performance.md).
+// (docs/performance.md). feedback.responses goes last: a reader (a scrape,
+// a test) that sees a response counted sees its tokens counted too, never
+// a ratio over a response whose numbers are still on their way.
 func (p *routerPlugin) syncStats() {
 	rs := p.disp.Stats()
-	now := [len(p.lastSynced)]uint64{rs.CASRetries, rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
-		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
-	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
+	now := [len(p.lastSynced)]uint64{rs.CASRetries, rs.OverPredicted, rs.UnderPredicted,
+		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens,
+		rs.FeedbackRequests}
+	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.overPredicted,
 		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated,
-		&p.stats.feedbackPredicted, &p.stats.predictionError} {
+		&p.stats.feedbackPredicted, &p.stats.predictionError, &p.stats.feedback} {
 		if now[i] > p.lastSynced[i] {
 			c.Increment(now[i] - p.lastSynced[i])
 		}

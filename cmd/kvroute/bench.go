@@ -306,6 +306,9 @@ func benchFleet(w *workload.Workload, names []string, prof sim.Profile, mixed []
 				return
 			}
 			report.Results[i] = toResult(name, res)
+			if len(mixed) == 0 {
+				report.Results[i].UnqueuedTTFTms = unqueued(res, prof)
+			}
 			if st, ok := fleet.RouterStats(router); ok {
 				pe := st.PredictionError()
 				report.Results[i].PredictionError = &pe
@@ -349,6 +352,13 @@ func oracles(w *workload.Workload, prof sim.Profile, replicas int) []report.Orac
 			TTFTms: report.P50P90P99{P50: report.Ms(o.TTFT.P50), P90: report.Ms(o.TTFT.P90), P99: report.Ms(o.TTFT.P99)}})
 	}
 	return out
+}
+
+// unqueued is the run's TTFT with its own cache hits and no queueing
+// (fleet.Result.UnqueuedTTFT), in the report's units.
+func unqueued(res *fleet.Result, prof sim.Profile) *report.P50P90P99 {
+	u := res.UnqueuedTTFT(prof)
+	return &report.P50P90P99{P50: report.Ms(u.P50), P90: report.Ms(u.P90), P99: report.Ms(u.P99)}
 }
 
 func toResult(name string, res *fleet.Result) report.Result {

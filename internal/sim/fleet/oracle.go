@@ -47,3 +47,18 @@ func RunOracle(w *workload.Workload, p sim.Profile, replicas int) Oracle {
 	}
 	return o
 }
+
+// UnqueuedTTFT is the run's TTFT with the cache hits it got and no
+// queueing: each request's prefill of its uncached tokens alone on an idle
+// engine of profile p. Against the run's TTFT it splits the tail into what
+// the cache hits allow and what waiting behind other work adds; against
+// the oracle, what better hits could still give.
+func (r *Result) UnqueuedTTFT(p sim.Profile) Percentiles {
+	var d []time.Duration
+	for _, rec := range r.Records {
+		if !rec.Rejected {
+			d = append(d, p.PrefillTime(rec.CachedTokens, rec.PromptTokens-rec.CachedTokens))
+		}
+	}
+	return percentiles(d)
+}

@@ -45,6 +45,12 @@ func TestOracleIsAFloorForEveryStrategy(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := res.Summarize()
+		// The run's own hits with no queueing sit between the floor and
+		// the run: queueing only adds, and no run's hits beat the floor's.
+		u := res.UnqueuedTTFT(p)
+		if u.P90 > s.TTFT.P90 || u.P99 > s.TTFT.P99 || u.P90 < floor.TTFT.P90 || u.P99 < floor.TTFT.P99 {
+			t.Errorf("%s: TTFT p90/p99 with no queueing %v/%v, want between the floor %v/%v and the run %v/%v", name, u.P90, u.P99, floor.TTFT.P90, floor.TTFT.P99, s.TTFT.P90, s.TTFT.P99)
+		}
 		t.Logf("%s TTFT p50/p90/p99 %v/%v/%v; floor %v/%v/%v", name, s.TTFT.P50, s.TTFT.P90, s.TTFT.P99, floor.TTFT.P50, floor.TTFT.P90, floor.TTFT.P99)
 		if s.TTFT.P50 < floor.TTFT.P50 || s.TTFT.P90 < floor.TTFT.P90 || s.TTFT.P99 < floor.TTFT.P99 {
 			t.Errorf("%s TTFT %v/%v/%v below the oracle floor %v/%v/%v", name, s.TTFT.P50, s.TTFT.P90, s.TTFT.P99, floor.TTFT.P50, floor.TTFT.P90, floor.TTFT.P99)

@@ -66,6 +66,11 @@ type Result struct {
 	// confirmed cached tokens (router.Stats.PredictionError). Absent when
 	// the run does not see the router's books (live mode).
 	PredictionError *float64 `json:"prediction_error,omitempty"`
+	// UnqueuedTTFTms is the TTFT the run's own cache hits give with no
+	// queueing (fleet.Result.UnqueuedTTFT): what is left of the TTFT when
+	// waiting behind other work is taken out. Absent in live mode and on
+	// mixed fleets.
+	UnqueuedTTFTms *P50P90P99 `json:"unqueued_ttft_ms,omitempty"`
 
 	// TTFTSamples feed the CDF plot; not part of the JSON.
 	TTFTSamples []time.Duration `json:"-"`
@@ -123,6 +128,20 @@ func (r *Report) Markdown(w io.Writer) {
 			x.E2Ems.P50, x.E2Ems.P99, x.OutputTokPerS, x.LoadImbalance, x.RouterUS.P50, x.RouterUS.P99, pe)
 	}
 	fmt.Fprintf(w, "\nceiling hit ratio (one LRU cache of the whole fleet's KV capacity): %.1f%%\n", 100*r.CeilingHitRatio)
+	first := true
+	for _, x := range r.Results {
+		if x.UnqueuedTTFTms == nil {
+			continue
+		}
+		if first {
+			fmt.Fprintf(w, "TTFT p50 / p90 / p99 with each strategy's own cache hits and no queueing (ms):")
+			first = false
+		}
+		fmt.Fprintf(w, " %s %.0f / %.0f / %.0f;", x.Strategy, x.UnqueuedTTFTms.P50, x.UnqueuedTTFTms.P90, x.UnqueuedTTFTms.P99)
+	}
+	if !first {
+		fmt.Fprintln(w)
+	}
 	for _, o := range r.Oracles {
 		fmt.Fprintf(w, "oracle, %s: hit ratio %.1f%%, TTFT p50 / p90 / p99 %.0f / %.0f / %.0f ms\n",
 			o.Name, 100*o.CacheHitRatio, o.TTFTms.P50, o.TTFTms.P90, o.TTFTms.P99)
