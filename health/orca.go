@@ -22,6 +22,12 @@ type LoadReport struct {
 	OK               bool // at least one metric was read
 }
 
+// maxRequests bounds a request count an engine reports: past it the value
+// is garbage, and Go's conversion of a float beyond int's range to int is
+// not defined (natively, 1e300 becomes a negative count, a host that looks
+// idle).
+const maxRequests = 1 << 30
+
 // set records one named metric of an ORCA report; unknown names and
 // out-of-range values change nothing.
 func (l *LoadReport) set(name string, x float64) {
@@ -31,11 +37,11 @@ func (l *LoadReport) set(name string, x float64) {
 			l.KVUsage, l.OK = x, true
 		}
 	case "num_requests_waiting":
-		if x >= 0 {
+		if x >= 0 && x <= maxRequests {
 			l.Waiting, l.OK = int(x), true
 		}
 	case "num_requests_running":
-		if x >= 0 {
+		if x >= 0 && x <= maxRequests {
 			l.Running, l.OK = int(x), true
 		}
 	}

@@ -16,7 +16,8 @@ func TestParseORCA(t *testing.T) {
 	if !l.OK || l.KVUsage != 0.9 || l.Running != 7 {
 		t.Errorf("json: %+v", l)
 	}
-	for _, bad := range []string{"", "TEXT", "TEXT named_metrics.kv_cache_usage_perc=abc", "JSON {", "TEXT named_metrics.kv_cache_usage_perc=7", "BINARY x"} {
+	for _, bad := range []string{"", "TEXT", "TEXT named_metrics.kv_cache_usage_perc=abc", "JSON {", "TEXT named_metrics.kv_cache_usage_perc=7", "BINARY x",
+		"TEXT named_metrics.num_requests_waiting=1e300", `JSON {"named_metrics":{"num_requests_running":1e19}}`, "TEXT num_requests_running=-0.5"} {
 		if l := ParseORCA(bad); l.OK {
 			t.Errorf("%q parsed as %+v", bad, l)
 		}
@@ -73,6 +74,7 @@ func FuzzParseORCA(f *testing.F) {
 	f.Add("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0, cpu_utilization=0.3")
 	f.Add(`JSON {"named_metrics":{"kv_cache_usage_perc":0.9,"num_requests_running":7}}`)
 	f.Add("TEXT num_requests_running=-1,=,x")
+	f.Add("TEXT num_requests_waiting=1e300")
 	f.Fuzz(func(t *testing.T, v string) {
 		l := ParseORCA(v)
 		if !l.OK {
