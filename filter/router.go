@@ -10,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/filter/statnames"
+	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
@@ -34,7 +35,7 @@ type routerPlugin struct {
 	// stateCursor is the pulled state's cursor in the service's log of
 	// routes and removals (filter/pull.go); "" when pushed.
 	stateCursor string
-	breakers    *breakers
+	breakers    *health.Breakers
 	// precise is the pushed candidates (cs of setHosts) while some host's
 	// capacity model is off for precise cache state, nil otherwise: the
 	// capacities dropPrecise puts back when the pushed state goes stale.
@@ -211,7 +212,7 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string, o
 	}
 	p.disp = disp
 	p.parser = openai.NewParser(cfg, disp.NewHasher())
-	p.breakers = newBreakers(cfg.CircuitBreaker)
+	p.breakers = health.NewBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || handler.ReadsLatency()
 	_, p.timeFirstToken = handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
