@@ -172,7 +172,7 @@ func (p *routerPlugin) prepare(nowMs int64) {
 			p.dropPrecise()
 		}
 	}
-	if p.breakers.anyOpen() {
+	if p.breakers.AnyOpen() {
 		p.markOpenBreakers(stale, nowMs)
 		return
 	}
@@ -222,7 +222,7 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	for i := range p.hosts {
 		h := &p.hosts[i]
 		h.Stale = stale
-		h.BreakerOpen = p.breakers.open(h.Address, nowMs)
+		h.BreakerOpen = p.breakers.Open(h.Address, nowMs)
 	}
 }
 

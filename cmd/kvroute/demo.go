@@ -7,15 +7,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvroute/kvroute/internal/metricsvc"
+	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
+	"github.com/kvroute/kvroute/internal/metricsvc/push"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/internal/sim/fleet"
 	"github.com/kvroute/kvroute/internal/sim/replay"
@@ -34,6 +40,7 @@ type demoOptions struct {
 	kvBlocks   int
 	seed       uint64
 	scale      float64
+	cacheState string
 }
 
 func init() {
@@ -65,6 +72,8 @@ request lands decides whether it hits.`,
 	f.IntVar(&o.kvBlocks, "kv-blocks", 5000, "KV capacity per engine in 16-token blocks (80k tokens)")
 	f.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	f.Float64Var(&o.scale, "load", 2, "request rate multiplier")
+	f.StringVar(&o.cacheState, "cache-state", "", "run the metrics service (kvroute metrics) in the demo, pushing the engines' state and merging the workers' routing reports: "+
+		"approximate (no KV events: the index's capacity model) or precise (the engines publish KV events, which the service bridges into removals); empty: static endpoints, no service")
 	addCommand(cmd)
 }
 
@@ -105,6 +114,9 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	if o.replicas < 1 || o.timeScale <= 0 || o.kvBlocks < 1 || o.scale <= 0 {
 		return errors.New("--replicas, --time-scale, --kv-blocks and --load must be positive")
 	}
+	if o.cacheState != "" && !slices.Contains(fleet.CacheStates, o.cacheState) {
+		return fmt.Errorf("--cache-state %q: want one of %s, or empty", o.cacheState, strings.Join(fleet.CacheStates, ", "))
+	}
 	w, err := demoWorkload(o.seed, o.scale)
 	if err != nil {
 		return err
@@ -112,7 +124,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	prof, _ := sim.LookupProfile("")
 	prof.NumGPUBlocksOverride = o.kvBlocks
 	report := &report.Report{
-		Trace: w.Name, Replicas: o.replicas, Profile: prof.Name, RateScale: o.scale, Seed: o.seed, Mode: "live",
+		Trace: w.Name, Replicas: o.replicas, Profile: prof.Name, RateScale: o.scale, Seed: o.seed, Mode: "live", CacheState: o.cacheState,
 		CeilingHitRatio: fleet.Ceiling(w, prof, o.replicas),
 	}
 	last := w.Requests[len(w.Requests)-1].Arrival
@@ -125,7 +137,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 			continue
 		}
 		fmt.Fprintf(stderr, "running %s ...\n", name)
-		res, err := demoStrategy(ctx, name, module, w, o)
+		res, err := demoStrategy(ctx, name, module, w, o, stderr)
 		if err != nil {
 			return fmt.Errorf("strategy %s: %w", name, err)
 		}
@@ -158,8 +170,8 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 
 // demoStrategy runs the workload once: fresh engines (cold caches), a fresh
 // Wasm host with the filter set to the strategy, the replay, the figures.
-func demoStrategy(ctx context.Context, name string, module []byte, w *workload.Workload, o demoOptions) (report.Result, error) {
-	engines, err := server.Start(server.Options{Replicas: o.replicas, TimeScale: o.timeScale, KVBlocks: o.kvBlocks})
+func demoStrategy(ctx context.Context, name string, module []byte, w *workload.Workload, o demoOptions, stderr io.Writer) (report.Result, error) {
+	engines, err := server.Start(server.Options{Replicas: o.replicas, TimeScale: o.timeScale, KVBlocks: o.kvBlocks, KVEvents: o.cacheState == "precise"})
 	if err != nil {
 		return report.Result{}, err
 	}
@@ -169,11 +181,28 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 	for _, a := range addrs {
 		eps = append(eps, fmt.Sprintf(`{"address":%q}`, a))
 	}
-	cfg := fmt.Sprintf(`{"endpoints":[%s],"strategy":%q,"fallbacks":1,"orca":true}`, strings.Join(eps, ","), name)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return report.Result{}, err
+	}
+	defer ln.Close()
+	clusters := map[string][]string{"engines": addrs}
+	state := ""
+	var svc *demoMetrics
+	if o.cacheState != "" {
+		svc, err = startDemoMetrics(ctx, engines, "http://"+ln.Addr().String()+"/.kvroute/v1/state")
+		if err != nil {
+			return report.Result{}, err
+		}
+		defer svc.stop()
+		clusters["kvroute_metrics"] = []string{svc.addr}
+		state = fmt.Sprintf(`,"state":{"token":%q,"report":{"cluster":"kvroute_metrics"}}`, demoToken)
+	}
+	cfg := fmt.Sprintf(`{"endpoints":[%s],"strategy":%q,"fallbacks":1,"orca":true%s}`, strings.Join(eps, ","), name, state)
 	host, err := wasmhost.New(ctx, wasmhost.Config{
 		Module: module, VMID: "kvroute", Workers: 2,
 		Filters:      []wasmhost.Filter{{RootID: "kvroute.router", Configuration: cfg, AllowOnHeadersStopIteration: true}},
-		Clusters:     map[string][]string{"engines": addrs},
+		Clusters:     clusters,
 		RouteCluster: "engines",
 		RouteTimeout: -1,
 	})
@@ -181,12 +210,18 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 		return report.Result{}, err
 	}
 	defer host.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return report.Result{}, err
-	}
 	go host.Serve(ln)
-	defer ln.Close()
+	if o.cacheState != "" {
+		// The service's first push (its engines scraped, their KV event
+		// subscriptions up) before the first request.
+		deadline := time.Now().Add(10 * time.Second)
+		for host.CounterValue("kvroute.router.state.pushes") == 0 {
+			if time.Now().After(deadline) {
+				return report.Result{}, errors.New("the in-process metrics service pushed nothing in 10 s")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 
 	t0 := time.Now()
 	// Chat users send their conversation id in the filter's default session
@@ -196,6 +231,20 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 		return report.Result{}, err
 	}
 	wall := time.Since(t0)
+	if o.cacheState != "" {
+		st := svc.svc.Snapshot()
+		precise := 0
+		for _, h := range st.Hosts {
+			if h.PreciseCacheState {
+				precise++
+			}
+		}
+		fmt.Fprintf(stderr, "  metrics service: %d state pushes taken, %d removals applied, %d of %d engines with precise cache state at the end; "+
+			"cached tokens predicted %d, confirmed %d (%d responses over-predicted, %d under)\n",
+			host.CounterValue("kvroute.router.state.pushes"), host.CounterValue("kvroute.router.state.removals_applied"), precise, len(st.Hosts),
+			host.CounterValue("kvroute.router.feedback.predicted_cached_tokens"), host.CounterValue("kvroute.router.confirmed_cached_tokens"),
+			host.CounterValue("kvroute.router.feedback.over_predicted"), host.CounterValue("kvroute.router.feedback.under_predicted"))
+	}
 
 	var ttft, tpot, e2e []time.Duration
 	var cached, input, output int64
@@ -245,7 +294,54 @@ func demoStrategy(ctx context.Context, name string, module []byte, w *workload.W
 	if input > 0 {
 		res.CacheHitRatio = float64(cached) / float64(input)
 	}
+	// The router's own figure (docs/cache-state.md): block-weighted
+	// |predicted - confirmed| cached tokens over confirmed, across workers.
+	if c := host.CounterValue("kvroute.router.confirmed_cached_tokens"); c > 0 {
+		pe := float64(host.CounterValue("kvroute.router.feedback.prediction_error_tokens")) / float64(c)
+		res.PredictionError = &pe
+	}
 	return res, nil
+}
+
+// demoToken is the state token the demo's metrics service and filter share.
+const demoToken = "kvroute-demo"
+
+// demoMetrics is `kvroute metrics` run in the demo's process.
+type demoMetrics struct {
+	svc  *metricsvc.Service
+	addr string
+	stop func()
+}
+
+// startDemoMetrics runs the metrics service over the demo's engines,
+// pushing to gateway (the Wasm host's state URL) and taking its workers'
+// reports; it follows the engines' KV events when they publish them.
+func startDemoMetrics(ctx context.Context, engines *server.Fleet, gateway string) (*demoMetrics, error) {
+	var src discovery.Fixed
+	for _, s := range engines.Servers {
+		src = append(src, discovery.Endpoint{Address: s.Addr, KVEvents: s.KVEventsEndpoint})
+	}
+	svc, err := metricsvc.New(metricsvc.Config{
+		Source: src, Gateways: []string{gateway}, Token: push.StaticToken(demoToken), Name: "demo",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); svc.Run(ctx) }()
+	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return &demoMetrics{svc: svc, addr: ln.Addr().String(), stop: func() {
+		srv.Close()
+		cancel()
+		<-done
+	}}, nil
 }
 
 // scaleBack converts a wall duration to simulated time.

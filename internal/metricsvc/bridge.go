@@ -65,6 +65,10 @@ type hostBridge struct {
 	b      cachestate.Bridge
 	queue  []queuedBatch
 	deltas []cachestate.Delta
+	// queued counts, per engine hash, the events of queued batches that
+	// name it; early holds the removals bridged on arrival (batch).
+	queued map[kvevents.BlockHash]int32
+	early  []cachestate.Delta
 	// cptN counts the calibrated routes b.CharsPerToken averages.
 	cptN int
 	// trust counts matched and unmatched stores and lost events in the
@@ -88,10 +92,52 @@ func newHostBridge() *hostBridge {
 	return &hostBridge{b: cachestate.Bridge{Hash: index.HashConfig{}.WithDefaults()}}
 }
 
-// batch queues one of the engine's event batches.
+// batch queues one of the engine's event batches. Its evictions of
+// blocks the bridge mapped already, and that no queued batch names, are
+// bridged at once: only stores wait for the routes that explain them, and
+// an eviction held back for the lag is a block the gateways believe for
+// that long after the engine dropped it. The rest of the batch waits.
 func (hb *hostBridge) batch(b kvevents.Batch, now time.Time) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
+	if hb.queued == nil {
+		hb.queued = map[kvevents.BlockHash]int32{}
+	}
+	// The batch's own stores count first: a block stored and evicted in
+	// one batch waits with it.
+	clearAt := len(b.Events)
+	for i := range b.Events {
+		ev := &b.Events[i]
+		if ev.Kind == kvevents.AllBlocksCleared {
+			clearAt = min(clearAt, i) // what follows a clear waits with it
+		}
+		if ev.Kind != kvevents.BlockRemoved {
+			for _, h := range ev.Hashes {
+				hb.queued[h]++
+			}
+		}
+	}
+	var early []kvevents.BlockHash
+	for i := range b.Events {
+		ev := &b.Events[i]
+		if ev.Kind != kvevents.BlockRemoved {
+			continue
+		}
+		keep := ev.Hashes[:0:0]
+		for _, h := range ev.Hashes {
+			if i < clearAt && hb.queued[h] == 0 && hb.b.Mapped(h) {
+				early = append(early, h)
+			} else {
+				keep = append(keep, h)
+				hb.queued[h]++
+			}
+		}
+		ev.Hashes = keep
+	}
+	if len(early) > 0 {
+		eb := kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockRemoved, Hashes: early}}}
+		hb.early = hb.b.Apply(eb, now.UnixMilli(), hb.early)
+	}
 	hb.queue = append(hb.queue, queuedBatch{at: now, batch: b})
 }
 
@@ -177,21 +223,37 @@ func (hb *hostBridge) drain(address string, now time.Time, lag time.Duration, lo
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	defer hb.count(now, lost)
+	dst = removals(dst, address, hb.early)
+	clear(hb.early)
+	hb.early = hb.early[:0]
 	n := 0
 	for n < len(hb.queue) && (now.Sub(hb.queue[n].at) >= lag || len(hb.queue)-n > maxQueuedBatches) {
 		q := &hb.queue[n]
-		hb.deltas = hb.b.Apply(q.batch, q.at.UnixMilli(), hb.deltas[:0])
-		for _, d := range hb.deltas {
-			// Stored: the gateways learn it from the reported route itself.
-			// Cleared: it travels as the host's clearedAtMs.
-			if d.Kind == cachestate.Removed && d.From < len(d.Chain) {
-				dst = append(dst, snapshot.Removal{Address: address, From: d.From, Chain: encodeChain(d.Chain)})
+		for i := range q.batch.Events {
+			for _, h := range q.batch.Events[i].Hashes {
+				if hb.queued[h]--; hb.queued[h] <= 0 {
+					delete(hb.queued, h)
+				}
 			}
 		}
+		hb.deltas = hb.b.Apply(q.batch, q.at.UnixMilli(), hb.deltas[:0])
+		dst = removals(dst, address, hb.deltas)
 		n++
 	}
 	clear(hb.queue[:n])
 	hb.queue = append(hb.queue[:0], hb.queue[n:]...)
+	return dst
+}
+
+// removals appends the removals among ds for address. Stored: the
+// gateways learn it from the reported route itself. Cleared: it travels as
+// the host's clearedAtMs.
+func removals(dst []snapshot.Removal, address string, ds []cachestate.Delta) []snapshot.Removal {
+	for _, d := range ds {
+		if d.Kind == cachestate.Removed && d.From < len(d.Chain) {
+			dst = append(dst, snapshot.Removal{Address: address, From: d.From, Chain: encodeChain(d.Chain)})
+		}
+	}
 	return dst
 }
 

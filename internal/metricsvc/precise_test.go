@@ -175,3 +175,44 @@ func TestPullLogSince(t *testing.T) {
 		t.Errorf("another instance's cursor: %d removals, want all 3 logged", len(got.Removals))
 	}
 }
+
+// An eviction of a block the bridge mapped already goes out with the
+// next push, without waiting the bridge lag (only stores wait for their
+// routes); an eviction of a block whose store is still waiting waits
+// behind it.
+func TestBridgeEvictionSkipsTheLag(t *testing.T) {
+	const lag = time.Minute
+	t0 := time.Unix(1_800_000_000, 0)
+	hb := newHostBridge()
+	chain := []uint64{11, 12, 13, 14, 15, 16, 17, 18} // 2,048 characters
+	hb.route(chain, 512, 0, t0)
+	hb.batch(storeBatch(5001, 32), t0) // the route's 512 tokens
+	if rs := hb.drain("10.0.0.1:8000", t0.Add(lag), lag, 0, nil); len(rs) != 0 {
+		t.Fatalf("a store made removals %+v", rs)
+	}
+	removed := func(first, n int) kvevents.Batch {
+		ev := kvevents.Event{Kind: kvevents.BlockRemoved}
+		for i := range n {
+			ev.Hashes = append(ev.Hashes, kvevents.IntHash(uint64(first+i)))
+		}
+		return kvevents.Batch{Events: []kvevents.Event{ev}}
+	}
+	t1 := t0.Add(2 * lag)
+	hb.batch(removed(5001+16, 16), t1) // mapped: keeps 16 blocks, 256 tokens, 4 kvroute blocks
+	rs := hb.drain("10.0.0.1:8000", t1, lag, 0, nil)
+	if len(rs) != 1 || rs[0].From != 4 {
+		t.Fatalf("an eviction of mapped blocks, drained at once: removals %+v, want one from block 4", rs)
+	}
+
+	// A second prompt stored and evicted within the lag: the eviction
+	// waits behind its store.
+	hb.route([]uint64{21, 22, 23, 24, 25, 26, 27, 28}, 512, 0, t1)
+	hb.batch(storeBatch(6001, 32), t1)
+	hb.batch(removed(6001, 32), t1)
+	if rs := hb.drain("10.0.0.1:8000", t1, lag, 0, nil); len(rs) != 0 {
+		t.Fatalf("an eviction of blocks whose store waits went out first: %+v", rs)
+	}
+	if rs := hb.drain("10.0.0.1:8000", t1.Add(lag), lag, 0, nil); len(rs) != 1 || rs[0].From != 0 {
+		t.Fatalf("after the lag: removals %+v, want one of the second chain from block 0", rs)
+	}
+}

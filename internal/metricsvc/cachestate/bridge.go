@@ -348,6 +348,12 @@ func (b *Bridge) match(parent *route, parentDepth, n, bs int) *route {
 	return nil
 }
 
+// Mapped reports whether engine block h maps to a route's chain.
+func (b *Bridge) Mapped(h kvevents.BlockHash) bool {
+	_, ok := b.nodes[h]
+	return ok
+}
+
 // Add adds o's counters to s (a fleet's bridges).
 func (s *Stats) Add(o Stats) {
 	s.Routes += o.Routes

@@ -256,15 +256,7 @@ func (l *loop) publish(ri int, now time.Duration) {
 		return
 	}
 	enc := &l.encs[ri]
-	for _, ev := range evs {
-		switch ev.Kind {
-		case sim.KVStored:
-			enc.Stored(kvevents.StoredEvent{Hashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
-				BlockSize: ev.BlockSize, Tokens: ev.BlockSize * len(ev.Hashes)})
-		case sim.KVRemoved:
-			enc.Removed(ev.Hashes)
-		}
-	}
+	sim.EncodeKVEvents(enc, evs)
 	l.kv.KVEvents(ri, enc.Batch(now.Seconds()), now)
 }
 

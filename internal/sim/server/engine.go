@@ -28,10 +28,13 @@ type liveEngine struct {
 	wake  chan struct{}
 	quit  chan struct{}
 	done  chan struct{}
+	// pub publishes each step's KV events (nil: not published).
+	pub *kvPublisher
 }
 
-func newLiveEngine(p sim.Profile, scale float64) *liveEngine {
+func newLiveEngine(p sim.Profile, scale float64, pub *kvPublisher) *liveEngine {
 	le := &liveEngine{
+		pub:   pub,
 		eng:   sim.NewEngine(p),
 		subs:  map[*sim.Request]chan progress{},
 		scale: scale,
@@ -39,6 +42,9 @@ func newLiveEngine(p sim.Profile, scale float64) *liveEngine {
 		wake:  make(chan struct{}, 1),
 		quit:  make(chan struct{}),
 		done:  make(chan struct{}),
+	}
+	if pub != nil {
+		le.eng.EnableKVEvents()
 	}
 	go le.drive()
 	return le
@@ -82,6 +88,9 @@ func (le *liveEngine) stats() sim.Stats {
 func (le *liveEngine) close() {
 	close(le.quit)
 	<-le.done
+	if le.pub != nil {
+		le.pub.close()
+	}
 }
 
 type delivery struct {
@@ -110,6 +119,10 @@ func (le *liveEngine) drive() {
 		}
 		st := le.eng.Step(le.vnow)
 		dur := st.Duration
+		var evs []sim.KVEvent
+		if le.pub != nil {
+			evs = le.eng.TakeKVEvents()
+		}
 		out = out[:0]
 		for _, r := range st.Tokens {
 			if ch, ok := le.subs[r]; ok {
@@ -121,6 +134,11 @@ func (le *liveEngine) drive() {
 			}
 		}
 		le.mu.Unlock()
+		if len(evs) > 0 {
+			// Published as the step is scheduled, as vLLM's scheduler
+			// publishes a step's cache changes when it plans the step.
+			le.pub.publish(evs, le.vnow)
+		}
 
 		// Sleep until the step's end on the virtual clock mapped to wall
 		// time, not for its duration: a late wake-up (a loaded machine)

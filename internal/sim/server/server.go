@@ -39,6 +39,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/sim"
 	"github.com/kvroute/kvroute/snapshot"
 )
@@ -72,6 +73,11 @@ type Options struct {
 	Model string
 	// MaxModelLen is the context limit in tokens (default 131072).
 	MaxModelLen int
+	// KVEvents makes every server publish its prefix cache's changes as
+	// vLLM's engines do (a ZMQ PUB socket on Host, at
+	// Server.KVEventsEndpoint; the map layout on even replicas, the array
+	// layout on odd ones), for `kvroute metrics` to follow.
+	KVEvents bool
 	// KVTransferBandwidth is bytes/s for prefill-to-decode KV transfer
 	// (default 50e9, a 400 Gb/s RDMA NIC).
 	KVTransferBandwidth float64
@@ -88,6 +94,9 @@ type Server struct {
 	Addr string
 	// Role is "both", "prefill" or "decode".
 	Role string
+	// KVEventsEndpoint is where the engine publishes its KV events
+	// (Options.KVEvents; "" when it does not).
+	KVEventsEndpoint string
 
 	opt      Options
 	prof     sim.Profile
@@ -158,9 +167,21 @@ func Start(opt Options) (*Fleet, error) {
 			f.Close()
 			return nil, fmt.Errorf("replica %d: %w (pick another --port-base)", i, err)
 		}
+		var pub *kvPublisher
+		if opt.KVEvents {
+			layout := kvevents.MapLayout
+			if i%2 == 1 {
+				layout = kvevents.ArrayLayout
+			}
+			if pub, err = newKVPublisher(opt.Host, layout); err != nil {
+				ln.Close()
+				f.Close()
+				return nil, fmt.Errorf("replica %d: KV events: %w", i, err)
+			}
+		}
 		s := &Server{
 			Addr: ln.Addr().String(), Role: role, opt: opt, prof: prof, ln: ln,
-			engine:   newLiveEngine(prof, opt.TimeScale),
+			engine:   newLiveEngine(prof, opt.TimeScale, pub),
 			engineID: fmt.Sprintf("sim-engine-%d-%d", i, time.Now().UnixNano()),
 			client:   &http.Client{Timeout: 2 * time.Minute},
 		}
@@ -171,6 +192,9 @@ func Start(opt Options) (*Fleet, error) {
 			defer s.wg.Done()
 			s.http.Serve(ln)
 		}()
+		if pub != nil {
+			s.KVEventsEndpoint = pub.endpoint()
+		}
 		f.Servers = append(f.Servers, s)
 	}
 	return f, nil

@@ -1,0 +1,89 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
+)
+
+// With KVEvents a server publishes its prefix cache's changes as vLLM
+// does: a subscriber that dials its endpoint receives [topic, sequence,
+// EventBatch] messages the service's decoder reads, sequences counting up
+// from 0, and a 1,000-token prompt stored as 62 full 16-token blocks.
+func TestServerPublishesKVEvents(t *testing.T) {
+	f := startFleet(t, Options{KVEvents: true})
+	s := f.Servers[0]
+	if s.KVEventsEndpoint == "" {
+		t.Fatal("no KV events endpoint")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Dial(s.KVEventsEndpoint); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	// A PUB drops what it sends before the subscription is through
+	// (ZeroMQ's slow joiner): send requests until a batch arrives.
+	got := make(chan zmq4.Msg, 16)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				close(got)
+				return
+			}
+			got <- m
+		}
+	}()
+	stored, lastSeq := 0, int64(-1)
+	for i := 0; stored == 0; i++ {
+		if ctx.Err() != nil {
+			t.Fatal("no BlockStored event in 10 s")
+		}
+		resp := post(t, s.Addr, "/v1/completions", map[string]any{"prompt": longPrompt(i+1, 1000), "max_tokens": 1})
+		io.Copy(io.Discard, resp.Body)
+		for drained := false; !drained; {
+			select {
+			case m, ok := <-got:
+				if !ok {
+					t.Fatal("the subscription ended")
+				}
+				if len(m.Frames) != 3 || len(m.Frames[1]) != 8 {
+					t.Fatalf("message of %d frames, want [topic, 8-byte sequence, batch]", len(m.Frames))
+				}
+				seq := int64(binary.BigEndian.Uint64(m.Frames[1]))
+				if lastSeq >= 0 && seq != lastSeq+1 {
+					t.Fatalf("sequence %d after %d", seq, lastSeq)
+				}
+				lastSeq = seq
+				b, err := kvevents.Decode(m.Frames[2])
+				if err != nil {
+					t.Fatalf("batch %d does not decode: %v", seq, err)
+				}
+				for _, ev := range b.Events {
+					if ev.Kind == kvevents.BlockStored {
+						if ev.BlockSize != 16 {
+							t.Errorf("BlockStored with block size %d, want 16", ev.BlockSize)
+						}
+						stored += len(ev.Hashes)
+					}
+				}
+			case <-time.After(200 * time.Millisecond):
+				drained = true
+			}
+		}
+	}
+	if stored != 1000/16 {
+		t.Errorf("a 1,000-token prompt stored %d blocks, want %d", stored, 1000/16)
+	}
+}
