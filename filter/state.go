@@ -14,7 +14,6 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/tidwall/gjson"
 
-	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/snapshot"
@@ -146,7 +145,7 @@ func decodeRemovals(r gjson.Result) ([]snapshot.Removal, error) {
 	var err error
 	r.ForEach(func(_, x gjson.Result) bool {
 		addr, chain := x.Get("address"), x.Get("chain")
-		from, ok := openai.WholeNumber(x.Get("from"))
+		from, ok := snapshot.WholeNumber(x.Get("from"))
 		blocks := -1
 		if chain.Type == gjson.String {
 			blocks = chainBlocks(chain.Str)
@@ -192,7 +191,7 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 		rep.TimestampMs, _ = unixMs(r.Get("timestampMs"))
 		r.Get("routes").ForEach(func(_, rt gjson.Result) bool {
 			addr, chain, from := rt.Get("address"), rt.Get("chain"), rt.Get("from")
-			n, ok := openai.WholeNumber(from)
+			n, ok := snapshot.WholeNumber(from)
 			if !from.Exists() {
 				n, ok = 0, true
 			}
@@ -201,7 +200,7 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
 				return false
 			}
-			pt, _ := openai.WholeNumber(rt.Get("promptTokens"))
+			pt, _ := snapshot.WholeNumber(rt.Get("promptTokens"))
 			rep.Routes = append(rep.Routes, snapshot.Route{Address: addr.Str, From: int(n), Chain: chain.Str, PromptTokens: int(max(min(pt, 1<<30), 0))})
 			return true
 		})
@@ -212,9 +211,9 @@ func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
 			rep.Load = []snapshot.HostLoad{}
 			l.ForEach(func(_, x gjson.Result) bool {
 				addr := x.Get("address")
-				in, ok1 := openai.WholeNumber(x.Get("inFlight"))
-				pf, ok2 := openai.WholeNumber(x.Get("prefillTokens"))
-				dc, ok3 := openai.WholeNumber(x.Get("decodeTokens"))
+				in, ok1 := snapshot.WholeNumber(x.Get("inFlight"))
+				pf, ok2 := snapshot.WholeNumber(x.Get("prefillTokens"))
+				dc, ok3 := snapshot.WholeNumber(x.Get("decodeTokens"))
 				if addr.Type != gjson.String || !ok1 || !ok2 || !ok3 || in < 0 || pf < 0 || dc < 0 || in > 1<<31 {
 					err = fmt.Errorf("%s.load[%d]: needs an address and whole counts >= 0", at, len(rep.Load))
 					return false
@@ -241,7 +240,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 	if addr.Type != gjson.String {
 		return host, fmt.Errorf("%s.address: must be a host:port string", at)
 	}
-	if err := config.CheckAddress(addr.Str); err != nil {
+	if err := snapshot.CheckAddress(addr.Str); err != nil {
 		return host, fmt.Errorf("%s.address: %v", at, err)
 	}
 	host.Address = addr.Str
@@ -288,7 +287,7 @@ func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
 		if !v.Exists() {
 			continue
 		}
-		n, ok := openai.WholeNumber(v)
+		n, ok := snapshot.WholeNumber(v)
 		if !ok || n < 0 || n > 1<<40 {
 			return host, fmt.Errorf("%s.%s: must be a whole number >= 0", at, f.name)
 		}
@@ -325,16 +324,16 @@ func checkLocation(s string) error {
 	if _, ok := decimal(rank); rank != "" && (!ok || len(rank) > 2) {
 		return fmt.Errorf("%q: the rank after | must be a number", s)
 	}
-	return config.CheckAddress(addr)
+	return snapshot.CheckAddress(addr)
 }
 
 // decodeRank reads a host's dataParallelSize and rank: a rank names one of
 // the endpoint's ranks, so it needs a size above 1 and lies below it.
 func decodeRank(m *objectMembers, host *snapshot.Host, at hostAt) error {
 	if v := m.get("dataParallelSize"); v.Exists() {
-		n, ok := openai.WholeNumber(v)
-		if !ok || n < 1 || n > config.MaxDataParallelSize {
-			return fmt.Errorf("%s.dataParallelSize: must be a whole number from 1 to %d", at, config.MaxDataParallelSize)
+		n, ok := snapshot.WholeNumber(v)
+		if !ok || n < 1 || n > snapshot.MaxDataParallelSize {
+			return fmt.Errorf("%s.dataParallelSize: must be a whole number from 1 to %d", at, snapshot.MaxDataParallelSize)
 		}
 		host.DataParallelSize = int(n)
 	}
@@ -342,7 +341,7 @@ func decodeRank(m *objectMembers, host *snapshot.Host, at hostAt) error {
 	if !v.Exists() {
 		return nil
 	}
-	n, ok := openai.WholeNumber(v)
+	n, ok := snapshot.WholeNumber(v)
 	if !ok || n < 0 || n >= int64(max(host.DataParallelSize, 1)) {
 		return fmt.Errorf("%s.rank: %s is not a rank of the endpoint's %d data-parallel ranks (0 to %d; set dataParallelSize)",
 			at, v.Raw, max(host.DataParallelSize, 1), max(host.DataParallelSize, 1)-1)
@@ -406,7 +405,7 @@ func unixMs(v gjson.Result) (int64, bool) {
 	if v.Type != gjson.Number || !(math.Abs(v.Num) <= maxUnixMs) {
 		return 0, false
 	}
-	return openai.WholeNumber(v)
+	return snapshot.WholeNumber(v)
 }
 
 // maxPushAheadMs is how far ahead of the gateway's clock a push may be

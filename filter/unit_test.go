@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -96,7 +95,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 			t.Fatalf("accepted %+v", st)
 		}
 		for _, h := range st.Hosts {
-			if config.CheckAddress(h.Address) != nil || h.KVUsage < 0 || h.KVUsage > 1 {
+			if snapshot.CheckAddress(h.Address) != nil || h.KVUsage < 0 || h.KVUsage > 1 {
 				t.Fatalf("accepted host %+v", h)
 			}
 		}
