@@ -97,8 +97,9 @@ FUZZFLAGS ?= -fuzzminimizetime $(FUZZMINIMIZE)
 
 fuzz:
 	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzValidJSON FuzzWalkerMatchesGJSON FuzzScrub FuzzCachedTokensAcrossChunks; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./openai || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshot$$' -fuzztime 30s $(FUZZFLAGS) ./filter
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshot$$' -fuzztime 30s $(FUZZFLAGS) ./snapshot
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s $(FUZZFLAGS) ./config
+	$(GO) test -run '^$$' -fuzz '^FuzzParseORCA$$' -fuzztime 30s $(FUZZFLAGS) ./health
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime 60s $(FUZZFLAGS) ./scorer
 	for f in FuzzSharedValues FuzzShardCodec FuzzSlotCodec FuzzHasherPrefixStable; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s $(FUZZFLAGS) ./index || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s $(FUZZFLAGS) ./internal/metricsvc/kvevents

@@ -137,10 +137,6 @@ type Endpoint struct {
 	DataParallelSize int
 }
 
-// MaxDataParallelSize bounds an endpoint's ranks: every rank takes a slot
-// of the index's host table.
-const MaxDataParallelSize = 64
-
 // State configures the state endpoint the cluster-metrics service pushes to.
 type State struct {
 	// Path of the state endpoint (POST). Requests to it never reach an upstream.
@@ -517,68 +513,28 @@ func (p *parser) endpoints(v gjson.Result, path string) []Endpoint {
 	return out
 }
 
-// dataParallelSize accepts 1..MaxDataParallelSize.
+// dataParallelSize accepts 1..snapshot.MaxDataParallelSize.
 func (p *parser) dataParallelSize(v gjson.Result, path string) int {
-	if v.Type != gjson.Number || v.Num != float64(int(v.Num)) || v.Num < 1 || v.Num > MaxDataParallelSize {
-		p.fail(path, "must be a whole number of data-parallel ranks from 1 to %d (the engine's --data-parallel-size), got %s", MaxDataParallelSize, v.Raw)
+	if v.Type != gjson.Number || v.Num != float64(int(v.Num)) || v.Num < 1 || v.Num > snapshot.MaxDataParallelSize {
+		p.fail(path, "must be a whole number of data-parallel ranks from 1 to %d (the engine's --data-parallel-size), got %s", snapshot.MaxDataParallelSize, v.Raw)
 		return 0
 	}
 	return int(v.Num)
 }
 
-// address accepts host:port with a numeric port, which is what Envoy's
-// override_host policy compares against the cluster's endpoints. IPv6 hosts
-// are bracketed ("[fd00::1]:8000"). (net.SplitHostPort would do, but package
-// net pulls file-system WASI imports and a megabyte into the Wasm module.)
+// address accepts host:port as the state contract does
+// (snapshot.CheckAddress): an endpoint and a pushed host are one kind of
+// address.
 func (p *parser) address(v gjson.Result, path string) string {
 	s, ok := p.str(v, path)
 	if !ok {
 		return ""
 	}
-	host, port, problem := splitHostPort(s)
-	if problem != "" {
-		p.fail(path, "%q is not host:port (%s)", s, problem)
-		return ""
-	}
-	if host == "" {
-		p.fail(path, "%q has no host", s)
-		return ""
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n > 65535 {
-		p.fail(path, "%q: port must be a number from 1 to 65535", s)
+	if err := snapshot.CheckAddress(s); err != nil {
+		p.fail(path, "%v", err)
 		return ""
 	}
 	return s
-}
-
-func splitHostPort(s string) (host, port, problem string) {
-	if strings.HasPrefix(s, "[") {
-		end := strings.IndexByte(s, ']')
-		if end < 0 {
-			return "", "", "missing ']'"
-		}
-		if !strings.HasPrefix(s[end+1:], ":") {
-			return "", "", "missing port"
-		}
-		host, port = s[1:end], s[end+2:]
-		if !strings.Contains(host, ":") {
-			return "", "", "brackets are for IPv6 addresses"
-		}
-		return host, port, ""
-	}
-	i := strings.LastIndexByte(s, ':')
-	if i < 0 {
-		return "", "", "missing port"
-	}
-	host, port = s[:i], s[i+1:]
-	if strings.Contains(host, ":") {
-		return "", "", "IPv6 addresses need brackets: [addr]:port"
-	}
-	if strings.ContainsAny(host, " /?#@") {
-		return "", "", "the host has characters a host name cannot have"
-	}
-	return host, port, ""
 }
 
 func (p *parser) role(v gjson.Result, path string) string {
@@ -755,15 +711,4 @@ func (p *parser) envName(v gjson.Result, path string) string {
 		}
 	}
 	return s
-}
-
-// CheckAddress reports whether s is host:port as the endpoints list and the
-// state endpoint accept it; the error says what is wrong.
-func CheckAddress(s string) error {
-	p := &parser{}
-	p.address(gjson.Parse(strconv.Quote(s)), "")
-	if len(p.errs) > 0 {
-		return fmt.Errorf("%s", p.errs[0].Msg)
-	}
-	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 
 	"github.com/kvroute/kvroute/dispatch"
+	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
@@ -157,7 +158,7 @@ func (s *routerStream) route(res *scorer.Result, nowMs int64, in *dispatch.Input
 	if _, rank := splitRank(s.primary); rank != "" {
 		setRankHeader(rank)
 	}
-	p.breakers.dispatched(s.primary, nowMs)
+	p.breakers.Dispatched(s.primary, nowMs)
 	p.stats.routed.Increment(1)
 	p.profileCounter(res.Decode.Profile).Increment(1)
 	p.modelCounter(in.Model).Increment(1)
@@ -182,7 +183,7 @@ func (s *routerStream) optionalHeaders(disaggregated bool) {
 		_ = proxywasm.ReplaceHttpRequestHeader(PrefillHostHeader, s.plugin.prefillLocation(addr))
 	}
 	if s.plugin.cfg.ORCA {
-		_ = proxywasm.ReplaceHttpRequestHeader(orcaFormatHeader, "TEXT")
+		_ = proxywasm.ReplaceHttpRequestHeader(health.ORCAFormatHeader, "TEXT")
 	}
 }
 

@@ -17,7 +17,7 @@ func rankLocation(addr string, rank int) string {
 
 // splitRank splits a candidate address into the endpoint's host:port and
 // its data-parallel rank ("" for an endpoint without ranks).
-// A rank has at most two digits (config.MaxDataParallelSize), so only the
+// A rank has at most two digits (snapshot.MaxDataParallelSize), so only the
 // last three bytes are looked at: inlined, no call on the request path.
 func splitRank(location string) (addr, rank string) {
 	for i := len(location) - 1; i >= 0 && i >= len(location)-3; i-- {

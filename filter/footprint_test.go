@@ -328,6 +328,9 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 	if nq < streamedTokens/2 {
 		t.Fatalf("only %d response-body callbacks for %d events: the events did not arrive as chunks of their own", nq, streamedTokens)
 	}
+	if quiet <= 0 || read <= 0 {
+		t.Fatalf("the listener counted %.1f and %.1f calls per chunk: it did not see the router run", quiet, read)
+	}
 	if quiet > 4 {
 		t.Errorf("a stream without usage makes %.1f module calls per chunk, want at most 4 (the bridge's export answers)", quiet)
 	}
@@ -340,11 +343,14 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 
 // listenedRouter runs module's router in a one-worker host whose VM
 // reports every function call to counter, in front of addrs, closed with
-// the test.
+// the test. The module is compiled afresh, with a compilation cache of the
+// test's own: wazero keeps a compiled module's listeners, so a module
+// compiled for another test's counter (a process-wide cache) would report
+// to that counter and this one would count nothing.
 func listenedRouter(t *testing.T, module []byte, addrs []string, counter *codeCounter) (*wasmhost.Host, string) {
 	t.Helper()
 	ctx := experimental.WithFunctionListenerFactory(context.Background(), counter)
 	return wasmhosttest.StartContext(t, ctx, wasmhost.Config{Module: module, VMID: "kvroute", Workers: 1,
-		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: "-",
+		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines", CompilationCacheDir: t.TempDir(),
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: "{" + endpointsJSON(addrs) + "}"}}})
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/scorer"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // candidate is one host as configuration or pushed state describes it.
@@ -135,7 +136,7 @@ func (p *routerPlugin) applyState(gen uint64) {
 // applyPushed makes st, the pushed state of generation gen, the
 // candidates: applyState's work once the state is read, which the worker
 // that received the push does with the state it just validated.
-func (p *routerPlugin) applyPushed(gen uint64, st pushedState) {
+func (p *routerPlugin) applyPushed(gen uint64, st snapshot.State) {
 	hc := p.disp.HashConfig()
 	tokensPerBlock := max(hc.BlockChars/max(hc.CharsPerToken, 1), 1)
 	cs := make([]candidate, len(st.Hosts))
@@ -172,7 +173,7 @@ func (p *routerPlugin) prepare(nowMs int64) {
 			p.dropPrecise()
 		}
 	}
-	if p.breakers.anyOpen() {
+	if p.breakers.AnyOpen() {
 		p.markOpenBreakers(stale, nowMs)
 		return
 	}
@@ -222,7 +223,7 @@ func (p *routerPlugin) markOpenBreakers(stale bool, nowMs int64) {
 	for i := range p.hosts {
 		h := &p.hosts[i]
 		h.Stale = stale
-		h.BreakerOpen = p.breakers.open(h.Address, nowMs)
+		h.BreakerOpen = p.breakers.Open(h.Address, nowMs)
 	}
 }
 

@@ -11,10 +11,6 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// modelsPath is OpenAI's model list, which clients (SDKs, UIs) read to
-// learn what a server serves.
-const modelsPath = "/v1/models"
-
 // answersModels reports whether the router answers GET /v1/models itself
 // (config "models.answer"): always with "local", never with
 // "passthrough", and with "auto" when some candidate names its model (the
@@ -119,31 +115,6 @@ func appendModel(b []byte, id, parent string, created int64) []byte {
 		b = gjson.AppendJSONString(b, parent)
 	}
 	return append(b, '}')
-}
-
-// modelID returns the id of a GET /v1/models/{id} path, read as an HTTP
-// server reads the path (the /v1/models/ prefix as samePath reads it,
-// the id percent-decoded and case kept). An id may hold slashes
-// (meta-llama/Llama-3.1-8B), as OpenAI's SDKs send it unescaped.
-func modelID(path string) (string, bool) {
-	const prefix = modelsPath + "/"
-	i := 0
-	for j := 0; j < len(prefix); j++ {
-		c, next, ok := pathByte(path, i)
-		if !ok || lowerASCII(c) != prefix[j] {
-			return "", false
-		}
-		i = next
-	}
-	if i >= len(path) {
-		return "", false
-	}
-	id := make([]byte, 0, len(path)-i)
-	for i < len(path) {
-		c, next := decodedAt(path, i)
-		id, i = append(id, c), next
-	}
-	return string(id), true
 }
 
 // answerModels answers GET /v1/models locally. It is not a routed

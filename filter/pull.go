@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
+
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Pulling the fleet snapshot (state.pull). Header-only mode cannot take
@@ -43,7 +45,7 @@ func (p *routerPlugin) pullState(nowMs int64) {
 	path := pc.Path
 	if p.stateCursor != "" {
 		// The routes and removals pushed since the state in force
-		// (validCursor: nothing to escape).
+		// (snapshot.Decode checks it: nothing to escape).
 		sep := "?"
 		if strings.Contains(path, "?") {
 			sep = "&"
@@ -87,7 +89,7 @@ func (p *routerPlugin) takePulled(bodySize int) error {
 	if err != nil {
 		return err
 	}
-	st, err := decodeSnapshot(body)
+	st, err := snapshot.Decode(body)
 	if err == nil && st.TimestampMs > p.now().UnixMilli()+maxPushAheadMs {
 		err = fmt.Errorf("timestampMs %d is more than %d s ahead of this gateway's clock", st.TimestampMs, maxPushAheadMs/1000)
 	}

@@ -395,7 +395,7 @@ func (p *routerPlugin) reported(_, _, _ int) {
 // the worker that received the push does it (the index and the memory are
 // the gateway's), and it does it for a push refused as older too: a route
 // is a fact, not state, and applying it twice changes nothing.
-func (p *routerPlugin) learnReports(st *pushedState) {
+func (p *routerPlugin) learnReports(st *snapshot.State) {
 	own := ""
 	if p.reporter != nil {
 		own = p.reporter.gateway

@@ -145,14 +145,14 @@ func decimal(v string) (int64, bool) {
 // each function entered costs a request (docs/performance.md).
 func (s *routerStream) otherPath(path string, h *requestHeaders, endOfStream bool) types.Action {
 	p := s.plugin
-	if samePath(path, p.cfg.State.Path) {
+	if openai.SamePath(path, p.cfg.State.Path) {
 		return s.stateHeaders(h.method, endOfStream)
 	}
 	if h.method == "GET" && p.answersModels() {
-		if samePath(path, modelsPath) {
+		if openai.SamePath(path, openai.ModelsPath) {
 			return s.answerModels()
 		}
-		if id, ok := modelID(path); ok {
+		if id, ok := openai.ModelID(path); ok {
 			return s.answerModel(id)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/filter/hostbuf"
 	"github.com/kvroute/kvroute/filter/quietbody"
+	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
@@ -31,7 +32,7 @@ func (s *routerStream) OnHttpResponseHeaders(_ int, endOfStream bool) (action ty
 		ok = false
 	}
 	// A success while no host is failing changes nothing.
-	if !ok || p.breakers.failing > 0 {
+	if !ok || p.breakers.Failing() {
 		s.breakerResult(served, ok, status, latencyMs)
 	}
 	if p.timeResponses || p.cfg.ORCA {
@@ -57,7 +58,7 @@ func (p *routerPlugin) fellBack(primary, served string) {
 		return
 	}
 	p.stats.fallbacksUsed.Increment(1)
-	if p.breakers.result(primary, false, p.now().UnixMilli()) {
+	if p.breakers.Result(primary, false, p.now().UnixMilli()) {
 		p.stats.breakerOpened.Increment(1)
 	}
 }
@@ -72,7 +73,7 @@ func (p *routerPlugin) fellBack(primary, served string) {
 //go:noinline
 func (s *routerStream) breakerResult(served string, ok bool, status int, latencyMs float64) {
 	p := s.plugin
-	if !p.breakers.result(served, ok, p.now().UnixMilli()) {
+	if !p.breakers.Result(served, ok, p.now().UnixMilli()) {
 		return
 	}
 	p.stats.breakerOpened.Increment(1)
@@ -110,12 +111,12 @@ func (p *routerPlugin) learnHost(served string, hint int, latencyMs float64) {
 // readORCA takes the engine's load from the response's ORCA header.
 func (p *routerPlugin) readORCA(h *scorer.Host) {
 	hostbuf.Lend(p.hostVal)
-	v, err := proxywasm.GetHttpResponseHeader(orcaHeader)
+	v, err := proxywasm.GetHttpResponseHeader(health.ORCAHeader)
 	hostbuf.Lend(nil)
 	if err != nil {
 		return
 	}
-	if l := parseORCA(v); l.ok {
+	if l := health.ParseORCA(v); l.OK {
 		h.KVUsage, h.Waiting, h.Running = l.KVUsage, l.Waiting, l.Running
 	}
 }
@@ -256,6 +257,6 @@ func (s *routerStream) streamDone() {
 	}
 	s.finish()
 	if !s.firstByte && s.primary != "" {
-		p.breakers.abandoned(s.primary)
+		p.breakers.Abandoned(s.primary)
 	}
 }

@@ -2,7 +2,6 @@ package filter
 
 import (
 	"math/rand"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,49 +61,5 @@ func TestResponsesTimedOnlyWhenRead(t *testing.T) {
 				t.Errorf("latency EWMA of %s = %v ms, want %v", primary, got, want)
 			}
 		})
-	}
-}
-
-// TestParseORCATextMatchesSplit checks the TEXT form's comma walk against
-// the strings.Split it replaces, and that it allocates nothing.
-func TestParseORCATextMatchesSplit(t *testing.T) {
-	split := func(v string) orcaLoad {
-		var l orcaLoad
-		v = strings.TrimSpace(v)
-		if !strings.HasPrefix(v, "TEXT ") {
-			return l
-		}
-		for _, kv := range strings.Split(v[len("TEXT "):], ",") {
-			name, val, found := strings.Cut(strings.TrimSpace(kv), "=")
-			if !found {
-				continue
-			}
-			x, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-			if err != nil {
-				continue
-			}
-			l.set(strings.TrimPrefix(strings.TrimSpace(name), "named_metrics."), x)
-		}
-		return l
-	}
-	rng := rand.New(rand.NewSource(1))
-	parts := []string{"named_metrics.kv_cache_usage_perc=0.4", "kv_cache_usage_perc=1.5", " named_metrics.num_requests_waiting = 2.0 ",
-		"num_requests_running=7", "num_requests_running=-1", "cpu_utilization=0.3", "=", "x", "", " ", "num_requests_waiting=abc"}
-	for i := 0; i < 20000; i++ {
-		var b strings.Builder
-		b.WriteString("TEXT ")
-		for n := rng.Intn(5); n >= 0; n-- {
-			b.WriteString(parts[rng.Intn(len(parts))])
-			if n > 0 || rng.Intn(4) == 0 {
-				b.WriteByte(',')
-			}
-		}
-		if got, want := parseORCA(b.String()), split(b.String()); got != want {
-			t.Fatalf("parseORCA(%q) = %+v, want %+v", b.String(), got, want)
-		}
-	}
-	v := "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0, named_metrics.num_requests_running=3"
-	if n := testing.AllocsPerRun(100, func() { parseORCA(v) }); n != 0 {
-		t.Errorf("parseORCA allocates %v times per TEXT report, want 0", n)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/dispatch"
 	"github.com/kvroute/kvroute/filter/statnames"
+	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scorer"
 )
@@ -34,7 +35,7 @@ type routerPlugin struct {
 	// stateCursor is the pulled state's cursor in the service's log of
 	// routes and removals (filter/pull.go); "" when pushed.
 	stateCursor string
-	breakers    *breakers
+	breakers    *health.Breakers
 	// precise is the pushed candidates (cs of setHosts) while some host's
 	// capacity model is off for precise cache state, nil otherwise: the
 	// capacities dropPrecise puts back when the pushed state goes stale.
@@ -211,7 +212,7 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string, o
 	}
 	p.disp = disp
 	p.parser = openai.NewParser(cfg, disp.NewHasher())
-	p.breakers = newBreakers(cfg.CircuitBreaker)
+	p.breakers = health.NewBreakers(cfg.CircuitBreaker)
 	p.timeResponses = cfg.CircuitBreaker.LatencyThresholdMs > 0 || handler.ReadsLatency()
 	_, p.timeFirstToken = handler.ReadsTTFT()
 	p.streamUsageAlways = cfg.StreamUsage == config.StreamUsageAlways
@@ -250,14 +251,17 @@ func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string, o
 // syncStats turns the index's and the router's cumulative counters into metric
 // increments. One loop over arrays rather than eight inlined copies of the
 // test and the call: each function entered costs a request
-// (docs/performance.md).
+// (docs/performance.md). feedback.responses goes last: a reader (a scrape,
+// a test) that sees a response counted sees its tokens counted too, never
+// a ratio over a response whose numbers are still on their way.
 func (p *routerPlugin) syncStats() {
 	rs := p.disp.Stats()
-	now := [len(p.lastSynced)]uint64{rs.CASRetries, rs.FeedbackRequests, rs.OverPredicted, rs.UnderPredicted,
-		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens}
-	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.feedback, &p.stats.overPredicted,
+	now := [len(p.lastSynced)]uint64{rs.CASRetries, rs.OverPredicted, rs.UnderPredicted,
+		rs.ConfirmedCachedTokens, rs.IndexErrors, rs.LoadErrors, rs.Disaggregated, rs.PredictedCachedTokens, rs.PredictionErrorTokens,
+		rs.FeedbackRequests}
+	for i, c := range [len(p.lastSynced)]*metricCounter{&p.stats.casRetries, &p.stats.overPredicted,
 		&p.stats.underPredicted, &p.stats.confirmedCached, &p.stats.indexErrors, &p.stats.loadErrors, &p.stats.disaggregated,
-		&p.stats.feedbackPredicted, &p.stats.predictionError} {
+		&p.stats.feedbackPredicted, &p.stats.predictionError, &p.stats.feedback} {
 		if now[i] > p.lastSynced[i] {
 			c.Increment(now[i] - p.lastSynced[i])
 		}

@@ -2,19 +2,15 @@ package filter
 
 import (
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
-	"github.com/tidwall/gjson"
 
-	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/snapshot"
@@ -30,384 +26,6 @@ const (
 
 // maxCASAttempts bounds compare-and-set retries on the state keys.
 const maxCASAttempts = 8
-
-// pushedState is a decoded, validated snapshot.
-type pushedState struct {
-	TimestampMs int64
-	Hosts       []snapshot.Host
-	// Gateways are the gateways' routing reports (filter/report.go).
-	Gateways []snapshot.GatewayReport
-	// Removals are the engines' bridged evictions (filter/report.go).
-	Removals []snapshot.Removal
-	// Cursor is where a pulled state's routes and removals end in the
-	// service's log: the next pull asks from there (filter/pull.go).
-	Cursor string
-}
-
-// decodeSnapshot validates a pushed body. The error is the 400 message.
-func decodeSnapshot(body []byte) (pushedState, error) {
-	var st pushedState
-	if len(body) == 0 {
-		return st, errors.New("empty body: POST a kvroute state snapshot (JSON)")
-	}
-	if !gjson.ValidBytes(body) {
-		return st, errors.New("the body is not valid JSON")
-	}
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() {
-		return st, errors.New("the body must be a JSON object")
-	}
-	if v := root.Get("version"); v.Type != gjson.Number || v.Int() != snapshot.Version {
-		return st, fmt.Errorf("version: must be %d (this gateway reads snapshot format %d)", snapshot.Version, snapshot.Version)
-	}
-	ts, ok := unixMs(root.Get("timestampMs"))
-	if !ok || ts <= 0 {
-		return st, errors.New("timestampMs: must be a positive whole Unix time in milliseconds")
-	}
-	st.TimestampMs = ts
-	hosts := root.Get("hosts")
-	if !hosts.IsArray() {
-		return st, errors.New("hosts: must be an array")
-	}
-	seen := map[string]bool{}
-	var err error
-	i := 0
-	hosts.ForEach(func(_, h gjson.Result) bool {
-		var host snapshot.Host
-		host, err = decodeHost(h, i)
-		loc := host.Address
-		if host.DataParallelSize > 1 {
-			loc = rankLocation(loc, host.Rank)
-		}
-		if err == nil && seen[loc] {
-			err = fmt.Errorf("hosts[%d].address: %q appears twice", i, loc)
-		}
-		if err != nil {
-			return false
-		}
-		seen[loc] = true
-		st.Hosts = append(st.Hosts, host)
-		i++
-		return true
-	})
-	if err != nil {
-		return pushedState{}, err
-	}
-	if len(st.Hosts) == 0 {
-		return pushedState{}, errors.New("hosts: must not be empty (a push replaces the candidate set; an empty one would leave nothing to route to)")
-	}
-	if g := root.Get("gateways"); g.Exists() && g.Type != gjson.Null {
-		if st.Gateways, err = decodeGateways(g); err != nil {
-			return pushedState{}, err
-		}
-	}
-	if c := root.Get("cursor"); c.Exists() {
-		if !validCursor(c) {
-			return pushedState{}, errors.New("cursor: must be a string of at most 64 characters of [0-9A-Za-z._-]")
-		}
-		st.Cursor = c.Str
-	}
-	if r := root.Get("removals"); r.Exists() && r.Type != gjson.Null {
-		if st.Removals, err = decodeRemovals(r); err != nil {
-			return pushedState{}, err
-		}
-	}
-	return st, nil
-}
-
-// validCursor accepts a pull cursor (snapshot.State.Cursor): it goes into
-// the next pull's query string as it is.
-func validCursor(c gjson.Result) bool {
-	if c.Type != gjson.String || len(c.Str) > 64 {
-		return false
-	}
-	for i := 0; i < len(c.Str); i++ {
-		switch b := c.Str[i]; {
-		case b >= '0' && b <= '9', b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b == '.', b == '_', b == '-':
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// maxRemovalBlocks bounds one removal's chain (a prompt of a few million
-// characters under the default block layout).
-const maxRemovalBlocks = 1 << 16
-
-// decodeRemovals validates a push's removals (snapshot.Removal): a host
-// location (host:port, or host:port|rank for a data-parallel rank), a
-// base64 chain of 8-byte hashes and a from inside it.
-func decodeRemovals(r gjson.Result) ([]snapshot.Removal, error) {
-	if !r.IsArray() {
-		return nil, errors.New("removals: must be an array")
-	}
-	var out []snapshot.Removal
-	var err error
-	r.ForEach(func(_, x gjson.Result) bool {
-		addr, chain := x.Get("address"), x.Get("chain")
-		from, ok := openai.WholeNumber(x.Get("from"))
-		blocks := -1
-		if chain.Type == gjson.String {
-			blocks = chainBlocks(chain.Str)
-		}
-		if !x.IsObject() || addr.Type != gjson.String || checkLocation(addr.Str) != nil ||
-			blocks <= 0 || blocks > maxRemovalBlocks || !ok || from < 0 || from >= int64(blocks) {
-			err = fmt.Errorf("removals[%d]: needs a host:port address, a base64 chain of 1 to %d 8-byte hashes and a from inside it", len(out), maxRemovalBlocks)
-			return false
-		}
-		out = append(out, snapshot.Removal{Address: addr.Str, From: int(from), Chain: chain.Str})
-		return true
-	})
-	return out, err
-}
-
-// chainBlocks is the number of 8-byte hashes a base64 (std, padded)
-// chain holds, -1 when it is not one. The padded length alone does not
-// say: 16 bytes encode to 24 characters, which DecodedLen puts at 18.
-func chainBlocks(s string) int {
-	raw, err := base64.StdEncoding.DecodeString(s)
-	if err != nil || len(raw)%8 != 0 {
-		return -1
-	}
-	return len(raw) / 8
-}
-
-// decodeGateways validates a push's gateway reports (snapshot.GatewayReport).
-func decodeGateways(g gjson.Result) ([]snapshot.GatewayReport, error) {
-	if !g.IsArray() {
-		return nil, errors.New("gateways: must be an array")
-	}
-	var out []snapshot.GatewayReport
-	var err error
-	g.ForEach(func(_, r gjson.Result) bool {
-		at := "gateways[" + strconv.Itoa(len(out)) + "]"
-		var rep snapshot.GatewayReport
-		id := r.Get("gateway")
-		if id.Type != gjson.String || id.Str == "" || len(id.Str) > 64 {
-			err = fmt.Errorf("%s.gateway: must be an id of 1 to 64 characters", at)
-			return false
-		}
-		rep.Gateway = id.Str
-		rep.TimestampMs, _ = unixMs(r.Get("timestampMs"))
-		r.Get("routes").ForEach(func(_, rt gjson.Result) bool {
-			addr, chain, from := rt.Get("address"), rt.Get("chain"), rt.Get("from")
-			n, ok := openai.WholeNumber(from)
-			if !from.Exists() {
-				n, ok = 0, true
-			}
-			if addr.Type != gjson.String || checkLocation(addr.Str) != nil || chain.Type != gjson.String ||
-				!ok || n < 0 || n > 1<<20 || chain.Type == gjson.String && chainBlocks(chain.Str) < 0 {
-				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
-				return false
-			}
-			pt, _ := openai.WholeNumber(rt.Get("promptTokens"))
-			rep.Routes = append(rep.Routes, snapshot.Route{Address: addr.Str, From: int(n), Chain: chain.Str, PromptTokens: int(max(min(pt, 1<<30), 0))})
-			return true
-		})
-		if err != nil {
-			return false
-		}
-		if l := r.Get("load"); l.Exists() {
-			rep.Load = []snapshot.HostLoad{}
-			l.ForEach(func(_, x gjson.Result) bool {
-				addr := x.Get("address")
-				in, ok1 := openai.WholeNumber(x.Get("inFlight"))
-				pf, ok2 := openai.WholeNumber(x.Get("prefillTokens"))
-				dc, ok3 := openai.WholeNumber(x.Get("decodeTokens"))
-				if addr.Type != gjson.String || !ok1 || !ok2 || !ok3 || in < 0 || pf < 0 || dc < 0 || in > 1<<31 {
-					err = fmt.Errorf("%s.load[%d]: needs an address and whole counts >= 0", at, len(rep.Load))
-					return false
-				}
-				rep.Load = append(rep.Load, snapshot.HostLoad{Address: addr.Str, InFlight: int(in), PrefillTokens: pf, DecodeTokens: dc})
-				return true
-			})
-		}
-		out = append(out, rep)
-		return err == nil
-	})
-	return out, err
-}
-
-func decodeHost(h gjson.Result, i int) (snapshot.Host, error) {
-	at := hostAt(i)
-	var host snapshot.Host
-	if !h.IsObject() {
-		return host, fmt.Errorf("%s: must be an object", at)
-	}
-	var m objectMembers
-	m.read(h)
-	addr := m.get("address")
-	if addr.Type != gjson.String {
-		return host, fmt.Errorf("%s.address: must be a host:port string", at)
-	}
-	if err := config.CheckAddress(addr.Str); err != nil {
-		return host, fmt.Errorf("%s.address: %v", at, err)
-	}
-	host.Address = addr.Str
-	role, err := snapshot.CheckRole(m.get("role").Str)
-	if err != nil {
-		return host, fmt.Errorf("%s.role: %v", at, err)
-	}
-	host.Role = role
-	if m := m.get("model"); m.Exists() {
-		if m.Type != gjson.String {
-			return host, fmt.Errorf("%s.model: must be a string", at)
-		}
-		host.Model = m.Str
-	}
-	if a := m.get("adapters"); a.Exists() && a.Type != gjson.Null {
-		if !a.IsArray() {
-			return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
-		}
-		for _, x := range a.Array() {
-			if x.Type != gjson.String {
-				return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
-			}
-			host.Adapters = append(host.Adapters, x.Str)
-		}
-	}
-	healthy := m.get("healthy")
-	if healthy.Exists() && healthy.Type != gjson.True && healthy.Type != gjson.False {
-		return host, fmt.Errorf("%s.healthy: must be a boolean", at)
-	}
-	host.Healthy = !healthy.Exists() || healthy.Bool()
-	if v := m.get("preciseCacheState"); v.Exists() {
-		if v.Type != gjson.True && v.Type != gjson.False {
-			return host, fmt.Errorf("%s.preciseCacheState: must be a boolean", at)
-		}
-		host.PreciseCacheState = v.Type == gjson.True
-	}
-	ints := []struct {
-		name string
-		dst  *int
-	}{{"waiting", &host.Waiting}, {"running", &host.Running}, {"blockSize", &host.BlockSize}, {"numGpuBlocks", &host.NumGPUBlocks}, {"cachedBlocks", &host.CachedBlocks},
-		{"maxAdapters", &host.MaxAdapters}, {"adapterSlotsUsed", &host.AdapterSlotsUsed}}
-	for _, f := range ints {
-		v := m.get(f.name)
-		if !v.Exists() {
-			continue
-		}
-		n, ok := openai.WholeNumber(v)
-		if !ok || n < 0 || n > 1<<40 {
-			return host, fmt.Errorf("%s.%s: must be a whole number >= 0", at, f.name)
-		}
-		*f.dst = int(n)
-	}
-	if err := decodeRank(&m, &host, at); err != nil {
-		return host, err
-	}
-	if v := m.get("kvUsage"); v.Exists() {
-		if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
-			return host, fmt.Errorf("%s.kvUsage: must be a number from 0 to 1", at)
-		}
-		host.KVUsage = v.Num
-	}
-	for _, f := range []struct {
-		name string
-		dst  *int64
-	}{{"clearedAtMs", &host.ClearedAtMs}, {"scrapedAtMs", &host.ScrapedAtMs}} {
-		if v := m.get(f.name); v.Exists() {
-			ms, ok := unixMs(v)
-			if !ok || ms < 0 {
-				return host, fmt.Errorf("%s.%s: must be a whole Unix time in milliseconds", at, f.name)
-			}
-			*f.dst = ms
-		}
-	}
-	return host, nil
-}
-
-// checkLocation accepts a cache location as gateways report it: host:port,
-// or host:port|rank for a data-parallel endpoint's rank (rankLocation).
-func checkLocation(s string) error {
-	addr, rank := splitRank(s)
-	if _, ok := decimal(rank); rank != "" && (!ok || len(rank) > 2) {
-		return fmt.Errorf("%q: the rank after | must be a number", s)
-	}
-	return config.CheckAddress(addr)
-}
-
-// decodeRank reads a host's dataParallelSize and rank: a rank names one of
-// the endpoint's ranks, so it needs a size above 1 and lies below it.
-func decodeRank(m *objectMembers, host *snapshot.Host, at hostAt) error {
-	if v := m.get("dataParallelSize"); v.Exists() {
-		n, ok := openai.WholeNumber(v)
-		if !ok || n < 1 || n > config.MaxDataParallelSize {
-			return fmt.Errorf("%s.dataParallelSize: must be a whole number from 1 to %d", at, config.MaxDataParallelSize)
-		}
-		host.DataParallelSize = int(n)
-	}
-	v := m.get("rank")
-	if !v.Exists() {
-		return nil
-	}
-	n, ok := openai.WholeNumber(v)
-	if !ok || n < 0 || n >= int64(max(host.DataParallelSize, 1)) {
-		return fmt.Errorf("%s.rank: %s is not a rank of the endpoint's %d data-parallel ranks (0 to %d; set dataParallelSize)",
-			at, v.Raw, max(host.DataParallelSize, 1), max(host.DataParallelSize, 1)-1)
-	}
-	host.Rank = int(n)
-	return nil
-}
-
-// hostAt names hosts[i] in an error, formatted only when there is one.
-type hostAt int
-
-func (i hostAt) String() string { return "hosts[" + strconv.Itoa(int(i)) + "]" }
-
-// objectMembers holds an object's members as read in one pass: a push carries
-// about ten fields per host, and gjson's Get scans the object again for
-// each, which made decoding a 1,000-host push several times slower.
-type objectMembers struct {
-	obj   gjson.Result
-	n     int
-	over  bool // more members than fit: get falls back to Get
-	names [16]string
-	vals  [16]gjson.Result
-}
-
-func (m *objectMembers) read(obj gjson.Result) {
-	m.obj = obj
-	obj.ForEach(func(k, v gjson.Result) bool {
-		if m.n == len(m.names) {
-			m.over = true
-			return false
-		}
-		m.names[m.n], m.vals[m.n] = k.Str, v
-		m.n++
-		return true
-	})
-}
-
-// get is Get on the object: the first member named name.
-func (m *objectMembers) get(name string) gjson.Result {
-	for i := 0; i < m.n; i++ {
-		if m.names[i] == name {
-			return m.vals[i]
-		}
-	}
-	if m.over {
-		return m.obj.Get(name)
-	}
-	return gjson.Result{}
-}
-
-// maxUnixMs bounds the timestamps a push may carry: 2^53 ms (year
-// 287,396), the largest integer a JSON number holds exactly. Without a
-// bound, 1e400 would read as the largest int64 and never go stale.
-const maxUnixMs = 1 << 53
-
-// unixMs reads a Unix time in milliseconds: a JSON number that is whole
-// and at most maxUnixMs (1.5 and 1e400 are refused, 1e12 is not).
-func unixMs(v gjson.Result) (int64, bool) {
-	// Bounded first (NaN fails the test too): a float beyond int64
-	// converts to an implementation-defined integer.
-	if v.Type != gjson.Number || !(math.Abs(v.Num) <= maxUnixMs) {
-		return 0, false
-	}
-	return openai.WholeNumber(v)
-}
 
 // maxPushAheadMs is how far ahead of the gateway's clock a push may be
 // stamped (clock skew between the metrics service and the gateway). A
@@ -461,7 +79,7 @@ func storeState(st *sharedStore, body []byte, ts int64) (uint64, error) {
 		case err != nil:
 			return 0, err
 		default:
-			if inForce, ok := unixMs(gjson.GetBytes(cur, "timestampMs")); ok && ts < inForce {
+			if inForce, ok := snapshot.TimestampOf(cur); ok && ts < inForce {
 				return 0, &olderStateError{pushed: ts, inForce: inForce}
 			}
 		}
@@ -516,12 +134,12 @@ func loadStateGen(st *sharedStore) uint64 {
 }
 
 // loadState reads and decodes the stored body.
-func loadState() (pushedState, error) {
+func loadState() (snapshot.State, error) {
 	v, _, err := proxywasm.GetSharedData(stateBodyKey)
 	if err != nil {
-		return pushedState{}, err
+		return snapshot.State{}, err
 	}
-	return decodeSnapshot(v)
+	return snapshot.Decode(v)
 }
 
 // stateHeaders handles the request headers of a push: method and
@@ -582,9 +200,9 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 	if err != nil {
 		body = nil
 	}
-	st, err := decodeSnapshot(body)
+	st, err := snapshot.Decode(body)
 	if err == nil && st.TimestampMs > p.now().UnixMilli()+maxPushAheadMs {
-		err = fmt.Errorf("timestampMs: %d is more than %d s ahead of this gateway's clock (%d): check the metrics service's clock", st.TimestampMs, maxPushAheadMs/1000, p.now().UnixMilli())
+		err = &snapshot.Error{Path: "timestampMs", Msg: fmt.Sprintf("%d is more than %d s ahead of this gateway's clock (%d): check the metrics service's clock", st.TimestampMs, maxPushAheadMs/1000, p.now().UnixMilli())}
 	}
 	if err != nil {
 		p.stats.stateRejected.Increment(1)

@@ -19,7 +19,8 @@
 //	                 host is saturated, hold the stream for admission
 //	                 (admission.go), released from on_tick by class and deadline
 //	response headers status, latency and ORCA feed the breaker and the
-//	                 host's load (response.go, breaker.go, orca.go)
+//	                 host's load (response.go, with health's breakers and
+//	                 ORCA parser)
 //	response body    first byte ends pending prefill; cached_tokens is noted
 //	                 (response.go, read by openai/usage.go)
 //	stream done      feedback, then every load counter is released

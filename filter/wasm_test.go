@@ -605,3 +605,50 @@ func TestWasmSessionsHoldAcrossWorkers(t *testing.T) {
 		t.Fatal("no session pin in shared data")
 	}
 }
+
+// A response's feedback counters are in place before the response is
+// counted (feedback.responses goes last): a reader that sees the count
+// move, however soon, reads that response's cached tokens too. Every
+// response here confirms the same number of cached tokens, so a reader
+// that reads the count and then the tokens must find at least that many
+// per response counted. A reader spinning while 500 requests go through
+// caught the module mid-update a few times per run when the count went
+// first.
+func TestWasmResponseCountedAfterItsFeedback(t *testing.T) {
+	const cached = 7
+	addrs := jsonUpstreams(t, 2, fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":%d}}}`, cached))
+	h, url := startRouter(t, addrs, 1, `,"fallbacks":0`)
+	const responses, confirmed = "kvroute.router.feedback.responses", "kvroute.router.confirmed_cached_tokens"
+	stop := make(chan struct{})
+	torn := make(chan string, 1)
+	go func() {
+		defer close(torn)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n := h.CounterValue(responses) // the count first, then what it covers
+			if c := h.CounterValue(confirmed); c < cached*n {
+				torn <- fmt.Sprintf("%d responses counted with %d confirmed cached tokens, want %d", n, c, cached*n)
+				return
+			}
+		}
+	}()
+	const requests = 500
+	for i := range requests {
+		body := fmt.Sprintf(`{"model":"m","prompt":"question %d","max_tokens":2}`, i)
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, r)
+		}
+	}
+	testenv.WaitFor(t, "every response counted", func() bool { return h.CounterValue(responses) == requests })
+	close(stop)
+	if msg, ok := <-torn; ok {
+		t.Errorf("a reader saw a response counted before its cached tokens: %s", msg)
+	}
+	if c := h.CounterValue(confirmed); c != cached*requests {
+		t.Errorf("confirmed cached tokens %d, want %d", c, cached*requests)
+	}
+}

@@ -4,7 +4,9 @@
 // rewrites bodies (removing client-set prefill/decode fields, the prefill and
 // decode bodies of kvroute.pd) without unmarshalling them. On the way back it
 // reads the usage an engine reports in a response (cached_tokens,
-// prompt_tokens), chunk by chunk (usage.go).
+// prompt_tokens), chunk by chunk (usage.go). It reads request paths as the
+// engines' HTTP servers do (path.go), so that another spelling of a path the
+// gateway answers itself is that path.
 //
 // It exists apart from filter so that the request parsing, and the JSON
 // scanner under it, are one concern that imports no proxy-wasm SDK: its unit

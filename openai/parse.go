@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 // Request parsing reads the few fields routing needs straight out of the
@@ -509,7 +510,7 @@ func maxTokensError(name string) *Error {
 	return BadRequest(name, "'%s' must be a whole number from 0 to %d", name, maxMaxTokens)
 }
 
-// rawWholeNumber is WholeNumber of a raw JSON value. A plain integer of up
+// rawWholeNumber is snapshot.WholeNumber of a raw JSON value. A plain integer of up
 // to 18 digits (every max_tokens and token id in practice) is read here
 // without gjson, whose Parse also runs a float parse of every number: in
 // Wasm that code is cold at each request, and a token-id prompt parsed each
@@ -541,22 +542,7 @@ func rawWholeNumber(v []byte) (int64, bool) {
 // request with a max_tokens enters.
 //
 //go:noinline
-func parsedWholeNumber(v []byte) (int64, bool) { return WholeNumber(gjson.ParseBytes(v)) }
-
-// WholeNumber reads a JSON integer (1e3 and 2.0 are accepted as whole).
-func WholeNumber(v gjson.Result) (int64, bool) {
-	if v.Type != gjson.Number {
-		return 0, false
-	}
-	if n, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
-		return n, true
-	}
-	f := v.Num
-	if f != float64(int64(f)) {
-		return 0, false
-	}
-	return int64(f), true
-}
+func parsedWholeNumber(v []byte) (int64, bool) { return snapshot.WholeNumber(gjson.ParseBytes(v)) }
 
 // prompt hashes a completions "prompt" or embeddings "input": a string, an
 // array of strings, an array of token ids, or an array of such arrays.

@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/openai/openaitest"
+	"github.com/kvroute/kvroute/snapshot"
 )
 
 func newParser(t testing.TB, cfgJSON string) *Parser {
@@ -225,7 +226,7 @@ func TestWithoutClientOnlyKeepsTheOtherMembers(t *testing.T) {
 	}
 }
 
-// rawWholeNumber reads what WholeNumber reads from gjson, for every kind of
+// rawWholeNumber reads what snapshot.WholeNumber reads from gjson, for every kind of
 // JSON number, with or without its fast path.
 func TestRawWholeNumberMatchesGJSON(t *testing.T) {
 	for _, v := range []string{
@@ -234,9 +235,9 @@ func TestRawWholeNumberMatchesGJSON(t *testing.T) {
 		"-9223372036854775809", "99999999999999999999", "1e3", "1E3", "2.0", "2.5", "-2.0", "1.5e300", "0.0", "1e-3",
 	} {
 		n, ok := rawWholeNumber([]byte(v))
-		wn, wok := WholeNumber(gjson.Parse(v))
+		wn, wok := snapshot.WholeNumber(gjson.Parse(v))
 		if n != wn || ok != wok {
-			t.Errorf("rawWholeNumber(%s) = %d, %v; WholeNumber = %d, %v", v, n, ok, wn, wok)
+			t.Errorf("rawWholeNumber(%s) = %d, %v; snapshot.WholeNumber = %d, %v", v, n, ok, wn, wok)
 		}
 	}
 }

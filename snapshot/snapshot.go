@@ -2,8 +2,9 @@
 // every gateway's state endpoint (POST /.kvroute/v1/state by default).
 //
 // It is the one wire contract between the cluster-metrics service and the
-// router filter, so it lives in its own package with no dependencies: the
-// service marshals it with encoding/json, the filter (inside Wasm) decodes it.
+// router filter, so it lives in its own package that imports no other
+// package of kvroute's (gjson only): the service marshals it with
+// encoding/json, the filter (inside Wasm) decodes it.
 // Field names are camelCase like the plugin configuration. Add fields; never
 // rename or repurpose one, since gateways and the service roll out separately.
 package snapshot

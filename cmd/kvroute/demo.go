@@ -72,7 +72,7 @@ request lands decides whether it hits.`,
 	f.IntVar(&o.kvBlocks, "kv-blocks", 5000, "KV capacity per engine in 16-token blocks (80k tokens)")
 	f.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	f.Float64Var(&o.scale, "load", 2, "request rate multiplier")
-	f.StringVar(&o.cacheState, "cache-state", "", "run `kvroute metrics` in the demo, pushing the engines' state and merging the workers' routing reports: "+
+	f.StringVar(&o.cacheState, "cache-state", "", "run the metrics service (kvroute metrics) in the demo, pushing the engines' state and merging the workers' routing reports: "+
 		"approximate (no KV events: the index's capacity model) or precise (the engines publish KV events, which the service bridges into removals); empty: static endpoints, no service")
 	addCommand(cmd)
 }

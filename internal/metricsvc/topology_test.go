@@ -124,6 +124,12 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 // one worker, the lease holder, POSTs them: every route arrives once,
 // reports come at least an interval apart, and one report carries routes
 // several workers decided. Each report carries the state token.
+//
+// The service holds the answer to the first report of each round until
+// the round's requests are routed and every worker's tick has run: the
+// holder sends nothing while its report is unanswered, so the round's 8
+// routes (2 per worker) are in that report and the next one, and one of
+// the two carries at least 4, however slowly the requests go.
 func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
 	mod := testenv.Module(t)
 	var addrs, eps []string
@@ -138,6 +144,9 @@ func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var posts []post
+	var hold chan struct{} // set: the next report's answer waits for it to close
+	held := make(chan struct{}, 1)
+	quit := make(chan struct{}) // closed before front.Close: a held answer goes
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var rep snapshot.GatewayReport
 		if err := json.NewDecoder(r.Body).Decode(&rep); err != nil || r.URL.Path != ReportsPath {
@@ -146,10 +155,21 @@ func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
 		}
 		mu.Lock()
 		posts = append(posts, post{r.Header.Get("Authorization"), rep})
+		wait := hold
+		hold = nil
 		mu.Unlock()
+		if wait != nil {
+			held <- struct{}{}
+			select {
+			case <-wait:
+			case <-quit:
+			case <-r.Context().Done():
+			}
+		}
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(front.Close)
+	t.Cleanup(func() { close(quit) })
 	const workers, interval = 4, 300
 	cfg := fmt.Sprintf(`{"endpoints": [%s], "state": {"token": "s3cret", "report": {"cluster": "metrics", "intervalMs": %d}}, "fallbacks": 0}`, strings.Join(eps, ","), interval)
 	// From before the gateway starts: it may report (its load) before the
@@ -175,6 +195,10 @@ func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
 	}
 	const rounds, perRound = 3, 2 * workers
 	for k := range rounds {
+		release := make(chan struct{})
+		mu.Lock()
+		hold = release
+		mu.Unlock()
 		for i := range perRound {
 			prompt := fmt.Sprintf("Round %d request %d. ", k, i) + strings.Repeat("Answer briefly and cite the handbook. ", 40)
 			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, prompt)))
@@ -182,12 +206,15 @@ func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
 				t.Fatalf("status %d", code)
 			}
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for n, _ := routed(); n < (k+1)*perRound && time.Now().Before(deadline); n, _ = routed() {
-			time.Sleep(10 * time.Millisecond)
+		select {
+		case <-held: // a report, sent since the round began, waits for its answer
+		case <-time.After(testenv.WaitTimeout):
+			t.Fatalf("round %d: no report within %v", k, testenv.WaitTimeout)
 		}
+		h.FireTicks() // every worker flushes its routes to the ring
+		close(release)
+		testenv.WaitFor(t, fmt.Sprintf("round %d's routes reported", k), func() bool { n, _ := routed(); return n >= (k+1)*perRound })
 	}
-	elapsed := time.Since(start)
 	for _, w := range h.Workers() {
 		if w.Requests < rounds*perRound/workers {
 			t.Fatalf("worker %d served %d requests, want %d: the test needs every worker routing", w.Index, w.Requests, rounds*perRound/workers)
@@ -199,6 +226,7 @@ func TestOneReportPerGatewayCarriesEveryWorker(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	elapsed := time.Since(start) // after every report counted below arrived
 	withRoutes, most := 0, 0
 	for i, p := range posts {
 		if p.auth != "Bearer s3cret" {

@@ -334,7 +334,7 @@ func rankLabel(m *dto.Metric, name string, n int) (int, bool) {
 }
 
 // MaxRanks matches the gateway's bound on an endpoint's ranks
-// (config.MaxDataParallelSize).
+// (snapshot.MaxDataParallelSize).
 const MaxRanks = 64
 
 // value reads a gauge, counter or untyped sample; NaN when it has none.

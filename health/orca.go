@@ -1,4 +1,4 @@
-package filter
+package health
 
 import (
 	"strconv"
@@ -7,45 +7,52 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// orcaHeader is the response header vLLM fills with ORCA load metrics when
-// the request carries orcaFormatHeader.
+// ORCAHeader is the response header vLLM fills with ORCA load metrics when
+// the request carries ORCAFormatHeader.
 const (
-	orcaHeader       = "endpoint-load-metrics"
-	orcaFormatHeader = "endpoint-load-metrics-format"
+	ORCAHeader       = "endpoint-load-metrics"
+	ORCAFormatHeader = "endpoint-load-metrics-format"
 )
 
-// orcaLoad is what kvroute reads from an ORCA report.
-type orcaLoad struct {
+// LoadReport is what kvroute reads from an ORCA report: one response's, which
+// the filter copies into the serving host's load as this worker sees it.
+type LoadReport struct {
 	KVUsage          float64
 	Waiting, Running int
-	ok               bool
+	OK               bool // at least one metric was read
 }
+
+// maxRequests bounds a request count an engine reports: past it the value
+// is garbage, and Go's conversion of a float beyond int's range to int is
+// not defined (natively, 1e300 becomes a negative count, a host that looks
+// idle).
+const maxRequests = 1 << 30
 
 // set records one named metric of an ORCA report; unknown names and
 // out-of-range values change nothing.
-func (l *orcaLoad) set(name string, x float64) {
+func (l *LoadReport) set(name string, x float64) {
 	switch name {
 	case "kv_cache_usage_perc":
 		if x >= 0 && x <= 1 {
-			l.KVUsage, l.ok = x, true
+			l.KVUsage, l.OK = x, true
 		}
 	case "num_requests_waiting":
-		if x >= 0 {
-			l.Waiting, l.ok = int(x), true
+		if x >= 0 && x <= maxRequests {
+			l.Waiting, l.OK = int(x), true
 		}
 	case "num_requests_running":
-		if x >= 0 {
-			l.Running, l.ok = int(x), true
+		if x >= 0 && x <= maxRequests {
+			l.Running, l.OK = int(x), true
 		}
 	}
 }
 
-// parseORCA reads vLLM's endpoint-load-metrics value in TEXT
+// ParseORCA reads vLLM's endpoint-load-metrics value in TEXT
 // ("TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0")
 // or JSON ("JSON {"named_metrics": {...}}") form. Unknown metrics are
-// ignored; a malformed value reports ok=false and changes nothing.
-func parseORCA(v string) orcaLoad {
-	var l orcaLoad
+// ignored; a malformed value reports OK=false and changes nothing.
+func ParseORCA(v string) LoadReport {
+	var l LoadReport
 	v = strings.TrimSpace(v)
 	switch {
 	case strings.HasPrefix(v, "TEXT "):
@@ -66,7 +73,7 @@ func parseORCA(v string) orcaLoad {
 	case strings.HasPrefix(v, "JSON "):
 		doc := v[len("JSON "):]
 		if !gjson.Valid(doc) {
-			return orcaLoad{}
+			return LoadReport{}
 		}
 		gjson.Get(doc, "named_metrics").ForEach(func(k, val gjson.Result) bool {
 			if val.Type == gjson.Number {
