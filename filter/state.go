@@ -202,7 +202,7 @@ func (s *routerStream) stateBody(bodySize int, endOfStream bool) types.Action {
 	}
 	st, err := snapshot.Decode(body)
 	if err == nil && st.TimestampMs > p.now().UnixMilli()+maxPushAheadMs {
-		err = fmt.Errorf("timestampMs: %d is more than %d s ahead of this gateway's clock (%d): check the metrics service's clock", st.TimestampMs, maxPushAheadMs/1000, p.now().UnixMilli())
+		err = &snapshot.Error{Path: "timestampMs", Msg: fmt.Sprintf("%d is more than %d s ahead of this gateway's clock (%d): check the metrics service's clock", st.TimestampMs, maxPushAheadMs/1000, p.now().UnixMilli())}
 	}
 	if err != nil {
 		p.stats.stateRejected.Increment(1)

@@ -2,7 +2,6 @@ package snapshot
 
 import (
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -15,33 +14,61 @@ import (
 // the gateway applies. It keeps no state: the caller (the state endpoint,
 // the pull) owns the State it returns.
 
+// Error is what Decode refuses: Path names the field ("hosts[2].kvUsage",
+// "gateways[0].routes[3]"; empty for the body as a whole) and Msg what is
+// wrong with it. Its text, "path: msg", is the 400 a push gets and what a
+// pull logs.
+//
+// It has config.Error's shape and text but is a type of its own: config
+// imports this package (the role names, the address syntax), so this one
+// cannot import config; and the two speak to different people (an
+// operator's plugin configuration, where every problem is listed, and a
+// service's push, refused at its first).
+type Error struct {
+	Path string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// fail is an *Error at path.
+func fail(path, format string, args ...any) *Error {
+	return &Error{Path: path, Msg: fmt.Sprintf(format, args...)}
+}
+
 // Decode validates an encoded snapshot, as a gateway's state endpoint
 // receives it (a push) or its pull reads it, and returns it with Version
 // checked; Source, a report's Seq and a route's CharsPerToken, which no
-// gateway reads, are left out. The error is the push's 400 message.
+// gateway reads, are left out. The error is an *Error, whose text is the
+// push's 400 message.
 func Decode(body []byte) (State, error) {
 	var st State
 	if len(body) == 0 {
-		return st, errors.New("empty body: POST a kvroute state snapshot (JSON)")
+		return st, &Error{Msg: "empty body: POST a kvroute state snapshot (JSON)"}
 	}
 	if !gjson.ValidBytes(body) {
-		return st, errors.New("the body is not valid JSON")
+		return st, &Error{Msg: "the body is not valid JSON"}
 	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
-		return st, errors.New("the body must be a JSON object")
+		return st, &Error{Msg: "the body must be a JSON object"}
 	}
 	if v := root.Get("version"); v.Type != gjson.Number || v.Int() != Version {
-		return st, fmt.Errorf("version: must be %d (this gateway reads snapshot format %d)", Version, Version)
+		return st, fail("version", "must be %d (this gateway reads snapshot format %d)", Version, Version)
 	}
 	ts, ok := unixMs(root.Get("timestampMs"))
 	if !ok || ts <= 0 {
-		return st, errors.New("timestampMs: must be a positive whole Unix time in milliseconds")
+		return st, &Error{Path: "timestampMs", Msg: "must be a positive whole Unix time in milliseconds"}
 	}
 	st.Version, st.TimestampMs = Version, ts
 	hosts := root.Get("hosts")
 	if !hosts.IsArray() {
-		return st, errors.New("hosts: must be an array")
+		return st, &Error{Path: "hosts", Msg: "must be an array"}
 	}
 	seen := map[string]bool{}
 	var err error
@@ -51,7 +78,7 @@ func Decode(body []byte) (State, error) {
 		host, err = decodeHost(h, i)
 		loc := Location(host.Address, host.Rank, host.DataParallelSize)
 		if err == nil && seen[loc] {
-			err = fmt.Errorf("hosts[%d].address: %q appears twice", i, loc)
+			err = hostAt(i).fail(".address", "%q appears twice", loc)
 		}
 		if err != nil {
 			return false
@@ -65,7 +92,7 @@ func Decode(body []byte) (State, error) {
 		return State{}, err
 	}
 	if len(st.Hosts) == 0 {
-		return State{}, errors.New("hosts: must not be empty (a push replaces the candidate set; an empty one would leave nothing to route to)")
+		return State{}, &Error{Path: "hosts", Msg: "must not be empty (a push replaces the candidate set; an empty one would leave nothing to route to)"}
 	}
 	if g := root.Get("gateways"); g.Exists() && g.Type != gjson.Null {
 		if st.Gateways, err = decodeGateways(g); err != nil {
@@ -74,7 +101,7 @@ func Decode(body []byte) (State, error) {
 	}
 	if c := root.Get("cursor"); c.Exists() {
 		if !validCursor(c) {
-			return State{}, errors.New("cursor: must be a string of at most 64 characters of [0-9A-Za-z._-]")
+			return State{}, &Error{Path: "cursor", Msg: "must be a string of at most 64 characters of [0-9A-Za-z._-]"}
 		}
 		st.Cursor = c.Str
 	}
@@ -111,7 +138,7 @@ const maxRemovalBlocks = 1 << 16
 // base64 chain of 8-byte hashes and a from inside it.
 func decodeRemovals(r gjson.Result) ([]Removal, error) {
 	if !r.IsArray() {
-		return nil, errors.New("removals: must be an array")
+		return nil, &Error{Path: "removals", Msg: "must be an array"}
 	}
 	var out []Removal
 	var err error
@@ -124,7 +151,7 @@ func decodeRemovals(r gjson.Result) ([]Removal, error) {
 		}
 		if !x.IsObject() || addr.Type != gjson.String || checkLocation(addr.Str) != nil ||
 			blocks <= 0 || blocks > maxRemovalBlocks || !ok || from < 0 || from >= int64(blocks) {
-			err = fmt.Errorf("removals[%d]: needs a host:port address, a base64 chain of 1 to %d 8-byte hashes and a from inside it", len(out), maxRemovalBlocks)
+			err = fail("removals["+strconv.Itoa(len(out))+"]", "needs a host:port address, a base64 chain of 1 to %d 8-byte hashes and a from inside it", maxRemovalBlocks)
 			return false
 		}
 		out = append(out, Removal{Address: addr.Str, From: int(from), Chain: chain.Str})
@@ -147,7 +174,7 @@ func chainBlocks(s string) int {
 // decodeGateways validates a push's gateway reports (GatewayReport).
 func decodeGateways(g gjson.Result) ([]GatewayReport, error) {
 	if !g.IsArray() {
-		return nil, errors.New("gateways: must be an array")
+		return nil, &Error{Path: "gateways", Msg: "must be an array"}
 	}
 	var out []GatewayReport
 	var err error
@@ -156,7 +183,7 @@ func decodeGateways(g gjson.Result) ([]GatewayReport, error) {
 		var rep GatewayReport
 		id := r.Get("gateway")
 		if id.Type != gjson.String || id.Str == "" || len(id.Str) > 64 {
-			err = fmt.Errorf("%s.gateway: must be an id of 1 to 64 characters", at)
+			err = fail(at+".gateway", "must be an id of 1 to 64 characters")
 			return false
 		}
 		rep.Gateway = id.Str
@@ -169,7 +196,7 @@ func decodeGateways(g gjson.Result) ([]GatewayReport, error) {
 			}
 			if addr.Type != gjson.String || checkLocation(addr.Str) != nil || chain.Type != gjson.String ||
 				!ok || n < 0 || n > 1<<20 || chain.Type == gjson.String && chainBlocks(chain.Str) < 0 {
-				err = fmt.Errorf("%s.routes[%d]: needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes", at, len(rep.Routes))
+				err = fail(at+".routes["+strconv.Itoa(len(rep.Routes))+"]", "needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes")
 				return false
 			}
 			pt, _ := WholeNumber(rt.Get("promptTokens"))
@@ -187,7 +214,7 @@ func decodeGateways(g gjson.Result) ([]GatewayReport, error) {
 				pf, ok2 := WholeNumber(x.Get("prefillTokens"))
 				dc, ok3 := WholeNumber(x.Get("decodeTokens"))
 				if addr.Type != gjson.String || !ok1 || !ok2 || !ok3 || in < 0 || pf < 0 || dc < 0 || in > 1<<31 {
-					err = fmt.Errorf("%s.load[%d]: needs an address and whole counts >= 0", at, len(rep.Load))
+					err = fail(at+".load["+strconv.Itoa(len(rep.Load))+"]", "needs an address and whole counts >= 0")
 					return false
 				}
 				rep.Load = append(rep.Load, HostLoad{Address: addr.Str, InFlight: int(in), PrefillTokens: pf, DecodeTokens: dc})
@@ -204,48 +231,48 @@ func decodeHost(h gjson.Result, i int) (Host, error) {
 	at := hostAt(i)
 	var host Host
 	if !h.IsObject() {
-		return host, fmt.Errorf("%s: must be an object", at)
+		return host, at.fail("", "must be an object")
 	}
 	var m objectMembers
 	m.read(h)
 	addr := m.get("address")
 	if addr.Type != gjson.String {
-		return host, fmt.Errorf("%s.address: must be a host:port string", at)
+		return host, at.fail(".address", "must be a host:port string")
 	}
 	if err := CheckAddress(addr.Str); err != nil {
-		return host, fmt.Errorf("%s.address: %v", at, err)
+		return host, at.fail(".address", "%v", err)
 	}
 	host.Address = addr.Str
 	role, err := CheckRole(m.get("role").Str)
 	if err != nil {
-		return host, fmt.Errorf("%s.role: %v", at, err)
+		return host, at.fail(".role", "%v", err)
 	}
 	host.Role = role
 	if m := m.get("model"); m.Exists() {
 		if m.Type != gjson.String {
-			return host, fmt.Errorf("%s.model: must be a string", at)
+			return host, at.fail(".model", "must be a string")
 		}
 		host.Model = m.Str
 	}
 	if a := m.get("adapters"); a.Exists() && a.Type != gjson.Null {
 		if !a.IsArray() {
-			return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
+			return host, at.fail(".adapters", "must be an array of strings")
 		}
 		for _, x := range a.Array() {
 			if x.Type != gjson.String {
-				return host, fmt.Errorf("%s.adapters: must be an array of strings", at)
+				return host, at.fail(".adapters", "must be an array of strings")
 			}
 			host.Adapters = append(host.Adapters, x.Str)
 		}
 	}
 	healthy := m.get("healthy")
 	if healthy.Exists() && healthy.Type != gjson.True && healthy.Type != gjson.False {
-		return host, fmt.Errorf("%s.healthy: must be a boolean", at)
+		return host, at.fail(".healthy", "must be a boolean")
 	}
 	host.Healthy = !healthy.Exists() || healthy.Bool()
 	if v := m.get("preciseCacheState"); v.Exists() {
 		if v.Type != gjson.True && v.Type != gjson.False {
-			return host, fmt.Errorf("%s.preciseCacheState: must be a boolean", at)
+			return host, at.fail(".preciseCacheState", "must be a boolean")
 		}
 		host.PreciseCacheState = v.Type == gjson.True
 	}
@@ -261,7 +288,7 @@ func decodeHost(h gjson.Result, i int) (Host, error) {
 		}
 		n, ok := WholeNumber(v)
 		if !ok || n < 0 || n > 1<<40 {
-			return host, fmt.Errorf("%s.%s: must be a whole number >= 0", at, f.name)
+			return host, at.fail("."+f.name, "must be a whole number >= 0")
 		}
 		*f.dst = int(n)
 	}
@@ -270,7 +297,7 @@ func decodeHost(h gjson.Result, i int) (Host, error) {
 	}
 	if v := m.get("kvUsage"); v.Exists() {
 		if v.Type != gjson.Number || v.Num < 0 || v.Num > 1 {
-			return host, fmt.Errorf("%s.kvUsage: must be a number from 0 to 1", at)
+			return host, at.fail(".kvUsage", "must be a number from 0 to 1")
 		}
 		host.KVUsage = v.Num
 	}
@@ -281,7 +308,7 @@ func decodeHost(h gjson.Result, i int) (Host, error) {
 		if v := m.get(f.name); v.Exists() {
 			ms, ok := unixMs(v)
 			if !ok || ms < 0 {
-				return host, fmt.Errorf("%s.%s: must be a whole Unix time in milliseconds", at, f.name)
+				return host, at.fail("."+f.name, "must be a whole Unix time in milliseconds")
 			}
 			*f.dst = ms
 		}
@@ -315,7 +342,7 @@ func decodeRank(m *objectMembers, host *Host, at hostAt) error {
 	if v := m.get("dataParallelSize"); v.Exists() {
 		n, ok := WholeNumber(v)
 		if !ok || n < 1 || n > MaxDataParallelSize {
-			return fmt.Errorf("%s.dataParallelSize: must be a whole number from 1 to %d", at, MaxDataParallelSize)
+			return at.fail(".dataParallelSize", "must be a whole number from 1 to %d", MaxDataParallelSize)
 		}
 		host.DataParallelSize = int(n)
 	}
@@ -325,8 +352,8 @@ func decodeRank(m *objectMembers, host *Host, at hostAt) error {
 	}
 	n, ok := WholeNumber(v)
 	if !ok || n < 0 || n >= int64(max(host.DataParallelSize, 1)) {
-		return fmt.Errorf("%s.rank: %s is not a rank of the endpoint's %d data-parallel ranks (0 to %d; set dataParallelSize)",
-			at, v.Raw, max(host.DataParallelSize, 1), max(host.DataParallelSize, 1)-1)
+		return at.fail(".rank", "%s is not a rank of the endpoint's %d data-parallel ranks (0 to %d; set dataParallelSize)",
+			v.Raw, max(host.DataParallelSize, 1), max(host.DataParallelSize, 1)-1)
 	}
 	host.Rank = int(n)
 	return nil
@@ -336,6 +363,12 @@ func decodeRank(m *objectMembers, host *Host, at hostAt) error {
 type hostAt int
 
 func (i hostAt) String() string { return "hosts[" + strconv.Itoa(int(i)) + "]" }
+
+// fail is an *Error at hosts[i] and field (".address"; "" for the host
+// itself): the path is built in one place, not at each refusal.
+func (i hostAt) fail(field, format string, args ...any) *Error {
+	return fail(i.String()+field, format, args...)
+}
 
 // objectMembers holds an object's members as read in one pass: a push carries
 // about ten fields per host, and gjson's Get scans the object again for

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -98,4 +99,24 @@ func FuzzDecodeSnapshot(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Decode's error names the field apart from the problem, and its text is
+// the push's 400 message as the state endpoint has always written it.
+func TestDecodeErrorNamesThePath(t *testing.T) {
+	for _, c := range []struct{ body, path, text string }{
+		{``, "", "empty body: POST a kvroute state snapshot (JSON)"},
+		{`[1]`, "", "the body must be a JSON object"},
+		{`{"version":1,"timestampMs":5,"hosts":[]}`, "hosts", "hosts: must not be empty (a push replaces the candidate set; an empty one would leave nothing to route to)"},
+		{`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"},{"address":"b"}]}`, "hosts[1].address", `hosts[1].address: "b" is not host:port (missing port)`},
+		{`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1","numGpuBlocks":1.5}]}`, "hosts[0].numGpuBlocks", "hosts[0].numGpuBlocks: must be a whole number >= 0"},
+		{`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"gateways":[{"gateway":"g"},{"gateway":"h","load":[{"address":"a:1"},{"inFlight":1}]}]}`, "gateways[1].load[0]", "gateways[1].load[0]: needs an address and whole counts >= 0"},
+		{`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"cursor":"a b"}`, "cursor", "cursor: must be a string of at most 64 characters of [0-9A-Za-z._-]"},
+	} {
+		_, err := Decode([]byte(c.body))
+		var e *Error
+		if !errors.As(err, &e) || e.Path != c.path || err.Error() != c.text {
+			t.Errorf("Decode(%s): %#v (%v), want path %q and text %q", c.body, err, err, c.path, c.text)
+		}
+	}
 }
