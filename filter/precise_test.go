@@ -3,6 +3,7 @@ package filter
 import (
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -198,4 +199,62 @@ func chainBase64(c []uint64) string {
 		raw = binary.LittleEndian.AppendUint64(raw, x)
 	}
 	return base64.StdEncoding.EncodeToString(raw)
+}
+
+// A gateway's routing report carries, with each route, the worker's
+// calibrated characters per token for the request's model (learned from
+// the engines' usage.prompt_tokens), which the service's bridge converts
+// engine tokens with: none before the first response, about 8 after an
+// engine counted a prompt of 8 characters a token.
+func TestWasmReportCarriesCalibratedCharsPerToken(t *testing.T) {
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
+	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}`, len(prompt)/8)
+	addrs := jsonUpstreams(t, 1, resp)
+	var mu sync.Mutex
+	var cpts []float64
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var rep struct {
+			Routes []struct {
+				CharsPerToken float64 `json:"charsPerToken"`
+			} `json:"routes"`
+		}
+		b, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Errorf("report %s: %v", b, err)
+		}
+		mu.Lock()
+		for _, rt := range rep.Routes {
+			cpts = append(cpts, rt.CharsPerToken)
+		}
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(metrics.Close)
+	h, url := wasmhosttest.Start(t, wasmhost.Config{
+		Module: testenv.Module(t), VMID: "kvroute", Workers: 1, Dispatch: wasmhost.DispatchStream,
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: `{` + endpointsJSON(addrs) +
+			`,"fallbacks":0,"state":{"token":"` + stateToken + `","report":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
+		Clusters:     map[string][]string{"engines": addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
+		RouteCluster: "engines",
+	})
+	body := `{"model":"m","prompt":"` + prompt + `","max_tokens":1}`
+	for i := range 2 {
+		responses := h.CounterValue("kvroute.router.feedback.responses")
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, r)
+		}
+		testenv.WaitFor(t, "the response's usage", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+	}
+	testenv.WaitFor(t, "both routes reported", func() bool {
+		time.Sleep(110 * time.Millisecond)
+		h.FireTicks()
+		mu.Lock()
+		defer mu.Unlock()
+		return len(cpts) >= 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if cpts[0] != 0 || cpts[1] < 7.5 || cpts[1] > 9 {
+		t.Errorf("routes reported with characters per token %v; want none before the first response, about 8 after it", cpts)
+	}
 }
