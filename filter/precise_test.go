@@ -20,14 +20,16 @@ import (
 	"github.com/kvroute/kvroute/openai"
 )
 
-// Precise cache state turns the capacity model off for a host, and only
-// while the pushed state is fresh (snapshot.Host.PreciseCacheState). One
-// engine whose KV capacity holds one of two prompts, A and B, each
-// recorded in a recency bucket of its own (1 s apart):
+// Precise cache state turns the capacity model into a backstop at twice
+// the engine's KV for a host, and only while the pushed state is fresh
+// (snapshot.Host.PreciseCacheState). One engine whose KV capacity holds
+// one of two prompts, A and B, each recorded in a recency bucket of its
+// own (1 s apart):
 //   - without precise cache state, recording B ages A out (A is predicted
 //     nothing);
 //   - with it, recording B leaves A predicted whole: the engine's
-//     removals, not the capacity, say what it evicted;
+//     removals, not the capacity, say what it evicted; past twice the
+//     capacity (C, twice A's size, after B and A) the oldest, B, goes;
 //   - once the pushed state is stale (the metrics service down), the
 //     capacity model is back: recording B ages A out again, and
 //     state.precise_dropped counts the fallback.
@@ -37,12 +39,13 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	}
 	promptA := strings.Repeat("a quick brown fox jumps over the lazy dog ", 100)
 	promptB := strings.Repeat("b quick brown fox jumps over the lazy dog ", 100)
+	promptC := strings.Repeat("c quick brown fox jumps over the lazy dog ", 200)
 	n := len(promptA) / 4
 	// The engine confirms every prompt whole: never fewer tokens than
 	// predicted, so cached_tokens corrects nothing here.
 	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, n, n)
 	addrs := jsonUpstreams(t, 1, resp)
-	const staleMs = 3000
+	const staleMs = 5000
 	h, url := startRouter(t, addrs, 1, fmt.Sprintf(`,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":%q,"staleAfterMs":%d}`, stateToken, staleMs))
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
 	// 16-token blocks x 100: 1,600 tokens of KV, one prompt (about 1,100
@@ -86,6 +89,11 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	whole := predicted(promptA)
 	if whole < int64(n)*3/4 {
 		t.Fatalf("precise cache state: after B, A predicted %d cached tokens; want about %d (no capacity model)", whole, n)
+	}
+	bucket()
+	predicted(promptC) // B, A and C: twice the capacity and more
+	if got := predicted(promptB); got > int64(n)/2 {
+		t.Fatalf("precise cache state: after B, A and C (%d tokens, over twice the capacity), B predicted %d cached tokens; want it aged out by the backstop", 4*n, got)
 	}
 	if time.Since(pushedAt) >= staleMs*time.Millisecond {
 		t.Skipf("the machine is too slow for this test: %v passed since the push, the state went stale", time.Since(pushedAt))
