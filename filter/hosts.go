@@ -76,6 +76,7 @@ func (p *routerPlugin) setHosts(cs []candidate, pushed bool) {
 		h.Unhealthy = !c.healthy
 		h.Waiting, h.Running, h.KVUsage = c.waiting, c.running, c.kvUsage
 		h.BlockCapacity = c.blockCapacity
+		h.PreciseCache = c.precise
 		facts = append(facts, dispatch.HostFacts{CapacityTokens: c.indexCapacity(), ClearedAtMs: c.clearedAtMs})
 		if c.precise {
 			anyPrecise = true

@@ -211,6 +211,15 @@ func TestScorers(t *testing.T) {
 				r.MatchedBlocks, r.MatchedTokens = []int32{8, 2, 0}, []int32{10000, 1000, 0}
 			},
 			want: []float64{1, 0.25, 0}},
+		// A confirmed match (precise cache state) weighs preciseScale of a
+		// guessed one: prefill_cost already credits it.
+		{name: "prefix cache scales hosts under precise cache state", typ: "prefix_cache", params: `{"scaleTokens": 4000, "preciseScale": 0.5}`, cat: Affinity,
+			hosts: func() []Host { h := fleet(3); h[0].PreciseCache, h[2].PreciseCache = true, true; return h },
+			req: func(r *Request) {
+				r.PromptTokens, r.TotalBlocks = 10000, 8
+				r.MatchedBlocks, r.MatchedTokens = []int32{8, 8, 2}, []int32{10000, 10000, 1000}
+			},
+			want: []float64{0.5, 1, 0.125}},
 		{name: "prefix cache without blocks scores 0", typ: "prefix_cache", cat: Affinity,
 			hosts: func() []Host { return fleet(2) }, req: func(r *Request) { r.TotalBlocks = 0 },
 			want: []float64{0, 0}},

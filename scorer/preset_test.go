@@ -51,3 +51,34 @@ func TestEveryPresetBuildsAndDecides(t *testing.T) {
 		})
 	}
 }
+
+// TestKVCacheAwareWeighsPreciseMatchesLess: kv_cache_aware bets less on a
+// match the engine's own events confirm (precise cache state) than on one
+// the index guesses, since prefill_cost already credits the cached tokens.
+// The host holding 8,192 of a 10,000-token prompt but queueing 13,000 more
+// tokens of prefill than an empty-handed host wins under approximate state
+// (prefix 3 + cost 3 x (1 - 13000/16384) against 3) and loses under precise
+// state (prefix 3 x 0.6667 + the same cost, under 3).
+func TestKVCacheAwareWeighsPreciseMatchesLess(t *testing.T) {
+	h, err := NewHandler("kv_cache_aware")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, precise := range []bool{false, true} {
+		hosts := fleet(2)
+		hosts[0].PendingPrefillTokens = 41192 // cost 41192 + 1808 uncached = 43000
+		hosts[1].PendingPrefillTokens = 20000 // cost 20000 + 10000 uncached = 30000
+		hosts[0].PreciseCache, hosts[1].PreciseCache = precise, precise
+		req := newReq(2, 10000, 10)
+		req.MatchedBlocks = []int32{8, 0}
+		req.MatchedTokens = []int32{8192, 0}
+		res := h.Run(req, hosts, NewScratch(1))
+		want := 0
+		if precise {
+			want = 1
+		}
+		if got := res.Decode.Order[0]; got != want {
+			t.Errorf("precise=%v: picked host %d, want %d\n%s", precise, got, want, res.Explain(req, hosts))
+		}
+	}
+}

@@ -40,7 +40,7 @@ var presetConfigs = map[string]string{
 		  {"name": "guard", "type": "load_guard",
 		   "params": {"absoluteTokens": 65536, "relative": 2, "basis": "cost", "decodeWeight": 0.05}},
 		  {"name": "cost", "type": "prefill_cost", "params": {"scaleTokens": 16384, "decodeWeight": 0.05}},
-		  {"name": "prefix", "type": "prefix_cache", "params": {"scaleTokens": 8192}}],
+		  {"name": "prefix", "type": "prefix_cache", "params": {"scaleTokens": 8192, "preciseScale": 0.6667}}],
 		"profiles": {"kv_cache_aware": {
 		"filters": ["healthy", "role", "model", "saturation", "guard"],
 		"scorers": [{"plugin": "prefix", "weight": 3},

@@ -8,11 +8,12 @@ import (
 
 func init() {
 	Register("prefix_cache", KindScorer,
-		"affinity: the fraction of the request the index believes the host holds: matched over total tokens (unit tokens, the default) or blocks (unit blocks, as GIE counts); with scaleTokens, matched tokens over that scale (capped at 1)",
+		"affinity: the fraction of the request the index believes the host holds: matched over total tokens (unit tokens, the default) or blocks (unit blocks, as GIE counts); with scaleTokens, matched tokens over that scale (capped at 1); preciseScale multiplies the score of hosts under precise cache state (default 1)",
 		func(p *config.Params) Plugin {
 			return &prefixScorer{
-				blocks: p.Enum("unit", "tokens", "tokens", "blocks") == "blocks",
-				scale:  float64(p.Int("scaleTokens", 0, 0, 1<<30)),
+				blocks:       p.Enum("unit", "tokens", "tokens", "blocks") == "blocks",
+				scale:        float64(p.Int("scaleTokens", 0, 0, 1<<30)),
+				preciseScale: p.Float("preciseScale", 1, 0, 1),
 			}
 		})
 	Register("kv_utilization", KindScorer,
@@ -84,12 +85,22 @@ func init() {
 // worth 1,000 tokens of queue — whether the prompt is 2k or 60k long —
 // instead of the whole weight of the prefix scorer.
 //
+// preciseScale weighs a host whose cache state is precise (Host.PreciseCache)
+// below one whose state the index guesses. prefill_cost already credits the
+// matched tokens as prefill work saved; on top of it the prefix score is a
+// bet that the match is real. Under approximate state that bet covers the
+// index's misses. Under precise state the match is confirmed, including old
+// prefixes the engine kept and the approximate index forgot, and the full
+// bet sends those requests to the hosts that kept them, concentrating load
+// there (docs/cache-state.md#measured). kv_cache_aware sets it to 2/3.
+//
 // Like prefillCostScorer it is held by pointer: a struct with fields called
 // through an interface by value goes through a generated (*T).Score
 // wrapper, one more function each request enters in Wasm.
 type prefixScorer struct {
-	blocks bool
-	scale  float64
+	blocks       bool
+	scale        float64
+	preciseScale float64
 }
 
 func (prefixScorer) Type() string       { return "prefix_cache" }
@@ -113,6 +124,9 @@ func (p *prefixScorer) Score(c *Cycle, cand []int, out []float64) {
 		v := float64(t) / float64(total)
 		if v > 1 { // not min: in Wasm that is a runtime call per host
 			v = 1
+		}
+		if c.Hosts[h].PreciseCache {
+			v *= p.preciseScale
 		}
 		out[h] = v
 	}

@@ -126,6 +126,13 @@ type Host struct {
 	// IndexedBlocks is how many blocks the index currently attributes to it.
 	BlockCapacity int
 	IndexedBlocks int
+
+	// PreciseCache is set when the index's entries for this host follow
+	// the engine's own KV events (precise cache state, bridged by the
+	// metrics service): what it matches is what the engine holds, kept old
+	// prefixes included, rather than a guess from routing. Scope: the
+	// gateway (every worker sees the same pushed flag).
+	PreciseCache bool
 }
 
 // Request is the typed per-request state plugins read. It never holds prompt

@@ -61,9 +61,13 @@ func NewPrecise(r Router) (*PreciseRouter, error) {
 	case *RealRouter:
 		p.gws = []*RealRouter{r}
 		p.owner = func(*workload.Request) *RealRouter { return r }
+		markPrecise(r)
 	case *TopologyRouter:
 		for _, gw := range r.gws {
 			p.gws = append(p.gws, gw.workers[0])
+			for _, w := range gw.workers {
+				markPrecise(w)
+			}
 		}
 		p.owner = func(wr *workload.Request) *RealRouter { return r.owner[wr.ID] }
 	default:
@@ -90,6 +94,15 @@ func NewPrecise(r Router) (*PreciseRouter, error) {
 		}
 	}
 	return p, nil
+}
+
+// markPrecise tells the scorers of every host of r that its cache state is
+// precise, as the filter does for the hosts the metrics service trusts
+// (scorer.Host.PreciseCache).
+func markPrecise(r *RealRouter) {
+	for i := range r.hosts {
+		r.hosts[i].PreciseCache = true
+	}
 }
 
 // Route implements Router: deltas already due first (when the run has no

@@ -109,3 +109,30 @@ func TestCorrectionWithoutCapacity(t *testing.T) {
 		t.Errorf("corrections did not lower the prediction error: %.3f with, %.3f without", errs[1], errs[0])
 	}
 }
+
+// TestPreciseMarksEveryWorkersHosts: the scorers of every worker of every
+// gateway see the hosts' cache state as precise (scorer.Host.PreciseCache,
+// which kv_cache_aware's prefix score weighs), as the filter does for the
+// hosts the metrics service trusts; without NewPrecise none do.
+func TestPreciseMarksEveryWorkersHosts(t *testing.T) {
+	for _, precise := range []bool{false, true} {
+		r, err := NewTopology("kv_cache_aware", 3, StrategyOptions{Seed: 1}, Topology{Gateways: 2, Workers: 2, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if precise {
+			if _, err := NewPrecise(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for g, gw := range r.gws {
+			for w, wr := range gw.workers {
+				for i, h := range wr.hosts {
+					if h.PreciseCache != precise {
+						t.Errorf("precise=%v: gateway %d worker %d host %d PreciseCache = %v", precise, g, w, i, h.PreciseCache)
+					}
+				}
+			}
+		}
+	}
+}
