@@ -26,13 +26,21 @@ type candidate struct {
 	precise bool
 }
 
+// preciseCapacityFactor is how far past the engine's KV capacity the
+// index keeps a host's blocks under precise cache state: the removals age
+// them out, and the capacity model only bounds what no removal will ever
+// name (blocks whose store the service matched to no route), which a
+// trusted host has up to a fifth of.
+const preciseCapacityFactor = 2
+
 // indexCapacity is the KV capacity the index ages the host's blocks by:
-// none (0, unbounded) under precise cache state, whose removals do it;
-// else the engine's, -1 when unknown (leave the index's as it is).
+// under precise cache state, whose removals do it, a backstop at
+// preciseCapacityFactor times the engine's (unbounded when unknown); else
+// the engine's, -1 when unknown (leave the index's as it is).
 func (c *candidate) indexCapacity() int {
 	switch {
 	case c.precise:
-		return 0
+		return preciseCapacityFactor * max(c.capacityTokens, 0)
 	case c.capacityTokens > 0:
 		return c.capacityTokens
 	}

@@ -3,6 +3,7 @@ package filter
 import (
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,14 +20,16 @@ import (
 	"github.com/kvroute/kvroute/openai"
 )
 
-// Precise cache state turns the capacity model off for a host, and only
-// while the pushed state is fresh (snapshot.Host.PreciseCacheState). One
-// engine whose KV capacity holds one of two prompts, A and B, each
-// recorded in a recency bucket of its own (1 s apart):
+// Precise cache state turns the capacity model into a backstop at twice
+// the engine's KV for a host, and only while the pushed state is fresh
+// (snapshot.Host.PreciseCacheState). One engine whose KV capacity holds
+// one of two prompts, A and B, each recorded in a recency bucket of its
+// own (1 s apart):
 //   - without precise cache state, recording B ages A out (A is predicted
 //     nothing);
 //   - with it, recording B leaves A predicted whole: the engine's
-//     removals, not the capacity, say what it evicted;
+//     removals, not the capacity, say what it evicted; past twice the
+//     capacity (C, twice A's size, after B and A) the oldest, B, goes;
 //   - once the pushed state is stale (the metrics service down), the
 //     capacity model is back: recording B ages A out again, and
 //     state.precise_dropped counts the fallback.
@@ -36,12 +39,13 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	}
 	promptA := strings.Repeat("a quick brown fox jumps over the lazy dog ", 100)
 	promptB := strings.Repeat("b quick brown fox jumps over the lazy dog ", 100)
+	promptC := strings.Repeat("c quick brown fox jumps over the lazy dog ", 200)
 	n := len(promptA) / 4
 	// The engine confirms every prompt whole: never fewer tokens than
 	// predicted, so cached_tokens corrects nothing here.
 	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, n, n)
 	addrs := jsonUpstreams(t, 1, resp)
-	const staleMs = 3000
+	const staleMs = 5000
 	h, url := startRouter(t, addrs, 1, fmt.Sprintf(`,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":%q,"staleAfterMs":%d}`, stateToken, staleMs))
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
 	// 16-token blocks x 100: 1,600 tokens of KV, one prompt (about 1,100
@@ -85,6 +89,11 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	whole := predicted(promptA)
 	if whole < int64(n)*3/4 {
 		t.Fatalf("precise cache state: after B, A predicted %d cached tokens; want about %d (no capacity model)", whole, n)
+	}
+	bucket()
+	predicted(promptC) // B, A and C: twice the capacity and more
+	if got := predicted(promptB); got > int64(n)/2 {
+		t.Fatalf("precise cache state: after B, A and C (%d tokens, over twice the capacity), B predicted %d cached tokens; want it aged out by the backstop", 4*n, got)
 	}
 	if time.Since(pushedAt) >= staleMs*time.Millisecond {
 		t.Skipf("the machine is too slow for this test: %v passed since the push, the state went stale", time.Since(pushedAt))
@@ -198,4 +207,62 @@ func chainBase64(c []uint64) string {
 		raw = binary.LittleEndian.AppendUint64(raw, x)
 	}
 	return base64.StdEncoding.EncodeToString(raw)
+}
+
+// A gateway's routing report carries, with each route, the worker's
+// calibrated characters per token for the request's model (learned from
+// the engines' usage.prompt_tokens), which the service's bridge converts
+// engine tokens with: none before the first response, about 8 after an
+// engine counted a prompt of 8 characters a token.
+func TestWasmReportCarriesCalibratedCharsPerToken(t *testing.T) {
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40)
+	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}`, len(prompt)/8)
+	addrs := jsonUpstreams(t, 1, resp)
+	var mu sync.Mutex
+	var cpts []float64
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var rep struct {
+			Routes []struct {
+				CharsPerToken float64 `json:"charsPerToken"`
+			} `json:"routes"`
+		}
+		b, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Errorf("report %s: %v", b, err)
+		}
+		mu.Lock()
+		for _, rt := range rep.Routes {
+			cpts = append(cpts, rt.CharsPerToken)
+		}
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(metrics.Close)
+	h, url := wasmhosttest.Start(t, wasmhost.Config{
+		Module: testenv.Module(t), VMID: "kvroute", Workers: 1, Dispatch: wasmhost.DispatchStream,
+		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: `{` + endpointsJSON(addrs) +
+			`,"fallbacks":0,"state":{"token":"` + stateToken + `","report":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
+		Clusters:     map[string][]string{"engines": addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
+		RouteCluster: "engines",
+	})
+	body := `{"model":"m","prompt":"` + prompt + `","max_tokens":1}`
+	for i := range 2 {
+		responses := h.CounterValue("kvroute.router.feedback.responses")
+		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, r)
+		}
+		testenv.WaitFor(t, "the response's usage", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+	}
+	testenv.WaitFor(t, "both routes reported", func() bool {
+		time.Sleep(110 * time.Millisecond)
+		h.FireTicks()
+		mu.Lock()
+		defer mu.Unlock()
+		return len(cpts) >= 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if cpts[0] != 0 || cpts[1] < 7.5 || cpts[1] > 9 {
+		t.Errorf("routes reported with characters per token %v; want none before the first response, about 8 after it", cpts)
+	}
 }

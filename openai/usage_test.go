@@ -47,20 +47,33 @@ func TestCachedTokensMatchesJoinedScan(t *testing.T) {
 			b.WriteString(pieces[rng.Intn(len(pieces))])
 		}
 		body := []byte(b.String())
-		var tail Tail
-		for len(body) > 0 {
-			n := 1 + rng.Intn(len(body))
+		checkChunks(t, body, func(rest, _ int) int {
 			if rng.Intn(2) == 0 {
-				n = min(len(body), 1+rng.Intn(20))
+				return 1 + rng.Intn(20)
 			}
-			chunk := body[:n]
-			body = body[n:]
-			gotN, gotOK := CachedTokens(tail.Bytes(), chunk)
-			wantN, wantOK := cachedTokensJoined(tail.Bytes(), chunk)
-			if gotOK != wantOK || gotOK && gotN != wantN {
-				t.Fatalf("CachedTokens(%q, %q) = %d, %v; joined scan: %d, %v", tail.Bytes(), chunk, gotN, gotOK, wantN, wantOK)
-			}
-			tail.Keep(chunk)
+			return 1 + rng.Intn(rest)
+		})
+	}
+}
+
+// checkChunks cuts body into chunks, each of cut(bytes left, chunk number)
+// bytes (at least 1, at most what is left), and checks each chunk's answer,
+// with the previous chunk's tail, against the joined scan.
+func checkChunks(t *testing.T, body []byte, cut func(rest, i int) int) {
+	t.Helper()
+	var tail Tail
+	for i := 0; len(body) > 0; i++ {
+		n := min(max(cut(len(body), i), 1), len(body))
+		chunk := body[:n]
+		body = body[n:]
+		gotN, gotOK := CachedTokens(tail.Bytes(), chunk)
+		wantN, wantOK := cachedTokensJoined(tail.Bytes(), chunk)
+		if gotOK != wantOK || gotOK && gotN != wantN {
+			t.Fatalf("CachedTokens(%q, %q) = %d, %v; joined scan: %d, %v", tail.Bytes(), chunk, gotN, gotOK, wantN, wantOK)
+		}
+		tail.Keep(chunk)
+		if len(tail.Bytes()) > tailKeep {
+			t.Fatalf("the tail keeps %d bytes, more than %d", len(tail.Bytes()), tailKeep)
 		}
 	}
 }
@@ -120,24 +133,12 @@ func FuzzCachedTokensAcrossChunks(f *testing.F) {
 	f.Add([]byte(`"cached_tokens": 1024}"cached_tokens":7`), []byte{17, 1, 2, 3})
 	f.Add(bytes.Repeat([]byte(`"cached_tokens":9`), 9), []byte{70, 70})
 	f.Fuzz(func(t *testing.T, body, cuts []byte) {
-		var tail Tail
-		for i := 0; len(body) > 0; i++ {
-			n := len(body)
+		checkChunks(t, body, func(rest, i int) int {
 			if i < len(cuts) {
-				n = min(n, 1+int(cuts[i]))
+				return 1 + int(cuts[i])
 			}
-			chunk := body[:n]
-			body = body[n:]
-			gotN, gotOK := CachedTokens(tail.Bytes(), chunk)
-			wantN, wantOK := cachedTokensJoined(tail.Bytes(), chunk)
-			if gotOK != wantOK || gotOK && gotN != wantN {
-				t.Fatalf("CachedTokens(%q, %q) = %d, %v; joined scan: %d, %v", tail.Bytes(), chunk, gotN, gotOK, wantN, wantOK)
-			}
-			tail.Keep(chunk)
-			if len(tail.Bytes()) > tailKeep {
-				t.Fatalf("the tail keeps %d bytes, more than %d", len(tail.Bytes()), tailKeep)
-			}
-		}
+			return rest
+		})
 	})
 }
 

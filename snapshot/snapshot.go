@@ -152,10 +152,10 @@ type Host struct {
 	// into removals it can be trusted with (docs/cache-state.md): the
 	// event stream is up, no events were lost lately, and nearly every
 	// block the engine stored was matched to a route the gateways
-	// reported. While a fresh push says so, a gateway drops its own
-	// eviction model (the KV capacity) for the host and lets the removals
-	// age its blocks out; without it, or once the pushed state is stale,
-	// the capacity model applies.
+	// reported. While a fresh push says so, a gateway lets the removals
+	// age the host's blocks out and keeps its own eviction model (the KV
+	// capacity) only as a backstop at twice the capacity; without it, or
+	// once the pushed state is stale, the capacity model applies.
 	PreciseCacheState bool `json:"preciseCacheState,omitempty"`
 	// ScrapedAtMs is when this host was last scraped successfully (Unix ms).
 	ScrapedAtMs int64 `json:"scrapedAtMs,omitempty"`

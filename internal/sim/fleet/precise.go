@@ -76,12 +76,15 @@ func NewPrecise(r Router) (*PreciseRouter, error) {
 	}
 	// The engines' evictions now arrive as events: the index's own
 	// eviction model (a per-host capacity aging out whole recency buckets)
-	// would evict heads the engines keep. A gateway falls back to it for a
-	// host whose event stream is down.
+	// would evict heads the engines keep. As a gateway does for a host the
+	// metrics service trusts (filter: candidate.indexCapacity), it stays
+	// as a backstop at twice the engine's KV, for blocks no removal will
+	// name; a gateway falls back to it for a host whose event stream is
+	// down.
 	for _, g := range p.gws {
 		for i := range g.hosts {
 			h := &g.hosts[i]
-			if err := g.ix.SetCapacity(index.HostRef{Slot: h.Slot, Gen: h.Gen}, 0); err != nil {
+			if err := g.ix.SetCapacity(index.HostRef{Slot: h.Slot, Gen: h.Gen}, 2*g.capTokens); err != nil {
 				return nil, err
 			}
 		}

@@ -114,6 +114,7 @@ func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.
 			return nil, err
 		}
 		if capTokens > 0 && !opt.NoCapacity {
+			a.capTokens = capTokens
 			if err := ix.SetCapacity(index.HostRef{Slot: a.hosts[i].Slot, Gen: a.hosts[i].Gen}, capTokens); err != nil {
 				return nil, err
 			}
@@ -128,13 +129,16 @@ func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.
 // engine state (queue, KV use, cached blocks) arrives through ObserveState
 // at the metrics service's push interval.
 type RealRouter struct {
-	r       *dispatch.Dispatcher
-	ix      *index.Index
-	hasher  *index.Hasher
-	hosts   []scorer.Host
-	tickets map[int]*dispatch.Ticket
-	latency []float64
-	nowMs   int64
+	r      *dispatch.Dispatcher
+	ix     *index.Index
+	hasher *index.Hasher
+	hosts  []scorer.Host
+	// capTokens is the engines' KV capacity the index ages blocks by (0:
+	// none, NoCapacity).
+	capTokens int
+	tickets   map[int]*dispatch.Ticket
+	latency   []float64
+	nowMs     int64
 	// FailedOpen counts decisions with no candidate, routed to replica 0.
 	FailedOpen int
 	// onRoute, when set, is told each decision's host and block chain

@@ -60,7 +60,11 @@
 //     413 when a body a filter buffers with StopIterationAndBuffer passes
 //     the buffer limit) take the same path. The Watermark variants,
 //     including the default conversion of a Pause in headers, apply flow
-//     control instead: the stream waits.
+//     control instead: the stream waits. A reply before the request body
+//     ended carries Connection: close, and the connection closes as
+//     Envoy's delayed close does: the rest of the body is read and dropped
+//     for up to Config.DelayedCloseTimeout (delayed_close_timeout, 1 s), so
+//     a client still sending reads the reply instead of a reset.
 //   - Bodies arrive as Envoy's HTTP/1 codec delivers them, in both
 //     directions: each read's bytes with end_stream false, then the end as
 //     an empty chunk of its own (the codec's onBody, then the empty
