@@ -169,6 +169,7 @@ func (s *Stats) Add(o Stats) {
 	s.UnderPredicted += o.UnderPredicted
 	s.IndexErrors += o.IndexErrors
 	s.LoadErrors += o.LoadErrors
+	s.TTFTDropped += o.TTFTDropped
 	s.CASRetries += o.CASRetries
 }
 

@@ -23,7 +23,7 @@ func TestConfigErrorsNameTheirPath(t *testing.T) {
 		{"missing type", `{"plugins": [{"name": "a"}]}`, "plugins[0].type", "missing"},
 		{"unknown plugin type", `{"plugins": [{"name": "a", "type": "magic"}]}`, "plugins[0].type", `unknown plugin type "magic"; known:`},
 		{"duplicate names", `{"plugins": [{"name": "a", "type": "healthy"}, {"name": "a", "type": "role"}]}`, "plugins[1].name", `duplicate name "a" (first defined at plugins[0])`},
-		{"unknown parameter", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"absolute": 5}}]}`, "plugins[0].params.absolute", "unknown key (known keys: absoluteTokens, basis, decodeWeight, relative, waitingTokens)"},
+		{"unknown parameter", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"absolute": 5}}]}`, "plugins[0].params.absolute", "unknown key (known keys: absoluteTokens, basis, decodeWeight, prefixCredit, relative, waitingTokens)"},
 		{"parameter of a parameterless plugin", `{"plugins": [{"name": "p", "type": "session_affinity", "params": {"x": 1}}]}`, "plugins[0].params.x", "takes no parameters"},
 		{"parameter out of range", `{"plugins": [{"name": "h", "type": "consistent_hash", "params": {"loadFactor": 0.5}}]}`, "plugins[0].params.loadFactor", "must be in [1, 100]"},
 		{"parameter wrong type", `{"plugins": [{"name": "h", "type": "consistent_hash", "params": {"loadFactor": "1.25"}}]}`, "plugins[0].params.loadFactor", "must be a number, got a string"},
@@ -54,6 +54,7 @@ func TestConfigErrorsNameTheirPath(t *testing.T) {
 		{"unknown disaggregation field", `{"disaggregation": {"treshold": 5}}`, "disaggregation.treshold", "unknown key"},
 		{"broken unused profile", `{"strategy": "round_robin", "profiles": {"spare": {"scorers": [{"plugin": "queue", "weight": -2}]}}}`, "profiles.spare.scorers[0].weight", "must be >= 0"},
 		{"broken unused plugin", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"relative": 0}}]}`, "plugins[0].params.relative", "must be in [1, 1000]"},
+		{"negative prefix credit", `{"plugins": [{"name": "g", "type": "load_guard", "params": {"prefixCredit": -1}}]}`, "plugins[0].params.prefixCredit", "must be in [0, 100]"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

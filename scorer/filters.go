@@ -37,7 +37,7 @@ func init() {
 			}
 		})
 	Register("load_guard", KindFilter,
-		"the imbalance guard: drops hosts whose token work exceeds the best host's by more than absoluteTokens AND by more than relative times; work is outstanding tokens plus, with basis cost, this request's uncached tokens there",
+		"the imbalance guard: drops hosts whose token work exceeds the best host's by more than absoluteTokens AND by more than relative times; work is outstanding tokens plus, with basis cost, this request's uncached tokens there, less prefixCredit times the tokens of this request the host holds",
 		func(p *config.Params) Plugin {
 			return &loadGuard{
 				absTokens:    float64(p.Int("absoluteTokens", 32768, 0, 1<<40)),
@@ -45,6 +45,7 @@ func init() {
 				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
 				queuedTokens: float64(p.Int("waitingTokens", 0, 0, 1<<30)),
 				withRequest:  p.Enum("basis", "cost", "cost", "load") == "cost",
+				prefixCredit: p.Float("prefixCredit", 0, 0, 100),
 			}
 		})
 }
@@ -261,12 +262,21 @@ func (f *saturationFilter) Filter(c *Cycle, cand []int) []int {
 // must compute all 40k costs, and keeps the request. With basis "load"
 // only outstanding work counts, which evicts affinity far too early on
 // long prompts (docs/strategies.md, "kv_cache_aware: the knobs").
+//
+// prefixCredit makes the guard weigh what a spill costs beyond this
+// request: the prefix a warm host holds is computed again elsewhere, held
+// twice in the fleet's KV memory, and the prompt's group is split between
+// two hosts. A host's work is judged net of prefixCredit times its matched
+// tokens (the best host's work, the bound's base, is not), so the longer
+// the prefix a host holds, the larger the backlog it may carry before the
+// guard drops it.
 type loadGuard struct {
 	absTokens    float64
 	rel          float64
 	decodeWeight float64
 	queuedTokens float64 // tokens assumed per pushed waiting request
 	withRequest  bool
+	prefixCredit float64
 }
 
 func (*loadGuard) Type() string { return "load_guard" }
@@ -302,7 +312,12 @@ func (g *loadGuard) Filter(c *Cycle, cand []int) []int {
 	}
 	n := 0
 	for _, h := range cand {
-		if load[h] <= bound {
+		l := load[h]
+		if g.prefixCredit > 0 {
+			_, t := c.Req.Matched(h)
+			l -= g.prefixCredit * float64(t)
+		}
+		if l <= bound {
 			cand[n] = h
 			n++
 		}

@@ -159,6 +159,32 @@ func TestFilters(t *testing.T) {
 			hosts: func() []Host { h := fleet(2); h[0].PendingPrefillTokens = 9000; return h },
 			req:   func(r *Request) { r.PromptTokens = 10000; r.MatchedTokens = []int32{9500, 0} },
 			want:  []int{1}},
+		{name: "load guard with prefixCredit keeps a backlogged host holding the prompt's prefix", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1.5, "prefixCredit": 1}`,
+			hosts: func() []Host { h := fleet(2); h[0].PendingPrefillTokens = 80000; return h },
+			// host 0: 80000 + 2000 uncached - 38000 held; host 1: 0 + 40000;
+			// bound max(41000, 60000): without the credit host 0 (82000) goes
+			req:  func(r *Request) { r.PromptTokens = 40000; r.MatchedTokens = []int32{38000, 0} },
+			want: []int{0, 1}},
+		{name: "load guard without prefixCredit drops that host", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1.5}`,
+			hosts: func() []Host { h := fleet(2); h[0].PendingPrefillTokens = 80000; return h },
+			req:   func(r *Request) { r.PromptTokens = 40000; r.MatchedTokens = []int32{38000, 0} },
+			want:  []int{1}},
+		{name: "load guard's prefixCredit scales with the tokens held", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1.5, "prefixCredit": 1}`,
+			hosts: func() []Host { h := fleet(2); h[0].PendingPrefillTokens = 80000; return h },
+			// host 0 holds 4000: 80000 + 36000 - 4000 = 112000 > 60000
+			req:  func(r *Request) { r.PromptTokens = 40000; r.MatchedTokens = []int32{4000, 0} },
+			want: []int{1}},
+		{name: "load guard's prefixCredit does not lower the bound", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1.5, "prefixCredit": 2}`,
+			hosts: func() []Host {
+				h := fleet(3)
+				h[0].PendingPrefillTokens, h[1].PendingPrefillTokens, h[2].PendingPrefillTokens = 20000, 45000, 90000
+				return h
+			},
+			// work 60000, 45000 (+ 40000 - 40000 held), 130000; the bound is
+			// from the cheapest work (45000: 67500), not its credited 0, so
+			// host 0 stays; host 2 holds nothing and goes
+			req:  func(r *Request) { r.PromptTokens = 40000; r.MatchedTokens = []int32{0, 40000, 0} },
+			want: []int{0, 1}},
 		{name: "load guard counts decode tokens by weight", typ: "load_guard", params: `{"absoluteTokens": 1000, "relative": 1, "decodeWeight": 1}`,
 			hosts: func() []Host { h := fleet(2); h[0].PendingDecodeTokens = 1500; return h },
 			want:  []int{1}},

@@ -40,6 +40,7 @@ type benchOptions struct {
 	sessions   bool
 	noCorrect  bool
 	noCapacity bool
+	capScale   float64
 	cacheState string
 	top        fleet.Topology
 	spread     string
@@ -88,6 +89,7 @@ Profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `.`,
 	f.StringVar(&o.cacheState, "cache-state", "approximate", "how routers learn the engines' caches: approximate (their own routing and the engines' cached_tokens) or precise (the engines' KV events too, bridged by the metrics service)")
 	f.BoolVar(&o.noCorrect, "no-correct", false, "do not correct the index when an engine confirms fewer cached tokens than predicted")
 	f.BoolVar(&o.noCapacity, "no-capacity", false, "the index does not know the engines' KV capacity (a gateway without the metrics service's push)")
+	f.Float64Var(&o.capScale, "index-capacity-scale", 1, "multiply the KV capacity the index ages blocks out at (the engines' own, as pushed) by this, in [0.5, 4]; peers' own index sizes are kept")
 	f.IntVar(&o.top.Gateways, "gateways", 1, "gateway replicas behind the load balancer (docs/topology.md)")
 	f.IntVar(&o.top.Workers, "workers", 1, "Envoy workers per gateway, each its own Wasm VM sharing the gateway's shared data")
 	f.StringVar(&o.spread, "spread", "random", "how connections reach gateways and workers: random (a cloud load balancer, SO_REUSEPORT) or round_robin")
@@ -181,7 +183,10 @@ func runBench(o benchOptions, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 		return fmt.Errorf("--out %s: %w", o.out, err)
 	}
-	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof, NoCorrect: o.noCorrect, NoCapacity: o.noCapacity}
+	if o.capScale != 0 && !(o.capScale >= 0.5 && o.capScale <= 4) {
+		return fmt.Errorf("--index-capacity-scale %v: must be in [0.5, 4] (1: the engines' own capacity)", o.capScale)
+	}
+	sopt := fleet.StrategyOptions{Seed: o.seed, Profile: prof, NoCorrect: o.noCorrect, NoCapacity: o.noCapacity, CapacityScale: o.capScale}
 	if o.config != "" {
 		if sopt.Config, err = os.ReadFile(o.config); err != nil {
 			return fmt.Errorf("--config: %w", err)

@@ -172,6 +172,7 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		"--max-loras":             {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, adapters: 4, maxLoRAs: 0},
 		"\"a100x\"":               {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, profile: "llama3-8b-h100,a100x"},
 		"--dp-ranks":              {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, dpRanks: 65},
+		"--index-capacity-scale":  {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, capScale: 8},
 		"--dp-routing \"engine\"": {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, dpRanks: 2, dpRouting: "engine"},
 		"one gateway and one worker": {trace: "x", replicas: 2, strategies: "round_robin", rateScale: 1, dpRanks: 2, dpRouting: "endpoint",
 			top: fleet.Topology{Gateways: 2}},

@@ -136,3 +136,28 @@ func TestPreciseMarksEveryWorkersHosts(t *testing.T) {
 		}
 	}
 }
+
+// TestCapacityScale: the index given more (or less) capacity than the
+// engines hold ages fewer (or more) blocks out on the same traffic, and a
+// peer's own index size is kept.
+func TestCapacityScale(t *testing.T) {
+	w, prof := evictingFleet(t)
+	evictions := func(name string, scale float64) uint64 {
+		r, err := NewStrategy(name, 4, StrategyOptions{Seed: 1, Profile: prof, CapacityScale: scale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(Config{Replicas: 4, Profile: prof}, w, r); err != nil {
+			t.Fatal(err)
+		}
+		return r.(*RealRouter).ix.Metrics().Evictions
+	}
+	half, own, double := evictions("kv_cache_aware", 0.5), evictions("kv_cache_aware", 0), evictions("kv_cache_aware", 2)
+	t.Logf("evicted units at 0.5x, 1x, 2x capacity: %d, %d, %d", half, own, double)
+	if own == 0 || !(half > own && own > double) {
+		t.Errorf("evicted units at 0.5x, 1x, 2x capacity: %d, %d, %d: want strictly fewer as capacity grows", half, own, double)
+	}
+	if a, b := evictions("gie_default", 0), evictions("gie_default", 2); a != b {
+		t.Errorf("gie_default's own index size moved with the scale: %d against %d evicted units", b, a)
+	}
+}

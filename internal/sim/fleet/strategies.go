@@ -37,6 +37,10 @@ type StrategyOptions struct {
 	// gateway without the metrics service's push has it: nothing ages out
 	// but what cached_tokens corrects.
 	NoCapacity bool
+	// CapacityScale, when above 0, multiplies the KV capacity the index
+	// is given (not a peer's own index size): an index that believes each
+	// engine holds that much more before it ages blocks out. 0 is 1.
+	CapacityScale float64
 }
 
 // NewStrategy returns a router for a bench strategy over n replicas. Every
@@ -75,6 +79,9 @@ func newRealRouter(name string, n int, opt StrategyOptions, store, shared index.
 	a := &RealRouter{latency: make([]float64, n)}
 	icfg := index.Config{Now: func() int64 { return a.nowMs }}
 	capTokens := opt.Profile.NumGPUBlocks() * opt.Profile.BlockSize
+	if opt.CapacityScale > 0 {
+		capTokens = int(float64(capTokens) * opt.CapacityScale)
+	}
 	if hint := h.Decode.Index; hint != nil {
 		// A peer emulation that describes its own index (gie_default: 64
 		// character blocks, a fixed LRU size per pod).

@@ -19,7 +19,7 @@
 //
 // The Go API:
 //
-//	f, err := simserver.Start(simserver.Options{Replicas: 4, TimeScale: 0.05})
+//	f, err := server.Start(server.Options{Replicas: 4, TimeScale: 0.05})
 //	defer f.Close()
 //	for _, addr := range f.Addrs() { ... }  // "127.0.0.1:port"
 //	f.Servers[0].Stats()                     // engine state (queue, KV, hits)
