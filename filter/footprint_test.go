@@ -265,8 +265,10 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// the walker) are about 2.5 KB more. Between runs of this test the
 	// figures move by up to 3 functions, 2 KB and 60 calls (the runtime's
 	// own work, garbage collection among it; 137 to 139 KB on 2026-11-26):
-	// the budgets leave that room.
-	const maxDistinct, maxBytes, maxCalls = 142, 141 << 10, 650
+	// the budgets leave that room. The prefix score's scale for hosts under
+	// precise cache state (prefix_cache preciseScale) is 136 bytes more in
+	// prefixScorer.Score (144,367 to 144,503 bytes entered).
+	const maxDistinct, maxBytes, maxCalls = 142, 142 << 10, 650
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}
