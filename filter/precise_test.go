@@ -63,14 +63,8 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	}
 	predicted := func(prompt string) int64 {
 		t.Helper()
-		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
-		responses := h.CounterValue("kvroute.router.feedback.responses")
-		body := `{"model":"m","prompt":"` + prompt + `","max_tokens":2}`
-		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
-			t.Fatalf("request: %d %s", code, r)
-		}
-		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
-		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before
+		got, _ := predictedCached(t, h, url, `{"model":"m","prompt":"`+prompt+`","max_tokens":2}`)
+		return got
 	}
 	bucket := func() { time.Sleep(1100 * time.Millisecond) } // the index's recency buckets are 1 s
 
@@ -157,23 +151,7 @@ func TestWasmPulledStateCarriesRoutesAndRemovals(t *testing.T) {
 		h.FireTicks()
 		testenv.WaitFor(t, "a pulled state stored", func() bool { return h.CounterValue("kvroute.router.state.pulls") > before })
 	}
-	predicted := func() (int64, string) {
-		t.Helper()
-		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
-		responses := h.CounterValue("kvroute.router.feedback.responses")
-		served := h.UpstreamRequests()
-		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
-			t.Fatalf("request: %d %s", code, r)
-		}
-		var to string
-		for a, c := range h.UpstreamRequests() {
-			if c > served[a] {
-				to = a
-			}
-		}
-		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
-		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
-	}
+	predicted := func() (int64, string) { t.Helper(); return predictedCached(t, h, url, body) }
 
 	serve(fmt.Sprintf(`,"cursor":"svc1.7","gateways":[{"gateway":"other","timestampMs":%d,"routes":[{"address":%q,"chain":%q,"promptTokens":%d}]}]`,
 		time.Now().UnixMilli(), addrs[0], b64, n))
@@ -197,6 +175,28 @@ func TestWasmPulledStateCarriesRoutesAndRemovals(t *testing.T) {
 	if none, _ := predicted(); none != 0 {
 		t.Fatalf("after a pull carrying engine 0's eviction of the whole chain: predicted %d cached tokens, want 0", none)
 	}
+}
+
+// predictedCached sends body to url's completions path and returns the
+// cached tokens the index predicted for the host that served it (counted
+// once the response's feedback is: the stream ends after the reply) and
+// that host's address.
+func predictedCached(t *testing.T, h *wasmhost.Host, url, body string) (int64, string) {
+	t.Helper()
+	before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
+	responses := h.CounterValue("kvroute.router.feedback.responses")
+	served := h.UpstreamRequests()
+	if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
+		t.Fatalf("request: %d %s", code, r)
+	}
+	var to string
+	for a, c := range h.UpstreamRequests() {
+		if c > served[a] {
+			to = a
+		}
+	}
+	testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
+	return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
 }
 
 // chainBase64 is a chain as snapshots carry it: 8-byte little-endian

@@ -1,7 +1,6 @@
 package filter
 
 import (
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -78,13 +77,6 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 	if len(chain) < 8 {
 		t.Fatalf("the prompt makes %d blocks; the test needs 8 or more", len(chain))
 	}
-	b64 := func(c []uint64) string {
-		var raw []byte
-		for _, x := range c {
-			raw = binary.LittleEndian.AppendUint64(raw, x)
-		}
-		return base64.StdEncoding.EncodeToString(raw)
-	}
 	push := func(extra string) {
 		t.Helper()
 		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
@@ -93,27 +85,10 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 			t.Fatalf("push: %d %s", code, r)
 		}
 	}
-	predicted := func() (int64, string) {
-		t.Helper()
-		before := h.CounterValue("kvroute.router.feedback.predicted_cached_tokens")
-		responses := h.CounterValue("kvroute.router.feedback.responses")
-		served := h.UpstreamRequests()
-		if code, r, _ := testenv.Call(t, "POST", url+"/v1/completions", body, nil); code != 200 {
-			t.Fatalf("request: %d %s", code, r)
-		}
-		var to string
-		for a, c := range h.UpstreamRequests() {
-			if c > served[a] {
-				to = a
-			}
-		}
-		// The stream ends, and its feedback is counted, after the reply.
-		testenv.WaitFor(t, "the response's feedback", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
-		return h.CounterValue("kvroute.router.feedback.predicted_cached_tokens") - before, to
-	}
+	predicted := func() (int64, string) { t.Helper(); return predictedCached(t, h, url, body) }
 
 	push(fmt.Sprintf(`,"gateways":[{"gateway":"other","timestampMs":%d,"routes":[{"address":%q,"chain":%q,"promptTokens":%d}]}]`,
-		time.Now().UnixMilli(), addrs[0], b64(chain), n))
+		time.Now().UnixMilli(), addrs[0], chainBase64(chain), n))
 	whole, to := predicted()
 	if to != addrs[0] || whole <= 0 {
 		t.Fatalf("after another gateway's route to engine 0: served by %s, predicted %d cached tokens; want engine 0, > 0", to, whole)
@@ -126,7 +101,7 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 	}
 
 	cut := len(chain) / 2
-	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":%d,"chain":%q}]`, addrs[0], cut, b64(chain)))
+	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":%d,"chain":%q}]`, addrs[0], cut, chainBase64(chain)))
 	if v := h.CounterValue("kvroute.router.state.removals_applied"); v != 1 {
 		t.Fatalf("state.removals_applied = %d, want 1", v)
 	}
@@ -137,11 +112,11 @@ func TestWasmPushedRemovalTruncatesChain(t *testing.T) {
 	// The same removal again (a second service replica) changes nothing
 	// more: the request just routed re-recorded the chain, so it is cut
 	// again to the same depth.
-	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":%d,"chain":%q}]`, addrs[0], cut, b64(chain)))
+	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":%d,"chain":%q}]`, addrs[0], cut, chainBase64(chain)))
 	if again, _ := predicted(); !near(again, part) {
 		t.Fatalf("the same removal twice: predicted %d, want %d as after the first", again, part)
 	}
-	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":0,"chain":%q}]`, addrs[0], b64(chain)))
+	push(fmt.Sprintf(`,"removals":[{"address":%q,"from":0,"chain":%q}]`, addrs[0], chainBase64(chain)))
 	if none, _ := predicted(); none != 0 {
 		t.Fatalf("after engine 0 evicted the whole chain: predicted %d cached tokens, want 0", none)
 	}
