@@ -23,6 +23,7 @@ import (
 	"github.com/ohler55/ojg/jp"
 	"github.com/ohler55/ojg/oj"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -330,6 +331,21 @@ func applyEGPatch(r *report, res *Result, doc int, at string, p egv1a1.EnvoyJSON
 		}
 		return len(probs) == 0
 	}
+	// patch applies the operation to the resource Envoy Gateway generates,
+	// reporting why it could not.
+	patch := func(generated proto.Message) ([]byte, bool) {
+		js, err := egMarshal.Marshal(generated)
+		if err != nil {
+			r.add(doc, at, "%v", err)
+			return nil, false
+		}
+		out, err := applyJSONPatch(at+".operation", js, op)
+		if err != nil {
+			r.addErr(doc, "", err)
+			return nil, false
+		}
+		return out, true
+	}
 	switch string(p.Type) {
 	case egListenerType:
 		lis, ok := listeners[p.Name]
@@ -342,14 +358,8 @@ func applyEGPatch(r *report, res *Result, doc int, at string, p egv1a1.EnvoyJSON
 			r.add(doc, at+".name", "no listener %q: Envoy Gateway names listeners NAMESPACE/GATEWAY/LISTENER; this file generates %v", p.Name, names)
 			return
 		}
-		js, err := egMarshal.Marshal(lis)
-		if err != nil {
-			r.add(doc, at, "%v", err)
-			return
-		}
-		out, err := applyJSONPatch(at+".operation", js, op)
-		if err != nil {
-			r.addErr(doc, "", err)
+		out, ok := patch(lis)
+		if !ok {
 			return
 		}
 		next := &listenerv3.Listener{}
@@ -386,14 +396,8 @@ func applyEGPatch(r *report, res *Result, doc int, at string, p egv1a1.EnvoyJSON
 				ResourceApiVersion: corev3.ApiVersion_V3, ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 			}},
 		}
-		js, err := egMarshal.Marshal(base)
-		if err != nil {
-			r.add(doc, at, "%v", err)
-			return
-		}
-		out, err := applyJSONPatch(at+".operation", js, op)
-		if err != nil {
-			r.addErr(doc, "", err)
+		out, ok := patch(base)
+		if !ok {
 			return
 		}
 		c := &clusterv3.Cluster{}
