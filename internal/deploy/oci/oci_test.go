@@ -98,19 +98,7 @@ func checkCompat(t *testing.T, img v1.Image, want []byte) {
 
 func TestBuildArchiveRoundTrip(t *testing.T) {
 	module := syntheticModule(7, 200_000)
-	img, err := Build(module, Options{Annotations: map[string]string{"org.opencontainers.image.revision": "abc123"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "kvroute-oci.tar")
-	if err := WriteArchiveFile(out, img, "kvroute:test"); err != nil {
-		t.Fatal(err)
-	}
-	back, err := ReadArchive(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkCompat(t, back, module)
+	img, back, out := roundTrip(t, module, Options{Annotations: map[string]string{"org.opencontainers.image.revision": "abc123"}})
 
 	d1, _ := img.Digest()
 	d2, _ := back.Digest()
@@ -286,18 +274,25 @@ func TestPushToLocalRegistry(t *testing.T) {
 // TestRealModuleRoundTrip packages the module `make wasm` built (`make
 // test` builds it first) and reads it back byte for byte.
 func TestRealModuleRoundTrip(t *testing.T) {
-	module := testenv.Module(t)
-	img, err := Build(module, Options{})
+	roundTrip(t, testenv.Module(t), Options{})
+}
+
+// roundTrip builds module's image, writes it to an archive file (out) and
+// reads it back, checking the image read back carries module as the
+// compatible layout requires.
+func roundTrip(t *testing.T, module []byte, opts Options) (img, back v1.Image, out string) {
+	t.Helper()
+	img, err := Build(module, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "kvroute-oci.tar")
+	out = filepath.Join(t.TempDir(), "kvroute-oci.tar")
 	if err := WriteArchiveFile(out, img, "kvroute:test"); err != nil {
 		t.Fatal(err)
 	}
-	back, err := ReadArchive(out)
-	if err != nil {
+	if back, err = ReadArchive(out); err != nil {
 		t.Fatal(err)
 	}
 	checkCompat(t, back, module)
+	return img, back, out
 }
