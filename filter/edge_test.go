@@ -409,18 +409,15 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 		RouteCluster: "engines",
 	})
 	h.FireTicks()
+	// Both workers' answers taken (the callback returned), so the count of
+	// stored snapshots is final for this round.
 	testenv.WaitFor(t, "both workers' pulls answered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(auths) >= 2 && h.CounterValue("kvroute.router.state.pulls") >= 1
+		return callCount(h, "proxy_on_http_call_response") >= 2
 	})
-	time.Sleep(150 * time.Millisecond)
 	stored := h.CounterValue("kvroute.router.state.pulls") // 1, or 2 when both workers' answers raced
 	h.FireTicks()                                          // the same snapshot again: nothing newer to store
-	testenv.WaitFor(t, "the second round of pulls", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(auths) >= 4
+	testenv.WaitFor(t, "the second round of pulls answered", func() bool {
+		return callCount(h, "proxy_on_http_call_response") >= 4
 	})
 	for i := 0; i < 8; i++ {
 		if code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"hi"}`, nil); code != 200 {
@@ -443,4 +440,14 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 			t.Errorf("a pull asked %q", a)
 		}
 	}
+}
+
+// callCount is how many times the host has run the callback name to its end.
+func callCount(h *wasmhost.Host, name string) int64 {
+	for _, c := range h.CallStats() {
+		if c.Name == name && c.Kind == "callback" {
+			return c.Count
+		}
+	}
+	return 0
 }

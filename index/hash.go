@@ -201,11 +201,7 @@ func (h *Hasher) writeKind(k byte) {
 // It is BeginMessage(role) followed by Text(content), written out: the
 // filter hashes most messages with it, and in Wasm each function a request
 // enters, and each call, costs.
-func (h *Hasher) Message(role, content string) {
-	h.setKind(kindChat)
-	h.element(tagMessage, role)
-	h.element(tagText, content)
-}
+func (h *Hasher) Message(role, content string) { h.pair(tagMessage, role, tagText, content) }
 
 // BeginMessage starts a chat message. Follow it with its content parts
 // (Text, Part), tool calls (ToolCall) and other fields (Field), in the
@@ -231,27 +227,17 @@ func (h *Hasher) Text(s string) {
 // Part appends a non-text content part of a chat message, such as an
 // image URL or an audio reference: kind names it, value identifies it
 // (a URL or a digest of inline data).
-func (h *Hasher) Part(kind, value string) {
-	h.setKind(kindChat)
-	h.element(tagPart, kind)
-	h.element(tagPart, value)
-}
+func (h *Hasher) Part(kind, value string) { h.pair(tagPart, kind, tagPart, value) }
 
 // ToolCall appends one tool call of an assistant message.
 func (h *Hasher) ToolCall(id, name, arguments string) {
-	h.setKind(kindChat)
-	h.element(tagToolCall, id)
-	h.element(tagToolCall, name)
+	h.pair(tagToolCall, id, tagToolCall, name)
 	h.element(tagToolCall, arguments)
 }
 
 // Field appends another message field that shapes the prompt, such as a
 // tool message's tool_call_id or a message name.
-func (h *Hasher) Field(name, value string) {
-	h.setKind(kindChat)
-	h.element(tagField, name)
-	h.element(tagField, value)
-}
+func (h *Hasher) Field(name, value string) { h.pair(tagField, name, tagField, value) }
 
 // Token appends one token id of a token-id prompt (4 bytes, little endian).
 func (h *Hasher) Token(id uint32) {
@@ -285,6 +271,27 @@ func (h *Hasher) Tokens(ids []uint32) {
 		h.writeString(bytesString(buf[:4*n]))
 		ids = ids[n:]
 	}
+}
+
+// pair appends two elements (a message's role and content, a part's kind
+// and value). When both are short and leave the block incomplete, as most
+// of a body of many small messages or parts are, it writes them in place
+// in one go: one call per pair, where two calls to element, each with its
+// own tests, cost a body of tiny messages more than hashing its bytes.
+func (h *Hasher) pair(t1 byte, a string, t2 byte, b string) {
+	if n, k := len(h.pend), 4+len(a)+len(b); len(a)|len(b) < 0x80 && n+k < h.blkLen && n+k <= cap(h.pend) && h.kind == kindChat {
+		p := h.pend[:n+k]
+		p[n], p[n+1] = t1, byte(len(a))
+		m := n + 2 + copy(p[n+2:], a)
+		p[m], p[m+1] = t2, byte(len(b))
+		copy(p[m+2:], b)
+		h.pend = p
+		h.total += k
+		return
+	}
+	h.setKind(kindChat)
+	h.element(t1, a)
+	h.element(t2, b)
 }
 
 func (h *Hasher) element(tag byte, s string) {

@@ -211,3 +211,54 @@ func TestHasherMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// Bodies of many tiny messages, parts and fields take the Hasher's in-place
+// path for a pair of short elements (pair): thousands of them in a row,
+// with lengths around the one-byte varint's limit (127, 128) and blocks
+// completing inside a pair, must hash as the reference does.
+func TestHasherMatchesReferenceForTinyElements(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	word := func() string {
+		n := rng.Intn(12)
+		if rng.Intn(20) == 0 {
+			n = 126 + rng.Intn(4)
+		}
+		return strings.Repeat(string(rune('a'+rng.Intn(26))), n)
+	}
+	for _, cfg := range []HashConfig{{}, {BlockChars: 16, LevelBlocks: 2, MaxLevel: 3}, {BlockChars: 7, LevelBlocks: -1}, {BlockChars: 300, LevelBlocks: 1}} {
+		h := NewHasher(cfg)
+		ref := &refHasher{cfg: cfg}
+		for trial := 0; trial < 20; trial++ {
+			h.Reset("m", "", "")
+			ref.reset("m", "", "")
+			for n := rng.Intn(3000); n > 0; n-- {
+				a, b := word(), word()
+				switch rng.Intn(5) {
+				case 0, 1:
+					h.Message(a, b)
+					ref.element(tagMessage, a)
+					ref.text(b)
+				case 2:
+					h.Part(a, b)
+					ref.element(tagPart, a)
+					ref.element(tagPart, b)
+				case 3:
+					h.Field(a, b)
+					ref.element(tagField, a)
+					ref.element(tagField, b)
+				default:
+					c := word()
+					h.ToolCall(a, b, c)
+					ref.element(tagToolCall, a)
+					ref.element(tagToolCall, b)
+					ref.element(tagToolCall, c)
+				}
+			}
+			wantBlocks, wantEnds := ref.blocks()
+			if !slices.Equal(h.Blocks(), wantBlocks) || !slices.Equal(h.ends, wantEnds) || h.Len() != len(ref.canon) {
+				t.Fatalf("config %+v, trial %d: %d blocks (%d bytes), reference %d (%d bytes), first difference at %d",
+					cfg, trial, len(h.Blocks()), h.Len(), len(wantBlocks), len(ref.canon), sharedPrefix(h.Blocks(), wantBlocks))
+			}
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -520,4 +521,212 @@ func hex4(s []byte) rune {
 		r = r<<4 | rune(c)
 	}
 	return r
+}
+
+// keySet is the member names one kind of object is read for (a request,
+// a message, a content part, a tool call), found by object with one
+// table lookup per member: a perfect hash of the key's first and last
+// eight bytes and its length picks the one name it can be, and one
+// comparison of those words (and of the bytes, past 16) settles it. A key
+// that is no name of the set, most keys of a body of unused members,
+// costs that one lookup and no loop over the names.
+type keySet struct {
+	slots [64]keySlot
+	magic uint64
+	// decoded has bit f when name f also matches a key spelled with
+	// escapes ("mod\u0065l"), as the engines' JSON decoders read it; the
+	// others match only as written. first has bit f when the first member
+	// named f wins rather than the last (gjson's lookups).
+	decoded, first uint64
+	maxEscaped     int // the longest escaped spelling worth decoding: 6 bytes per decoded byte
+}
+
+type keySlot struct {
+	n      int // -1: empty
+	f      int
+	lo, hi uint64
+	name   string
+}
+
+// keyHash is the slot of a key of n bytes whose first and last eight are
+// lo and hi (see keyWords).
+func keyHash(lo, hi uint64, n int, magic uint64) int {
+	return int(((lo ^ hi*0x9e3779b97f4a7c15 ^ uint64(n)) * magic) >> 58)
+}
+
+// keyWords returns the first eight bytes of the key b[i:i+n] (the bytes
+// past it zero) and, for a key longer than eight, its last eight. b may
+// extend past the key (the body around it): one load per word where it
+// does.
+func keyWords(b []byte, i, n int) (lo, hi uint64) {
+	if n > 8 {
+		return load64(b, i), load64(b, i+n-8)
+	}
+	if i+8 <= len(b) {
+		return load64(b, i) & (^uint64(0) >> (64 - 8*uint(n))), 0
+	}
+	for k := n - 1; k >= 0; k-- {
+		lo = lo<<8 | uint64(b[i+k])
+	}
+	return lo, 0
+}
+
+// newKeySet builds the set of names (f is a name's index), with the
+// names of decoded matching escaped keys and those of first the first
+// member of the name.
+func newKeySet(names []string, decoded, first []string) *keySet {
+	s := &keySet{}
+	for _, d := range decoded {
+		s.decoded |= 1 << slices.Index(names, d)
+		s.maxEscaped = max(s.maxEscaped, 6*len(d))
+	}
+	for _, d := range first {
+		s.first |= 1 << slices.Index(names, d)
+	}
+	// The first multiplier from a fixed sequence under which no two names
+	// share a slot: a few tries for a dozen names in 64 slots.
+	for x := uint64(1); ; x++ {
+		s.magic = (x*0x9e3779b97f4a7c15 ^ x>>7) | 1
+		for k := range s.slots {
+			s.slots[k].n = -1
+		}
+		ok := true
+		for f, name := range names {
+			lo, hi := keyWords([]byte(name), 0, len(name))
+			k := &s.slots[keyHash(lo, hi, len(name), s.magic)]
+			if k.n >= 0 {
+				ok = false
+				break
+			}
+			*k = keySlot{n: len(name), f: f, lo: lo, hi: hi, name: name}
+		}
+		if ok {
+			return s
+		}
+	}
+}
+
+// name returns the index of the key b[i:i+n] in s, or -1. object has
+// its own copy for the short keys of compact members, without a call.
+func (s *keySet) name(b []byte, i, n int) int {
+	lo, hi := keyWords(b, i, n)
+	k := &s.slots[keyHash(lo, hi, n, s.magic)]
+	if k.n != n || k.lo != lo || k.hi != hi || (n > 16 && !is(unsafeString(b[i:i+n]), k.name)) {
+		return -1
+	}
+	return k.f
+}
+
+// object reads the members of the object whose opening brace is at b[i]
+// for the names of set, in one call: the value of member f goes to
+// out[f] (the last or, for set.first, the first of that name), plain gets
+// bit f when that value is a short string without escapes (its text is its
+// bytes inside the quotes, so the caller needs no call to text), and
+// other counts the members named f >= len(out). It returns the index after
+// the closing brace, or -1 (not reached: b is valid JSON).
+//
+// One function per object, rather than member per member and fieldOf per
+// key: the keys, the colon and the short values of a compact member are
+// read with a word test each and no call, where a call per member and
+// per key made a body of tiny messages or parts cost dozens of times a
+// plain-text one in Wasm.
+func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, plain uint64, other int) {
+	all := b[:cap(b)] // word tests may read past b (the rest of the body)
+	i = SkipSpace(b, i+1)
+	for i < len(b) && b[i] == '"' {
+		f, v, e, short := -1, 0, -1, false // the key's name in set, and the value's start and end
+		if i+48 <= len(all) {
+			// The compact member of a short plain key (up to 16 bytes,
+			// found by two word tests) and its colon right after it, read
+			// with one test for the quote and the colon and one for the
+			// name, and its value when it is a short plain string: most
+			// members of a body of small objects.
+			n := plainLen(load64(all, i+1), load64(all, i+9))
+			if q := i + 1 + n; uint16(all[q])|uint16(all[q+1])<<8 == '"'|':'<<8 {
+				lo, hi := load64(all, i+1)&(^uint64(0)>>(64-8*uint(min(n, 8)))), uint64(0)
+				if n > 8 {
+					hi = load64(all, q-8)
+				}
+				if s := &set.slots[keyHash(lo, hi, n, set.magic)]; s.n == n && s.lo == lo && s.hi == hi {
+					f = s.f
+				}
+				if v = q + 2; all[v] == '"' {
+					if m := v + 1 + plainLen(load64(all, v+1), load64(all, v+9)); all[m] == '"' {
+						e, short = m+1, true
+					}
+				}
+			}
+		}
+		if v == 0 {
+			if f, v = d.key(b, i, set); v < 0 {
+				return -1, plain, other
+			}
+		}
+		// Any other value: a number here, the rest by skip.
+		if e < 0 {
+			if v = SkipSpace(b, v); v < len(b) && b[v]-'0' <= 9 {
+				e = numberEnd(b, v)
+			} else if e = d.skip(b, v); e < 0 {
+				return -1, plain, other
+			}
+		}
+		if f >= len(out) {
+			other++
+		} else if f >= 0 && (out[f] == nil || set.first>>f&1 == 0) {
+			out[f] = b[v:e]
+			plain &^= 1 << f
+			if short {
+				plain |= 1 << f
+			}
+		}
+		if i = e + 1; e+1 < len(b) && uint16(b[e])|uint16(b[e+1])<<8 == ','|'"'<<8 {
+			continue // the next key right after the comma
+		}
+		if i = SkipSpace(b, e); i < len(b) && b[i] == ',' {
+			i = SkipSpace(b, i+1)
+		}
+	}
+	if i >= len(b) || b[i] != '}' {
+		return -1, plain, other
+	}
+	return i + 1, plain, other
+}
+
+// plainLen returns how many of the 16 bytes x, y (little endian) need no
+// look (see stopASCII), up to the first that does: for the string whose
+// quote is followed by those bytes, its length when the byte after them
+// is its closing quote. Two word tests and no branch.
+func plainLen(x, y uint64) int {
+	t := bits.TrailingZeros64(stopASCII(x) & highBits)
+	return t>>3 + t>>6*(bits.TrailingZeros64(stopASCII(y)&highBits)>>3)
+}
+
+// key is object's reading of the key at b[i] when it is not a short plain
+// one with its colon right after it: the key's name in set (by its
+// decoded text for the names set.decoded matches so) and where the value
+// starts, or -1 (not reached: b is valid JSON).
+func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
+	k, escaped := shortPlain(b[:cap(b)], i), false
+	if k < 0 {
+		if k = d.skip(b, i); k < 0 {
+			return -1, -1
+		}
+		escaped = set.decoded != 0 && k-i <= set.maxEscaped && hasBackslash(b[i+1:k-1])
+	}
+	if f = set.name(b, i+1, k-i-2); f < 0 && escaped {
+		t := d.text(b[i:k])
+		if f = set.name(unsafe.Slice(unsafe.StringData(t), len(t)), 0, len(t)); f >= 0 && set.decoded>>f&1 == 0 {
+			f = -1
+		}
+	}
+	return f, SkipSpace(b, SkipSpace(b, k)+1) // past ':'
+}
+
+// str is the text of the string value v, which object found plain (a
+// short string without escapes: its bytes) or not (text).
+func (d *jsonDoc) str(v []byte, plain bool) string {
+	if !plain {
+		return d.text(v)
+	}
+	return unsafe.String(&v[1], len(v)-2)
 }

@@ -238,12 +238,12 @@ func fieldOf(key string, fields []string) int {
 	return -1
 }
 
-// fieldLengths has bit n set when a field of requestFields, messageFields
-// or streamUsageFields is n bytes long: fieldOf rejects a key of another
+// fieldLengths has bit n set when a field of requestFields or
+// streamUsageFields is n bytes long: fieldOf rejects a key of another
 // length at once, where a body of many unused keys made it compare each
 // with every field.
 var fieldLengths = func() (m uint64) {
-	for _, fields := range [][]string{requestFields[:], messageFields[:], streamUsageFields[:]} {
+	for _, fields := range [][]string{requestFields[:], streamUsageFields[:]} {
 		for _, f := range fields {
 			m |= 1 << len(f)
 		}
@@ -366,23 +366,12 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	// One pass over the top-level members with the span walker (see
 	// jsonwalk.go). A repeated key keeps its last value, as Python's json
 	// module (vLLM, SGLang) does.
+	// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
+	// "model", and an escaped kv_transfer_params must go too (counted in
+	// dropped: the names past fields).
 	var fields [firstClientOnly][]byte
-	p.dropped = 0
-	for i := SkipSpace(obj, 1); ; {
-		k, v, next, ok := p.doc.member(obj, i)
-		if !ok {
-			break
-		}
-		i = next
-		// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
-		// "model", and an escaped kv_transfer_params must go too.
-		switch f := fieldOf(p.doc.text(k), requestFields[:]); {
-		case f >= firstClientOnly:
-			p.dropped++
-		case f >= 0:
-			fields[f] = v
-		}
-	}
+	_, plain, dropped := p.doc.object(obj, 0, requestKeys, fields[:])
+	p.dropped = dropped
 	model, stream := fields[fieldModel], fields[fieldStream]
 	if model == nil {
 		return r, errNoModel
@@ -390,7 +379,7 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	if jsonType(model) != gjson.String || len(model) == 2 {
 		return r, errBadModel
 	}
-	r.Model = p.owned(p.doc.text(model))
+	r.Model = p.owned(p.doc.str(model, plain>>fieldModel&1 != 0))
 	if len(p.cfg.LoRAAdapters) > 0 { // no map operation when there is nothing to find
 		p.adapter(&r)
 	}
@@ -745,19 +734,11 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 		// entry, if any, is passed by).
 		p.doc.nextSpan(msgs[i:])
 		var msg [len(messageFields)][]byte // its members, by index in messageFields
-		pos := SkipSpace(msgs, i+1)
-		for {
-			k, v, next, ok := p.doc.member(msgs, pos)
-			if !ok {
-				break
-			}
-			pos = next
-			if f := fieldOf(unsafeString(k), messageFields[:]); f >= 0 {
-				msg[f] = v
-			}
+		end, plain, _ := p.doc.object(msgs, i, messageKeys, msg[:])
+		if end < 0 {
+			return errBodyNotJSON // not reached: the body is valid
 		}
-		// msgs[pos] is the message's closing brace.
-		if i = SkipSpace(msgs, pos+1); i < len(msgs) && msgs[i] == ',' {
+		if i = SkipSpace(msgs, end); i < len(msgs) && msgs[i] == ',' {
 			i = SkipSpace(msgs, i+1)
 		}
 		role, content := msg[messageRole], msg[messageContent]
@@ -766,11 +747,11 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 		}
 		if msg[messageName] == nil && msg[messageToolCalls] == nil && msg[messageToolCallID] == nil &&
 			jsonType(content) == gjson.String {
-			p.hasher.Message(p.doc.text(role), p.doc.text(content))
+			p.hasher.Message(p.doc.str(role, plain>>messageRole&1 != 0), p.doc.str(content, plain>>messageContent&1 != 0))
 			continue
 		}
-		p.hasher.BeginMessage(p.doc.text(role))
-		if err := p.messageRest(&msg, n); err != nil {
+		p.hasher.BeginMessage(p.doc.str(role, plain>>messageRole&1 != 0))
+		if err := p.messageRest(&msg, plain, n); err != nil {
 			return err
 		}
 	}
@@ -791,7 +772,7 @@ func (p *Parser) tools(tools []byte) *Error {
 }
 
 // The members of a message that chat reads, by index in messageFields:
-// raw keys, quotes included (an escaped key is not one of them).
+// as written (an escaped key is not one of them).
 const (
 	messageRole = iota
 	messageName
@@ -801,12 +782,39 @@ const (
 )
 
 var messageFields = [...]string{
-	messageRole:       `"role"`,
-	messageName:       `"name"`,
-	messageContent:    `"content"`,
-	messageToolCalls:  `"tool_calls"`,
-	messageToolCallID: `"tool_call_id"`,
+	messageRole:       "role",
+	messageName:       "name",
+	messageContent:    "content",
+	messageToolCalls:  "tool_calls",
+	messageToolCallID: "tool_call_id",
 }
+
+// The key sets object reads objects of each kind for: the request's
+// members (by their decoded names, the last of a name winning, as Python's
+// json module reads them), a message's (as written), a content part's
+// (type and text as written, the first image_url and input_audio by
+// decoded name, as gjson finds them), and the first member of each name,
+// decoded, of a tool call, its function and an image or audio part's
+// object.
+var (
+	requestKeys  = newKeySet(requestFields[:], requestFields[:], nil)
+	messageKeys  = newKeySet(messageFields[:], nil, nil)
+	partKeys     = newKeySet(partFields[:], partFields[partImage:], partFields[partImage:])
+	callKeys     = newKeySet([]string{"id", "function"}, []string{"id", "function"}, []string{"id", "function"})
+	functionKeys = newKeySet([]string{"name", "arguments"}, []string{"name", "arguments"}, []string{"name", "arguments"})
+	urlKeys      = newKeySet([]string{"url"}, []string{"url"}, []string{"url"})
+	dataKeys     = newKeySet([]string{"data"}, []string{"data"}, []string{"data"})
+)
+
+// The members of a content part that part reads, by index in partFields.
+const (
+	partType = iota
+	partText
+	partImage
+	partAudio
+)
+
+var partFields = [...]string{partType: "type", partText: "text", partImage: "image_url", partAudio: "input_audio"}
 
 // streamUsage reports which of stream_options' usage members are true:
 // include_usage (one usage chunk at the end, usageAtEnd) and vLLM's
@@ -842,15 +850,15 @@ const (
 // that is more than a role and a string content: a name, content parts, tool
 // calls. Out of chat: each function entered costs a request
 // (docs/performance.md), and most messages are a role and a string.
-func (p *Parser) messageRest(fields *[len(messageFields)][]byte, i int) *Error {
+func (p *Parser) messageRest(fields *[len(messageFields)][]byte, plain uint64, i int) *Error {
 	name, content := fields[messageName], fields[messageContent]
 	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
 	if jsonType(name) == gjson.String {
-		p.hasher.Field("name", p.doc.text(name))
+		p.hasher.Field("name", p.doc.str(name, plain>>messageName&1 != 0))
 	}
 	switch {
 	case jsonType(content) == gjson.String:
-		p.hasher.Text(p.doc.text(content))
+		p.hasher.Text(p.doc.str(content, plain>>messageContent&1 != 0))
 	case content != nil && content[0] == '[':
 		for pos, j := SkipSpace(content, 1), 0; pos < len(content) && content[pos] != ']'; j++ {
 			end, err := p.part(content, pos, i, j)
@@ -873,7 +881,7 @@ func (p *Parser) messageRest(fields *[len(messageFields)][]byte, i int) *Error {
 		p.toolCalls(calls)
 	}
 	if jsonType(callID) == gjson.String {
-		p.hasher.Field("tool_call_id", p.doc.text(callID))
+		p.hasher.Field("tool_call_id", p.doc.str(callID, plain>>messageToolCallID&1 != 0))
 	}
 	return nil
 }
@@ -906,7 +914,7 @@ func messageError(i, fault int) *Error {
 }
 
 // toolCalls hashes an assistant message's tool calls, the array calls,
-// each read in place with the span walker (lookup, valueString): gjson's
+// each read in place with the span walker (object, valueString): gjson's
 // Array of a ParseBytes copy made a body of many tool calls allocate 9 MB
 // per MiB, and gjson's lookups scan each call byte by byte and copy every
 // escaped string (arguments are JSON text, full of escaped quotes).
@@ -917,62 +925,32 @@ func (p *Parser) toolCalls(calls []byte) {
 			return
 		}
 		i = next
-		id, fn := p.lookupTwo(c, "id", "function")
-		name, args := p.lookupTwo(fn, "name", "arguments")
-		p.hasher.ToolCall(p.valueString(id), p.valueString(name), p.valueString(args))
+		call, cp := p.lookup(c, callKeys)
+		fn, fp := p.lookup(call[1], functionKeys)
+		p.hasher.ToolCall(p.valueString(call[0], cp&1 != 0), p.valueString(fn[0], fp&1 != 0), p.valueString(fn[1], fp&2 != 0))
 	}
 }
 
-// lookupTwo is lookup of two keys in one walk of obj's members (which stops
-// once both are found): a tool call's id and function, a function's name and
-// arguments. Two lookups walked a call and its function twice each.
-func (p *Parser) lookupTwo(obj []byte, key1, key2 string) (v1, v2 []byte) {
-	if len(obj) == 0 || obj[0] != '{' {
-		return nil, nil
+// lookup returns the raw values of the first members of obj named by set
+// (of at most two names), as gjson's Get finds them (the first match, by
+// the decoded key), and which of them are plain (see object); none when
+// obj is not an object.
+func (p *Parser) lookup(obj []byte, set *keySet) (v [2][]byte, plain uint64) {
+	if len(obj) > 0 && obj[0] == '{' {
+		_, plain, _ = p.doc.object(obj, 0, set, v[:])
 	}
-	for i := SkipSpace(obj, 1); v1 == nil || v2 == nil; {
-		k, v, next, ok := p.doc.member(obj, i)
-		if !ok {
-			break
-		}
-		i = next
-		switch name := p.doc.text(k); {
-		case v1 == nil && is(name, key1):
-			v1 = v
-		case v2 == nil && is(name, key2):
-			v2 = v
-		}
-	}
-	return v1, v2
-}
-
-// lookup returns the raw value of the first member of obj named key (as
-// gjson's Get finds it: the first match, by the decoded key), or nil when
-// obj is not an object or has no such member.
-func (p *Parser) lookup(obj []byte, key string) []byte {
-	if len(obj) == 0 || obj[0] != '{' {
-		return nil
-	}
-	for i := SkipSpace(obj, 1); ; {
-		k, v, next, ok := p.doc.member(obj, i)
-		if !ok {
-			return nil
-		}
-		if p.doc.text(k) == key {
-			return v
-		}
-		i = next
-	}
+	return v, plain
 }
 
 // valueString is gjson's Result.String of the raw value v ("" for nil): a
-// string's text read by the doc (no copy), anything else through gjson.
-func (p *Parser) valueString(v []byte) string {
+// string's text read by the doc (no copy; plain as object reports it),
+// anything else through gjson.
+func (p *Parser) valueString(v []byte, plain bool) string {
 	switch {
 	case len(v) == 0:
 		return ""
 	case v[0] == '"':
-		return p.doc.text(v)
+		return p.doc.str(v, plain)
 	}
 	return gjson.Parse(unsafeString(v)).String()
 }
@@ -983,68 +961,39 @@ func (p *Parser) part(content []byte, at, i, j int) (int, *Error) {
 	if content[at] != '{' {
 		return at, partError(i, j, "", "'%s' must be a content part object")
 	}
-	// One walk of the part's members, from its opening brace to its
-	// closing one (not first stepped over to find its end), finds type
-	// and text by their raw keys and the first image_url and input_audio
-	// as gjson finds a member, by its decoded key: a key with an escape
-	// (never a plain one) long enough to spell one of them is decoded and
-	// compared. Walking the part again for them (lookup, twice) whenever
-	// it held an escaped key made parts with one cost 160 times plain text.
+	// One walk of the part's members (object), from its opening brace to
+	// its closing one (not first stepped over to find its end), finds type
+	// and text by their keys as written and the first image_url and
+	// input_audio as gjson finds a member, by its decoded key (partKeys).
+	// Walking the part again for them whenever it held an escaped key
+	// made parts with one cost 160 times plain text.
 	p.doc.nextSpan(content[at:]) // its table entry, if any, is passed by
-	var typ, text, image, audio []byte
-	pos := SkipSpace(content, at+1)
-	for {
-		k, v, next, ok := p.doc.member(content, pos)
-		if !ok {
-			break
-		}
-		pos = next
-		switch ks := unsafeString(k); {
-		case is(ks, `"type"`):
-			typ = v
-		case is(ks, `"text"`):
-			text = v
-		case is(ks, `"image_url"`):
-			if image == nil {
-				image = v
-			}
-		case is(ks, `"input_audio"`):
-			if audio == nil {
-				audio = v
-			}
-		case len(k) > len(`"image_url"`) && len(k) <= 2+6*len("input_audio") && hasBackslash(k):
-			// At most 6 bytes (a \u escape) per decoded byte.
-			switch p.doc.text(k) {
-			case "image_url":
-				if image == nil {
-					image = v
-				}
-			case "input_audio":
-				if audio == nil {
-					audio = v
-				}
-			}
-		}
+	var f [len(partFields)][]byte
+	end, plain, _ := p.doc.object(content, at, partKeys, f[:])
+	if end < 0 {
+		return at, errBodyNotJSON // not reached: the body is valid
 	}
-	part := content[at : pos+1] // content[pos] is its closing brace
+	typ, text := f[partType], f[partText]
 	if jsonType(typ) != gjson.String || typ == nil {
-		return pos, partError(i, j, ".type", "'%s.type' must be a string")
+		return end, partError(i, j, ".type", "'%s.type' must be a string")
 	}
-	switch t := p.doc.text(typ); t {
+	switch t := p.doc.str(typ, plain>>partType&1 != 0); t {
 	case "text":
 		if jsonType(text) != gjson.String || text == nil {
-			return pos, partError(i, j, ".text", "'%s.text' must be a string")
+			return end, partError(i, j, ".text", "'%s.text' must be a string")
 		}
-		p.hasher.Text(p.doc.text(text))
+		p.hasher.Text(p.doc.str(text, plain>>partText&1 != 0))
 	case "image_url":
-		p.hasher.Part("image_url", p.valueString(p.lookup(image, "url")))
+		v, vp := p.lookup(f[partImage], urlKeys)
+		p.hasher.Part("image_url", p.valueString(v[0], vp&1 != 0))
 	case "input_audio":
-		p.hasher.Part("input_audio", p.valueString(p.lookup(audio, "data")))
+		v, vp := p.lookup(f[partAudio], dataKeys)
+		p.hasher.Part("input_audio", p.valueString(v[0], vp&1 != 0))
 	default:
 		// Other part types shape the prompt too: hash them whole.
-		p.hasher.Part(t, unsafeString(part))
+		p.hasher.Part(t, unsafeString(content[at:end]))
 	}
-	return pos + 1, nil
+	return end, nil
 }
 
 // partError is messageError for content part j of message i.

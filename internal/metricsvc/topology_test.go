@@ -64,7 +64,7 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 		})
 	}
 	_, urlA := gateway(true)
-	_, urlB := gateway(true)
+	hostB, urlB := gateway(true)
 	_, urlC := gateway(false) // the control: reports nothing, pushed nothing but state
 	svc, _, _ := startService(t, Config{
 		Source: fixed, ScrapeInterval: 50 * time.Millisecond, ScrapeTimeout: time.Second,
@@ -99,9 +99,15 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 	followed, control := 0, 0
 	for i := range n {
 		prefix := fmt.Sprintf("Tenant %d handbook. ", i) + strings.Repeat(fmt.Sprintf("Section %d: be precise, cite, and keep answers short. ", i), 120)
+		pushes := hostB.CounterValue("kvroute.router.state.pushes")
 		a := send(urlA, prefix+"first question")
-		// The route reaches B within a report interval plus two POSTs.
-		time.Sleep(250 * time.Millisecond)
+		// A reports its route within a report interval (20 ms); the first
+		// push to B after the service merged it carries it. Two pushes to B
+		// after the request (200 ms apart) leave a push interval for that,
+		// however slow the machine: the first may have been built before.
+		testenv.WaitFor(t, "two pushes to gateway B", func() bool {
+			return hostB.CounterValue("kvroute.router.state.pushes") >= pushes+2
+		})
 		if send(urlB, prefix+"second question") == a {
 			followed++
 		}

@@ -1,0 +1,107 @@
+package openai
+
+import (
+	"math/rand"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// object must read every object as the member-by-member walk does: the
+// same value for each name of the set (the first or the last of that
+// name, by its written or decoded key as the set says), the same count of
+// names past out, a plain flag only on values whose text is their bytes,
+// and the end of the object; whatever the spacing, escapes, key lengths
+// (up to and past the 8 and 16 bytes its word tests read) and however
+// near the end of the body the object sits.
+func TestObjectMatchesTheMemberWalk(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	sets := []struct {
+		set   *keySet
+		names []string
+		out   int
+	}{
+		{requestKeys, requestFields[:], int(firstClientOnly)},
+		{messageKeys, messageFields[:], len(messageFields)},
+		{partKeys, partFields[:], len(partFields)},
+		{callKeys, []string{"id", "function"}, 2},
+		{urlKeys, []string{"url"}, 1},
+	}
+	// Keys: every name of every set, as written and escaped, and near
+	// misses of them (one byte off, one byte longer or shorter).
+	var keys []string
+	for _, s := range sets {
+		for _, n := range s.names {
+			keys = append(keys, `"`+n+`"`, `"`+n[:len(n)-1]+`"`, `"`+n[:len(n)-1]+`z"`, `"`+n+`x"`, `"x`+n[1:]+`"`,
+				`"`+n[:1]+`\u00`+hexByte(n[1])+n[2:]+`"`, `"`+n[:len(n)-1]+`\u00`+hexByte(n[len(n)-1])+`"`)
+		}
+	}
+	keys = append(keys, `""`, `"k"`, `"\né"`, `"é"`, `"\\"`, `"a\"b"`, `"`+strings.Repeat("long_key_", 5)+`"`)
+	values := []string{`"u"`, `""`, `"image_url"`, `"0123456789abcdef"`, `"0123456789abcdefg"`, `"\n"`, `"a\"b"`, `"日本"`,
+		`"` + strings.Repeat("x", 70) + `"`, `"` + strings.Repeat("\\n", 40) + `"`,
+		`0`, `-1`, `12.5e3`, `true`, `false`, `null`, `{}`, `[]`, `{"url":"u"}`, `[1,{"a":[]}]`, `{ }`, `[ ]`}
+	ws := func() string { return []string{"", "", "", " ", "\n\t", "  "}[rng.Intn(6)] }
+	for trial := 0; trial < 20000; trial++ {
+		var sb strings.Builder
+		sb.WriteString("{" + ws())
+		for m, n := 0, rng.Intn(6); m < n; m++ {
+			if m > 0 {
+				sb.WriteString("," + ws())
+			}
+			sb.WriteString(keys[rng.Intn(len(keys))] + ws() + ":" + ws() + values[rng.Intn(len(values))] + ws())
+		}
+		sb.WriteString("}")
+		obj := sb.String()
+		// The object inside a body, followed by 0 to 60 bytes.
+		body := []byte(`{"o":` + obj + `}` + strings.Repeat(" ", rng.Intn(60)))
+		var spans jsonSpans
+		if !scanJSON(body, &spans) {
+			t.Fatalf("test body is not JSON: %s", body)
+		}
+		at := len(`{"o":`)
+		s := sets[rng.Intn(len(sets))]
+
+		// The reference: member by member, keys decoded by text.
+		ref := &jsonDoc{jsonSpans: spans, base: cap(body)}
+		want := make([][]byte, s.out)
+		wantOther := 0
+		for i := SkipSpace(body, at+1); ; {
+			k, v, next, ok := ref.member(body, i)
+			if !ok {
+				break
+			}
+			i = next
+			f := slices.Index(s.names, unsafeString(k[1:len(k)-1]))
+			if f < 0 && s.set.decoded != 0 {
+				if f = slices.Index(s.names, ref.text(k)); f >= 0 && s.set.decoded>>f&1 == 0 {
+					f = -1
+				}
+			}
+			switch {
+			case f >= s.out:
+				wantOther++
+			case f >= 0 && (want[f] == nil || s.set.first>>f&1 == 0):
+				want[f] = v
+			}
+		}
+
+		d := &jsonDoc{jsonSpans: spans, base: cap(body)}
+		got := make([][]byte, s.out)
+		end, plain, other := d.object(body[:len(body)], at, s.set, got)
+		if end != at+len(obj) || other != wantOther {
+			t.Fatalf("%s in %q: end %d, %d others; want %d, %d", s.names, body, end, other, at+len(obj), wantOther)
+		}
+		for f := range got {
+			if string(got[f]) != string(want[f]) || (got[f] == nil) != (want[f] == nil) {
+				t.Fatalf("%s in %q: %s = %q, want %q", s.names, body, s.names[f], got[f], want[f])
+			}
+			if plain>>f&1 != 0 && (got[f][0] != '"' || strings.ContainsRune(string(got[f]), '\\') || d.str(got[f], true) != ref.text(got[f])) {
+				t.Fatalf("%s in %q: %s = %q is not plain", s.names, body, s.names[f], got[f])
+			}
+		}
+	}
+}
+
+func hexByte(c byte) string {
+	return string("0123456789abcdef"[c>>4]) + string("0123456789abcdef"[c&15])
+}
