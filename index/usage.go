@@ -8,13 +8,11 @@ package index
 // 2^l) by recency bucket of Config.BucketMs. Record adds the units of new
 // blocks to the current bucket and moves refreshed blocks' units from
 // their old bucket to it. When the total exceeds the host's capacity, the
-// oldest buckets are dropped and the host's horizon in the slot table
-// advances past them: from then on every reader ignores that host's bits
+// oldest buckets are dropped until it is back at capacity (to the nearest
+// bucket, as the engine holds it: see bookUsage) and the host's horizon in
+// the slot table advances past them: from then on every reader ignores that host's bits
 // in entries last refreshed before the horizon, without touching the
 // shards; the bits are dropped when their shard is next rewritten.
-
-// evictSlack sets the low watermark of eviction: capacity - capacity/20.
-const evictSlack = 20
 
 func (ix *Index) bucketTicks() uint32 {
 	b := uint32(ix.cfg.BucketMs >> ageShift)
@@ -98,17 +96,27 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 			horizon = max(end, 1)
 		}
 		if rec.capacity > 0 && total > rec.capacity {
-			// Evict down to a low watermark, 1/evictSlack below capacity,
-			// so the horizon (a slot table write, which makes every VM
-			// decode the table again) moves once per few requests, not on
-			// every one. Never drop the current bucket: a prompt larger
-			// than the whole capacity stays until newer traffic pushes it
-			// out.
-			low := rec.capacity - rec.capacity/evictSlack
-			for b := tail; b != head && total > low; b++ {
+			// Evict the oldest buckets down to capacity, to the nearest
+			// bucket: drop one only while more than half of its units lie
+			// past capacity. The engine frees blocks one at a time (a
+			// request's tail before its head) and stays full, so the
+			// bucket straddling capacity is one it holds in part, and
+			// rounding keeps the count the index believes centred on what
+			// the engine holds. Dropping it whole, or evicting below
+			// capacity, leaves the index holding less than the engine on
+			// average: with long prompts one bucket is a tenth of an
+			// engine's memory (TestEvictionTracksExactLRU). Each drop
+			// moves the horizon (a slot table write): at most about once
+			// per bucket of a host's traffic. Never drop the current
+			// bucket: a prompt larger than the whole capacity stays until
+			// newer traffic pushes it out.
+			for b := tail; b != head; b++ {
 				c := u.get(b)
 				if c == 0 {
 					continue
+				}
+				if 2*uint64(total)-uint64(c) <= 2*uint64(rec.capacity) {
+					break
 				}
 				total -= c
 				evicted += uint64(c)
