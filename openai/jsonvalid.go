@@ -14,9 +14,10 @@ import (
 //
 // Why not gjson.Valid: it walks byte by byte through small functions, and Go
 // code compiled to Wasm pays for every call (docs/performance.md). This
-// validator is one loop with an explicit nesting stack, and strings (nearly
-// all of a prompt) are skipped 64 to 128 bytes at a time (see plainRun), which
-// is many times faster in Wasm.
+// validator is one loop over a table of states with an explicit nesting
+// stack (see scanJSONWith), and long strings (nearly all of a prompt) are
+// skipped 64 to 128 bytes at a time (see plainRun), which is many times
+// faster in Wasm.
 func validJSON(b []byte) bool { return scanJSON(b, nil) }
 
 // jsonSpans is what one validating pass learns for the passes after it:
@@ -27,7 +28,7 @@ func validJSON(b []byte) bool { return scanJSON(b, nil) }
 // and without the table each level rescanned it.
 type jsonSpans struct {
 	spans []jsonSpan // by start, ascending: the order the pass meets them
-	stack []int32    // the pass's open containers (indexes into spans)
+	stack []uint32   // the pass's open containers (see scanJSONWith)
 
 	// checkUTF8 makes the pass also check that strings are UTF-8 (bytes
 	// outside strings must be ASCII anyway), saving the caller a separate
@@ -84,9 +85,24 @@ func (s *jsonSpans) scan(b []byte) bool {
 
 // scanJSONWith is scanJSON with the container stack passed in, and returned
 // (grown) for reuse.
-func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
-	// stack holds the positions of open containers' brackets, or their
-	// rec.spans indexes.
+//
+// The grammar is one table (jsonStates): the next state for a state and a
+// byte's class. The loop that reads it is about the cheapest Go's Wasm
+// output has, two lookups per byte, two bytes per loop step and no other
+// branch: whitespace, colons, commas, numbers, literals and strings of up
+// to 15 plain ASCII bytes (keys, roles, small values) never leave it. A
+// state tells the kind of container its value is in, so a comma needs no
+// look at the stack. The loop leaves the table (an action: actFirst and up)
+// only for a bracket, which the stack and the span table must see, and for
+// a longer string or one with an escape or a byte above 0x7f, which
+// scanString reads from its quote, 8 to 128 bytes per step (the state
+// counts the bytes since the quote). Before, every value took a dozen
+// tests and calls: a 1 MiB body of unused keys ("k":0) took 12 ms to
+// validate in Wasm, against 3 ms now (BenchmarkShapeValidate).
+func scanJSONWith(b []byte, rec *jsonSpans, stack []uint32) (bool, []uint32) {
+	// stack holds, for each open container, the kind of container it is
+	// in (the state after it depends on that), and with a table its
+	// index in rec.spans times 4.
 	var nonASCII uint64 // plainRun's extra stop mask: the high bits when checking UTF-8
 	if rec != nil {
 		rec.badUTF8 = false
@@ -100,153 +116,339 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []int32) (bool, []int32) {
 			rec = nil // offsets would not fit: validate without the table
 		}
 	}
-	// opener returns the bracket of the container stack entry e stands for.
-	opener := func(e int32) byte {
-		if rec != nil {
-			return b[rec.spans[e].start]
-		}
-		return b[e]
-	}
-	var top byte // the bracket of the innermost open container, 0 outside all
-	i := SkipSpace(b, 0)
+	t, cls := &jsonStates, &jsonByteClass
+	s, i := uint8(stValue), 0 // the state before b[i]
+	failedAt := -1            // where a string that did not parse ended (badUTF8 for one that is not UTF-8)
 scan:
-	for key := false; ; {
-		// A value starts at b[i], or with key set an object's key (after
-		// '{' or a comma in an object): a string, read by the value's
-		// string code (one copy of it), then ':'.
-		if i >= len(b) || key && b[i] != '"' {
-			break scan
+	for {
+		// Two bytes per loop step while both stay in the table (each
+		// step of a loop is a jump through the function's dispatch in
+		// Go's Wasm output), then the last one.
+		var a uint8
+		w := b[i:] // (a view: no bounds check per byte)
+		for len(w) >= 2 {
+			if a = t[int(s)<<5|int(cls[w[0]])]; a >= actFirst {
+				break
+			}
+			s = a
+			if a = t[int(s)<<5|int(cls[w[1]])]; a >= actFirst {
+				w = w[1:]
+				break
+			}
+			s = a
+			w = w[2:]
 		}
-		if rec != nil && len(rec.spans) == cap(rec.spans) {
-			rec.grow() // room for the span this value may add
+		i = len(b) - len(w)
+		if i+1 >= len(b) {
+			if i >= len(b) {
+				break
+			}
+			if a = t[int(s)<<5|int(cls[b[i]])]; a < actFirst {
+				s, i = a, i+1
+				continue
+			}
 		}
-		switch c := b[i]; {
-		case c == '{' || c == '[':
-			open := i
+		in := inOf(s) // the container of the value the byte starts or ends
+		switch a {
+		case actString:
+			// A string the table does not finish: from its quote, k
+			// plain bytes back (the state counts them).
+			k := int(s-stString) & 15
+			q := i - k - 1
+			e, escaped := scanString(b, q, nonASCII)
+			if e < 0 {
+				failedAt = e
+				break scan
+			}
+			if s < stString+16 { // a key
+				s = stColon
+			} else {
+				// Long values in the table; keys never (the walker scans them).
+				if rec != nil && e-q >= minSpanString {
+					if len(rec.spans) == cap(rec.spans) {
+						rec.grow()
+					}
+					rec.add(jsonSpan{start: int32(q), end: int32(e), escaped: escaped})
+				}
+				s = afterIn(in)
+			}
+			i = e
+		case actOpen:
+			c := b[i]
+			if i+1 < len(b) && b[i+1] == c+2 { // '{'+2 == '}', '['+2 == ']'
+				s, i = afterIn(in), i+2 // empty: not in the table
+				continue
+			}
+			if rec != nil && len(rec.spans) == cap(rec.spans) {
+				rec.grow() // room for the span this value may add
+			}
 			// An array of plain integers (a token-id prompt, or one of
-			// its batches) in one call, without a stack entry; in the
-			// table only when long, as strings are.
+			// its batches) or of strings in one call, without a stack
+			// entry; in the table only when long, as strings are.
 			if c == '[' && i+1 < len(b) && (b[i+1]-'1' <= 8 || b[i+1] == '[') { // a chat body never enters it
 				if e := intArrays(b, i, rec); e > 0 {
-					i = e
-					break
+					s, i = afterIn(in), e
+					continue
 				}
 			}
 			if c == '[' && i+1 < len(b) && b[i+1] == '"' && rec != nil {
 				if e := stringArray(b, i, rec, nonASCII); e > 0 {
-					i = e
-					break
+					s, i = afterIn(in), e
+					continue
 				}
 			}
-			i = SkipSpace(b, i+1)
-			if i < len(b) && b[i] == c+2 { // '{'+2 == '}', '['+2 == ']'
-				i++
-				break
-			}
-			e := int32(open) // the stack entry
+			top := uint32(in) // the stack entry
 			if rec != nil {
-				e = rec.add(jsonSpan{start: int32(open), end: -1})
+				top |= uint32(rec.add(jsonSpan{start: int32(i), end: -1})) << 2
 			}
-			stack = append(stack, e)
-			top = c
-			key = c == '{'
-			continue
-		case c == '"':
-			if e := shortPlain(b, i); e >= 0 {
-				i = e // too short for the table
-			} else {
-				start := i
-				var escaped bool
-				if i, escaped = scanString(b, i, nonASCII); i < 0 {
-					break scan
-				}
-				// Long values in the table; keys never (the walker scans them).
-				if rec != nil && !key && i-start >= minSpanString {
-					rec.add(jsonSpan{start: int32(start), end: int32(i), escaped: escaped})
+			stack = append(stack, top)
+			if s = stValueOrClose; c == '{' {
+				s = stKeyOrClose
+			}
+			i++
+		case actClose, actCloseEmpty:
+			top := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if rec != nil {
+				if a == actClose {
+					rec.spans[top>>2].end = int32(i + 1)
+				} else {
+					rec.spans = rec.spans[:top>>2] // an empty container, which the table does not hold (its entry is the last)
 				}
 			}
-			if key {
-				if i = SkipSpace(b, i); i >= len(b) || b[i] != ':' {
-					break scan
-				}
-				i = SkipSpace(b, i+1)
-				key = false
-				continue
-			}
-		case c >= '1' && c <= '9':
-			// A plain integer (token ids, max_tokens) ends here without
-			// a call; a fraction or an exponent goes to skipNumber.
-			j := i + 1
-			for j < len(b) && b[j] >= '0' && b[j] <= '9' {
-				j++
-			}
-			if j < len(b) && (b[j] == '.' || b[j]|0x20 == 'e') {
-				if j = skipNumber(b, i); j < 0 {
-					break scan
-				}
-			} else if top == '[' && j+1 < len(b) && b[j] == ',' {
-				j = integerRun(b, j)
-			}
-			i = j
-		case c == '-' || c == '0':
-			if i = skipNumber(b, i); i < 0 {
-				break scan
-			}
-		case c == 't' || c == 'f' || c == 'n':
-			// true, false or null: one comparison of four bytes as a
-			// word (and false's 'e'), where a comparison of strings in
-			// Wasm is a call to the runtime and ~100 instructions here.
-			if len(b)-i < 4 {
-				break scan
-			}
-			switch w := binary.LittleEndian.Uint32(b[i:]); {
-			case w == wordTrue || w == wordNull:
-				i += 4
-			case w == wordFals && len(b)-i > 4 && b[i+4] == 'e':
-				i += 5
-			default:
-				break scan
-			}
-		default:
+			s = afterIn(int(top))
+			i++
+		default: // a byte the grammar does not allow there
 			break scan
 		}
-		// After a value: close containers, or a comma and the next element.
-		for {
-			i = SkipSpace(b, i)
-			if len(stack) == 0 {
-				return i == len(b), stack
-			}
-			if i >= len(b) {
-				break scan
-			}
-			switch {
-			case b[i] == ',':
-				i = SkipSpace(b, i+1)
-				key = top == '{'
-			case b[i] == top+2: // the matching bracket
-				if rec != nil {
-					rec.spans[stack[len(stack)-1]].end = int32(i + 1)
-				}
-				stack = stack[:len(stack)-1]
-				if top = 0; len(stack) > 0 {
-					top = opener(stack[len(stack)-1])
-				}
-				i++
-				continue
-			default:
-				break scan
-			}
-			break
-		}
+	}
+	if i >= len(b) {
+		return len(stack) == 0 && (s == stAfterTop || jsonNumberEnds[s]), stack
 	}
 	// Every failure breaks out to here: one return, and one test for a
 	// string that is not UTF-8 (in Wasm each copy is code of a function
 	// every request enters). Only scanString ends at badUTF8.
-	if i == badUTF8 {
+	if failedAt == badUTF8 {
 		rec.badUTF8 = true
 	}
 	return false, stack
 }
+
+// The states of jsonStates. A value's states come in three sets, one per
+// kind of container it is in (in: top level, object, array), so that what
+// may follow it (a comma and what then, which bracket) is the state's to
+// say: the set of in is at offset in*inStride among the numbers' and
+// literals' states, and the string states are laid out the same way.
+const (
+	stValue        = iota // the document's value
+	stAfterTop            // after it: only whitespace
+	stKeyOrClose          // after '{'
+	stKey                 // after ',' in an object
+	stColon               // after a key
+	stValueObject         // after ':'
+	stAfterObject         // after a member's value
+	stValueOrClose        // after '['
+	stValueArray          // after ',' in an array
+	stAfterArray          // after an element
+
+	// A number's states, numbers + in*inStride + one of these.
+	numMinus, numZero, numInt, numDot, numFrac, numE, numSign, numExp = 0, 1, 2, 3, 4, 5, 6, 7
+	stNumber                                                          = 16
+	// A literal's states after its first bytes: t, tr, tru, f, fa, fal,
+	// fals, n, nu, nul.
+	stLiteral = stNumber + 8
+	inStride  = 18 // from one container kind's number and literal states to the next's
+
+	// A string's states, stString + kind*16 + the plain bytes read since
+	// the quote (0-15); kind 0 is a key, 1+in a value in in.
+	stString = stNumber + 3*inStride
+
+	// Actions: what the loop leaves the table for (every entry from
+	// actFirst up), with the state it leaves from.
+	actFirst       = 0xf0
+	jsonStateCount = stString + 64
+	actString      = 0xf0 // a string the table does not finish
+	actOpen        = 0xf1 // '{' or '['
+	actClose       = 0xf2 // '}' or ']' after a value
+	actCloseEmpty  = 0xf3 // '}' or ']' after its opener and whitespace
+	actFail        = 0xff
+)
+
+// inOf returns the kind of container (0 top level, 1 object, 2 array) the
+// value at state s is in, for the states actions leave from (jsonInOf).
+func inOf(s uint8) int { return int(jsonInOf[s]) }
+
+// afterIn is the state after a value in a container of kind in.
+func afterIn(in int) uint8 { return jsonAfter[in&3] }
+
+var jsonAfter = [4]uint8{stAfterTop, stAfterObject, stAfterArray, stAfterArray}
+
+// jsonStates is the grammar of JSON as a table of states: entry s<<8|c is
+// the state after byte c in state s, or an action (actFirst and up).
+// jsonInOf is the container kind of each state's value; jsonNumberEnds
+// marks the states of a top-level number that may end the document.
+var jsonStates, jsonInOf, jsonNumberEnds = func() (classed [256 << 5]uint8, in [256]uint8, ends [256]bool) {
+	t := new([jsonStateCount * 256]uint8)
+	for k := range t {
+		t[k] = actFail
+	}
+	row := func(s int) []uint8 { return t[s<<8 : s<<8+256] }
+	const space = " \t\n\r"
+	for _, st := range []int{stValue, stAfterTop, stKeyOrClose, stKey, stColon, stValueObject, stAfterObject, stValueOrClose, stValueArray, stAfterArray} {
+		for _, c := range space {
+			row(st)[c] = uint8(st)
+		}
+	}
+	values := []int{stValue, stValueObject, stValueArray}
+	afters := []int{stAfterTop, stAfterObject, stAfterArray}
+	// What may follow a value in each kind of container.
+	follow := func(r []uint8, kind int) {
+		for _, c := range space {
+			r[c] = uint8(afters[kind])
+		}
+		switch kind {
+		case 1:
+			r[','], r['}'] = stKey, actClose
+		case 2:
+			r[','], r[']'] = stValueArray, actClose
+		}
+	}
+	for kind := 0; kind < 3; kind++ {
+		follow(row(afters[kind]), kind)
+		num := stNumber + kind*inStride
+		lit := stLiteral + kind*inStride
+		str := stString + (1+kind)*16
+		starts := []int{values[kind]}
+		if kind == 2 {
+			starts = append(starts, stValueOrClose)
+		}
+		for _, st := range starts {
+			in[st] = uint8(kind)
+			r := row(st)
+			r['"'], r['{'], r['['] = uint8(str), actOpen, actOpen
+			r['-'], r['0'] = uint8(num+numMinus), uint8(num+numZero)
+			for c := '1'; c <= '9'; c++ {
+				r[c] = uint8(num + numInt)
+			}
+			r['t'], r['f'], r['n'] = uint8(lit), uint8(lit+3), uint8(lit+7)
+		}
+		// Numbers: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+		for c := '0'; c <= '9'; c++ {
+			row(num + numMinus)[c] = uint8(num + numInt)
+			row(num + numInt)[c] = uint8(num + numInt)
+			row(num + numDot)[c] = uint8(num + numFrac)
+			row(num + numFrac)[c] = uint8(num + numFrac)
+			row(num + numE)[c] = uint8(num + numExp)
+			row(num + numSign)[c] = uint8(num + numExp)
+			row(num + numExp)[c] = uint8(num + numExp)
+		}
+		row(num + numMinus)['0'] = uint8(num + numZero)
+		for _, st := range []int{numZero, numInt} {
+			row(num + st)['.'] = uint8(num + numDot)
+		}
+		for _, st := range []int{numZero, numInt, numFrac} {
+			row(num + st)['e'], row(num + st)['E'] = uint8(num+numE), uint8(num+numE)
+		}
+		row(num + numE)['+'], row(num + numE)['-'] = uint8(num+numSign), uint8(num+numSign)
+		for _, st := range []int{numZero, numInt, numFrac, numExp} {
+			follow(row(num+st), kind)
+			if kind == 0 {
+				ends[num+st] = true
+			}
+		}
+		// Literals: true, false, null.
+		for k, w := range []string{"rue", "alse", "ull"} {
+			first := lit + []int{0, 3, 7}[k]
+			for j := 0; j < len(w); j++ {
+				next := first + j + 1
+				if j == len(w)-1 {
+					next = afters[kind]
+				}
+				row(first + j)[w[j]] = uint8(next)
+			}
+		}
+		for st := num; st < lit+10; st++ {
+			in[st] = uint8(kind)
+		}
+	}
+	// Object keys and brackets.
+	for _, st := range []int{stKeyOrClose, stKey} {
+		row(st)['"'] = stString
+		in[st] = 1
+	}
+	row(stKeyOrClose)['}'] = actCloseEmpty
+	row(stValueOrClose)[']'] = actCloseEmpty
+	row(stColon)[':'] = stValueObject
+	in[stAfterObject], in[stAfterArray] = 1, 2
+	// Strings: up to 15 plain ASCII bytes in the table, the rest by
+	// scanString from the quote.
+	for kind := 0; kind < 4; kind++ {
+		end := stColon
+		if kind > 0 {
+			end = afters[kind-1]
+		}
+		for k := 0; k < 16; k++ {
+			st := stString + kind*16 + k
+			in[st] = 1 // a key is in an object
+			if kind > 0 {
+				in[st] = uint8(kind - 1)
+			}
+			r := row(st)
+			for c := 0x20; c < 0x80; c++ {
+				r[c] = uint8(st + 1)
+				if k == 15 {
+					r[c] = actString
+				}
+			}
+			for c := 0x80; c < 0x100; c++ {
+				r[c] = actString
+			}
+			r['\\'], r['"'] = actString, uint8(end)
+		}
+	}
+	// The same table by byte class: every byte of a class must move
+	// every state alike.
+	for c := 0; c < 256; c++ {
+		for st := 0; st < jsonStateCount; st++ {
+			k := st<<5 | int(jsonByteClass[c])
+			if c != int(jsonClassByte[jsonByteClass[c]]) && classed[k] != t[st<<8|c] {
+				panic("openai: byte classes of the JSON grammar do not agree")
+			}
+			classed[k] = t[st<<8|c]
+		}
+	}
+	return classed, in, ends
+}()
+
+// jsonByteClass is the class of each byte in jsonStates: the bytes one
+// class holds move every state alike, so the table has 32 columns, not
+// 256 (a table of 136 states by 256 bytes, 34 KiB, made the body shapes'
+// costs move by a fifth with where it fell among the parser's buffers).
+// jsonClassByte is the first byte of each class.
+var jsonByteClass, jsonClassByte = func() (cls [256]uint8, first [32]uint8) {
+	n := uint8(1) // class 0: printable ASCII the grammar gives no role outside strings
+	for _, set := range []string{" ", "\t\n\r", "\"", "\\", "{", "}", "[", "]", ":", ",", "-", "+", ".", "0", "123456789",
+		"e", "E", "t", "r", "u", "f", "a", "l", "s", "n"} {
+		for _, c := range []byte(set) {
+			cls[c] = n
+		}
+		first[n] = set[0]
+		n++
+	}
+	for c := 0; c < 0x20; c++ {
+		if cls[c] == 0 {
+			cls[c] = n // other control characters
+		}
+	}
+	first[n] = 0
+	n++
+	for c := 0x80; c < 0x100; c++ {
+		cls[c] = n
+	}
+	first[n] = 0x80
+	first[0] = '!'
+	return cls, first
+}()
 
 // add appends sp to the table, which has room for it (see grow), and
 // returns its index. Not an append: in Go's Wasm port an append is ~170
@@ -396,6 +598,8 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 		if e >= 0 {
 			binary.LittleEndian.PutUint64(text[n:], load64(b, i+1))
 			n += e - i - 2
+		} else if se, sn := shortEscaped(b, i, text, n); se >= 0 {
+			e, n = se, sn
 		} else {
 			var escaped bool
 			if e, escaped = scanString(b, i, nonASCII); e < 0 {
@@ -427,24 +631,32 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 	return end
 }
 
-// integerRun returns the index after the elements ",<integer>" that follow one
-// another from b[j] in an array of plain integers (a token-id prompt), one
-// loop iteration per element. Anything else (space, a fraction, a zero, the
-// end) is left at its comma to the general path. Out of scanJSONWith: each
-// function entered costs a request (docs/performance.md), and a chat body
-// holds no such array.
-func integerRun(b []byte, j int) int {
-	for j+1 < len(b) && b[j] == ',' && b[j+1] >= '1' && b[j+1] <= '9' {
-		k := j + 2
-		for k < len(b) && b[k] >= '0' && b[k] <= '9' {
-			k++
+// shortEscaped returns the index after the string starting at b[i] (a
+// quote) when it closes within 16 bytes and holds only ASCII and simple
+// escapes (no \u), with its text written to text[n:] and n moved past
+// it; or -1 and n for any other string (stringArray then scans it in
+// full). A prompt of short escaped strings ("\n") cost a scan and an
+// unescaping call per string.
+func shortEscaped(b []byte, i int, text []byte, n int) (int, int) {
+	m := n
+	for k := i + 1; k < len(b) && k <= i+16 && m < len(text); {
+		switch c := b[k]; {
+		case c == '"':
+			return k + 1, m
+		case c == '\\':
+			if k+1 >= len(b) || unescapedByte[b[k+1]] == 0 {
+				return -1, n
+			}
+			text[m] = unescapedByte[b[k+1]]
+			m, k = m+1, k+2
+		case c < 0x20 || c >= utf8.RuneSelf:
+			return -1, n
+		default:
+			text[m] = c
+			m, k = m+1, k+1
 		}
-		if k < len(b) && (b[k] == '.' || b[k]|0x20 == 'e') {
-			break
-		}
-		j = k
 	}
-	return j
+	return -1, n
 }
 
 // SkipSpace returns the index of the first byte from i that is not JSON
@@ -459,13 +671,6 @@ func SkipSpace(b []byte, i int) int {
 }
 
 var jsonSpace = [256]bool{' ': true, '\t': true, '\n': true, '\r': true}
-
-// The literals' first four bytes as a little-endian word.
-const (
-	wordTrue = 't' | 'r'<<8 | 'u'<<16 | 'e'<<24
-	wordFals = 'f' | 'a'<<8 | 'l'<<16 | 's'<<24
-	wordNull = 'n' | 'u'<<8 | 'l'<<16 | 'l'<<24
-)
 
 // plainStringByte marks bytes a string may hold as they are: everything but
 // the quote, the backslash and control characters.
@@ -552,7 +757,11 @@ scan:
 			}
 			switch c := b[i+1]; {
 			case simpleEscape[c]:
-				i += 2
+				// Escapes that follow one another (a text of "\n\n..."),
+				// two bytes per step, without the search for the next
+				// byte to look at between them.
+				for i += 2; i+1 < len(b) && b[i] == '\\' && simpleEscape[b[i+1]]; i += 2 {
+				}
 			case c == 'u':
 				if !isHex4(b[i+2:]) {
 					break scan
@@ -844,44 +1053,3 @@ var hexDigit = func() (t [256]uint8) {
 	}
 	return t
 }()
-
-// skipNumber returns the index after the number starting at b[i], or -1.
-func skipNumber(b []byte, i int) int {
-	if b[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(b) && b[i] == '0':
-		i++
-	case i < len(b) && b[i] >= '1' && b[i] <= '9':
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-	default:
-		return -1
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		start := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-		if i == start {
-			return -1
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		start := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-		if i == start {
-			return -1
-		}
-	}
-	return i
-}

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/openai/openaitest"
 )
@@ -44,5 +45,47 @@ func TestBodyShapesAllocate(t *testing.T) {
 		if n := testing.AllocsPerRun(3, parse); n != 0 {
 			t.Errorf("%s: %.0f allocations per 256 KiB body, want 0", s.Name, n)
 		}
+	}
+}
+
+// BenchmarkShapeValidate is the validating pass alone (JSON, UTF-8 in
+// strings, span table) over a 1 MiB body of each shape, reported against
+// a full plain-text parse in the same iterations (x-text), as
+// BenchmarkShapeFloors does: the share of a shape's cost that is the
+// validator's. Run in Wasm (see BenchmarkShapeFloors for the command).
+func BenchmarkShapeValidate(b *testing.B) {
+	const size = 1 << 20
+	text := []byte(openaitest.Shapes[0].Body(size, 0))
+	p := newParser(b, `{}`)
+	for _, s := range openaitest.Shapes {
+		body := []byte(s.Body(size, 0))
+		b.Run(s.Name, func(b *testing.B) {
+			now := cpuNow
+			if now() == 0 {
+				start := time.Now()
+				now = func() time.Duration { return time.Since(start) }
+			}
+			spans := jsonSpans{checkUTF8: true}
+			ps := newParser(b, `{}`)
+			var tText, tShape, tParse time.Duration
+			for range b.N {
+				start := now()
+				if _, err := p.Parse(text, Completions); err != nil {
+					b.Fatal(err.Message)
+				}
+				mid := now()
+				if !scanJSON(body, &spans) {
+					b.Fatal("rejected")
+				}
+				end := now()
+				if _, err := ps.Parse(body, EndpointOf(s.Path)); err != nil {
+					b.Fatal(err.Message)
+				}
+				tText, tShape, tParse = tText+mid-start, tShape+end-mid, tParse+now()-end
+			}
+			b.ReportMetric(float64(tShape)/float64(tText), "x-text")
+			b.ReportMetric(float64(tShape)/float64(b.N)/1e6, "ms")
+			b.ReportMetric(float64(tParse)/float64(tText), "parse-x-text")
+		})
 	}
 }
