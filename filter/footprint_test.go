@@ -271,10 +271,11 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// one call per object (openai's object, which reads compact members
 	// with word tests and no call per member) and the hasher's in-place
 	// pair of short elements enter 4 fewer functions and make about 50
-	// fewer calls, and are 1.4 to 2.9 KB more code (144,503 to 145,884 to
-	// 147,450 bytes entered): 1 MiB bodies of tiny messages, text parts and
-	// image parts cost 30 to 40 % less.
-	const maxDistinct, maxBytes, maxCalls = 142, 145 << 10, 650
+	// fewer calls, and are 2 to 3.6 KB more code (144,503 to 146,552 or
+	// 148,118 bytes entered, the second with the runtime's random number
+	// functions): 1 MiB bodies of tiny messages, text parts, image parts
+	// and tool calls cost 30 to 40 % less, the searched worst 20 % less.
+	const maxDistinct, maxBytes, maxCalls = 142, 146 << 10, 650
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}

@@ -206,23 +206,13 @@ func (h *Hasher) Message(role, content string) { h.pair(tagMessage, role, tagTex
 // BeginMessage starts a chat message. Follow it with its content parts
 // (Text, Part), tool calls (ToolCall) and other fields (Field), in the
 // order of the request.
-func (h *Hasher) BeginMessage(role string) {
-	h.setKind(kindChat)
-	h.element(tagMessage, role)
-}
+func (h *Hasher) BeginMessage(role string) { h.element(tagMessage, role) }
 
 // Text appends text. In a chat message it is one text content part (a
 // string content and an array holding one text part hash alike). Outside
 // a message it is raw prompt text (completions): consecutive calls
 // concatenate, so a prompt fed in pieces hashes like the whole.
-func (h *Hasher) Text(s string) {
-	if h.kind == kindChat {
-		h.element(tagText, s)
-		return
-	}
-	h.setKind(kindText)
-	h.writeString(s)
-}
+func (h *Hasher) Text(s string) { h.element(textOrRaw, s) }
 
 // Part appends a non-text content part of a chat message, such as an
 // image URL or an audio reference: kind names it, value identifies it
@@ -294,20 +284,40 @@ func (h *Hasher) pair(t1 byte, a string, t2 byte, b string) {
 	h.element(t2, b)
 }
 
+// textOrRaw is element's tag for Text: a text element in a chat, raw
+// prompt text outside one.
+const textOrRaw = 0
+
+// element appends one element of a chat: its tag, its length and s. It
+// also takes Text's and BeginMessage's decisions on the prompt's kind, so
+// that each is one call (inlined where it is called): a text part or a
+// message's role is one call, not two.
 func (h *Hasher) element(tag byte, s string) {
-	if n, k := len(h.pend), 2+len(s); len(s) < 0x80 && n+k < h.blkLen && n+k <= cap(h.pend) {
+	t := tag
+	if t == textOrRaw {
+		t = tagText
+	}
+	if n, k := len(h.pend), 2+len(s); len(s) < 0x80 && n+k < h.blkLen && n+k <= cap(h.pend) && h.kind == kindChat {
 		// A short element that leaves the block incomplete and fits
 		// pend as it is (a role, a name, a short message): written in
 		// place, its length one varint byte. In Go's Wasm port put's
 		// two appends cost several times the copy.
 		p := h.pend[:n+k]
-		p[n], p[n+1] = tag, byte(len(s))
+		p[n], p[n+1] = t, byte(len(s))
 		copy(p[n+2:], s)
 		h.pend = p
 		h.total += k
 		return
 	}
-	h.scr[0] = tag
+	if h.kind != kindChat {
+		if tag == textOrRaw { // Text outside a chat: raw prompt text
+			h.setKind(kindText)
+			h.writeString(s)
+			return
+		}
+		h.setKind(kindChat)
+	}
+	h.scr[0] = t
 	n := binary.PutUvarint(h.scr[1:], uint64(len(s)))
 	if k := 1 + n + len(s); len(h.pend)+k < h.blkLen {
 		// A short element that leaves the block incomplete (a role, a

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/binary"
+	"math"
 	"math/bits"
 	"slices"
 	"unicode/utf16"
@@ -538,7 +539,10 @@ type keySet struct {
 	// others match only as written. first has bit f when the first member
 	// named f wins rather than the last (gjson's lookups).
 	decoded, first uint64
-	maxEscaped     int // the longest escaped spelling worth decoding: 6 bytes per decoded byte
+	// The lengths of an escaped spelling worth decoding: a name's escaped
+	// spelling is longer than the name (an escape is at least 2 bytes for
+	// 1) and at most 6 bytes per byte of it.
+	minEscaped, maxEscaped int
 }
 
 type keySlot struct {
@@ -575,8 +579,9 @@ func keyWords(b []byte, i, n int) (lo, hi uint64) {
 // names of decoded matching escaped keys and those of first the first
 // member of the name.
 func newKeySet(names []string, decoded, first []string) *keySet {
-	s := &keySet{}
+	s := &keySet{minEscaped: math.MaxInt}
 	for _, d := range decoded {
+		s.minEscaped = min(s.minEscaped, len(d)+1)
 		s.decoded |= 1 << slices.Index(names, d)
 		s.maxEscaped = max(s.maxEscaped, 6*len(d))
 	}
@@ -631,6 +636,7 @@ func (s *keySet) name(b []byte, i, n int) int {
 // per key made a body of tiny messages or parts cost dozens of times a
 // plain-text one in Wasm.
 func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, plain uint64, other int) {
+	d.nextSpan(b[i:]) // the object's table entry, if any, is passed by
 	all := b[:cap(b)] // word tests may read past b (the rest of the body)
 	i = SkipSpace(b, i+1)
 	for i < len(b) && b[i] == '"' {
@@ -650,10 +656,14 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, p
 				if s := &set.slots[keyHash(lo, hi, n, set.magic)]; s.n == n && s.lo == lo && s.hi == hi {
 					f = s.f
 				}
-				if v = q + 2; all[v] == '"' {
+				v = q + 2
+				switch w := uint16(all[v]) | uint16(all[v+1])<<8; {
+				case w&0xff == '"':
 					if m := v + 1 + plainLen(load64(all, v+1), load64(all, v+9)); all[m] == '"' {
 						e, short = m+1, true
 					}
+				case w == '{'|'}'<<8 || w == '['|']'<<8:
+					e = v + 2 // an empty container, which the span table does not hold
 				}
 			}
 		}
@@ -711,7 +721,7 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 		if k = d.skip(b, i); k < 0 {
 			return -1, -1
 		}
-		escaped = set.decoded != 0 && k-i <= set.maxEscaped && hasBackslash(b[i+1:k-1])
+		escaped = k-i-2 >= set.minEscaped && k-i-2 <= set.maxEscaped && hasBackslash(b[i+1:k-1])
 	}
 	if f = set.name(b, i+1, k-i-2); f < 0 && escaped {
 		t := d.text(b[i:k])

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -732,7 +733,6 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 		// of the body), from its opening brace to its closing one: the
 		// message is not first stepped over to find its end (its table
 		// entry, if any, is passed by).
-		p.doc.nextSpan(msgs[i:])
 		var msg [len(messageFields)][]byte // its members, by index in messageFields
 		end, plain, _ := p.doc.object(msgs, i, messageKeys, msg[:])
 		if end < 0 {
@@ -919,13 +919,24 @@ func messageError(i, fault int) *Error {
 // per MiB, and gjson's lookups scan each call byte by byte and copy every
 // escaped string (arguments are JSON text, full of escaped quotes).
 func (p *Parser) toolCalls(calls []byte) {
-	for i := SkipSpace(calls, 1); ; {
-		c, next, ok := p.doc.element(calls, i)
-		if !ok {
-			return
+	for i := SkipSpace(calls, 1); i < len(calls) && calls[i] != ']'; {
+		// A call is read from its opening brace to its closing one (not
+		// first stepped over); anything else is stepped over and hashes
+		// as a call of empty strings.
+		var call [2][]byte
+		var cp uint64
+		end := -1
+		if calls[i] == '{' {
+			end, cp, _ = p.doc.object(calls, i, callKeys, call[:])
+		} else if _, next, ok := p.doc.element(calls, i); ok {
+			end = next
 		}
-		i = next
-		call, cp := p.lookup(c, callKeys)
+		if end < 0 {
+			return // not reached: the body is valid
+		}
+		if i = SkipSpace(calls, end); i < len(calls) && calls[i] == ',' {
+			i = SkipSpace(calls, i+1)
+		}
 		fn, fp := p.lookup(call[1], functionKeys)
 		p.hasher.ToolCall(p.valueString(call[0], cp&1 != 0), p.valueString(fn[0], fp&1 != 0), p.valueString(fn[1], fp&2 != 0))
 	}
@@ -946,11 +957,19 @@ func (p *Parser) lookup(obj []byte, set *keySet) (v [2][]byte, plain uint64) {
 // string's text read by the doc (no copy; plain as object reports it),
 // anything else through gjson.
 func (p *Parser) valueString(v []byte, plain bool) string {
+	if plain { // small enough to be inlined: a plain string's text is its bytes
+		return unsafe.String(&v[1], len(v)-2)
+	}
+	return p.anyString(v)
+}
+
+// anyString is valueString of a value that is not a plain string.
+func (p *Parser) anyString(v []byte) string {
 	switch {
 	case len(v) == 0:
 		return ""
 	case v[0] == '"':
-		return p.doc.str(v, plain)
+		return p.doc.text(v)
 	}
 	return gjson.Parse(unsafeString(v)).String()
 }
@@ -967,7 +986,6 @@ func (p *Parser) part(content []byte, at, i, j int) (int, *Error) {
 	// input_audio as gjson finds a member, by its decoded key (partKeys).
 	// Walking the part again for them whenever it held an escaped key
 	// made parts with one cost 160 times plain text.
-	p.doc.nextSpan(content[at:]) // its table entry, if any, is passed by
 	var f [len(partFields)][]byte
 	end, plain, _ := p.doc.object(content, at, partKeys, f[:])
 	if end < 0 {

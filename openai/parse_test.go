@@ -511,6 +511,9 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			`[{"type":"image_url","image_url":{"detail":"high","url":"https://a","url":"https://b"},"image_url":{"url":"second"}},{"type":"image_url","image_url":"not an object"},{"type":"image_url"},{"type":"input_audio","input_audio":{"data":7}}]`,
 			// Keys with escapes: gjson takes the first member whose decoded
 			// key matches, before or after a plain one.
+			// Types spelled with escapes, types of 8, 9, 16 and 17 bytes,
+			// and types no case reads (hashed whole).
+			`[{"type":"t\u0065xt","text":"escaped type"},{"type":"image\u005furl","image_url":{"url":"u"}},{"type":"video","video":{"u":1}},{"type":"texttext","text":"x"},{"type":"image_urx","image_url":{"url":"u"}},{"type":"input_audio_16byt","input_audio":{"data":"d"}},{"type":"input_audio_17byte","x":[]},{"type":"input_audi\u006f","input_audio":{"data":"d"}}]`,
 			`[{"type":"image_url","x\n":0,"image\u005furl":{"url":"escaped first"},"image_url":{"url":"plain"}},{"type":"image_url","image_url":{"url":"plain first"},"image\u005furl":{"url":"escaped later"}},{"type":"input_audio","\u0069nput_audio":{"data":"escaped"},"input_audio":{"data":"plain"}}]`,
 		} {
 			// A long last message, so that the parts and calls are in
@@ -530,8 +533,10 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 					ref.Text(part.Get("text").String())
 				case "image_url":
 					ref.Part(typ, part.Get("image_url.url").String())
-				default:
+				case "input_audio":
 					ref.Part(typ, part.Get("input_audio.data").String())
+				default:
+					ref.Part(typ, part.Raw)
 				}
 			}
 			ref.BeginMessage("assistant")
