@@ -116,7 +116,6 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []uint32) (bool, []uint32) {
 			rec = nil // offsets would not fit: validate without the table
 		}
 	}
-	t, cls := &jsonStates, &jsonByteClass
 	s, i := uint8(stValue), 0 // the state before b[i]
 	failedAt := -1            // where a string that did not parse ended (badUTF8 for one that is not UTF-8)
 scan:
@@ -127,11 +126,11 @@ scan:
 		var a uint8
 		w := b[i:] // (a view: no bounds check per byte)
 		for len(w) >= 2 {
-			if a = t[int(s)<<5|int(cls[w[0]])]; a >= actFirst {
+			if a = jsonStates[int(s)<<5|int(jsonByteClass[w[0]])]; a >= actFirst {
 				break
 			}
 			s = a
-			if a = t[int(s)<<5|int(cls[w[1]])]; a >= actFirst {
+			if a = jsonStates[int(s)<<5|int(jsonByteClass[w[1]])]; a >= actFirst {
 				w = w[1:]
 				break
 			}
@@ -143,7 +142,7 @@ scan:
 			if i >= len(b) {
 				break
 			}
-			if a = t[int(s)<<5|int(cls[b[i]])]; a < actFirst {
+			if a = jsonStates[int(s)<<5|int(jsonByteClass[b[i]])]; a < actFirst {
 				s, i = a, i+1
 				continue
 			}
@@ -503,6 +502,11 @@ func intArrays(b []byte, i int, rec *jsonSpans) int {
 	from, tokens := n, true
 	if nested {
 		i++
+	} else if n < len(ids) {
+		// A flat array (a prompt of token ids): the ids followed by a
+		// comma in one call, the loop below reads the last.
+		i, n = idRun(b, i+1, ids, n)
+		i--
 	}
 arrays:
 	for {
@@ -568,6 +572,56 @@ arrays:
 	}
 	rec.ids = rec.ids[:keep] // ids is rec.ids's array
 	return i
+}
+
+// idRun reads, from b[i], the token ids that are followed by a comma
+// within 8 bytes of their first digit (1 to 7 digits, none a leading
+// zero) into ids[n:], and returns the index of the first byte it did not
+// read and the new n. Word arithmetic per id (digitsWord), where reading
+// a digit at a time cost a loop step per digit: a token id is 1 to 6
+// digits. Not inlined into intArrays, whose loop it would slow (more
+// values live at once than Go's Wasm output keeps in locals).
+//
+//go:noinline
+func idRun(b []byte, i int, ids []uint32, n int) (int, int) {
+	for i >= 0 && i+8 <= len(b) && n < len(ids) && b[i]-'1' <= 8 {
+		if b[i+1] == ',' { // one digit: no arithmetic
+			ids[n] = uint32(b[i] - '0')
+			i, n = i+2, n+1
+			continue
+		}
+		v, k := digitsWord(load64(b, i))
+		if k == 0 || b[i+k] != ',' {
+			break
+		}
+		ids[n] = uint32(v)
+		i, n = i+k+1, n+1
+	}
+	return i, n
+}
+
+// digitsWord reads the decimal digits that x (8 bytes of a body, the
+// first a digit) starts with when a byte that is not a digit ends them
+// within the word: their value and count (1 to 7), with word arithmetic
+// and no loop; and 0, 0 when all eight bytes are digits.
+func digitsWord(x uint64) (v uint64, n int) {
+	const ones = 0x0101010101010101
+	// y holds each digit's value up to the first byte that is not one
+	// (a borrow from that byte may change only the bytes above it), and
+	// that byte's high bit is set in nd: its y is above 9.
+	y := x - '0'*ones
+	nd := ((y&^highBits + 0x76*ones) | y) & highBits
+	n = bits.TrailingZeros64(nd) >> 3
+	if n == 8 {
+		return 0, 0
+	}
+	// The digits moved to the top of the word, zeros before them: the
+	// eight-digit reading of simdjson (parse_eight_digits_unrolled).
+	z := y << (64 - 8*uint(n))
+	z = z * (10<<8 + 1) >> 8
+	z = (z & 0x00ff00ff00ff00ff) * (100<<16 + 1) >> 16
+	z = (z & 0x0000ffff0000ffff) * (10000<<32 + 1) >> 32
+	return z, n
 }
 
 // stringArray is intArrays for an array of strings separated by commas

@@ -410,3 +410,29 @@ func TestUnescapeMatchesGJSON(t *testing.T) {
 		}
 	}
 }
+
+// digitsWord reads exactly the digits a word starts with, for every count
+// of digits, every digit and every byte that may end them.
+func TestDigitsWordMatchesALoop(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	for trial := 0; trial < 200000; trial++ {
+		var w [8]byte
+		for k := range w {
+			w[k] = byte(rng.Intn(256))
+			if rng.Intn(3) > 0 {
+				w[k] = '0' + byte(rng.Intn(10))
+			}
+		}
+		w[0] = '1' + byte(rng.Intn(9))
+		wantV, wantN := uint64(0), 0
+		for wantN < 8 && w[wantN]-'0' <= 9 {
+			wantV, wantN = wantV*10+uint64(w[wantN]-'0'), wantN+1
+		}
+		if wantN == 8 {
+			wantV, wantN = 0, 0
+		}
+		if v, n := digitsWord(binary.LittleEndian.Uint64(w[:])); v != wantV || n != wantN {
+			t.Fatalf("digitsWord(%q) = %d, %d; want %d, %d", w[:], v, n, wantV, wantN)
+		}
+	}
+}

@@ -89,3 +89,30 @@ func BenchmarkShapeValidate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkValidateTokenIDs is the validating pass over 1 MiB prompts of
+// token ids of 1, 5 and 6 digits (the shapes' flat ids are all "7"; a
+// real tokenizer's ids run to 6 digits), in ms per body. Run in Wasm as
+// BenchmarkShapeFloors.
+func BenchmarkValidateTokenIDs(b *testing.B) {
+	for _, id := range []string{"7", "12345", "151643"} {
+		body := []byte(openaitest.Fill(1<<20, `{"model":"m","prompt":[1,`, id, ",", "]}"))
+		b.Run(id, func(b *testing.B) {
+			now := cpuNow
+			if now() == 0 {
+				start := time.Now()
+				now = func() time.Duration { return time.Since(start) }
+			}
+			spans := jsonSpans{checkUTF8: true}
+			var t time.Duration
+			for range b.N {
+				start := now()
+				if !scanJSON(body, &spans) {
+					b.Fatal("rejected")
+				}
+				t += now() - start
+			}
+			b.ReportMetric(float64(t)/float64(b.N)/1e6, "ms")
+		})
+	}
+}
