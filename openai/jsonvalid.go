@@ -175,11 +175,11 @@ scan:
 			}
 			i = e
 		case actOpen:
+			// The bracket is the byte before: b[i] is the first of the
+			// container's body, read again from the state after the
+			// bracket.
+			i--
 			c := b[i]
-			if i+1 < len(b) && b[i+1] == c+2 { // '{'+2 == '}', '['+2 == ']'
-				s, i = afterIn(in), i+2 // empty: not in the table
-				continue
-			}
 			if rec != nil && len(rec.spans) == cap(rec.spans) {
 				rec.grow() // room for the span this value may add
 			}
@@ -270,7 +270,12 @@ const (
 	maxStringBytes                             = 12
 	strPlain, strEscape, strCont1, strCont2    = 0, 1, 2, 3
 	stringKind                                 = 4 * maxStringBytes
-	jsonStateCount                             = stString + 3*stringKind
+	// After an opening bracket ({ or [, one state of each per kind of
+	// container the value is in): the next byte closes it (an empty
+	// container, which needs neither the stack nor the span table) or
+	// leaves the table to open it (actOpen, the bracket one byte back).
+	stOpen         = stString + 3*stringKind
+	jsonStateCount = stOpen + 6
 
 	// Actions: what the loop leaves the table for (every entry from
 	// actFirst up), with the state it leaves from.
@@ -333,7 +338,7 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonNumberEnds = func() (classed [256
 		for _, st := range starts {
 			in[st] = uint8(kind)
 			r := row(st)
-			r['"'], r['{'], r['['] = uint8(str), actOpen, actOpen
+			r['"'], r['{'], r['['] = uint8(str), uint8(stOpen+kind), uint8(stOpen+3+kind)
 			if kind == 0 {
 				r['"'] = actString
 			}
@@ -380,6 +385,16 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonNumberEnds = func() (classed [256
 		}
 		for st := num; st < lit+10; st++ {
 			in[st] = uint8(kind)
+		}
+	}
+	for kind := 0; kind < 3; kind++ {
+		for k, closer := range []byte{'}', ']'} {
+			st := stOpen + 3*k + kind
+			in[st] = uint8(kind)
+			for c := 0; c < 0x100; c++ {
+				row(st)[c] = actOpen
+			}
+			row(st)[closer] = uint8(afters[kind])
 		}
 	}
 	// Object keys and brackets.
