@@ -580,10 +580,16 @@ func intArrays(b []byte, i int, rec *jsonSpans) int {
 	from, tokens := n, true
 	if nested {
 		i++
-	} else if n < len(ids) {
-		// A flat array (a prompt of token ids): the ids followed by a
-		// comma in one call, the loop below reads the last.
-		i, n = idRun(b, i+1, ids, n)
+	}
+	if n < len(ids) {
+		// The ids followed by a comma (or, in a batch, by "],[" and the
+		// next batch's first id) in one call; the loop below reads the
+		// rest, from the byte before the first id idRun did not read.
+		if nested {
+			i, n = idBatchRun(b, i+1, ids, n)
+		} else {
+			i, n = idRun(b, i+1, ids, n)
+		}
 		i--
 	}
 arrays:
@@ -674,6 +680,33 @@ func idRun(b []byte, i int, ids []uint32, n int) (int, int) {
 		}
 		ids[n] = uint32(v)
 		i, n = i+k+1, n+1
+	}
+	return i, n
+}
+
+// idBatchRun is idRun for a batch of prompts ([[7,8],[9,10],...]): it
+// also reads an id that ends a batch when "],[" and the next batch's
+// first id follow. Apart from idRun, whose loop for a flat prompt was 7 %
+// slower with this test in it.
+//
+//go:noinline
+func idBatchRun(b []byte, i int, ids []uint32, n int) (int, int) {
+	for i >= 0 && i+8 <= len(b) && n < len(ids) && b[i]-'1' <= 8 {
+		v, k := uint64(b[i]-'0'), 1 // one digit: no arithmetic
+		if b[i+1]-'0' <= 9 {
+			if v, k = digitsWord(load64(b, i)); k == 0 {
+				break
+			}
+		}
+		if b[i+k] == ',' {
+			i += k + 1
+		} else if b[i+k] == ']' && i+k+3 < len(b) && b[i+k+1] == ',' && b[i+k+2] == '[' && b[i+k+3]-'1' <= 8 {
+			i += k + 3 // the next batch, not empty
+		} else {
+			break
+		}
+		ids[n] = uint32(v)
+		n++
 	}
 	return i, n
 }
