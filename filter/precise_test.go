@@ -23,10 +23,11 @@ import (
 // Precise cache state turns the capacity model into a backstop at twice
 // the engine's KV for a host, and only while the pushed state is fresh
 // (snapshot.Host.PreciseCacheState). One engine whose KV capacity holds
-// one of two prompts, A and B, each recorded in a recency bucket of its
-// own (1 s apart):
-//   - without precise cache state, recording B ages A out (A is predicted
-//     nothing);
+// one and a half of three prompts of one size, A, B and D (and C, twice
+// their size), recorded in recency buckets 1 s apart:
+//   - without precise cache state, recording B and D ages A out (A is
+//     predicted nothing: the index keeps or drops a bucket whole, and
+//     drops it when less than half of it fits);
 //   - with it, recording B leaves A predicted whole: the engine's
 //     removals, not the capacity, say what it evicted; past twice the
 //     capacity (C, twice A's size, after B and A) the oldest, B, goes;
@@ -39,6 +40,7 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	}
 	promptA := strings.Repeat("a quick brown fox jumps over the lazy dog ", 100)
 	promptB := strings.Repeat("b quick brown fox jumps over the lazy dog ", 100)
+	promptD := strings.Repeat("d quick brown fox jumps over the lazy dog ", 100)
 	promptC := strings.Repeat("c quick brown fox jumps over the lazy dog ", 200)
 	n := len(promptA) / 4
 	// The engine confirms every prompt whole: never fewer tokens than
@@ -48,13 +50,13 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	const staleMs = 5000
 	h, url := startRouter(t, addrs, 1, fmt.Sprintf(`,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":%q,"staleAfterMs":%d}`, stateToken, staleMs))
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
-	// 16-token blocks x 100: 1,600 tokens of KV, one prompt (about 1,100
-	// tokens) and a half.
+	// 16-token blocks x 105: 1,680 tokens of KV; A, B and D are about
+	// 1,050 tokens each, C 2,100.
 	push := func(precise bool) time.Time {
 		t.Helper()
 		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
 		now := time.Now()
-		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q,"blockSize":16,"numGpuBlocks":100,"preciseCacheState":%t}]}`,
+		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q,"blockSize":16,"numGpuBlocks":105,"preciseCacheState":%t}]}`,
 			now.UnixMilli(), addrs[0], precise)
 		if code, r, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
 			t.Fatalf("push: %d %s", code, r)
@@ -72,8 +74,9 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	predicted(promptA)
 	bucket()
 	predicted(promptB)
+	predicted(promptD)
 	if got := predicted(promptA); got > int64(n)/2 {
-		t.Fatalf("capacity model: after B, A predicted %d cached tokens; want it aged out (the capacity holds %d of A's and B's %d)", got, 1600, 2*n)
+		t.Fatalf("capacity model: after B and D, A predicted %d cached tokens; want it aged out (the capacity holds %d of A's, B's and D's %d)", got, 1680, 3*n)
 	}
 
 	pushedAt := push(true)
@@ -85,9 +88,9 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 		t.Fatalf("precise cache state: after B, A predicted %d cached tokens; want about %d (no capacity model)", whole, n)
 	}
 	bucket()
-	predicted(promptC) // B, A and C: twice the capacity and more
+	predicted(promptC) // D, B, A and C: twice the capacity and more
 	if got := predicted(promptB); got > int64(n)/2 {
-		t.Fatalf("precise cache state: after B, A and C (%d tokens, over twice the capacity), B predicted %d cached tokens; want it aged out by the backstop", 4*n, got)
+		t.Fatalf("precise cache state: after D, B, A and C (%d tokens, over twice the capacity), B predicted %d cached tokens; want it aged out by the backstop", 5*n, got)
 	}
 	if time.Since(pushedAt) >= staleMs*time.Millisecond {
 		t.Skipf("the machine is too slow for this test: %v passed since the push, the state went stale", time.Since(pushedAt))

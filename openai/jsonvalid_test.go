@@ -33,6 +33,14 @@ var jsonCases = []string{
 	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
 	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,
 	`"\u00E9\uABcd"`, `"\u0"`, `"\u00e"`, `"\uzzzz"`, `"\u00g0"`, `"\u00e9`, `"\u`,
+	// short keys and values the validator's state table reads itself
+	// (escapes, 2- and 3-byte characters) and those it hands to
+	// scanString (\u, \b, restricted leads, 4-byte characters, bytes
+	// that are not UTF-8), as keys, values in objects and elements
+	`{"a\nb":"c\"d","e\/":["\\","\t\r\f"]}`, `["\b","\u0041","\x","\`,
+	"{\"\xc3\xa9\":\"\xe4\xb8\xad\",\"k\":[\"\xdf\xbf\xef\xbf\xbf\"]}", "[\"\xe0\xa0\x80\",\"\xe0\x80\x80\",\"\xed\x9f\xbf\"]",
+	"{\"a\":\"\xf0\x9f\x98\x80\",\"b\":\"\xf4\x90\x80\x80\"}", "[\"\xc3\",\"\xc3a\",\"\xe4\xb8\",\"\xe4\xb8a\"]",
+	"[\"\xbf\",\"\xc0\x80\",\"\xc1\xbf\",\"\xff\"]", "{\"\xe4\xb8\xad\xe6\x96\x87\xe5\xad\x97\":1}", "[\"a\n\xc3\xa9\u00e9\"]",
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {

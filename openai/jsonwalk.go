@@ -481,6 +481,20 @@ func appendUnescaped(dst, s []byte) []byte {
 		if u := unescapedByte[c]; u != 0 {
 			out[n] = u
 			n++
+			// Escapes that follow one another ("\n\n\n\n"), four per
+			// step: the backslashes tested together, the four escaped
+			// bytes looked up and their product tested for a zero (no
+			// \u escape among them), and written as one word.
+			for len(s) >= 8 && load64(s, 0)&0x00ff00ff00ff00ff == '\\'*0x0001000100010001 {
+				x := load64(s, 0)
+				u0, u1, u2, u3 := unescapedByte[byte(x>>8)], unescapedByte[byte(x>>24)], unescapedByte[byte(x>>40)], unescapedByte[byte(x>>56)]
+				if uint32(u0)*uint32(u1)*uint32(u2)*uint32(u3) == 0 {
+					break
+				}
+				binary.LittleEndian.PutUint32(out[n:], uint32(u0)|uint32(u1)<<8|uint32(u2)<<16|uint32(u3)<<24)
+				n += 4
+				s = s[8:]
+			}
 			continue
 		}
 		if c != 'u' || len(s) < 4 {

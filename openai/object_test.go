@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tidwall/gjson"
 )
 
 // object must read every object as the member-by-member walk does: the
@@ -104,4 +106,25 @@ func TestObjectMatchesTheMemberWalk(t *testing.T) {
 
 func hexByte(c byte) string {
 	return string("0123456789abcdef"[c>>4]) + string("0123456789abcdef"[c&15])
+}
+
+// appendUnescaped takes escapes that follow one another four at a time:
+// runs of every simple escape, broken by \u escapes and plain bytes at
+// every offset, must decode as gjson decodes them.
+func TestUnescapeRunsOfEscapes(t *testing.T) {
+	rng := rand.New(rand.NewSource(8))
+	pieces := []string{`\n`, `\"`, `\\`, `\/`, `\b`, `\f`, `\r`, `\t`, `\n`, `\n`, `\u00e9`, `\ud83d\ude00`, "a", "é"}
+	for trial := 0; trial < 20000; trial++ {
+		var sb strings.Builder
+		sb.WriteByte('"')
+		for n := rng.Intn(40); n >= 0; n-- {
+			sb.WriteString(pieces[rng.Intn(len(pieces))])
+		}
+		sb.WriteByte('"')
+		raw := sb.String()
+		want := gjson.Parse(raw).Str
+		if got := string(appendUnescaped([]byte("pre"), []byte(raw[1:len(raw)-1]))); got != "pre"+want {
+			t.Fatalf("appendUnescaped(%s) = %q, gjson %q", raw, got[3:], want)
+		}
+	}
 }
