@@ -10,9 +10,10 @@ package index
 // their old bucket to it. When the total exceeds the host's capacity, the
 // oldest buckets are dropped until it is back at capacity (to the nearest
 // bucket, as the engine holds it: see bookUsage) and the host's horizon in
-// the slot table advances past them: from then on every reader ignores that host's bits
-// in entries last refreshed before the horizon, without touching the
-// shards; the bits are dropped when their shard is next rewritten.
+// the slot table advances past them: from then on every reader ignores
+// that host's bits in entries last refreshed before the horizon, without
+// touching the shards; the bits are dropped when their shard is next
+// rewritten.
 
 func (ix *Index) bucketTicks() uint32 {
 	b := uint32(ix.cfg.BucketMs >> ageShift)
@@ -104,8 +105,8 @@ func (ix *Index) bookUsage(ref HostRef, now uint32, extra, limit uint32) (bool, 
 			// rounding keeps the count the index believes centred on what
 			// the engine holds. Dropping it whole, or evicting below
 			// capacity, leaves the index holding less than the engine on
-			// average: with long prompts one bucket is a tenth of an
-			// engine's memory (TestEvictionTracksExactLRU). Each drop
+			// average: with long prompts one bucket can hold 10-15% of
+			// an engine's memory (TestEvictionTracksExactLRU). Each drop
 			// moves the horizon (a slot table write): at most about once
 			// per bucket of a host's traffic. Never drop the current
 			// bucket: a prompt larger than the whole capacity stays until
