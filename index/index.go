@@ -42,10 +42,9 @@ type Config struct {
 	// NoQueryHints stops Query from probing first where the VM's last
 	// query of a chain with the same first block found its answers (see
 	// Query). Hints cut a warm 128K-token query from 14 gets to 6, but
-	// where presence has holes they stop the search at holes more often:
-	// over 6 seeds of the drift replay the error rose from 4.4% to 4.9%
-	// of matched blocks at 30% capacity and from 4.7% to 7.5% at 60%,
-	// mostly under-reports (docs/index.md).
+	// where presence has holes they stop the search at holes more often,
+	// which under-reports matches (the drift replay measures how much:
+	// docs/index.md).
 	NoQueryHints bool
 	// NoSharedHints keeps the hints per VM: Record does not publish the
 	// lengths it writes in the shared hint line of the chain's first
