@@ -98,9 +98,10 @@ func (s *jsonSpans) scan(b []byte) bool {
 // span table must see, and for a longer string or one the table does not
 // read (\u, a 4-byte character, a byte that is not UTF-8 there), which
 // scanString reads from its quote, 8 to 128 bytes per step (the state
-// counts the bytes since the quote). Before, every value took a dozen
-// tests and calls: a 1 MiB body of unused keys ("k":0) took 12 ms to
-// validate in Wasm, against 2.5 ms now (BenchmarkShapeValidate).
+// counts the bytes since the quote). A value the table reads costs one
+// lookup per byte, where a test and a call per value would cost several
+// times that in Wasm (docs/performance.md, "Body shapes";
+// BenchmarkShapeValidate).
 func scanJSONWith(b []byte, rec *jsonSpans, stack []uint32) (bool, []uint32) {
 	// stack holds, for each open container, the kind of container it is
 	// in (the state after it depends on that), and with a table its
