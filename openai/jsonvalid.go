@@ -604,6 +604,10 @@ arrays:
 		// is valid JSON but no token ids.
 		closed := nested && i+1 < len(b) && b[i+1] == ']'
 		if closed {
+			if b[i] != '[' { // a comma idBatchRun read, then the batch's end: no empty batch
+				i = -1
+				break arrays
+			}
 			tokens = false
 		}
 		for i++; !closed && i < len(b) && b[i]-'1' <= 8; i++ {

@@ -29,6 +29,7 @@ var jsonCases = []string{
 	`[7]`, `[7,8]`, `[[7,8],[9]]`, `{"p":[[7,8],[9]],"q":[1,2]}`, `[12,0]`, `[1,-2]`, `[1,2 ]`, `[1 ,2]`, `[1,2,]]`, `[1,2`, `[1,2]]`,
 	"[" + strings.Repeat("12345,", 20) + "6]", "{\"p\":[" + strings.Repeat("7,", 40) + "8],\"q\":\"" + strings.Repeat("x", 70) + "\"}",
 	`[1,01]`, `[1,2,]`, `[1,2x]`, `[1,2.]`, `[1,2e]`, `[1,2,-]`, `[1,23`, `{"a":1,2}`, `[1,2}`,
+	`[[1,],[1]]`, `[[7,8],[1,]]`, `[[1,2],[]]`, `[[],[3]]`, // a trailing comma in a batch is no empty batch
 	// literals (compared as a word), and \u escapes (four hex digits at once)
 	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
 	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,
