@@ -184,16 +184,8 @@ func TestWasmCodeFootprint(t *testing.T) {
 		}
 	}
 	// The stream's last callbacks may run after the client has the response.
-	deletes := func() int64 {
-		for _, c := range h.CallStats() {
-			if c.Name == "proxy_on_delete" {
-				return c.Count
-			}
-		}
-		return 0
-	}
 	settle := func(want int64) {
-		testenv.WaitFor(t, fmt.Sprintf("stream %d to end", want), func() bool { return deletes() >= want })
+		testenv.WaitFor(t, fmt.Sprintf("stream %d to end", want), func() bool { return callCount(h, "proxy_on_delete") >= want })
 	}
 	const warm, n = 10, 20
 	for i := 0; i < warm; i++ {

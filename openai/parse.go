@@ -800,11 +800,15 @@ var (
 	requestKeys  = newKeySet(requestFields[:], requestFields[:], nil)
 	messageKeys  = newKeySet(messageFields[:], nil, nil)
 	partKeys     = newKeySet(partFields[:], partFields[partImage:], partFields[partImage:])
-	callKeys     = newKeySet([]string{"id", "function"}, []string{"id", "function"}, []string{"id", "function"})
-	functionKeys = newKeySet([]string{"name", "arguments"}, []string{"name", "arguments"}, []string{"name", "arguments"})
-	urlKeys      = newKeySet([]string{"url"}, []string{"url"}, []string{"url"})
-	dataKeys     = newKeySet([]string{"data"}, []string{"data"}, []string{"data"})
+	callKeys     = lookupKeys("id", "function")
+	functionKeys = lookupKeys("name", "arguments")
+	urlKeys      = lookupKeys("url")
+	dataKeys     = lookupKeys("data")
 )
+
+// lookupKeys is the key set of names read as gjson's Get finds a member:
+// the first of each name, by its decoded key.
+func lookupKeys(names ...string) *keySet { return newKeySet(names, names, names) }
 
 // The members of a content part that part reads, by index in partFields.
 const (
