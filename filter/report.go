@@ -411,17 +411,11 @@ func (p *routerPlugin) learnReports(st *snapshot.State) {
 			if !ok {
 				continue
 			}
-			raw, err := base64.StdEncoding.DecodeString(rt.Chain)
-			if err != nil || len(raw)%8 != 0 {
-				continue // validated at decode; never trust twice
-			}
 			chain = chain[:0]
 			for range rt.From {
 				chain = append(chain, 0) // before From: not read (segment-aligned)
 			}
-			for j := 0; j+8 <= len(raw); j += 8 {
-				chain = append(chain, binary.LittleEndian.Uint64(raw[j:]))
-			}
+			chain = append(chain, rt.Hashes...) // decoded when the push was checked
 			if err := p.disp.Learn(ref, rt.Address, chain, rt.From); err != nil {
 				p.stats.indexErrors.Increment(1)
 			}
@@ -439,21 +433,13 @@ func (p *routerPlugin) learnReports(st *snapshot.State) {
 //
 //go:noinline
 func (p *routerPlugin) learnRemovals(rs []snapshot.Removal) {
-	var chain []uint64
 	for _, rm := range rs {
 		ref, ok := p.disp.Lookup(rm.Address)
 		if !ok {
 			continue
 		}
-		raw, err := base64.StdEncoding.DecodeString(rm.Chain)
-		if err != nil || len(raw)%8 != 0 {
-			continue // validated at decode; never trust twice
-		}
-		chain = chain[:0]
-		for j := 0; j+8 <= len(raw); j += 8 {
-			chain = append(chain, binary.LittleEndian.Uint64(raw[j:]))
-		}
-		if err := p.disp.Removed(ref, chain, rm.From); err != nil {
+		// rm.Hashes: decoded when the push was checked.
+		if err := p.disp.Removed(ref, rm.Hashes, rm.From); err != nil {
 			p.stats.indexErrors.Increment(1)
 			continue
 		}

@@ -317,8 +317,4 @@ func isZero(a [maxWords]uint64) bool {
 	return a[0]|a[1]|a[2]|a[3] == 0
 }
 
-func count(a [maxWords]uint64) int {
-	return bits.OnesCount64(a[0]) + bits.OnesCount64(a[1]) + bits.OnesCount64(a[2]) + bits.OnesCount64(a[3])
-}
-
 func trailingZeros(x uint64) int { return bits.TrailingZeros64(x) }

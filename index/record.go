@@ -384,13 +384,6 @@ func (e *shardEdit) empty(i int) bool {
 	return true
 }
 
-// find returns the entry tagged tag, or -1 and the position where such
-// an entry belongs.
-func (e *shardEdit) find(tag uint32) (i int, found bool) {
-	i = searchTag(e.buf, e.stride, e.n, tag)
-	return i, i < e.n && le.Uint32(e.buf[e.off(i):]) == tag
-}
-
 // oldest returns the least recently refreshed entry.
 func (e *shardEdit) oldest(now uint32) int {
 	old, oldest := 0, uint32(0)

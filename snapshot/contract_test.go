@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -10,7 +11,8 @@ import (
 // fullSnapshot sets every field of the snapshot contract (package
 // snapshot) to a valid value other than its zero value.
 func fullSnapshot() State {
-	chain := base64.StdEncoding.EncodeToString(make([]byte, 16)) // two blocks
+	hashes := []uint64{1, 2}
+	chain := base64.StdEncoding.EncodeToString(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, hashes[0]), hashes[1]))
 	return State{
 		Version: Version, TimestampMs: 1_700_000_000_000, Source: "metrics-0", Cursor: "c-12.3",
 		Hosts: []Host{{
@@ -21,10 +23,10 @@ func fullSnapshot() State {
 		}},
 		Gateways: []GatewayReport{{
 			Gateway: "gw-a", TimestampMs: 1_700_000_000_001, Seq: 7,
-			Routes: []Route{{Address: "10.0.0.1:8000", From: 1, Chain: chain, PromptTokens: 40, CharsPerToken: 3.5}},
+			Routes: []Route{{Address: "10.0.0.1:8000", From: 1, Chain: chain, Hashes: hashes, PromptTokens: 40, CharsPerToken: 3.5}},
 			Load:   []HostLoad{{Address: "10.0.0.1:8000", InFlight: 1, PrefillTokens: 30, DecodeTokens: 20}},
 		}},
-		Removals: []Removal{{Address: "10.0.0.1:8000", From: 1, Chain: chain}},
+		Removals: []Removal{{Address: "10.0.0.1:8000", From: 1, Chain: chain, Hashes: hashes}},
 	}
 }
 

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
@@ -43,8 +44,8 @@ func fail(path, format string, args ...any) *Error {
 
 // Decode validates an encoded snapshot, as a gateway's state endpoint
 // receives it (a push) or its pull reads it, and returns it with Version
-// checked; Source, a report's Seq and a route's CharsPerToken, which no
-// gateway reads, are left out. The error is an *Error, whose text is the
+// checked and every chain decoded into its Hashes; Source, a report's Seq
+// and a route's CharsPerToken, which no gateway reads, are left out. The error is an *Error, whose text is the
 // push's 400 message.
 func Decode(body []byte) (State, error) {
 	var st State
@@ -72,6 +73,7 @@ func Decode(body []byte) (State, error) {
 	}
 	seen := map[string]bool{}
 	var err error
+	var chains chainDecoder
 	i := 0
 	hosts.ForEach(func(_, h gjson.Result) bool {
 		var host Host
@@ -95,7 +97,7 @@ func Decode(body []byte) (State, error) {
 		return State{}, &Error{Path: "hosts", Msg: "must not be empty (a push replaces the candidate set; an empty one would leave nothing to route to)"}
 	}
 	if g := root.Get("gateways"); g.Exists() && g.Type != gjson.Null {
-		if st.Gateways, err = decodeGateways(g); err != nil {
+		if st.Gateways, err = decodeGateways(g, &chains); err != nil {
 			return State{}, err
 		}
 	}
@@ -106,7 +108,7 @@ func Decode(body []byte) (State, error) {
 		st.Cursor = c.Str
 	}
 	if r := root.Get("removals"); r.Exists() && r.Type != gjson.Null {
-		if st.Removals, err = decodeRemovals(r); err != nil {
+		if st.Removals, err = decodeRemovals(r, &chains); err != nil {
 			return State{}, err
 		}
 	}
@@ -136,7 +138,7 @@ const maxRemovalBlocks = 1 << 16
 // decodeRemovals validates a push's removals (Removal): a host
 // location (host:port, or host:port|rank for a data-parallel rank), a
 // base64 chain of 8-byte hashes and a from inside it.
-func decodeRemovals(r gjson.Result) ([]Removal, error) {
+func decodeRemovals(r gjson.Result, chains *chainDecoder) ([]Removal, error) {
 	if !r.IsArray() {
 		return nil, &Error{Path: "removals", Msg: "must be an array"}
 	}
@@ -145,34 +147,60 @@ func decodeRemovals(r gjson.Result) ([]Removal, error) {
 	r.ForEach(func(_, x gjson.Result) bool {
 		addr, chain := x.Get("address"), x.Get("chain")
 		from, ok := WholeNumber(x.Get("from"))
+		var hashes []uint64
 		blocks := -1
 		if chain.Type == gjson.String {
-			blocks = chainBlocks(chain.Str)
+			if h, ok := chains.decode(chain.Str); ok {
+				hashes, blocks = h, len(h)
+			}
 		}
 		if !x.IsObject() || addr.Type != gjson.String || checkLocation(addr.Str) != nil ||
 			blocks <= 0 || blocks > maxRemovalBlocks || !ok || from < 0 || from >= int64(blocks) {
 			err = fail("removals["+strconv.Itoa(len(out))+"]", "needs a host:port address, a base64 chain of 1 to %d 8-byte hashes and a from inside it", maxRemovalBlocks)
 			return false
 		}
-		out = append(out, Removal{Address: addr.Str, From: int(from), Chain: chain.Str})
+		out = append(out, Removal{Address: addr.Str, From: int(from), Chain: chain.Str, Hashes: hashes})
 		return true
 	})
 	return out, err
 }
 
-// chainBlocks is the number of 8-byte hashes a base64 (std, padded)
-// chain holds, -1 when it is not one. The padded length alone does not
-// say: 16 bytes encode to 24 characters, which DecodedLen puts at 18.
-func chainBlocks(s string) int {
-	raw, err := base64.StdEncoding.DecodeString(s)
+// chainDecoder decodes the chains of one snapshot, once: Decode checks a
+// chain by decoding it and hands the hashes on (Route.Hashes,
+// Removal.Hashes) to the gateway that applies them. The base64 goes
+// through one scratch buffer and the hashes into arrays the chains share,
+// each twice the last, so a push of many routes costs a few allocations,
+// not two or three per chain.
+type chainDecoder struct {
+	raw    []byte
+	hashes []uint64
+}
+
+// decode returns the hashes of a base64 (std, padded) chain of 8-byte
+// little-endian hashes, ok false when s is not one. The padded length
+// alone does not say: 16 bytes encode to 24 characters, which DecodedLen
+// puts at 18. The slice returned is capped at its length, so a later
+// chain's hashes never land in it.
+func (d *chainDecoder) decode(s string) (hashes []uint64, ok bool) {
+	raw, err := base64.StdEncoding.AppendDecode(d.raw[:0], []byte(s))
+	d.raw = raw
 	if err != nil || len(raw)%8 != 0 {
-		return -1
+		return nil, false
 	}
-	return len(raw) / 8
+	if n := len(raw) / 8; cap(d.hashes)-len(d.hashes) < n {
+		// A new array, twice the last: the chains in the full one keep
+		// it, and nothing is copied.
+		d.hashes = make([]uint64, 0, max(n, 2*cap(d.hashes), 256))
+	}
+	start := len(d.hashes)
+	for j := 0; j < len(raw); j += 8 {
+		d.hashes = append(d.hashes, binary.LittleEndian.Uint64(raw[j:]))
+	}
+	return d.hashes[start:len(d.hashes):len(d.hashes)], true
 }
 
 // decodeGateways validates a push's gateway reports (GatewayReport).
-func decodeGateways(g gjson.Result) ([]GatewayReport, error) {
+func decodeGateways(g gjson.Result, chains *chainDecoder) ([]GatewayReport, error) {
 	if !g.IsArray() {
 		return nil, &Error{Path: "gateways", Msg: "must be an array"}
 	}
@@ -194,13 +222,17 @@ func decodeGateways(g gjson.Result) ([]GatewayReport, error) {
 			if !from.Exists() {
 				n, ok = 0, true
 			}
-			if addr.Type != gjson.String || checkLocation(addr.Str) != nil || chain.Type != gjson.String ||
-				!ok || n < 0 || n > 1<<20 || chain.Type == gjson.String && chainBlocks(chain.Str) < 0 {
+			var hashes []uint64
+			chainOK := false
+			if chain.Type == gjson.String {
+				hashes, chainOK = chains.decode(chain.Str)
+			}
+			if addr.Type != gjson.String || checkLocation(addr.Str) != nil || !chainOK || !ok || n < 0 || n > 1<<20 {
 				err = fail(at+".routes["+strconv.Itoa(len(rep.Routes))+"]", "needs a host:port address, a from >= 0 and a base64 chain of 8-byte hashes")
 				return false
 			}
 			pt, _ := WholeNumber(rt.Get("promptTokens"))
-			rep.Routes = append(rep.Routes, Route{Address: addr.Str, From: int(n), Chain: chain.Str, PromptTokens: int(max(min(pt, 1<<30), 0))})
+			rep.Routes = append(rep.Routes, Route{Address: addr.Str, From: int(n), Chain: chain.Str, Hashes: hashes, PromptTokens: int(max(min(pt, 1<<30), 0))})
 			return true
 		})
 		if err != nil {

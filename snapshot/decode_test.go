@@ -2,6 +2,8 @@ package snapshot
 
 import (
 	"errors"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -74,11 +76,38 @@ func TestDecodeRemovals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Removals) != 1 || st.Removals[0] != (Removal{Address: "a:1", From: 1, Chain: "AQAAAAAAAAACAAAAAAAAAA=="}) {
+	if len(st.Removals) != 1 || !reflect.DeepEqual(st.Removals[0], Removal{Address: "a:1", From: 1, Chain: "AQAAAAAAAAACAAAAAAAAAA==", Hashes: []uint64{1, 2}}) {
 		t.Fatalf("removals %+v", st.Removals)
 	}
 	if st, err := Decode([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],"removals":null}`)); err != nil || st.Removals != nil {
 		t.Fatalf("null removals: %+v %v", st.Removals, err)
+	}
+}
+
+// Decode hands each chain on decoded (Hashes), so the gateway that applies
+// a push decodes nothing again. The chains share one array: each chain's
+// hashes are capped at their length, so an append to one never writes
+// into the next.
+func TestDecodeHandsOnDecodedChains(t *testing.T) {
+	st, err := Decode([]byte(`{"version":1,"timestampMs":5,"hosts":[{"address":"a:1"}],` +
+		`"gateways":[{"gateway":"g","timestampMs":5,"routes":[{"address":"a:1","chain":"AQAAAAAAAAACAAAAAAAAAAMAAAAAAAAA"},{"address":"a:1","from":4,"chain":"BQAAAAAAAAA="},{"address":"a:1","chain":""}]}],` +
+		`"removals":[{"address":"a:1","from":0,"chain":"BAAAAAAAAAA="}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := st.Gateways[0].Routes
+	for i, want := range [][]uint64{{1, 2, 3}, {5}, {}} {
+		if !slices.Equal(rs[i].Hashes, want) {
+			t.Errorf("routes[%d].Hashes = %v, want %v", i, rs[i].Hashes, want)
+		}
+	}
+	if rm := st.Removals[0].Hashes; !slices.Equal(rm, []uint64{4}) {
+		t.Errorf("removals[0].Hashes = %v, want [4]", rm)
+	}
+	for i, r := range rs {
+		if cap(r.Hashes) != len(r.Hashes) {
+			t.Errorf("routes[%d].Hashes has room past its hashes (len %d, cap %d): an append would write into the next chain's", i, len(r.Hashes), cap(r.Hashes))
+		}
 	}
 }
 

@@ -84,6 +84,10 @@ type Removal struct {
 	Address string `json:"address"`
 	From    int    `json:"from"`
 	Chain   string `json:"chain"`
+	// Hashes is Chain decoded, which Decode sets when it checks Chain: a
+	// gateway applies these and decodes no chain twice. Not on the wire:
+	// an encoder sets Chain.
+	Hashes []uint64 `json:"-"`
 }
 
 // Location names a cache location in routes and removals: an endpoint's
@@ -206,6 +210,10 @@ type Route struct {
 	Address string `json:"address"`
 	From    int    `json:"from,omitempty"`
 	Chain   string `json:"chain"`
+	// Hashes is Chain decoded (the hashes of blocks From on), which
+	// Decode sets when it checks Chain: a gateway applies these and
+	// decodes no chain twice. Not on the wire: an encoder sets Chain.
+	Hashes []uint64 `json:"-"`
 	// PromptTokens is the request's prompt length as the gateway
 	// estimated it: what the service's bridge between engine KV events and
 	// kvroute chains correlates by (docs/cache-state.md).

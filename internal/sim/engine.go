@@ -149,9 +149,6 @@ func NewEngine(p Profile, opts ...Option) *Engine {
 	return e
 }
 
-// Profile returns the engine's cost model.
-func (e *Engine) Profile() Profile { return e.prof }
-
 // ErrTooLong rejects a request that could never fit in KV memory.
 var ErrTooLong = errors.New("request needs more KV blocks than the engine has")
 

@@ -302,17 +302,6 @@ func (r *report) wasmPlugins(doc int, base string, msg proto.Message) []Plugin {
 	return out
 }
 
-// WasmPlugins walks msg, looking inside every typed_config, and returns each
-// Wasm PluginConfig it holds with its plugin configuration.
-func WasmPlugins(where string, msg proto.Message) ([]Plugin, error) {
-	r := &report{file: where}
-	out := r.wasmPlugins(0, "", msg)
-	if len(r.probs) > 0 {
-		return nil, r.probs
-	}
-	return out, nil
-}
-
 // PluginConfiguration returns the bytes Envoy hands the plugin: the string or
 // bytes of a wrapper as they are, a Struct serialized as JSON.
 func PluginConfiguration(a *anypb.Any) ([]byte, error) {

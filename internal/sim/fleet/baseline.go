@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"math/rand/v2"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/sim/workload"
@@ -20,12 +19,3 @@ func (r *RoundRobin) Route(*workload.Request, string, time.Duration) int {
 	r.next++
 	return k
 }
-
-// Random picks a replica uniformly with a seeded generator.
-type Random struct {
-	N   int
-	Rng *rand.Rand
-}
-
-// Route implements Router.
-func (r *Random) Route(*workload.Request, string, time.Duration) int { return r.Rng.IntN(r.N) }

@@ -430,7 +430,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			return
 		}
 		room.finish(er.PromptTokens)
-		s.served.Add(1)
 		u := s.usage(er, last.generated)
 		h.Set("Content-Type", "application/json")
 		text := genText(er.ID, 0, last.generated)
@@ -518,7 +517,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			break
 		}
 	}
-	s.served.Add(1)
 	if j.includeUsage {
 		send(map[string]any{"id": id, "object": object, "created": created, "model": j.model, "choices": []any{}, "usage": s.usage(er, sent)})
 	}

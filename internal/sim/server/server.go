@@ -108,7 +108,6 @@ type Server struct {
 	rooms    rooms
 	client   *http.Client
 	wg       sync.WaitGroup
-	served   atomic.Int64
 	closed   sync.Once
 	closeErr error
 }
@@ -240,9 +239,6 @@ func (s *Server) Close() error {
 
 // Stats returns the engine's current state and counters.
 func (s *Server) Stats() sim.Stats { return s.engine.stats() }
-
-// Served is the number of requests completed successfully.
-func (s *Server) Served() int64 { return s.served.Load() }
 
 // Profile is the engine's cost model.
 func (s *Server) Profile() sim.Profile { return s.prof }

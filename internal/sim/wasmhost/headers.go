@@ -68,7 +68,3 @@ func (m *headerMap) byteSize() int {
 	}
 	return n
 }
-
-func (m *headerMap) clone() *headerMap {
-	return &headerMap{pairs: append([]Pair(nil), m.pairs...)}
-}
