@@ -219,10 +219,28 @@ func (h *Hasher) Text(s string) { h.element(textOrRaw, s) }
 // (a URL or a digest of inline data).
 func (h *Hasher) Part(kind, value string) { h.pair(tagPart, kind, tagPart, value) }
 
-// ToolCall appends one tool call of an assistant message.
+// ToolCall appends one tool call of an assistant message. Three short
+// elements that leave the block incomplete are written in place in one
+// go, as in pair: a call per element cost a body of many small tool
+// calls more than hashing their bytes.
 func (h *Hasher) ToolCall(id, name, arguments string) {
+	if n, k := len(h.pend), 6+len(id)+len(name)+len(arguments); len(id)|len(name)|len(arguments) < 0x80 && n+k < h.blkLen && n+k <= cap(h.pend) && h.kind == kindChat {
+		h.pend = h.pend[:n+k] // only the length stored: see pair
+		putShort(h.pend, putShort(h.pend, putShort(h.pend, n, tagToolCall, id), tagToolCall, name), tagToolCall, arguments)
+		h.total += k
+		return
+	}
 	h.pair(tagToolCall, id, tagToolCall, name)
 	h.element(tagToolCall, arguments)
+}
+
+// putShort writes at p[n:] the element of tag t and text s, shorter than
+// 0x80 bytes (its length one varint byte), and returns the index after
+// it: the in-place writing of short elements in pair, element and
+// ToolCall, whose caller has made p long enough.
+func putShort(p []byte, n int, t byte, s string) int {
+	p[n], p[n+1] = t, byte(len(s))
+	return n + 2 + copy(p[n+2:], s)
 }
 
 // Field appends another message field that shapes the prompt, such as a
@@ -270,12 +288,11 @@ func (h *Hasher) Tokens(ids []uint32) {
 // own tests, cost a body of tiny messages more than hashing its bytes.
 func (h *Hasher) pair(t1 byte, a string, t2 byte, b string) {
 	if n, k := len(h.pend), 4+len(a)+len(b); len(a)|len(b) < 0x80 && n+k < h.blkLen && n+k <= cap(h.pend) && h.kind == kindChat {
-		p := h.pend[:n+k]
-		p[n], p[n+1] = t1, byte(len(a))
-		m := n + 2 + copy(p[n+2:], a)
-		p[m], p[m+1] = t2, byte(len(b))
-		copy(p[m+2:], b)
-		h.pend = p
+		// h.pend resliced in place, not assigned a new slice: only its
+		// length is stored, where storing its pointer is a write
+		// barrier's test and, while the collector runs, its call.
+		h.pend = h.pend[:n+k]
+		putShort(h.pend, putShort(h.pend, n, t1, a), t2, b)
 		h.total += k
 		return
 	}
@@ -302,10 +319,8 @@ func (h *Hasher) element(tag byte, s string) {
 		// pend as it is (a role, a name, a short message): written in
 		// place, its length one varint byte. In Go's Wasm port put's
 		// two appends cost several times the copy.
-		p := h.pend[:n+k]
-		p[n], p[n+1] = t, byte(len(s))
-		copy(p[n+2:], s)
-		h.pend = p
+		h.pend = h.pend[:n+k] // only the length stored: see pair
+		putShort(h.pend, n, t, s)
 		h.total += k
 		return
 	}

@@ -430,9 +430,38 @@ func (d *jsonDoc) text(raw []byte) string {
 //
 //go:noinline
 func (d *jsonDoc) unescape(inner []byte) []byte {
-	start := len(d.unesc)
-	d.unesc = appendUnescaped(d.unesc, inner)
-	return d.unesc[start:]
+	n := len(d.unesc)
+	if cap(d.unesc)-n < len(inner) { // a text is never longer than its escaped form
+		d.unesc = growText(d.unesc, len(inner))
+	}
+	// d.unesc is resliced, not assigned: only its length is stored, where
+	// storing its pointer is a write barrier's test and, while the
+	// collector runs, its call.
+	out, m := d.unesc[:cap(d.unesc)], n
+	if len(inner) <= 8 {
+		// A short string (a key, a name, a short value with an escape
+		// or two): byte by byte, without appendUnescaped's call and its
+		// word loops; a \u escape goes there.
+		for k := 0; k < len(inner); k++ {
+			c := inner[k]
+			if c == '\\' {
+				if c = unescapedByte[inner[k+1]]; c == 0 {
+					m = -1
+					break
+				}
+				k++
+			}
+			out[m] = c
+			m++
+		}
+	} else {
+		m = -1
+	}
+	if m < 0 {
+		m = len(appendUnescaped(d.unesc, inner))
+	}
+	d.unesc = d.unesc[:m]
+	return d.unesc[n:]
 }
 
 // appendUnescaped appends to dst the text of the inner bytes of a valid
@@ -732,7 +761,12 @@ func plainLen(x, y uint64) int {
 func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 	k, escaped := shortPlain(b[:cap(b)], i), false
 	if k < 0 {
-		if k = d.skip(b, i); k < 0 {
+		// A key is never in the table unless it is long: shortString
+		// before skip.
+		if k = shortString(b, i); k < 0 {
+			k = d.skip(b, i)
+		}
+		if k < 0 {
 			return -1, -1
 		}
 		escaped = k-i-2 >= set.minEscaped && k-i-2 <= set.maxEscaped && hasBackslash(b[i+1:k-1])
@@ -744,6 +778,18 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 		}
 	}
 	return f, SkipSpace(b, SkipSpace(b, k)+1) // past ':'
+}
+
+// lookup puts in v the raw values of the first members of obj named by
+// set, as gjson's Get finds them (the first match, by the decoded key),
+// and returns which of them are plain (see object); none when obj is not
+// an object. Small enough to be inlined: an image part or a tool call
+// makes one call, object's, for it.
+func (d *jsonDoc) lookup(obj []byte, set *keySet, v [][]byte) (plain uint64) {
+	if len(obj) > 0 && obj[0] == '{' {
+		_, plain, _ = d.object(obj, 0, set, v)
+	}
+	return plain
 }
 
 // str is the text of the string value v, which object found plain (a

@@ -864,14 +864,8 @@ func (p *Parser) messageRest(fields *[len(messageFields)][]byte, plain uint64, i
 	case jsonType(content) == gjson.String:
 		p.hasher.Text(p.doc.str(content, plain>>messageContent&1 != 0))
 	case content != nil && content[0] == '[':
-		for pos, j := SkipSpace(content, 1), 0; pos < len(content) && content[pos] != ']'; j++ {
-			end, err := p.part(content, pos, i, j)
-			if err != nil {
-				return err
-			}
-			if pos = SkipSpace(content, end); pos < len(content) && content[pos] == ',' {
-				pos = SkipSpace(content, pos+1)
-			}
+		if err := p.parts(content, i); err != nil {
+			return err
 		}
 	case jsonType(content) == gjson.Null:
 		// Absent or null: an assistant message with tool calls, or a refusal.
@@ -941,20 +935,10 @@ func (p *Parser) toolCalls(calls []byte) {
 		if i = SkipSpace(calls, end); i < len(calls) && calls[i] == ',' {
 			i = SkipSpace(calls, i+1)
 		}
-		fn, fp := p.lookup(call[1], functionKeys)
+		var fn [2][]byte
+		fp := p.doc.lookup(call[1], functionKeys, fn[:])
 		p.hasher.ToolCall(p.valueString(call[0], cp&1 != 0), p.valueString(fn[0], fp&1 != 0), p.valueString(fn[1], fp&2 != 0))
 	}
-}
-
-// lookup returns the raw values of the first members of obj named by set
-// (of at most two names), as gjson's Get finds them (the first match, by
-// the decoded key), and which of them are plain (see object); none when
-// obj is not an object.
-func (p *Parser) lookup(obj []byte, set *keySet) (v [2][]byte, plain uint64) {
-	if len(obj) > 0 && obj[0] == '{' {
-		_, plain, _ = p.doc.object(obj, 0, set, v[:])
-	}
-	return v, plain
 }
 
 // valueString is gjson's Result.String of the raw value v ("" for nil): a
@@ -978,44 +962,71 @@ func (p *Parser) anyString(v []byte) string {
 	return gjson.Parse(unsafeString(v)).String()
 }
 
-// part hashes content part j of message i, which starts at content[at], and
-// returns the index after it.
-func (p *Parser) part(content []byte, at, i, j int) (int, *Error) {
-	if content[at] != '{' {
-		return at, partError(i, j, "", "'%s' must be a content part object")
-	}
-	// One walk of the part's members (object), from its opening brace to
-	// its closing one (not first stepped over to find its end), finds type
-	// and text by their keys as written and the first image_url and
-	// input_audio as gjson finds a member, by its decoded key (partKeys).
-	// Walking the part again for them whenever it held an escaped key
-	// made parts with one cost 160 times plain text.
-	var f [len(partFields)][]byte
-	end, plain, _ := p.doc.object(content, at, partKeys, f[:])
-	if end < 0 {
-		return at, errBodyNotJSON // not reached: the body is valid
-	}
-	typ, text := f[partType], f[partText]
-	if jsonType(typ) != gjson.String || typ == nil {
-		return end, partError(i, j, ".type", "'%s.type' must be a string")
-	}
-	switch t := p.doc.str(typ, plain>>partType&1 != 0); t {
-	case "text":
-		if jsonType(text) != gjson.String || text == nil {
-			return end, partError(i, j, ".text", "'%s.text' must be a string")
+// parts hashes the content parts of message i, the array content. One
+// call per message, each part read in its loop: a call per part cost a
+// body of many small parts more than the reading of their members.
+func (p *Parser) parts(content []byte, i int) *Error {
+	for at, j := SkipSpace(content, 1), 0; at < len(content) && content[at] != ']'; j++ {
+		if content[at] != '{' {
+			return partError(i, j, "", "'%s' must be a content part object")
 		}
-		p.hasher.Text(p.doc.str(text, plain>>partText&1 != 0))
-	case "image_url":
-		v, vp := p.lookup(f[partImage], urlKeys)
-		p.hasher.Part("image_url", p.valueString(v[0], vp&1 != 0))
-	case "input_audio":
-		v, vp := p.lookup(f[partAudio], dataKeys)
-		p.hasher.Part("input_audio", p.valueString(v[0], vp&1 != 0))
-	default:
-		// Other part types shape the prompt too: hash them whole.
-		p.hasher.Part(t, unsafeString(content[at:end]))
+		// One walk of the part's members (object), from its opening
+		// brace to its closing one (not first stepped over to find its
+		// end), finds type and text by their keys as written and the
+		// first image_url and input_audio as gjson finds a member, by its
+		// decoded key (partKeys). Walking the part again for them
+		// whenever it held an escaped key made parts with one cost 160
+		// times plain text.
+		var f [len(partFields)][]byte
+		end, plain, _ := p.doc.object(content, at, partKeys, f[:])
+		if end < 0 {
+			return errBodyNotJSON // not reached: the body is valid
+		}
+		typ, text := f[partType], f[partText]
+		if jsonType(typ) != gjson.String {
+			return partError(i, j, ".type", "'%s.type' must be a string")
+		}
+		switch t := p.doc.str(typ, plain>>partType&1 != 0); partKind(t) {
+		case partText:
+			if jsonType(text) != gjson.String {
+				return partError(i, j, ".text", "'%s.text' must be a string")
+			}
+			p.hasher.Text(p.doc.str(text, plain>>partText&1 != 0))
+		case partImage:
+			var v [1][]byte
+			vp := p.doc.lookup(f[partImage], urlKeys, v[:])
+			p.hasher.Part("image_url", p.valueString(v[0], vp&1 != 0))
+		case partAudio:
+			var v [1][]byte
+			vp := p.doc.lookup(f[partAudio], dataKeys, v[:])
+			p.hasher.Part("input_audio", p.valueString(v[0], vp&1 != 0))
+		default:
+			// Other part types shape the prompt too: hash them whole.
+			p.hasher.Part(t, unsafeString(content[at:end]))
+		}
+		if at = SkipSpace(content, end); at < len(content) && content[at] == ',' {
+			at = SkipSpace(content, at+1)
+		}
 	}
-	return end, nil
+	return nil
+}
+
+// partKind returns the part type t names, as the index in partFields of
+// the member that holds its value (partText, partImage, partAudio), or -1
+// for another type. Compared by length and at most two words: a string
+// comparison (==, switch) longer than 8 bytes is a call to the runtime's
+// memequal in Wasm.
+func partKind(t string) int {
+	k := -1
+	switch {
+	case len(t) == 4 && t == "text":
+		k = partText
+	case len(t) == 9 && t[:8] == "image_ur" && t[8] == 'l':
+		k = partImage
+	case len(t) == 11 && t[:8] == "input_au" && t[8:] == "dio":
+		k = partAudio
+	}
+	return k
 }
 
 // partError is messageError for content part j of message i.

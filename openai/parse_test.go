@@ -624,7 +624,8 @@ func TestTokenRunsMatchTheReader(t *testing.T) {
 func TestTextRunsMatchTheReader(t *testing.T) {
 	p := newParser(t, `{}`)
 	ref := index.NewHasher(index.HashConfig{})
-	long := strings.Repeat(`"ab",""," c\nd \u00e9\ud83d\ude00","日本語のテキスト","`+strings.Repeat("x", 70)+`",`, 30)
+	long := strings.Repeat(`"ab",""," c\nd \u00e9\ud83d\ude00","日本語のテキスト","`+strings.Repeat("x", 70)+`",`+
+		`"\n","abcdefgh\t","abcdefghi\t","\\","\"","a\/","\u0041","\n\n","a\nb",`, 30)
 	for _, tc := range []struct {
 		prompt, param string // param: "" for accepted
 	}{
@@ -643,8 +644,8 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 		case tc.param == "-" && err != errBodyNotUTF8:
 			t.Errorf("%.40s: error %v, want the UTF-8 one", tc.prompt, err)
 			continue
-		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[150]")):
-			t.Errorf("%.40s: error %v, want one naming %s[150]", tc.prompt, err, tc.param)
+		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[420]")):
+			t.Errorf("%.40s: error %v, want one naming %s[420]", tc.prompt, err, tc.param)
 			continue
 		case tc.param != "":
 			continue
