@@ -135,12 +135,12 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []uint32) (bool, []uint32) {
 	failedAt := -1          // where a string that did not parse ended (badUTF8 for one that is not UTF-8)
 scan:
 	for {
-		// Two bytes per loop step while both stay in the table (each
+		// Four bytes per loop step while they stay in the table (each
 		// step of a loop is a jump through the function's dispatch in
-		// Go's Wasm output), then the last one.
+		// Go's Wasm output), then the last ones one at a time.
 		var a uint16
 		w := b[i:] // (a view: no bounds check per byte)
-		for len(w) >= 2 {
+		for len(w) >= 4 {
 			if a = jsonStates[(int(s)|int(jsonByteClass[w[0]]))&stateMask]; a >= actFirst {
 				break
 			}
@@ -150,10 +150,20 @@ scan:
 				break
 			}
 			s = a
-			w = w[2:]
+			if a = jsonStates[(int(s)|int(jsonByteClass[w[2]]))&stateMask]; a >= actFirst {
+				w = w[2:]
+				break
+			}
+			s = a
+			if a = jsonStates[(int(s)|int(jsonByteClass[w[3]]))&stateMask]; a >= actFirst {
+				w = w[3:]
+				break
+			}
+			s = a
+			w = w[4:]
 		}
 		i = len(b) - len(w)
-		if i+1 >= len(b) {
+		if i+3 >= len(b) {
 			if i >= len(b) {
 				break
 			}
