@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
@@ -306,7 +305,7 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 	// callsPerChunk sends a streamed request and returns the module calls
 	// per on_response_body callback, and how many callbacks there were.
 	callsPerChunk := func(body string) (float64, int64) {
-		n0 := callbacks()
+		n0, ended := callbacks(), callCount(h, "proxy_on_delete")
 		counter.mu.Lock()
 		counter.callsByTop = map[string]int{}
 		counter.mu.Unlock()
@@ -314,10 +313,10 @@ func TestWasmQuietStreamChunks(t *testing.T) {
 		if code != 200 || strings.Count(resp, "data: ") < streamedTokens {
 			t.Fatalf("status %d, %d events", code, strings.Count(resp, "data: "))
 		}
-		var n int64
-		testenv.Poll(5*time.Second, func() bool { n = callbacks() - n0; return n >= streamedTokens })
-		time.Sleep(20 * time.Millisecond) // the last chunk and the stream's end
-		n = callbacks() - n0
+		// The last chunks' callbacks may run after the client has the
+		// response: the stream's end (on_delete) comes after every one.
+		testenv.WaitFor(t, "the stream's end", func() bool { return callCount(h, "proxy_on_delete") > ended })
+		n := callbacks() - n0
 		counter.mu.Lock()
 		defer counter.mu.Unlock()
 		return float64(counter.callsByTop["proxy_on_response_body"]) / float64(n), n

@@ -12,8 +12,8 @@ import (
 type Options struct {
 	// Clock replaces the real clock for wall-clock readings and durations
 	// (nil: the real clock), the index's included, so that a test steps
-	// through breaker cool-downs, response latencies, state staleness and
-	// slot grace periods.
+	// through breaker cool-downs, response latencies, state staleness,
+	// slot grace periods and kvroute.pd's wait for a body.
 	Clock func() time.Time
 	// Emulated says the host is the SDK's proxytest emulator, which keeps
 	// the slices and strings it is given where Envoy copies them: the

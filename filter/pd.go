@@ -94,7 +94,8 @@ type pdPlugin struct {
 	// held are the streams whose headers wait for the body, by context id.
 	held     map[uint32]*pdStream
 	bodyWait time.Duration
-	warned   bool // the allow_on_headers_stop_iteration error was logged
+	now      func() time.Time // Options.Clock, or time.Now
+	warned   bool             // the allow_on_headers_stop_iteration error was logged
 }
 
 type pdStats struct {
@@ -120,7 +121,10 @@ type pdStats struct {
 }
 
 func newPD(cfg *config.Config, opts Options) (*pdPlugin, error) {
-	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait}
+	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait, now: opts.Clock}
+	if p.now == nil {
+		p.now = time.Now
+	}
 	if opts.PDBodyWait > 0 {
 		p.bodyWait = opts.PDBodyWait
 	}
@@ -148,7 +152,7 @@ func (p *pdPlugin) newStream(id uint32) types.HttpContext { return &pdStream{plu
 // for a body longer than bodyWait (see pdBodyWait).
 func (p *pdPlugin) onTick() {
 	defer guard(&p.stats.recoveredPanics, "kvroute.pd on_tick", nil, nil)
-	now := time.Now()
+	now := p.now()
 	for id, s := range p.held {
 		if now.Sub(s.heldAt) < p.bodyWait {
 			continue
@@ -288,7 +292,7 @@ func (s *pdStream) OnHttpRequestHeaders(_ int, endOfStream bool) (action types.A
 		return types.ActionContinue
 	}
 	s.phase = phaseBuffering
-	s.heldAt = time.Now()
+	s.heldAt = s.plugin.now()
 	s.plugin.held[s.id] = s
 	return types.ActionPause
 }
@@ -358,7 +362,7 @@ func (s *pdStream) startVLLM() types.Action {
 		s.fallback(reasonDispatch)
 		return types.ActionContinue
 	}
-	s.sent = time.Now()
+	s.sent = s.plugin.now()
 	s.phase = phasePrefilling
 	return types.ActionPause
 }
@@ -397,7 +401,8 @@ func (s *pdStream) onVLLMPrefill(numHeaders, bodySize, _ int) {
 
 // readPrefill reads a prefill callout answer and classifies a failure.
 func (s *pdStream) readPrefill(numHeaders, bodySize int) (*calloutResponse, string) {
-	s.stats().prefillMicros.Record(uint64(time.Since(s.sent).Microseconds()))
+	took := s.plugin.now().Sub(s.sent)
+	s.stats().prefillMicros.Record(uint64(took.Microseconds()))
 	if numHeaders == 0 {
 		return nil, reasonError // reset
 	}
@@ -406,7 +411,7 @@ func (s *pdStream) readPrefill(numHeaders, bodySize int) (*calloutResponse, stri
 		return resp, ""
 	}
 	if resp.status == 504 && (string(resp.body) == envoyTimeoutBody ||
-		time.Since(s.sent) >= time.Duration(s.plugin.pd.TimeoutMs)*time.Millisecond*9/10) {
+		took >= time.Duration(s.plugin.pd.TimeoutMs)*time.Millisecond*9/10) {
 		return resp, reasonTimeout
 	}
 	return resp, reasonError
@@ -462,7 +467,7 @@ func (s *pdStream) startSGLang() types.Action {
 		s.fallback(reasonDispatch)
 		return types.ActionContinue
 	}
-	s.sent = time.Now()
+	s.sent = s.plugin.now()
 	s.sgl = sglPending
 	if err := proxywasm.ReplaceHttpRequestBody(body); err != nil {
 		// The prefill is on its way but the decode would not pair with it;

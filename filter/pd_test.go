@@ -506,8 +506,11 @@ func TestPDBodyHelpers(t *testing.T) {
 
 // Without allow_on_headers_stop_iteration Envoy never delivers the body to a
 // filter holding the headers: the tick sends such a request on decode-only.
+// The test steps the plugin's clock (Options.Clock), so the wait is exact
+// however long the machine takes between two calls.
 func TestPDNoBodySendsDecodeOnly(t *testing.T) {
-	host := pdStartWith(t, Options{PDBodyWait: 20 * time.Millisecond}, "")
+	now := time.Unix(1_800_000_000, 0)
+	host := pdStartWith(t, Options{PDBodyWait: 20 * time.Millisecond, Clock: func() time.Time { return now }}, "")
 	if p := host.GetTickPeriod(); p != pdTickMs {
 		t.Fatalf("tick period %d, want %d", p, pdTickMs)
 	}
@@ -521,7 +524,12 @@ func TestPDNoBodySendsDecodeOnly(t *testing.T) {
 	if a := host.GetCurrentHttpStreamAction(id); a != types.ActionPause {
 		t.Fatalf("resumed before the wait was over: %v", a)
 	}
-	time.Sleep(30 * time.Millisecond)
+	now = now.Add(19 * time.Millisecond)
+	host.Tick()
+	if a := host.GetCurrentHttpStreamAction(id); a != types.ActionPause {
+		t.Fatalf("resumed 19 ms into a 20 ms wait: %v", a)
+	}
+	now = now.Add(time.Millisecond)
 	host.Tick()
 	if a := host.GetCurrentHttpStreamAction(id); a != types.ActionContinue {
 		t.Fatalf("after the wait: %v, want Continue (decode-only)", a)
@@ -544,7 +552,7 @@ func TestPDNoBodySendsDecodeOnly(t *testing.T) {
 	}
 	// A request whose body arrives in time is not touched by the tick.
 	id2, a2 := pdSend(t, host, pdPrefill, pdClientBody)
-	time.Sleep(30 * time.Millisecond)
+	now = now.Add(30 * time.Millisecond)
 	host.Tick()
 	if a2 != types.ActionPause || host.GetCurrentHttpStreamAction(id2) != types.ActionPause {
 		t.Errorf("a request waiting for its prefill was resumed by the tick")

@@ -438,16 +438,6 @@ func TestVLLMTTFTReflectsTransferredPrefill(t *testing.T) {
 // fakePrefill answers every request with h.
 func fakePrefill(t *testing.T, h http.HandlerFunc) *recorder { return newRecorder(t, h) }
 
-func closedAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 func TestVLLMPrefillFailuresFallBackToDecode(t *testing.T) {
 	cases := []struct {
 		name, pd, reason string
@@ -459,7 +449,7 @@ func TestVLLMPrefillFailuresFallBackToDecode(t *testing.T) {
 			})
 		}},
 		{"prefill unreachable", "", "prefill_error", func(t *testing.T) *recorder {
-			return &recorder{addr: closedAddr(t)}
+			return &recorder{addr: refusedAddr(t)}
 		}},
 		{"prefill timeout", `{"timeoutMs":150}`, "prefill_timeout", func(t *testing.T) *recorder {
 			return fakePrefill(t, func(w http.ResponseWriter, r *http.Request) {
@@ -479,7 +469,7 @@ func TestVLLMPrefillFailuresFallBackToDecode(t *testing.T) {
 			return fakePrefill(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "<html>oops") })
 		}},
 		{"unknown prefill cluster", `{"prefillCluster":"no_such_cluster"}`, "dispatch_failed", func(t *testing.T) *recorder {
-			return &recorder{addr: closedAddr(t)}
+			return &recorder{addr: refusedAddr(t)}
 		}},
 	}
 	for _, stream := range []bool{false, true} {

@@ -25,7 +25,13 @@ func validJSON(b []byte) bool { return scanJSON(b, nil) }
 // holds escapes. With it, the walker (jsonwalk.go) steps over a value in
 // one lookup instead of rescanning its bytes: the router's parse visits the
 // prompt nested three deep (the messages array, a message, its content),
-// and without the table each level rescanned it.
+// and without the table each level rescanned it. An object that is an
+// element of an array has no entry (the containers and long strings in it
+// do): the parser reads messages, content parts and tool calls member by
+// member with object, which never needs their end, and an unused array is
+// stepped over whole by its own entry; the pass reads such objects without
+// leaving its table (see scanJSONWith). The walker's skip still finds the
+// end of one by scanning.
 type jsonSpans struct {
 	spans []jsonSpan // by start, ascending: the order the pass meets them
 	stack []uint32   // the pass's open containers (see scanJSONWith)
@@ -93,14 +99,20 @@ func (s *jsonSpans) scan(b []byte) bool {
 // arrays, and strings of up to 11 bytes of plain ASCII, simple escapes and
 // 2- and 3-byte characters (keys, roles, small values) never leave it. A
 // state tells the kind of container its value is in, so a comma needs no
-// look at the stack. The loop leaves the table (an action: actFirst and up)
-// only for a bracket of a non-empty container, which the stack and the
-// span table must see, and for a longer string or one the table does not
-// read (\u, a 4-byte character, a byte that is not UTF-8 there), which
-// scanString reads from its quote, 8 to 128 bytes per step (the state
-// counts the bytes since the quote). A value the table reads costs one
-// lookup per byte, where a test and a call per value would cost several
-// times that in Wasm (docs/performance.md, "Body shapes";
+// look at the stack. An object that is an element of an array (a message,
+// a content part, a tool call) is read by the table from its opening
+// brace to its closing one while it holds no non-empty container: its
+// states say that its container is an array, so it needs no stack entry,
+// and the walker reads such objects member by member and never looks for
+// their end in the span table (see jsonSpans). The loop leaves the table
+// (an action: actFirst and up) only for a bracket of any other non-empty
+// container, which the stack and the span table must see, and for a
+// longer string or one the table does not read (\u, a 4-byte character,
+// a byte that is not UTF-8 there), which scanString reads from its quote,
+// 8 to 128 bytes per step (the state counts the bytes since the quote). A
+// value the table reads costs one lookup per byte, where a test and a call
+// per value would cost several times that in Wasm, and each bracket that
+// leaves it about 30 ns (docs/performance.md, "Body shapes";
 // BenchmarkShapeValidate).
 func scanJSONWith(b []byte, rec *jsonSpans, stack []uint32) (bool, []uint32) {
 	// stack holds, for each open container, the kind of container it is
@@ -119,62 +131,67 @@ func scanJSONWith(b []byte, rec *jsonSpans, stack []uint32) (bool, []uint32) {
 			rec = nil // offsets would not fit: validate without the table
 		}
 	}
-	s, i := uint8(stValue), 0 // the state before b[i]
-	failedAt := -1            // where a string that did not parse ended (badUTF8 for one that is not UTF-8)
+	s, i := row(stValue), 0 // the state before b[i]
+	failedAt := -1          // where a string that did not parse ended (badUTF8 for one that is not UTF-8)
 scan:
 	for {
-		// Two bytes per loop step while both stay in the table (each
+		// Four bytes per loop step while they stay in the table (each
 		// step of a loop is a jump through the function's dispatch in
-		// Go's Wasm output), then the last one.
-		var a uint8
+		// Go's Wasm output), then the last ones one at a time.
+		var a uint16
 		w := b[i:] // (a view: no bounds check per byte)
-		for len(w) >= 2 {
-			if a = jsonStates[int(s)<<5|int(jsonByteClass[w[0]])]; a >= actFirst {
+		for len(w) >= 4 {
+			if a = jsonStates[(int(s)|int(jsonByteClass[w[0]]))&stateMask]; a >= actFirst {
 				break
 			}
 			s = a
-			if a = jsonStates[int(s)<<5|int(jsonByteClass[w[1]])]; a >= actFirst {
+			if a = jsonStates[(int(s)|int(jsonByteClass[w[1]]))&stateMask]; a >= actFirst {
 				w = w[1:]
 				break
 			}
 			s = a
-			w = w[2:]
+			if a = jsonStates[(int(s)|int(jsonByteClass[w[2]]))&stateMask]; a >= actFirst {
+				w = w[2:]
+				break
+			}
+			s = a
+			if a = jsonStates[(int(s)|int(jsonByteClass[w[3]]))&stateMask]; a >= actFirst {
+				w = w[3:]
+				break
+			}
+			s = a
+			w = w[4:]
 		}
 		i = len(b) - len(w)
-		if i+1 >= len(b) {
+		if i+3 >= len(b) {
 			if i >= len(b) {
 				break
 			}
-			if a = jsonStates[int(s)<<5|int(jsonByteClass[b[i]])]; a < actFirst {
+			if a = jsonStates[(int(s)|int(jsonByteClass[b[i]]))&stateMask]; a < actFirst {
 				s, i = a, i+1
 				continue
 			}
 		}
-		in := inOf(s) // the container of the value the byte starts or ends
+		n := s >> rowBits // the state's number, for the tables by state
 		switch a {
 		case actString:
 			// A string the table does not finish: from its quote, k
 			// plain bytes back (the state counts them).
 			q := i // a string at the top level: the table leaves at its quote
-			if s >= stString {
-				q = i - int(jsonStringBytes[s]) - 1
+			if n >= stString {
+				q = i - int(jsonStringBytes[n]) - 1
 			}
 			e, escaped := scanString(b, q, nonASCII)
 			if e < 0 {
 				failedAt = e
 				break scan
 			}
-			if s >= stString && s < stString+stringKind { // a key
-				s = stColon
-			} else {
-				// Long values in the table; keys never (the walker scans them).
-				if rec != nil && e-q >= minSpanString {
-					if len(rec.spans) == cap(rec.spans) {
-						rec.grow()
-					}
-					rec.add(jsonSpan{start: int32(q), end: int32(e), escaped: escaped})
+			// Long values in the table; keys never (the walker scans them).
+			if s = jsonAfterString[n]; rec != nil && e-q >= minSpanString && s != row(stColon) && s != row(stInColon) {
+				if len(rec.spans) == cap(rec.spans) {
+					rec.grow()
 				}
-				s = afterIn(in)
+				rec.add(jsonSpan{start: int32(q), end: int32(e), escaped: escaped})
 			}
 			i = e
 		case actOpen:
@@ -182,7 +199,7 @@ scan:
 			// container's body, read again from the state after the
 			// bracket.
 			i--
-			c := b[i]
+			c, in := b[i], int(jsonInOf[n])
 			if rec != nil && len(rec.spans) == cap(rec.spans) {
 				rec.grow() // room for the span this value may add
 			}
@@ -191,23 +208,26 @@ scan:
 			// entry; in the table only when long, as strings are.
 			if c == '[' && i+1 < len(b) && (b[i+1]-'1' <= 8 || b[i+1] == '[') { // a chat body never enters it
 				if e := intArrays(b, i, rec); e > 0 {
-					s, i = afterIn(in), e
+					s, i = jsonAfter[in], e
 					continue
 				}
 			}
 			if c == '[' && i+1 < len(b) && b[i+1] == '"' && rec != nil {
 				if e := stringArray(b, i, rec, nonASCII); e > 0 {
-					s, i = afterIn(in), e
+					s, i = jsonAfter[in], e
 					continue
 				}
 			}
-			top := uint32(in) // the stack entry
+			// The stack entry. A container in an object in an array
+			// has inArrayObject: the object, which has no entry, is
+			// read on by the table's states after it.
+			top := uint32(in)
 			if rec != nil {
 				top |= uint32(rec.add(jsonSpan{start: int32(i), end: -1})) << 2
 			}
 			stack = append(stack, top)
-			if s = stValueOrClose; c == '{' {
-				s = stKeyOrClose
+			if s = row(stValueOrClose); c == '{' {
+				s = row(stKeyOrClose)
 			}
 			i++
 		case actClose, actCloseEmpty:
@@ -220,14 +240,14 @@ scan:
 					rec.spans = rec.spans[:top>>2] // an empty container, which the table does not hold (its entry is the last)
 				}
 			}
-			s = afterIn(int(top))
+			s = jsonAfter[top&3]
 			i++
 		default: // a byte the grammar does not allow there
 			break scan
 		}
 	}
 	if i >= len(b) {
-		return len(stack) == 0 && (s == stAfterTop || jsonNumberEnds[s]), stack
+		return len(stack) == 0 && (s == row(stAfterTop) || jsonNumberEnds[s>>rowBits]), stack
 	}
 	// Every failure breaks out to here: one return, and one test for a
 	// string that is not UTF-8 (in Wasm each copy is code of a function
@@ -238,11 +258,16 @@ scan:
 	return false, stack
 }
 
-// The states of jsonStates. A value's states come in three sets, one per
-// kind of container it is in (in: top level, object, array), so that what
-// may follow it (a comma and what then, which bracket) is the state's to
-// say: the set of in is at offset in*inStride among the numbers' and
-// literals' states, and the string states are laid out the same way.
+// The kinds of container a value may be in: the top level (none), an
+// object, an array, and an object in an array (whose states close it in
+// the table, see scanJSONWith).
+const inTop, inObject, inArray, inArrayObject = 0, 1, 2, 3
+
+// The states of jsonStates. A value's states come in four sets, one per
+// kind of container it is in, so that what may follow it (a comma and
+// what then, which bracket) is the state's to say: the set of in is at
+// offset in*inStride among the numbers' and literals' states, and the
+// string states are laid out the same way.
 const (
 	stValue        = iota // the document's value
 	stAfterTop            // after it: only whitespace
@@ -254,6 +279,12 @@ const (
 	stValueOrClose        // after '['
 	stValueArray          // after ',' in an array
 	stAfterArray          // after an element
+	// The same for an object in an array (inArrayObject).
+	stInKeyOrClose // after '{'
+	stInKey        // after ','
+	stInColon      // after a key
+	stInValue      // after ':'
+	stInAfter      // after a member's value
 
 	// A number's states, numbers + in*inStride + one of these.
 	numMinus, numZero, numInt, numDot, numFrac, numE, numSign, numExp = 0, 1, 2, 3, 4, 5, 6, 7
@@ -264,116 +295,140 @@ const (
 	inStride  = 18 // from one container kind's number and literal states to the next's
 
 	// A string's states, stString + kind*stringKind + sub*maxStringBytes
-	// + the bytes read since the quote (0 to maxStringBytes-1). kind 0 is
-	// a key, 1 a value in an object, 2 in an array (a string that is the
-	// whole document is read by scanString); sub is where the string is:
-	// in plain text (strPlain), after a backslash (strEscape), or inside
-	// a UTF-8 character with one or two bytes to come (strCont1, strCont2).
-	stString                                = stNumber + 3*inStride
+	// + the bytes read since the quote (0 to maxStringBytes-1). kind is
+	// one of strKinds (a string that is the whole document is read by
+	// scanString); sub is where the string is: in plain text (strPlain),
+	// after a backslash (strEscape), or inside a UTF-8 character with one
+	// or two bytes to come (strCont1, strCont2).
+	stString                                = stNumber + 4*inStride
 	maxStringBytes                          = 12
 	strPlain, strEscape, strCont1, strCont2 = 0, 1, 2, 3
 	stringKind                              = 4 * maxStringBytes
 	// After an opening bracket ({ or [, one state of each per kind of
-	// container the value is in): the next byte closes it (an empty
-	// container, which needs neither the stack nor the span table) or
-	// leaves the table to open it (actOpen, the bracket one byte back).
-	stOpen         = stString + 3*stringKind
-	jsonStateCount = stOpen + 6
+	// container the value is in, stOpen + 4*bracket + in): the next byte
+	// closes it (an empty container, which needs neither the stack nor
+	// the span table) or leaves the table to open it (actOpen, the
+	// bracket one byte back). An object in an array has none: its states
+	// read it.
+	stOpen         = stString + len(strKinds)*stringKind
+	jsonStateCount = stOpen + 8
+
+	// A state is held as its row's offset in jsonStates (its number
+	// shifted by rowBits), so that a lookup is an OR with the byte's
+	// class; stateMask bounds the index without a bounds check.
+	rowBits   = 5
+	stateMask = 1<<14 - 1
 
 	// Actions: what the loop leaves the table for (every entry from
 	// actFirst up), with the state it leaves from.
-	actFirst      = 0xf0
-	actString     = 0xf0 // a string the table does not finish
-	actOpen       = 0xf1 // '{' or '['
-	actClose      = 0xf2 // '}' or ']' after a value
-	actCloseEmpty = 0xf3 // '}' or ']' after its opener and whitespace
-	actFail       = 0xff
+	actFirst      = 0xfff0
+	actString     = 0xfff0 // a string the table does not finish
+	actOpen       = 0xfff1 // '{' or '['
+	actClose      = 0xfff2 // '}' or ']' after a value
+	actCloseEmpty = 0xfff3 // '}' or ']' after its opener and whitespace
+	actFail       = 0xffff
 )
 
-// inOf returns the kind of container (0 top level, 1 object, 2 array) the
-// value at state s is in, for the states actions leave from (jsonInOf).
-func inOf(s uint8) int { return int(jsonInOf[s]) }
+// strKinds are the kinds of string states by where the string is: the
+// state after its closing quote, and the kind of container it is in.
+var strKinds = [...]struct{ end, in int }{
+	{stColon, inObject},        // a key
+	{stAfterObject, inObject},  // a member's value
+	{stAfterArray, inArray},    // an element
+	{stInColon, inArrayObject}, // a key of an object in an array
+	{stInAfter, inArrayObject}, // a member's value there
+}
 
-// afterIn is the state after a value in a container of kind in.
-func afterIn(in int) uint8 { return jsonAfter[in&3] }
+// row is the state st as the loop holds it (see rowBits).
+func row(st int) uint16 { return uint16(st << rowBits) }
 
-var jsonAfter = [4]uint8{stAfterTop, stAfterObject, stAfterArray, stAfterArray}
+// jsonAfter is the state after a value in a container of kind in (the
+// low bits of a stack entry).
+var jsonAfter = [4]uint16{row(stAfterTop), row(stAfterObject), row(stAfterArray), row(stInAfter)}
 
 // jsonStates is the grammar of JSON as a table of states: entry
-// s<<5|jsonByteClass[c] is the state after byte c in state s, or an action
-// (actFirst and up). It is built byte by byte and then folded by class.
-// jsonInOf is the container kind of each state's value; jsonStringBytes the
-// bytes a string state has read since its quote; jsonNumberEnds
-// marks the states of a top-level number that may end the document.
-var jsonStates, jsonInOf, jsonStringBytes, jsonNumberEnds = func() (classed [256 << 5]uint8, in, strBytes [256]uint8, ends [256]bool) {
-	t := new([jsonStateCount * 256]uint8)
+// s|jsonByteClass[c] is the state after byte c in state s (a row offset:
+// see rowBits), or an action (actFirst and up). It is built byte by byte
+// and then folded by class. By state number: jsonInOf is the container
+// kind of each state's value, jsonStringBytes the bytes a string state
+// has read since its quote, jsonAfterString the state after the string a
+// state is in (or that starts at the top level), and jsonNumberEnds marks
+// the states of a top-level number that may end the document.
+var jsonStates, jsonInOf, jsonStringBytes, jsonAfterString, jsonNumberEnds = func() (classed [stateMask + 1]uint16, in, strBytes [1 << (16 - rowBits)]uint8, afterStr [1 << (16 - rowBits)]uint16, ends [1 << (16 - rowBits)]bool) {
+	t := new([jsonStateCount * 256]uint16)
 	for k := range t {
 		t[k] = actFail
 	}
-	row := func(s int) []uint8 { return t[s<<8 : s<<8+256] }
+	row := func(s int) []uint16 { return t[s<<8 : s<<8+256] }
 	const space = " \t\n\r"
-	for _, st := range []int{stValue, stAfterTop, stKeyOrClose, stKey, stColon, stValueObject, stAfterObject, stValueOrClose, stValueArray, stAfterArray} {
+	for st := stValue; st <= stInAfter; st++ {
 		for _, c := range space {
-			row(st)[c] = uint8(st)
+			row(st)[c] = uint16(st)
 		}
 	}
-	values := []int{stValue, stValueObject, stValueArray}
-	afters := []int{stAfterTop, stAfterObject, stAfterArray}
+	values := []int{stValue, stValueObject, stValueArray, stInValue}
+	afters := []int{stAfterTop, stAfterObject, stAfterArray, stInAfter}
+	strOf := []int{-1, 1, 2, 4} // the string kind (strKinds) of a value in each kind of container
 	// What may follow a value in each kind of container.
-	follow := func(r []uint8, kind int) {
+	follow := func(r []uint16, kind int) {
 		for _, c := range space {
-			r[c] = uint8(afters[kind])
+			r[c] = uint16(afters[kind])
 		}
 		switch kind {
-		case 1:
+		case inObject:
 			r[','], r['}'] = stKey, actClose
-		case 2:
+		case inArray:
 			r[','], r[']'] = stValueArray, actClose
+		case inArrayObject:
+			r[','], r['}'] = stInKey, stAfterArray // closed in the table
 		}
 	}
-	for kind := 0; kind < 3; kind++ {
+	for kind := inTop; kind <= inArrayObject; kind++ {
 		follow(row(afters[kind]), kind)
 		num := stNumber + kind*inStride
 		lit := stLiteral + kind*inStride
-		str := stString + kind*stringKind // (kind 0 is the top level's: see below)
 		starts := []int{values[kind]}
-		if kind == 2 {
+		if kind == inArray {
 			starts = append(starts, stValueOrClose)
 		}
 		for _, st := range starts {
 			in[st] = uint8(kind)
 			r := row(st)
-			r['"'], r['{'], r['['] = uint8(str), uint8(stOpen+kind), uint8(stOpen+3+kind)
-			if kind == 0 {
-				r['"'] = actString
+			r['{'], r['['] = uint16(stOpen+kind), uint16(stOpen+4+kind)
+			if kind == inArray {
+				r['{'] = stInKeyOrClose
 			}
-			r['-'], r['0'] = uint8(num+numMinus), uint8(num+numZero)
+			r['"'] = actString
+			if kind != inTop {
+				r['"'] = uint16(stString + strOf[kind]*stringKind)
+			}
+			r['-'], r['0'] = uint16(num+numMinus), uint16(num+numZero)
 			for c := '1'; c <= '9'; c++ {
-				r[c] = uint8(num + numInt)
+				r[c] = uint16(num + numInt)
 			}
-			r['t'], r['f'], r['n'] = uint8(lit), uint8(lit+3), uint8(lit+7)
+			r['t'], r['f'], r['n'] = uint16(lit), uint16(lit+3), uint16(lit+7)
 		}
 		// Numbers: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
 		for c := '0'; c <= '9'; c++ {
-			row(num + numMinus)[c] = uint8(num + numInt)
-			row(num + numInt)[c] = uint8(num + numInt)
-			row(num + numDot)[c] = uint8(num + numFrac)
-			row(num + numFrac)[c] = uint8(num + numFrac)
-			row(num + numE)[c] = uint8(num + numExp)
-			row(num + numSign)[c] = uint8(num + numExp)
-			row(num + numExp)[c] = uint8(num + numExp)
+			row(num + numMinus)[c] = uint16(num + numInt)
+			row(num + numInt)[c] = uint16(num + numInt)
+			row(num + numDot)[c] = uint16(num + numFrac)
+			row(num + numFrac)[c] = uint16(num + numFrac)
+			row(num + numE)[c] = uint16(num + numExp)
+			row(num + numSign)[c] = uint16(num + numExp)
+			row(num + numExp)[c] = uint16(num + numExp)
 		}
-		row(num + numMinus)['0'] = uint8(num + numZero)
+		row(num + numMinus)['0'] = uint16(num + numZero)
 		for _, st := range []int{numZero, numInt} {
-			row(num + st)['.'] = uint8(num + numDot)
+			row(num + st)['.'] = uint16(num + numDot)
 		}
 		for _, st := range []int{numZero, numInt, numFrac} {
-			row(num + st)['e'], row(num + st)['E'] = uint8(num+numE), uint8(num+numE)
+			row(num + st)['e'], row(num + st)['E'] = uint16(num+numE), uint16(num+numE)
 		}
-		row(num + numE)['+'], row(num + numE)['-'] = uint8(num+numSign), uint8(num+numSign)
+		row(num + numE)['+'], row(num + numE)['-'] = uint16(num+numSign), uint16(num+numSign)
 		for _, st := range []int{numZero, numInt, numFrac, numExp} {
 			follow(row(num+st), kind)
-			if kind == 0 {
+			if kind == inTop {
 				ends[num+st] = true
 			}
 		}
@@ -385,59 +440,58 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonNumberEnds = func() (classed [256
 				if j == len(w)-1 {
 					next = afters[kind]
 				}
-				row(first + j)[w[j]] = uint8(next)
+				row(first + j)[w[j]] = uint16(next)
 			}
 		}
 		for st := num; st < lit+10; st++ {
 			in[st] = uint8(kind)
 		}
-	}
-	for kind := 0; kind < 3; kind++ {
+		// After an opening bracket of a value in this kind of container.
 		for k, closer := range []byte{'}', ']'} {
-			st := stOpen + 3*k + kind
+			st := stOpen + 4*k + kind
 			in[st] = uint8(kind)
 			for c := 0; c < 0x100; c++ {
 				row(st)[c] = actOpen
 			}
-			row(st)[closer] = uint8(afters[kind])
+			row(st)[closer] = uint16(afters[kind])
 		}
 	}
+	afterStr[stValue] = stAfterTop
 	// Object keys and brackets.
 	for _, st := range []int{stKeyOrClose, stKey} {
 		row(st)['"'] = stString
-		in[st] = 1
+		in[st] = inObject
+	}
+	for _, st := range []int{stInKeyOrClose, stInKey} {
+		row(st)['"'] = stString + 3*stringKind
+		in[st] = inArrayObject
 	}
 	row(stKeyOrClose)['}'] = actCloseEmpty
+	row(stInKeyOrClose)['}'] = stAfterArray
 	row(stValueOrClose)[']'] = actCloseEmpty
 	row(stColon)[':'] = stValueObject
-	in[stAfterObject], in[stAfterArray] = 1, 2
+	row(stInColon)[':'] = stInValue
+	in[stAfterObject], in[stAfterArray], in[stInAfter] = inObject, inArray, inArrayObject
 	// Strings: up to maxStringBytes-1 bytes of plain ASCII, simple
 	// escapes other than \b and 2- and 3-byte UTF-8 characters without
 	// the lead bytes that restrict what follows (E0, ED) in the table; the
 	// rest, and any string in doubt (a \u escape, a 4-byte character, a
 	// byte that is not UTF-8 there), by scanString from the quote, which
 	// also decides what it accepts.
-	for kind := 0; kind < 3; kind++ {
-		end := stColon
-		if kind > 0 {
-			end = afters[kind]
-		}
+	for kind, sk := range strKinds {
 		state := func(sub, k int) int { return stString + kind*stringKind + sub*maxStringBytes + k }
 		// next is the state sub with one byte more than k, or the
 		// action when the table holds no more.
-		next := func(sub, k int) uint8 {
+		next := func(sub, k int) uint16 {
 			if k+1 >= maxStringBytes {
 				return actString
 			}
-			return uint8(state(sub, k+1))
+			return uint16(state(sub, k+1))
 		}
 		for sub := strPlain; sub <= strCont2; sub++ {
 			for k := 0; k < maxStringBytes; k++ {
 				st := state(sub, k)
-				in[st], strBytes[st] = 1, uint8(k) // a key is in an object
-				if kind == 2 {
-					in[st] = 2
-				}
+				in[st], strBytes[st], afterStr[st] = uint8(sk.in), uint8(k), uint16(sk.end)
 				r := row(st)
 				for c := 0; c < 0x100; c++ {
 					r[c] = actString
@@ -450,7 +504,7 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonNumberEnds = func() (classed [256
 					for c := 0; c < 0x20; c++ {
 						r[c] = actFail
 					}
-					r['\\'], r['"'] = next(strEscape, k), uint8(end)
+					r['\\'], r['"'] = next(strEscape, k), uint16(sk.end)
 					for c := 0xc2; c <= 0xdf; c++ {
 						r[c] = next(strCont1, k)
 					}
@@ -475,18 +529,25 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonNumberEnds = func() (classed [256
 			}
 		}
 	}
-	// The same table by byte class: every byte of a class must move
-	// every state alike.
+	for st := range afterStr {
+		afterStr[st] <<= rowBits
+	}
+	// The same table by byte class, states as row offsets: every byte of
+	// a class must move every state alike.
 	for c := 0; c < 256; c++ {
 		for st := 0; st < jsonStateCount; st++ {
-			k := st<<5 | int(jsonByteClass[c])
-			if c != int(jsonClassByte[jsonByteClass[c]]) && classed[k] != t[st<<8|c] {
+			k := st<<rowBits | int(jsonByteClass[c])
+			v := t[st<<8|c]
+			if v < actFirst {
+				v <<= rowBits
+			}
+			if c != int(jsonClassByte[jsonByteClass[c]]) && classed[k] != v {
 				panic("openai: byte classes of the JSON grammar do not agree")
 			}
-			classed[k] = t[st<<8|c]
+			classed[k] = v
 		}
 	}
-	return classed, in, strBytes, ends
+	return classed, in, strBytes, afterStr, ends
 }()
 
 // jsonByteClass is the class of each byte in jsonStates: the bytes one

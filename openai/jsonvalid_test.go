@@ -42,6 +42,15 @@ var jsonCases = []string{
 	"{\"\xc3\xa9\":\"\xe4\xb8\xad\",\"k\":[\"\xdf\xbf\xef\xbf\xbf\"]}", "[\"\xe0\xa0\x80\",\"\xe0\x80\x80\",\"\xed\x9f\xbf\"]",
 	"{\"a\":\"\xf0\x9f\x98\x80\",\"b\":\"\xf4\x90\x80\x80\"}", "[\"\xc3\",\"\xc3a\",\"\xe4\xb8\",\"\xe4\xb8a\"]",
 	"[\"\xbf\",\"\xc0\x80\",\"\xc1\xbf\",\"\xff\"]", "{\"\xe4\xb8\xad\xe6\x96\x87\xe5\xad\x97\":1}", "[\"a\n\xc3\xa9\u00e9\"]",
+	// objects in arrays, which the table reads without a stack entry:
+	// empty, with every kind of value, with containers in them (which
+	// do get one), nested in arrays, and each way of ending them wrongly
+	`[{}]`, `[{ }]`, `[ { "a" : 1 } , { } ]`, `[{"a":"b","c":-1.5e3,"d":true,"e":null,"f":[],"g":{},"h":{ },"i":[ ]}]`,
+	`[{"a":{"b":[{"c":{}}]}},{"d":[1,{"e":[]}]}]`, `[[{"a":1}],[{}]]`, `{"m":[{"r":"u","c":[{"t":"x"},{"u":{"v":"w"}}]}]}`,
+	`[{"a":"` + strings.Repeat("x", 80) + `","b":"\u00e9\n","\u0041":["s"]}]`, "[{\"\xe4\xb8\xad\":\"\xf0\x9f\x98\x80\"}]",
+	`[{"a":[1,2,3],"b":["x","y"]},{"c":[[1],[2]]}]`,
+	`[{]`, `[{"a"}]`, `[{"a":}]`, `[{"a":1,}]`, `[{"a":1]`, `[{"a":1}`, `[{"a":1}}`, `[{"a" 1}]`, `[{a:1}]`, `[{"a":1,"b"}]`,
+	`[{"a":{]}]`, `[{"a":[}]`, `[{"a":{}]`, `[{"a":1]}`, `[{,}]`, `[{"a":tru}]`, `[{"a":01}]`, `[{"a":"\x"}]`, "[{\"a\":\"\xff\"}]",
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {
@@ -190,6 +199,19 @@ func TestScanJSONRecordsSpans(t *testing.T) {
 	}
 	want := []string{string(b) + "/false", `"` + long + `"/false`, `["s\\n` + long + `",{}]/false`, `"s\\n` + long + `"/true`}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("spans\n%q\nwant\n%q", got, want)
+	}
+	// An object in an array has no entry; the containers and long
+	// strings in it do, and the array does.
+	b = []byte(`[{"a":1},{"b":{"c":2},"d":"` + long + `"},{"e":[3,"x"]}]`)
+	if !scanJSON(b, &spans) {
+		t.Fatal("valid document rejected")
+	}
+	got = got[:0]
+	for _, s := range spans.spans {
+		got = append(got, string(b[s.start:s.end]))
+	}
+	if want := []string{string(b), `{"c":2}`, `"` + long + `"`, `[3,"x"]`}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("spans\n%q\nwant\n%q", got, want)
 	}
 	// A failed pass leaves nothing a walker could trust beyond the body.

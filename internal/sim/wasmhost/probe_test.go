@@ -264,17 +264,23 @@ func TestTicksPerRootContext(t *testing.T) {
 }
 
 func TestSSEStreamsChunkByChunk(t *testing.T) {
-	release := make(chan struct{})
+	// The upstream writes each event once the client has read the one
+	// before (next), so no two events can reach the host in one read,
+	// however slowly it reads.
+	next := make(chan struct{})
 	sse := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl := w.(http.Flusher)
-		fmt.Fprint(w, "data: one\n\n")
-		fl.Flush()
-		<-release
-		for _, ev := range []string{"two", "three"} {
+		for _, ev := range []string{"one", "two", "three"} {
+			if ev != "one" {
+				select {
+				case <-next:
+				case <-r.Context().Done():
+					return
+				}
+			}
 			fmt.Fprintf(w, "data: %s\n\n", ev)
 			fl.Flush()
-			time.Sleep(20 * time.Millisecond)
 		}
 	})
 	h, url := startHost(t, Config{Module: probeModule(t), VMID: "probe", Filters: []Filter{{RootID: "probe"}},
@@ -285,21 +291,20 @@ func TestSSEStreamsChunkByChunk(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
-	line, err := br.ReadString('\n')
-	if err != nil || line != "data: one\n" {
-		t.Fatalf("first event %q, %v: not delivered before the upstream finished", line, err)
-	}
-	close(release)
-	rest := ""
-	for {
-		l, err := br.ReadString('\n')
-		rest += l
-		if err != nil {
-			break
+	for _, want := range []string{"data: one\n", "data: two\n", "data: three\n"} {
+		line, err := br.ReadString('\n')
+		if err != nil || line != want {
+			t.Fatalf("event %q, %v; want %q: each event reaches the client before the upstream writes the next", line, err, want)
+		}
+		if line, err := br.ReadString('\n'); err != nil || line != "\n" {
+			t.Fatalf("after %q: %q, %v; want the event's blank line", want, line, err)
+		}
+		if want != "data: three\n" {
+			next <- struct{}{}
 		}
 	}
-	if !strings.Contains(rest, "data: three") {
-		t.Errorf("rest of stream %q", rest)
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Errorf("after the last event: %q, %v; want the stream's end", rest, err)
 	}
 	m, _ := h.Metric("probe.response_chunk")
 	nonEmpty := 0
