@@ -717,6 +717,11 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, p
 				case w&0xff == '"':
 					if m := v + 1 + plainLen(load64(all, v+1), load64(all, v+9)); all[m] == '"' {
 						e, short = m+1, true
+					} else if all[m] == '\\' && all[m+2] == '"' {
+						// One escape right before the closing quote ("\\",
+						// "...\n"): the quote after the escaped byte ends
+						// the string, no byte before it being a backslash.
+						e = m + 3
 					}
 				case w == '{'|'}'<<8 || w == '['|']'<<8:
 					e = v + 2 // an empty container, which the span table does not hold
@@ -736,6 +741,8 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, p
 				e = numberEnd(b, v)
 			} else if s, ok := d.nextSpan(b[v:]); ok && v+int(s.end-s.start) <= len(b) {
 				e = v + int(s.end-s.start) // a long string or a container, without skip's call
+			} else if v+1 < len(b) && (b[v] == '{' || b[v] == '[') && b[v+1] == b[v]+2 {
+				e = v + 2 // an empty container, which the table does not hold
 			} else if e = d.skip(b, v); e < 0 {
 				return -1, plain, other
 			}
