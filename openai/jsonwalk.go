@@ -657,7 +657,12 @@ func newKeySet(names []string, decoded, first []string) *keySet {
 // name returns the index of the key b[i:i+n] in s, or -1. object has
 // its own copy for the short keys of compact members, without a call.
 func (s *keySet) name(b []byte, i, n int) int {
-	lo, hi := keyWords(b, i, n)
+	var lo, hi uint64
+	if n <= 8 && i+8 <= len(b) {
+		lo = load64(b, i) & (^uint64(0) >> (64 - 8*uint(n))) // keyWords' first case, without its call
+	} else {
+		lo, hi = keyWords(b, i, n)
+	}
 	k := &s.slots[keyHash(lo, hi, n, s.magic)]
 	if k.n != n || k.lo != lo || k.hi != hi || (n > 16 && !is(unsafeString(b[i:i+n]), k.name)) {
 		return -1
@@ -678,6 +683,14 @@ func (s *keySet) name(b []byte, i, n int) int {
 // read with a word test each and no call, where a call per member and
 // per key made a body of tiny messages or parts cost dozens of times a
 // plain-text one in Wasm.
+//
+// Keep an eye on the registers Go's Wasm port gives it (R0 to R13 in
+// `GOOS=wasip1 GOARCH=wasm go build -gcflags=-S ./openai`): each one is a
+// local that every jump of the function carries through its dispatch
+// loop, and a variant that used one more (R14) made every member 35-65%
+// slower in wazero, the paths that never reached the new code too. The
+// shifts by f are masked for that reason: unmasked, each needed a select
+// for f >= 64 and a register more.
 func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, plain uint64, other int) {
 	d.nextSpan(b[i:]) // the object's table entry, if any, is passed by
 	all := b[:cap(b)] // word tests may read past b (the rest of the body)
@@ -704,33 +717,44 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, p
 				case w&0xff == '"':
 					if m := v + 1 + plainLen(load64(all, v+1), load64(all, v+9)); all[m] == '"' {
 						e, short = m+1, true
+					} else if all[m] == '\\' && all[m+2] == '"' {
+						// One escape right before the closing quote ("\\",
+						// "...\n"): the quote after the escaped byte ends
+						// the string, no byte before it being a backslash.
+						e = m + 3
 					}
 				case w == '{'|'}'<<8 || w == '['|']'<<8:
 					e = v + 2 // an empty container, which the span table does not hold
 				}
 			}
 		}
-		if v == 0 {
-			if f, v = d.key(b, i, set); v < 0 {
-				return -1, plain, other
-			}
-		}
-		// Any other value: a number here, the rest by skip.
 		if e < 0 {
+			// A key the loop has not read (v is 0 then, and e -1: one
+			// test for both in the loop's common case).
+			if v == 0 {
+				if f, v = d.key(b, i, set); v < 0 {
+					return -1, plain, other
+				}
+			}
+			// Any other value: a number here, the rest by skip.
 			if v = SkipSpace(b, v); v < len(b) && b[v]-'0' <= 9 {
 				e = numberEnd(b, v)
+			} else if s, ok := d.nextSpan(b[v:]); ok && v+int(s.end-s.start) <= len(b) {
+				e = v + int(s.end-s.start) // a long string or a container, without skip's call
+			} else if v+1 < len(b) && (b[v] == '{' || b[v] == '[') && b[v+1] == b[v]+2 {
+				e = v + 2 // an empty container, which the table does not hold
 			} else if e = d.skip(b, v); e < 0 {
 				return -1, plain, other
 			}
 		}
 		if f >= len(out) {
 			other++
-		} else if f >= 0 && (out[f] == nil || set.first>>f&1 == 0) {
-			out[f] = b[v:e]
-			plain &^= 1 << f
+		} else if f >= 0 && (out[f] == nil || set.first>>(uint(f)&63)&1 == 0) {
+			plain &^= 1 << (uint(f) & 63) // f < len(out) <= 64: no test of the shift
 			if short {
-				plain |= 1 << f
+				plain |= 1 << (uint(f) & 63)
 			}
+			out[f] = b[v:e]
 		}
 		if i = e + 1; e+1 < len(b) && uint16(b[e])|uint16(b[e+1])<<8 == ','|'"'<<8 {
 			continue // the next key right after the comma
@@ -771,7 +795,7 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 		}
 		escaped = k-i-2 >= set.minEscaped && k-i-2 <= set.maxEscaped && hasBackslash(b[i+1:k-1])
 	}
-	if f = set.name(b, i+1, k-i-2); f < 0 && escaped {
+	if f = set.name(b[:cap(b)], i+1, k-i-2); f < 0 && escaped {
 		t := d.text(b[i:k])
 		if f = set.name(unsafe.Slice(unsafe.StringData(t), len(t)), 0, len(t)); f >= 0 && set.decoded>>f&1 == 0 {
 			f = -1
