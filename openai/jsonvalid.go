@@ -830,20 +830,32 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 	end := -1
 	for i++; i < len(b) && b[i] == '"'; {
 		e := -1
-		if i+12 <= len(b) {
+		if i+16 <= len(b) {
 			// A string that closes within the 9 bytes after its quote,
 			// plain or with one simple escape just before its closing
 			// quote ("\n", "ab\t"), copied as one word and the escaped
-			// byte written over its place: one word test and no call.
-			// Each such string cost a call to shortEscaped, most of a
-			// batch of escaped strings' validation in Wasm.
-			k := i + 1 + bits.TrailingZeros64(stopASCII(load64(b, i+1))&highBits)>>3 // as in shortPlain
-			binary.LittleEndian.PutUint64(text[n:], load64(b, i+1))
-			if c := b[k]; c == '"' {
-				e, n = k+1, n+k-i-1
-			} else if u := unescapedByte[b[k+1]]; c == '\\' && u != 0 && b[k+2] == '"' {
-				text[n+k-i-1] = u
-				e, n = k+3, n+k-i
+			// byte written over its place: one word test and no call,
+			// and with the comma and the next quote after it, the next
+			// step. Each such string cost a call to shortEscaped, most of
+			// a batch of escaped strings' validation in Wasm. w is a
+			// view of 16 bytes, so that no index in it needs a bounds
+			// test of its own (j is at most 9).
+			w := b[i : i+16 : i+16]
+			j := 1 + bits.TrailingZeros64(stopASCII(load64(w, 1))&highBits)>>3 // as in shortPlain
+			binary.LittleEndian.PutUint64(text[n:], load64(w, 1))
+			if c := w[j]; c == '"' {
+				if n += j - 1; w[j+1] == ',' && w[j+2] == '"' {
+					i += j + 2
+					continue
+				}
+				e = i + j + 1
+			} else if u := unescapedByte[w[j+1]]; c == '\\' && u != 0 && w[j+2] == '"' {
+				text[n+j-1] = u
+				if n += j; w[j+3] == ',' && w[j+4] == '"' {
+					i += j + 4
+					continue
+				}
+				e = i + j + 3
 			}
 		}
 		if e < 0 {
