@@ -671,8 +671,10 @@ func (s *keySet) name(b []byte, i, n int) int {
 }
 
 // object reads the members of the object whose opening brace is at b[i]
-// for the names of set, in one call: the value of member f goes to
-// out[f] (the last or, for set.first, the first of that name), plain gets
+// for the names of set, in one call: where the value of member f is in b
+// goes to out[f] (the last or, for set.first, the first of that name;
+// offsets, not a slice of b: a pointer stored through out is a write
+// barrier's test and, while the collector runs, its call), plain gets
 // bit f when that value is a short string without escapes (its text is its
 // bytes inside the quotes, so the caller needs no call to text), and
 // other counts the members named f >= len(out). It returns the index after
@@ -691,7 +693,7 @@ func (s *keySet) name(b []byte, i, n int) int {
 // slower in wazero, the paths that never reached the new code too. The
 // shifts by f are masked for that reason: unmasked, each needed a select
 // for f >= 64 and a register more.
-func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, plain uint64, other int) {
+func (d *jsonDoc) object(b []byte, i int, set *keySet, out []valueSpan) (end int, plain uint64, other int) {
 	d.nextSpan(b[i:]) // the object's table entry, if any, is passed by
 	all := b[:cap(b)] // word tests may read past b (the rest of the body)
 	i = SkipSpace(b, i+1)
@@ -749,12 +751,12 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, p
 		}
 		if f >= len(out) {
 			other++
-		} else if f >= 0 && (out[f] == nil || set.first>>(uint(f)&63)&1 == 0) {
+		} else if f >= 0 && (out[f].e == 0 || set.first>>(uint(f)&63)&1 == 0) {
 			plain &^= 1 << (uint(f) & 63) // f < len(out) <= 64: no test of the shift
 			if short {
 				plain |= 1 << (uint(f) & 63)
 			}
-			out[f] = b[v:e]
+			out[f] = valueSpan{v, e}
 		}
 		if i = e + 1; e+1 < len(b) && uint16(b[e])|uint16(b[e+1])<<8 == ','|'"'<<8 {
 			continue // the next key right after the comma
@@ -768,6 +770,14 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out [][]byte) (end int, p
 	}
 	return i + 1, plain, other
 }
+
+// valueSpan is where object found a member's value: b[v:e] of the b it
+// read; e is 0 for a member it did not find (a JSON value is never empty).
+type valueSpan struct{ v, e int }
+
+// in returns the value s spans in b: empty, not nil, for none (jsonType
+// reads it as null).
+func (s valueSpan) in(b []byte) []byte { return b[s.v:s.e] }
 
 // plainLen returns how many of the 16 bytes x, y (little endian) need no
 // look (see stopASCII), up to the first that does: for the string whose
@@ -804,12 +814,12 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 	return f, SkipSpace(b, SkipSpace(b, k)+1) // past ':'
 }
 
-// lookup puts in v the raw values of the first members of obj named by
-// set, as gjson's Get finds them (the first match, by the decoded key),
+// lookup puts in v where in obj the values of the first members named by
+// set are, as gjson's Get finds them (the first match, by the decoded key),
 // and returns which of them are plain (see object); none when obj is not
 // an object. Small enough to be inlined: an image part or a tool call
 // makes one call, object's, for it.
-func (d *jsonDoc) lookup(obj []byte, set *keySet, v [][]byte) (plain uint64) {
+func (d *jsonDoc) lookup(obj []byte, set *keySet, v []valueSpan) (plain uint64) {
 	if len(obj) > 0 && obj[0] == '{' {
 		_, plain, _ = d.object(obj, 0, set, v)
 	}

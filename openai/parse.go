@@ -370,9 +370,15 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	// Keys as the engine's JSON decoder reads them: "mod\u0065l" is
 	// "model", and an escaped kv_transfer_params must go too (counted in
 	// dropped: the names past fields).
-	var fields [firstClientOnly][]byte
-	_, plain, dropped := p.doc.object(obj, 0, requestKeys, fields[:])
+	var spans [firstClientOnly]valueSpan
+	_, plain, dropped := p.doc.object(obj, 0, requestKeys, spans[:])
 	p.dropped = dropped
+	var fields [firstClientOnly][]byte // nil for a member the body does not hold
+	for f, s := range &spans {
+		if s.e != 0 {
+			fields[f] = s.in(obj)
+		}
+	}
 	model, stream := fields[fieldModel], fields[fieldStream]
 	if model == nil {
 		return r, errNoModel
@@ -733,7 +739,7 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 		// of the body), from its opening brace to its closing one: the
 		// message is not first stepped over to find its end (its table
 		// entry, if any, is passed by).
-		var msg [len(messageFields)][]byte // its members, by index in messageFields
+		var msg [len(messageFields)]valueSpan // its members, by index in messageFields
 		end, plain, _ := p.doc.object(msgs, i, messageKeys, msg[:])
 		if end < 0 {
 			return errBodyNotJSON // not reached: the body is valid
@@ -741,17 +747,16 @@ func (p *Parser) chat(fields *[firstClientOnly][]byte) *Error {
 		if i = SkipSpace(msgs, end); i < len(msgs) && msgs[i] == ',' {
 			i = SkipSpace(msgs, i+1)
 		}
-		role, content := msg[messageRole], msg[messageContent]
+		role, content := msg[messageRole].in(msgs), msg[messageContent].in(msgs)
 		if jsonType(role) != gjson.String || len(role) == 2 {
 			return messageError(n, messageBadRole)
 		}
-		if msg[messageName] == nil && msg[messageToolCalls] == nil && msg[messageToolCallID] == nil &&
-			jsonType(content) == gjson.String {
+		if msg[messageName].e|msg[messageToolCalls].e|msg[messageToolCallID].e == 0 && jsonType(content) == gjson.String {
 			p.hasher.Message(p.doc.str(role, plain>>messageRole&1 != 0), p.doc.str(content, plain>>messageContent&1 != 0))
 			continue
 		}
 		p.hasher.BeginMessage(p.doc.str(role, plain>>messageRole&1 != 0))
-		if err := p.messageRest(&msg, plain, n); err != nil {
+		if err := p.messageRest(msgs, &msg, plain, n); err != nil {
 			return err
 		}
 	}
@@ -852,18 +857,18 @@ const (
 
 // messageRest is chat's reading of message i after the role, for a message
 // that is more than a role and a string content: a name, content parts, tool
-// calls. Out of chat: each function entered costs a request
+// calls (fields: where object found its members in msgs). Out of chat: each function entered costs a request
 // (docs/performance.md), and most messages are a role and a string.
-func (p *Parser) messageRest(fields *[len(messageFields)][]byte, plain uint64, i int) *Error {
-	name, content := fields[messageName], fields[messageContent]
-	calls, callID := fields[messageToolCalls], fields[messageToolCallID]
+func (p *Parser) messageRest(msgs []byte, fields *[len(messageFields)]valueSpan, plain uint64, i int) *Error {
+	name, content := fields[messageName].in(msgs), fields[messageContent].in(msgs)
+	calls, callID := fields[messageToolCalls].in(msgs), fields[messageToolCallID].in(msgs)
 	if jsonType(name) == gjson.String {
 		p.hasher.Field("name", p.doc.str(name, plain>>messageName&1 != 0))
 	}
 	switch {
 	case jsonType(content) == gjson.String:
 		p.hasher.Text(p.doc.str(content, plain>>messageContent&1 != 0))
-	case content != nil && content[0] == '[':
+	case len(content) > 0 && content[0] == '[':
 		if err := p.parts(content, i); err != nil {
 			return err
 		}
@@ -872,7 +877,7 @@ func (p *Parser) messageRest(fields *[len(messageFields)][]byte, plain uint64, i
 	default:
 		return messageError(i, messageBadContent)
 	}
-	if calls != nil && jsonType(calls) != gjson.Null {
+	if jsonType(calls) != gjson.Null {
 		if calls[0] != '[' {
 			return messageError(i, messageBadToolCalls)
 		}
@@ -921,7 +926,7 @@ func (p *Parser) toolCalls(calls []byte) {
 		// A call is read from its opening brace to its closing one (not
 		// first stepped over); anything else is stepped over and hashes
 		// as a call of empty strings.
-		var call [2][]byte
+		var call [2]valueSpan
 		var cp uint64
 		end := -1
 		if calls[i] == '{' {
@@ -935,15 +940,16 @@ func (p *Parser) toolCalls(calls []byte) {
 		if i = SkipSpace(calls, end); i < len(calls) && calls[i] == ',' {
 			i = SkipSpace(calls, i+1)
 		}
-		var fn [2][]byte
-		fp := p.doc.lookup(call[1], functionKeys, fn[:])
-		p.hasher.ToolCall(p.valueString(call[0], cp&1 != 0), p.valueString(fn[0], fp&1 != 0), p.valueString(fn[1], fp&2 != 0))
+		var fn [2]valueSpan
+		f := call[1].in(calls)
+		fp := p.doc.lookup(f, functionKeys, fn[:])
+		p.hasher.ToolCall(p.valueString(call[0].in(calls), cp&1 != 0), p.valueString(fn[0].in(f), fp&1 != 0), p.valueString(fn[1].in(f), fp&2 != 0))
 	}
 }
 
-// valueString is gjson's Result.String of the raw value v ("" for nil): a
-// string's text read by the doc (no copy; plain as object reports it),
-// anything else through gjson.
+// valueString is gjson's Result.String of the raw value v ("" for none,
+// an empty v): a string's text read by the doc (no copy; plain as object
+// reports it), anything else through gjson.
 func (p *Parser) valueString(v []byte, plain bool) string {
 	if plain { // small enough to be inlined: a plain string's text is its bytes
 		return unsafe.String(&v[1], len(v)-2)
@@ -977,12 +983,12 @@ func (p *Parser) parts(content []byte, i int) *Error {
 		// decoded key (partKeys). Walking the part again for them
 		// whenever it held an escaped key made parts with one cost 160
 		// times plain text.
-		var f [len(partFields)][]byte
+		var f [len(partFields)]valueSpan
 		end, plain, _ := p.doc.object(content, at, partKeys, f[:])
 		if end < 0 {
 			return errBodyNotJSON // not reached: the body is valid
 		}
-		typ, text := f[partType], f[partText]
+		typ, text := f[partType].in(content), f[partText].in(content)
 		if jsonType(typ) != gjson.String {
 			return partError(i, j, ".type", "'%s.type' must be a string")
 		}
@@ -993,13 +999,15 @@ func (p *Parser) parts(content []byte, i int) *Error {
 			}
 			p.hasher.Text(p.doc.str(text, plain>>partText&1 != 0))
 		case partImage:
-			var v [1][]byte
-			vp := p.doc.lookup(f[partImage], urlKeys, v[:])
-			p.hasher.Part("image_url", p.valueString(v[0], vp&1 != 0))
+			var v [1]valueSpan
+			img := f[partImage].in(content)
+			vp := p.doc.lookup(img, urlKeys, v[:])
+			p.hasher.Part("image_url", p.valueString(v[0].in(img), vp&1 != 0))
 		case partAudio:
-			var v [1][]byte
-			vp := p.doc.lookup(f[partAudio], dataKeys, v[:])
-			p.hasher.Part("input_audio", p.valueString(v[0], vp&1 != 0))
+			var v [1]valueSpan
+			audio := f[partAudio].in(content)
+			vp := p.doc.lookup(audio, dataKeys, v[:])
+			p.hasher.Part("input_audio", p.valueString(v[0].in(audio), vp&1 != 0))
 		default:
 			// Other part types shape the prompt too: hash them whole.
 			p.hasher.Part(t, unsafeString(content[at:end]))
