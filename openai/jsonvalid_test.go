@@ -45,6 +45,12 @@ var jsonCases = []string{
 	"{\"\xc3\xa9\":\"\xe4\xb8\xad\",\"k\":[\"\xdf\xbf\xef\xbf\xbf\"]}", "[\"\xe0\xa0\x80\",\"\xe0\x80\x80\",\"\xed\x9f\xbf\"]",
 	"{\"a\":\"\xf0\x9f\x98\x80\",\"b\":\"\xf4\x90\x80\x80\"}", "[\"\xc3\",\"\xc3a\",\"\xe4\xb8\",\"\xe4\xb8a\"]",
 	"[\"\xbf\",\"\xc0\x80\",\"\xc1\xbf\",\"\xff\"]", "{\"\xe4\xb8\xad\xe6\x96\x87\xe5\xad\x97\":1}", "[\"a\n\xc3\xa9\u00e9\"]",
+	// runs of escapes (scanString reads four per word), broken at each
+	// place of a word by a bad escape, a \u escape or a plain byte
+	"\"" + strings.Repeat(`\n\t\\\/\"\b\f\r`, 9) + "\"", "\"" + strings.Repeat(`\\`, 40) + "\"", "\"" + strings.Repeat(`\\`, 40) + "\\\"",
+	"\"" + strings.Repeat(`\n`, 20) + `\x` + strings.Repeat(`\n`, 20) + "\"", "\"" + strings.Repeat(`\n`, 21) + `\x` + strings.Repeat(`\n`, 20) + "\"",
+	"\"" + strings.Repeat(`\n`, 22) + `\u00e9` + strings.Repeat(`\n`, 20) + "\"", "\"" + strings.Repeat(`\n`, 23) + `a` + strings.Repeat(`\n`, 20) + "\"",
+	"\"" + strings.Repeat(`\n`, 20) + "\n" + strings.Repeat(`\n`, 20) + "\"", "\"" + strings.Repeat(`\n`, 20) + `\` + "\"",
 	// objects in arrays, which the table reads without a stack entry:
 	// empty, with every kind of value, with containers in them (which
 	// do get one), nested in arrays, and each way of ending them wrongly
