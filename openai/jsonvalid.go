@@ -761,16 +761,24 @@ func idRun(b []byte, i int, ids []uint32, n int) (int, int) {
 //
 //go:noinline
 func idBatchRun(b []byte, i int, ids []uint32, n int) (int, int) {
-	for i >= 0 && i+8 <= len(b) && n < len(ids) && b[i]-'1' <= 8 {
-		v, k := uint64(b[i]-'0'), 1 // one digit: no arithmetic
-		if b[i+1]-'0' <= 9 {
-			if v, k = digitsWord(load64(b, i)); k == 0 {
+	for i >= 0 && i+12 <= len(b) && n < len(ids) {
+		// A view of the 12 bytes an id and what follows it can take
+		// (7 digits and "],[" and a digit): one bounds test per id, not
+		// one per byte looked at.
+		w := b[i : i+12 : i+12]
+		if w[0]-'1' > 8 {
+			break
+		}
+		v, k := uint64(w[0]-'0'), 1 // one digit: no arithmetic
+		if w[1]-'0' <= 9 {
+			if v, k = digitsWord(load64(w, 0)); k == 0 {
 				break
 			}
 		}
-		if b[i+k] == ',' {
+		k &= 7 // as it is (digitsWord): so that w's indices below need no test
+		if w[k] == ',' {
 			i += k + 1
-		} else if b[i+k] == ']' && i+k+3 < len(b) && b[i+k+1] == ',' && b[i+k+2] == '[' && b[i+k+3]-'1' <= 8 {
+		} else if binary.LittleEndian.Uint32(w[k:])&0xffffff == ']'|','<<8|'['<<16 && w[k+3]-'1' <= 8 {
 			i += k + 3 // the next batch, not empty
 		} else {
 			break

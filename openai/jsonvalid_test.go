@@ -30,6 +30,9 @@ var jsonCases = []string{
 	"[" + strings.Repeat("12345,", 20) + "6]", "{\"p\":[" + strings.Repeat("7,", 40) + "8],\"q\":\"" + strings.Repeat("x", 70) + "\"}",
 	`[1,01]`, `[1,2,]`, `[1,2x]`, `[1,2.]`, `[1,2e]`, `[1,2,-]`, `[1,23`, `{"a":1,2}`, `[1,2}`,
 	`[[1,],[1]]`, `[[7,8],[1,]]`, `[[1,2],[]]`, `[[],[3]]`, // a trailing comma in a batch is no empty batch
+	"[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2,],[3]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2],[3],]",
+	"[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2],[3]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[0],[3]]",
+	"[[" + strings.Repeat("12345678,22],[", 20) + "1]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1]],[3]]",
 	// literals (compared as a word), and \u escapes (four hex digits at once)
 	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
 	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,

@@ -595,6 +595,9 @@ func TestTokenRunsMatchTheReader(t *testing.T) {
 		{"[[" + long + "7],[8]]", true},
 		{"[[" + long + "7],[]]", false},
 		{"[[" + long + "7],[8],[4294967296]]", false},
+		// batches of ids of every length idBatchRun reads, and longer
+		{"[[" + strings.Repeat("1,22],[333,4444444],[55555,6],[7777777,88],[666666,", 100) + "9]]", true},
+		{"[[" + strings.Repeat("1,22],[333,4444444],[", 100) + "12345678,1],[2,3000000000]]", true},
 	} {
 		body := []byte(`{"model":"m","prompt":` + tc.prompt + `}`)
 		_, err := p.Parse(body, Completions)
