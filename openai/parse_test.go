@@ -528,9 +528,11 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			// and types no case reads (hashed whole).
 			`[{"type":"t\u0065xt","text":"escaped type"},{"type":"image\u005furl","image_url":{"url":"u"}},{"type":"video","video":{"u":1}},{"type":"texttext","text":"x"},{"type":"image_urx","image_url":{"url":"u"}},{"type":"input_audio_16byt","input_audio":{"data":"d"}},{"type":"input_audio_17byte","x":[]},{"type":"input_audi\u006f","input_audio":{"data":"d"}}]`,
 			// Values object reads without skip: a short string with one
-			// escape before its closing quote (not a \u escape), and an
-			// empty container after a key that is not plain.
+			// escape and up to 8 other bytes (any above 0x7f) before its
+			// closing quote, and an empty container after a key that is
+			// not plain.
 			`[{"text":"\\","type":"text","\né":{}},{"type":"text","text":"a\n","k\u00e9":[],"x":"\u0041b\t"},{"type":"text","text":"\"","\u00e9":{"a":[]}},{"type":"text","text":"\u0041"}]`,
+			`[{"type":"text","text":"\n日"},{"type":"text","text":"\nabcdefgh"},{"type":"text","text":"\nabcdefghi"},{"type":"text","text":"\u00e9x\n"},{"type":"image_url","image_url":{"url":"\n日"}}]`,
 			`[{"type":"image_url","x\n":0,"image\u005furl":{"url":"escaped first"},"image_url":{"url":"plain"}},{"type":"image_url","image_url":{"url":"plain first"},"image\u005furl":{"url":"escaped later"}},{"type":"input_audio","\u0069nput_audio":{"data":"escaped"},"input_audio":{"data":"plain"}}]`,
 		} {
 			// A long last message, so that the parts and calls are in
