@@ -206,7 +206,7 @@ scan:
 			// An array of plain integers (a token-id prompt, or one of
 			// its batches) or of strings in one call, without a stack
 			// entry; in the table only when long, as strings are.
-			if c == '[' && i+1 < len(b) && (b[i+1]-'1' <= 8 || b[i+1] == '[') { // a chat body never enters it
+			if c == '[' && i+1 < len(b) && (b[i+1]-'0' <= 9 || b[i+1] == '[') { // a chat body never enters it
 				if e := intArrays(b, i, rec); e > 0 {
 					s, i = jsonAfter[in], e
 					continue
@@ -613,9 +613,9 @@ func (s *jsonSpans) add(sp jsonSpan) int32 {
 func (s *jsonSpans) grow() { s.spans = slices.Grow(s.spans, 1) }
 
 // intArrays returns the index after the array starting at b[i] when it
-// holds nothing but plain integers (no zero, sign, fraction or exponent),
-// or nothing but non-empty arrays of them, separated by commas without
-// spaces, as token-id prompts and their batches are sent; and -1 for any
+// holds nothing but plain integers (no sign, fraction, exponent or leading
+// zero: 0 is token id 0), or nothing but non-empty arrays of them, as
+// token-id prompts and their batches are sent; and -1 for any
 // other array, which the caller then scans its general way (having lost
 // at most this scan of it). A 1 MiB prompt of [7,8] batches spent most of
 // its validation opening and closing each batch as a container. A long
@@ -660,21 +660,25 @@ func intArrays(b []byte, i int, rec *jsonSpans) int {
 	}
 arrays:
 	for {
-		// An array of integers from b[i] ('['): a digit 1-9 starts each,
-		// and a comma or the closing bracket follows it. An empty batch
-		// is valid JSON but no token ids.
-		closed := nested && i+1 < len(b) && b[i+1] == ']'
-		if closed {
+		// An array of integers from b[i] ('['): a digit starts each
+		// (0 alone), and a comma or the closing bracket follows it,
+		// whitespace allowed around them (Python's json.dumps writes
+		// ", "). An empty batch is valid JSON but no token ids.
+		closed := false
+		if k := SkipSpace(b, i+1); nested && k < len(b) && b[k] == ']' {
 			if b[i] != '[' { // a comma idBatchRun read, then the batch's end: no empty batch
 				i = -1
 				break arrays
 			}
-			tokens = false
+			closed, tokens, i = true, false, k-1 // the loop below starts from i+1, at the bracket
 		}
-		for i++; !closed && i < len(b) && b[i]-'1' <= 8; i++ {
-			v, digits := uint64(b[i]-'0'), 1
+		for i = SkipSpace(b, i+1); !closed && i < len(b) && b[i]-'0' <= 9; i = SkipSpace(b, i+1) {
+			v, digits, zero := uint64(b[i]-'0'), 1, b[i] == '0'
 			for i++; i < len(b) && b[i]-'0' <= 9; i++ {
 				v, digits = v*10+uint64(b[i]-'0'), digits+1
+			}
+			if zero && digits > 1 {
+				break // a leading zero: not JSON
 			}
 			if digits > 10 || v > maxTokenID {
 				tokens = false
@@ -683,7 +687,7 @@ arrays:
 				ids[n] = uint32(v)
 				n++
 			}
-			if i < len(b) && b[i] == ']' {
+			if i = SkipSpace(b, i); i < len(b) && b[i] == ']' {
 				closed = true
 				break
 			}
@@ -700,9 +704,12 @@ arrays:
 			break
 		}
 		// The next batch, or the end of the outer array.
-		if i+1 < len(b) && b[i] == ',' && b[i+1] == '[' {
-			i++
-			continue
+		if i = SkipSpace(b, i); i < len(b) && b[i] == ',' {
+			if i = SkipSpace(b, i+1); i < len(b) && b[i] == '[' {
+				continue
+			}
+			i = -1
+			break arrays
 		}
 		if i >= len(b) || b[i] != ']' {
 			i = -1
@@ -738,14 +745,14 @@ arrays:
 //
 //go:noinline
 func idRun(b []byte, i int, ids []uint32, n int) (int, int) {
-	for i >= 0 && i+8 <= len(b) && n < len(ids) && b[i]-'1' <= 8 {
+	for i >= 0 && i+8 <= len(b) && n < len(ids) && b[i]-'0' <= 9 {
 		if b[i+1] == ',' { // one digit: no arithmetic
 			ids[n] = uint32(b[i] - '0')
 			i, n = i+2, n+1
 			continue
 		}
 		v, k := digitsWord(load64(b, i))
-		if k == 0 || b[i+k] != ',' {
+		if k == 0 || b[i+k] != ',' || b[i] == '0' { // (a leading zero is not JSON)
 			break
 		}
 		ids[n] = uint32(v)
@@ -766,19 +773,19 @@ func idBatchRun(b []byte, i int, ids []uint32, n int) (int, int) {
 		// (7 digits and "],[" and a digit): one bounds test per id, not
 		// one per byte looked at.
 		w := b[i : i+12 : i+12]
-		if w[0]-'1' > 8 {
+		if w[0]-'0' > 9 {
 			break
 		}
 		v, k := uint64(w[0]-'0'), 1 // one digit: no arithmetic
 		if w[1]-'0' <= 9 {
-			if v, k = digitsWord(load64(w, 0)); k == 0 {
+			if v, k = digitsWord(load64(w, 0)); k == 0 || w[0] == '0' { // (a leading zero is not JSON)
 				break
 			}
 		}
 		k &= 7 // as it is (digitsWord): so that w's indices below need no test
 		if w[k] == ',' {
 			i += k + 1
-		} else if binary.LittleEndian.Uint32(w[k:])&0xffffff == ']'|','<<8|'['<<16 && w[k+3]-'1' <= 8 {
+		} else if binary.LittleEndian.Uint32(w[k:])&0xffffff == ']'|','<<8|'['<<16 && w[k+3]-'0' <= 9 {
 			i += k + 3 // the next batch, not empty
 		} else {
 			break

@@ -33,6 +33,13 @@ var jsonCases = []string{
 	"[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2,],[3]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2],[3],]",
 	"[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2],[3]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[0],[3]]",
 	"[[" + strings.Repeat("12345678,22],[", 20) + "1]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1]],[3]]",
+	// token id 0 and whitespace in arrays of integers and their batches
+	// (intArrays reads both), short and long, with leading zeros and
+	// other numbers that are not ids among them
+	`[0]`, `[0,0]`, `[[0],[0]]`, `[[1],[0],[ 0],[0 ],[ 0 , 7 ]]`, `[ 1 , 0 ]`, `[[0,01]]`, `[[00]]`, `[0,-0]`, `[[0.5]]`, `[[0e1]]`,
+	"[[1]," + strings.Repeat("[0],", 30) + "[0]]", "[[1]," + strings.Repeat("[ 0],", 30) + "[0]]", "[[1]," + strings.Repeat("[0],", 30) + "[01]]",
+	"[[1]," + strings.Repeat("[0], ", 30) + "[0] ]", "[[1]," + strings.Repeat("[0] ,\n[\t0\r],", 30) + "[0]]", "[[1]," + strings.Repeat("[0],", 30) + "[ ]]",
+	"[" + strings.Repeat("0, ", 40) + "0]", "[" + strings.Repeat("0,", 40) + "00]", "[" + strings.Repeat("1,0,", 40) + "01,2]", "[[1]," + strings.Repeat("[0,10],", 30) + "[0,]]",
 	// literals (compared as a word), and \u escapes (four hex digits at once)
 	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
 	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,

@@ -50,6 +50,15 @@ var Shapes = []Shape{
 	{"tokens", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":[`+strconv.Itoa(i+1)+`,`, "7", ",", `]}`)
 	}},
+	// Batches of token id 0, and with a space in each (as Python's
+	// json.dumps writes them): a batch that does not start with a digit
+	// 1-9 went through the validator's general path.
+	{"zero-id-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":[[`+strconv.Itoa(i+1)+`],`, "[0]", ",", `]}`)
+	}},
+	{"spaced-id-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":[[`+strconv.Itoa(i+1)+`],`, "[ 0]", ", ", `]}`)
+	}},
 	{"string-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"ab"`, ",", `]}`)
 	}},
