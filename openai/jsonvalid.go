@@ -857,6 +857,16 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 			// test of its own (j is at most 9).
 			w := b[i : i+16 : i+16]
 			j := 1 + bits.TrailingZeros64(stopASCII(load64(w, 1))&highBits)>>3 // as in shortPlain
+			if w[j] >= utf8.RuneSelf {
+				// Text other than ASCII ("é", "日本"): its closing quote
+				// found by needsLook, which passes such bytes, and the
+				// text checked by word tests (shortUTF8), else by
+				// utf8.Valid, where scanString and mixedRun per string
+				// cost several times more in Wasm.
+				if k := 1 + bits.TrailingZeros64(needsLook(load64(w, 1)))>>3; w[k] == '"' && (nonASCII == 0 || shortUTF8(load64(w, 1), k-1) || utf8.Valid(w[1:k])) {
+					j = k
+				}
+			}
 			binary.LittleEndian.PutUint64(text[n:], load64(w, 1))
 			if c := w[j]; c == '"' {
 				if n += j - 1; w[j+1] == ',' && w[j+2] == '"' {
@@ -906,6 +916,20 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 	}
 	rec.textBuf = rec.textBuf[:keep]
 	return end
+}
+
+// shortUTF8 reports whether the n bytes (1 to 8) x starts with (the
+// bytes past them may be anything) are 2-byte UTF-8 characters only
+// (Latin with accents, Cyrillic, Greek...): the word test of validRun on
+// x with the bytes past n filled with such characters. False for any
+// other text, which the caller then gives to utf8.Valid. Inlined: a call
+// per string cost stringArray a fifth of a batch of "é".
+func shortUTF8(x uint64, n int) bool {
+	const ones16 = 0x0001000100010001
+	mask := ^uint64(0) >> ((64 - 8*uint(n)) & 63)
+	y := x&mask | 0xa9c3a9c3a9c3a9c3&^mask // "é" past n
+	v := y & 0x001e001e001e001e            // no lead C0 or C1 (overlong)
+	return n&1 == 0 && y&0xc0e0c0e0c0e0c0e0 == 0x80c080c080c080c0 && (v-ones16)&^v&0x8000800080008000 == 0
 }
 
 // shortEscaped returns the index after the string starting at b[i] (a

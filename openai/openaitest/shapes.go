@@ -62,6 +62,11 @@ var Shapes = []Shape{
 	{"string-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"ab"`, ",", `]}`)
 	}},
+	// Batches of short strings other than ASCII: stringArray read such
+	// strings by scanString, one call per string.
+	{"non-ascii-string-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"é"`, ",", `]}`)
+	}},
 	{"tiny-messages", "/v1/chat/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`"},`, `{"role":"user","content":"hi"}`, ",", `]}`)
 	}},
