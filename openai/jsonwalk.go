@@ -631,6 +631,16 @@ func newKeySet(names []string, decoded, first []string) *keySet {
 	for _, d := range first {
 		s.first |= 1 << slices.Index(names, d)
 	}
+	// object takes a key with a byte above 0x7f or an escape other than
+	// \u for one that names none of the set: so a name holds only ASCII
+	// letters and '_'.
+	for _, name := range names {
+		for _, c := range []byte(name) {
+			if c|0x20 < 'a' || c|0x20 > 'z' && c != '_' {
+				panic("openai: key set name " + name + " holds a byte other than an ASCII letter or '_'")
+			}
+		}
+	}
 	// The first multiplier from a fixed sequence under which no two names
 	// share a slot: a few tries for a dozen names in 64 slots.
 	for x := uint64(1); ; x++ {
@@ -799,6 +809,20 @@ func plainLen(x, y uint64) int {
 // decoded text for the names set.decoded matches so) and where the value
 // starts, or -1 (not reached: b is valid JSON).
 func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
+	if all := b[:cap(b)]; i+32 <= len(all) {
+		// A short key whose first byte to look at is above 0x7f or an
+		// escape other than \u ("\né", "x\n"): its text holds a byte
+		// no name of a set has (see newKeySet), as written and decoded,
+		// so it names none; and when up to 8 bytes without a quote or a
+		// backslash end it, its end is found by one word test, without
+		// shortString's and name's calls.
+		q := i + 1 + plainLen(load64(all, i+1), load64(all, i+9))
+		if c := all[q]; c >= 0x80 || c == '\\' && all[q+1] != 'u' {
+			if k := q + int(c>>7^1)*2; all[k+bits.TrailingZeros64(needsLook(load64(all, k)))>>3] == '"' {
+				return -1, SkipSpace(b, SkipSpace(b, k+bits.TrailingZeros64(needsLook(load64(all, k)))>>3+1)+1)
+			}
+		}
+	}
 	k, escaped := shortPlain(b[:cap(b)], i), false
 	if k < 0 {
 		// A key is never in the table unless it is long: shortString

@@ -532,6 +532,10 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			// closing quote, and an empty container after a key that is
 			// not plain.
 			`[{"text":"\\","type":"text","\né":{}},{"type":"text","text":"a\n","k\u00e9":[],"x":"\u0041b\t"},{"type":"text","text":"\"","\u00e9":{"a":[]}},{"type":"text","text":"\u0041"}]`,
+			// Keys that name no key of a set, found by their first byte
+			// to look at (above 0x7f, or an escape other than \u), some
+			// ending within 8 bytes after it, some not.
+			`[{"type":"text","\"":"\"","text":"after an escaped quote key","é\n":1,"\nabcdefghijk":{},"\\":[],"x\t\u0069mage_url":{"url":"no"}},{"é":"x","\/":0,"type":"image_url","image_url":{"url":"after"},"\r\u0069mage_url":{"url":"not this"}}]`,
 			`[{"type":"text","text":"\n日"},{"type":"text","text":"\nabcdefgh"},{"type":"text","text":"\nabcdefghi"},{"type":"text","text":"\u00e9x\n"},{"type":"image_url","image_url":{"url":"\n日"}}]`,
 			`[{"type":"image_url","x\n":0,"image\u005furl":{"url":"escaped first"},"image_url":{"url":"plain"}},{"type":"image_url","image_url":{"url":"plain first"},"image\u005furl":{"url":"escaped later"}},{"type":"input_audio","\u0069nput_audio":{"data":"escaped"},"input_audio":{"data":"plain"}}]`,
 		} {
