@@ -85,6 +85,12 @@ var Shapes = []Shape{
 	{"unused-keys", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`",`, `"k":0`, ",", `}`)
 	}},
+	// Unused keys with text other than ASCII and an escape: a key that
+	// may name one of the parser's members when decoded is decoded, and
+	// this one never can.
+	{"escaped-non-ascii-keys", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`",`, `"日\u00e9 ": ""`, ",", `}`)
+	}},
 	{"unused-keys-in-message", "/v1/chat/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`",`, `"k":0`, ",", `}]}`)
 	}},
