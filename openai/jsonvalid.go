@@ -1088,7 +1088,21 @@ scan:
 			// utf8.DecodeRune call per character, which in Wasm costs
 			// several times more for such text. A run ends at an ASCII
 			// byte, which no UTF-8 sequence holds, so the run is valid
-			// exactly when its characters are.
+			// exactly when its characters are. A lone character of 2 or
+			// 3 bytes before an ASCII byte (a key or a short value:
+			// "日\u00e9", "é\n") by one word test instead, without
+			// mixedRun's call and its utf8.DecodeRune.
+			if i >= 0 && i+8 <= len(b) {
+				x := load64(b, i)
+				if x&0x80c0e0 == 0x0080c0 && c >= 0xc2 { // 2 bytes (C0, C1: overlong), then ASCII
+					i += 2
+					continue
+				}
+				if x&0x80c0c0f0 == 0x008080e0 && c != 0xe0 && c != 0xed { // 3 bytes (E0, ED restrict the second), then ASCII
+					i += 3
+					continue
+				}
+			}
 			if i = mixedRun(b, i); i < 0 {
 				return badUTF8, escaped
 			}

@@ -50,6 +50,12 @@ var jsonCases = []string{
 	"[\"p\",\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9a\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
 	"[\"p\",\"\xc3\xa9\\\\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xf4\x90\x80\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
 	"[\"p\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xe6\x97\xa5\xe6\x97\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	// a lone character of 2 or 3 bytes before an ASCII byte in a string
+	// the table does not read (scanString's word test), valid or not
+	"\"\xe6\x97\xa5\\u00e9 abcdefgh\"", "\"\xc3\xa9\\n\xc3\xa9\\u0041abcdefgh\"", "{\"\xe6\x97\xa5\\u00e9 \": \"\", \"\xe6\x97\xa5\\u00e9 \": \"\"}",
+	"\"\xc0\xaf\\u0041abcdefgh\"", "\"\xc1\xbf\\u0041abcdefgh\"", "\"\xe0\x80\x80\\u0041abcdefgh\"", "\"\xe0\x9f\xbf\\u0041abcdefgh\"",
+	"\"\xed\xa0\x80\\u0041abcdefgh\"", "\"\xe6\x97\\u0041abcdefgh\"", "\"\xe6\x97\xa5\xa5\\u0041abcdefgh\"", "\"\xc3\xa9\xa9\\u0041abcdefgh\"",
+	"\"\xf0\x9f\x98\x80\\u0041abcdefgh\"", "\"\xe0\xa0\x80\\u0041abcdefgh\"", "\"\xed\x9f\xbf\\u0041abcdefgh\"", "\"\xc2\x80\\u0041abcdefgh\"",
 	// literals (compared as a word), and \u escapes (four hex digits at once)
 	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
 	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,
