@@ -664,15 +664,15 @@ arrays:
 		// (0 alone), and a comma or the closing bracket follows it,
 		// whitespace allowed around them (Python's json.dumps writes
 		// ", "). An empty batch is valid JSON but no token ids.
-		closed := false
-		if k := SkipSpace(b, i+1); nested && k < len(b) && b[k] == ']' {
-			if b[i] != '[' { // a comma idBatchRun read, then the batch's end: no empty batch
+		closed, comma := false, b[i] == ',' // (a comma idBatchRun read)
+		if i = SkipSpace(b, i+1); nested && i < len(b) && b[i] == ']' {
+			if comma { // then the batch's end: no empty batch
 				i = -1
 				break arrays
 			}
-			closed, tokens, i = true, false, k-1 // the loop below starts from i+1, at the bracket
+			closed, tokens = true, false
 		}
-		for i = SkipSpace(b, i+1); !closed && i < len(b) && b[i]-'0' <= 9; i = SkipSpace(b, i+1) {
+		for ; !closed && i < len(b) && b[i]-'0' <= 9; i = SkipSpace(b, i+1) {
 			v, digits, zero := uint64(b[i]-'0'), 1, b[i] == '0'
 			for i++; i < len(b) && b[i]-'0' <= 9; i++ {
 				v, digits = v*10+uint64(b[i]-'0'), digits+1
