@@ -588,6 +588,10 @@ type keySet struct {
 	minEscaped, maxEscaped int
 }
 
+// keyNameMax bounds the length of a key set's names (decodedName decodes
+// a key into an array of that length).
+const keyNameMax = 32
+
 type keySlot struct {
 	n      int // -1: empty
 	f      int
@@ -635,6 +639,9 @@ func newKeySet(names []string, decoded, first []string) *keySet {
 	// \u for one that names none of the set: so a name holds only ASCII
 	// letters and '_'.
 	for _, name := range names {
+		if len(name) > keyNameMax {
+			panic("openai: key set name " + name + " is longer than keyNameMax")
+		}
 		for _, c := range []byte(name) {
 			if c|0x20 < 'a' || c|0x20 > 'z' && c != '_' {
 				panic("openai: key set name " + name + " holds a byte other than an ASCII letter or '_'")
@@ -844,12 +851,42 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 		escaped = k-i-2 >= set.minEscaped && k-i-2 <= set.maxEscaped && hasBackslash(b[i+1:k-1])
 	}
 	if f = set.name(b[:cap(b)], i+1, k-i-2); f < 0 && escaped {
-		t := d.text(b[i:k])
-		if f = set.name(unsafe.Slice(unsafe.StringData(t), len(t)), 0, len(t)); f >= 0 && set.decoded>>f&1 == 0 {
-			f = -1
-		}
+		f = set.decodedName(b[i+1 : k-1])
 	}
 	return f, SkipSpace(b, SkipSpace(b, k)+1) // past ':'
+}
+
+// decodedName returns the name of s that the escaped key raw (the bytes
+// between its quotes) spells once decoded, for the names s matches so, or
+// -1. A name holds only ASCII letters and '_' (newKeySet), which only a
+// plain byte or a \u00XX escape can spell: the key is decoded one byte or
+// one such escape per step into an array on the stack, and any other
+// escape or byte ends the search, without the general unescaping (a \u
+// escape there costs a call per rune and a write into the doc's buffer:
+// a body of unused "a\u0062" keys cost 90 times plain text that way).
+func (s *keySet) decodedName(raw []byte) int {
+	var buf [keyNameMax + 8]byte // + 8: name reads whole words
+	n := 0
+	for i := 0; i < len(raw); n++ {
+		c := raw[i]
+		i++
+		if c == '\\' {
+			if i+5 > len(raw) || raw[i] != 'u' || raw[i+1] != '0' || raw[i+2] != '0' {
+				return -1
+			}
+			h, _ := unhex(raw[i+3])
+			l, _ := unhex(raw[i+4])
+			c, i = h<<4|l, i+5
+		}
+		if c|0x20 < 'a' || c|0x20 > 'z' && c != '_' || n == keyNameMax {
+			return -1
+		}
+		buf[n] = c
+	}
+	if f := s.name(buf[:], 0, n); f >= 0 && s.decoded>>f&1 != 0 {
+		return f
+	}
+	return -1
 }
 
 // lookup puts in v where in obj the values of the first members named by

@@ -134,3 +134,65 @@ func TestUnescapeRunsOfEscapes(t *testing.T) {
 		}
 	}
 }
+
+// decodedName must find the name an escaped key decodes to exactly as
+// decoding the key as JSON and looking its text up would, for the names a
+// set matches decoded: \u escapes of letters, of '_', of other bytes and
+// of runes past ASCII, other escapes, upper-case hex, and keys longer than
+// any name.
+func TestDecodedNameMatchesDecoding(t *testing.T) {
+	rng := rand.New(rand.NewSource(11))
+	escape := func(c byte) string {
+		switch rng.Intn(5) {
+		case 0:
+			return `\u00` + strings.ToUpper(hex2(c))
+		case 1:
+			return `\u00` + hex2(c)
+		case 2:
+			if rng.Intn(8) == 0 {
+				return `\u01` + hex2(c) // another rune whose low byte is c
+			}
+		}
+		return string(c)
+	}
+	pieces := []string{`\n`, `\/`, `\\`, `\"`, `\u00e9`, `\uD83D\uDE00`, `\u0000`, `\u0100`, `\u0041`, `é`, ` `, `-`, `0`}
+	for _, set := range []*keySet{requestKeys, partKeys, callKeys, functionKeys, urlKeys} {
+		var names []string
+		for _, sl := range set.slots {
+			if sl.n > 0 {
+				names = append(names, sl.name)
+			}
+		}
+		for range 3000 {
+			name := names[rng.Intn(len(names))]
+			if rng.Intn(4) == 0 {
+				name = strings.ToUpper(name[:1]) + name[1:]
+			}
+			var b strings.Builder
+			for k := 0; k < len(name); k++ {
+				if rng.Intn(12) == 0 {
+					b.WriteString(pieces[rng.Intn(len(pieces))])
+				}
+				b.WriteString(escape(name[k]))
+			}
+			if rng.Intn(6) == 0 {
+				b.WriteString(escape("_s"[rng.Intn(2)]))
+			}
+			raw := b.String()
+			text := gjson.Parse(`"` + raw + `"`).String()
+			want := -1
+			for _, n := range names {
+				if n == text {
+					if g := set.name([]byte(text+"        "), 0, len(text)); g >= 0 && set.decoded>>g&1 != 0 {
+						want = g
+					}
+				}
+			}
+			if got := set.decodedName([]byte(raw)); got != want {
+				t.Fatalf("decodedName(%q) = %d, want %d (decodes to %q)", raw, got, want, text)
+			}
+		}
+	}
+}
+
+func hex2(c byte) string { return string("0123456789abcdef"[c>>4]) + string("0123456789abcdef"[c&15]) }

@@ -117,4 +117,13 @@ var Shapes = []Shape{
 		return Fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
 			`{"text":"\\","type":"text","\né":{}}`, ",", `]}]}`)
 	}},
+	// Unused members whose keys spell letters with \u escapes, and
+	// string batches of non-ASCII text with an escape: the costliest units
+	// of the search after the shapes above were made cheap.
+	{"escaped-letter-keys", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`",`, `"a\u0062":""`, ",", `}`)
+	}},
+	{"escaped-non-ascii-string-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"éé\t"`, ",", `]}`)
+	}},
 }
