@@ -536,6 +536,9 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			// to look at (above 0x7f, or an escape other than \u), some
 			// ending within 8 bytes after it, some not.
 			`[{"type":"text","\"":"\"","text":"after an escaped quote key","é\n":1,"\nabcdefghijk":{},"\\":[],"x\t\u0069mage_url":{"url":"no"}},{"é":"x","\/":0,"type":"image_url","image_url":{"url":"after"},"\r\u0069mage_url":{"url":"not this"}}]`,
+			// Strings of one escape alone, whose text is a view of
+			// unescapedText.
+			`[{"type":"text","text":"\/"},{"type":"text","text":"\b"},{"type":"text","text":"\f"},{"type":"text","text":"\r"},{"type":"text","text":"\t"},{"type":"image_url","image_url":{"url":"\n"}},{"type":"\""}]`,
 			`[{"type":"text","text":"\n日"},{"type":"text","text":"\nabcdefgh"},{"type":"text","text":"\nabcdefghi"},{"type":"text","text":"\u00e9x\n"},{"type":"image_url","image_url":{"url":"\n日"}}]`,
 			`[{"type":"image_url","x\n":0,"image\u005furl":{"url":"escaped first"},"image_url":{"url":"plain"}},{"type":"image_url","image_url":{"url":"plain first"},"image\u005furl":{"url":"escaped later"}},{"type":"input_audio","\u0069nput_audio":{"data":"escaped"},"input_audio":{"data":"plain"}}]`,
 		} {
