@@ -206,7 +206,7 @@ scan:
 			// An array of plain integers (a token-id prompt, or one of
 			// its batches) or of strings in one call, without a stack
 			// entry; in the table only when long, as strings are.
-			if c == '[' && i+1 < len(b) && (b[i+1]-'1' <= 8 || b[i+1] == '[') { // a chat body never enters it
+			if c == '[' && i+1 < len(b) && (b[i+1]-'0' <= 9 || b[i+1] == '[') { // a chat body never enters it
 				if e := intArrays(b, i, rec); e > 0 {
 					s, i = jsonAfter[in], e
 					continue
@@ -613,9 +613,9 @@ func (s *jsonSpans) add(sp jsonSpan) int32 {
 func (s *jsonSpans) grow() { s.spans = slices.Grow(s.spans, 1) }
 
 // intArrays returns the index after the array starting at b[i] when it
-// holds nothing but plain integers (no zero, sign, fraction or exponent),
-// or nothing but non-empty arrays of them, separated by commas without
-// spaces, as token-id prompts and their batches are sent; and -1 for any
+// holds nothing but plain integers (no sign, fraction, exponent or leading
+// zero: 0 is token id 0), or nothing but non-empty arrays of them, as
+// token-id prompts and their batches are sent; and -1 for any
 // other array, which the caller then scans its general way (having lost
 // at most this scan of it). A 1 MiB prompt of [7,8] batches spent most of
 // its validation opening and closing each batch as a container. A long
@@ -660,21 +660,25 @@ func intArrays(b []byte, i int, rec *jsonSpans) int {
 	}
 arrays:
 	for {
-		// An array of integers from b[i] ('['): a digit 1-9 starts each,
-		// and a comma or the closing bracket follows it. An empty batch
-		// is valid JSON but no token ids.
-		closed := nested && i+1 < len(b) && b[i+1] == ']'
-		if closed {
-			if b[i] != '[' { // a comma idBatchRun read, then the batch's end: no empty batch
+		// An array of integers from b[i] ('['): a digit starts each
+		// (0 alone), and a comma or the closing bracket follows it,
+		// whitespace allowed around them (Python's json.dumps writes
+		// ", "). An empty batch is valid JSON but no token ids.
+		closed, comma := false, b[i] == ',' // (a comma idBatchRun read)
+		if i = SkipSpace(b, i+1); nested && i < len(b) && b[i] == ']' {
+			if comma { // then the batch's end: no empty batch
 				i = -1
 				break arrays
 			}
-			tokens = false
+			closed, tokens = true, false
 		}
-		for i++; !closed && i < len(b) && b[i]-'1' <= 8; i++ {
-			v, digits := uint64(b[i]-'0'), 1
+		for ; !closed && i < len(b) && b[i]-'0' <= 9; i = SkipSpace(b, i+1) {
+			v, digits, zero := uint64(b[i]-'0'), 1, b[i] == '0'
 			for i++; i < len(b) && b[i]-'0' <= 9; i++ {
 				v, digits = v*10+uint64(b[i]-'0'), digits+1
+			}
+			if zero && digits > 1 {
+				break // a leading zero: not JSON
 			}
 			if digits > 10 || v > maxTokenID {
 				tokens = false
@@ -683,7 +687,7 @@ arrays:
 				ids[n] = uint32(v)
 				n++
 			}
-			if i < len(b) && b[i] == ']' {
+			if i = SkipSpace(b, i); i < len(b) && b[i] == ']' {
 				closed = true
 				break
 			}
@@ -700,9 +704,12 @@ arrays:
 			break
 		}
 		// The next batch, or the end of the outer array.
-		if i+1 < len(b) && b[i] == ',' && b[i+1] == '[' {
-			i++
-			continue
+		if i = SkipSpace(b, i); i < len(b) && b[i] == ',' {
+			if i = SkipSpace(b, i+1); i < len(b) && b[i] == '[' {
+				continue
+			}
+			i = -1
+			break arrays
 		}
 		if i >= len(b) || b[i] != ']' {
 			i = -1
@@ -738,14 +745,14 @@ arrays:
 //
 //go:noinline
 func idRun(b []byte, i int, ids []uint32, n int) (int, int) {
-	for i >= 0 && i+8 <= len(b) && n < len(ids) && b[i]-'1' <= 8 {
+	for i >= 0 && i+8 <= len(b) && n < len(ids) && b[i]-'0' <= 9 {
 		if b[i+1] == ',' { // one digit: no arithmetic
 			ids[n] = uint32(b[i] - '0')
 			i, n = i+2, n+1
 			continue
 		}
 		v, k := digitsWord(load64(b, i))
-		if k == 0 || b[i+k] != ',' {
+		if k == 0 || b[i+k] != ',' || b[i] == '0' { // (a leading zero is not JSON)
 			break
 		}
 		ids[n] = uint32(v)
@@ -766,19 +773,19 @@ func idBatchRun(b []byte, i int, ids []uint32, n int) (int, int) {
 		// (7 digits and "],[" and a digit): one bounds test per id, not
 		// one per byte looked at.
 		w := b[i : i+12 : i+12]
-		if w[0]-'1' > 8 {
+		if w[0]-'0' > 9 {
 			break
 		}
 		v, k := uint64(w[0]-'0'), 1 // one digit: no arithmetic
 		if w[1]-'0' <= 9 {
-			if v, k = digitsWord(load64(w, 0)); k == 0 {
+			if v, k = digitsWord(load64(w, 0)); k == 0 || w[0] == '0' { // (a leading zero is not JSON)
 				break
 			}
 		}
 		k &= 7 // as it is (digitsWord): so that w's indices below need no test
 		if w[k] == ',' {
 			i += k + 1
-		} else if binary.LittleEndian.Uint32(w[k:])&0xffffff == ']'|','<<8|'['<<16 && w[k+3]-'1' <= 8 {
+		} else if binary.LittleEndian.Uint32(w[k:])&0xffffff == ']'|','<<8|'['<<16 && w[k+3]-'0' <= 9 {
 			i += k + 3 // the next batch, not empty
 		} else {
 			break
@@ -850,6 +857,16 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 			// test of its own (j is at most 9).
 			w := b[i : i+16 : i+16]
 			j := 1 + bits.TrailingZeros64(stopASCII(load64(w, 1))&highBits)>>3 // as in shortPlain
+			if w[j] >= utf8.RuneSelf {
+				// Text other than ASCII ("é", "日本"): its closing quote
+				// found by needsLook, which passes such bytes, and the
+				// text checked by word tests (shortUTF8), else by
+				// utf8.Valid, where scanString and mixedRun per string
+				// cost several times more in Wasm.
+				if k := 1 + bits.TrailingZeros64(needsLook(load64(w, 1)))>>3; w[k] == '"' && (nonASCII == 0 || shortUTF8(load64(w, 1), k-1) || utf8.Valid(w[1:k])) {
+					j = k
+				}
+			}
 			binary.LittleEndian.PutUint64(text[n:], load64(w, 1))
 			if c := w[j]; c == '"' {
 				if n += j - 1; w[j+1] == ',' && w[j+2] == '"' {
@@ -899,6 +916,20 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 	}
 	rec.textBuf = rec.textBuf[:keep]
 	return end
+}
+
+// shortUTF8 reports whether the n bytes (1 to 8) x starts with (the
+// bytes past them may be anything) are 2-byte UTF-8 characters only
+// (Latin with accents, Cyrillic, Greek...): the word test of validRun on
+// x with the bytes past n filled with such characters. False for any
+// other text, which the caller then gives to utf8.Valid. Inlined: a call
+// per string cost stringArray a fifth of a batch of "é".
+func shortUTF8(x uint64, n int) bool {
+	const ones16 = 0x0001000100010001
+	mask := ^uint64(0) >> ((64 - 8*uint(n)) & 63)
+	y := x&mask | 0xa9c3a9c3a9c3a9c3&^mask // "é" past n
+	v := y & 0x001e001e001e001e            // no lead C0 or C1 (overlong)
+	return n&1 == 0 && y&0xc0e0c0e0c0e0c0e0 == 0x80c080c080c080c0 && (v-ones16)&^v&0x8000800080008000 == 0
 }
 
 // shortEscaped returns the index after the string starting at b[i] (a
@@ -1057,7 +1088,21 @@ scan:
 			// utf8.DecodeRune call per character, which in Wasm costs
 			// several times more for such text. A run ends at an ASCII
 			// byte, which no UTF-8 sequence holds, so the run is valid
-			// exactly when its characters are.
+			// exactly when its characters are. A lone character of 2 or
+			// 3 bytes before an ASCII byte (a key or a short value:
+			// "日\u00e9", "é\n") by one word test instead, without
+			// mixedRun's call and its utf8.DecodeRune.
+			if i >= 0 && i+8 <= len(b) {
+				x := load64(b, i)
+				if x&0x80c0e0 == 0x0080c0 && c >= 0xc2 { // 2 bytes (C0, C1: overlong), then ASCII
+					i += 2
+					continue
+				}
+				if x&0x80c0c0f0 == 0x008080e0 && c != 0xe0 && c != 0xed { // 3 bytes (E0, ED restrict the second), then ASCII
+					i += 3
+					continue
+				}
+			}
 			if i = mixedRun(b, i); i < 0 {
 				return badUTF8, escaped
 			}

@@ -33,6 +33,29 @@ var jsonCases = []string{
 	"[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2,],[3]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2],[3],]",
 	"[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[2],[3]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1],[0],[3]]",
 	"[[" + strings.Repeat("12345678,22],[", 20) + "1]]", "[[" + strings.Repeat("1,22],[333,4444444],[", 20) + "1]],[3]]",
+	// token id 0 and whitespace in arrays of integers and their batches
+	// (intArrays reads both), short and long, with leading zeros and
+	// other numbers that are not ids among them
+	`[0]`, `[0,0]`, `[[0],[0]]`, `[[1],[0],[ 0],[0 ],[ 0 , 7 ]]`, `[ 1 , 0 ]`, `[[0,01]]`, `[[00]]`, `[0,-0]`, `[[0.5]]`, `[[0e1]]`,
+	"[[1]," + strings.Repeat("[0],", 30) + "[0]]", "[[1]," + strings.Repeat("[ 0],", 30) + "[0]]", "[[1]," + strings.Repeat("[0],", 30) + "[01]]",
+	"[[1]," + strings.Repeat("[0], ", 30) + "[0] ]", "[[1]," + strings.Repeat("[0] ,\n[\t0\r],", 30) + "[0]]", "[[1]," + strings.Repeat("[0],", 30) + "[ ]]",
+	"[" + strings.Repeat("0, ", 40) + "0]", "[" + strings.Repeat("0,", 40) + "00]", "[" + strings.Repeat("1,0,", 40) + "01,2]", "[[1]," + strings.Repeat("[0,10],", 30) + "[0,]]",
+	// arrays of short strings other than ASCII (stringArray reads them
+	// by a word test and utf8.Valid), long enough for the table, with a
+	// string that is not UTF-8 (cut, overlong, a surrogate, a stray
+	// continuation byte) or not closed within the word among them
+	"[\"p\",\"\xe6\x97\xa5\xe6\x9c\xac\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xc3\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc0\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xed\xa0\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"a\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9a\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc3\xa9\\\\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xf4\x90\x80\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xe6\x97\xa5\xe6\x97\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	// a lone character of 2 or 3 bytes before an ASCII byte in a string
+	// the table does not read (scanString's word test), valid or not
+	"\"\xe6\x97\xa5\\u00e9 abcdefgh\"", "\"\xc3\xa9\\n\xc3\xa9\\u0041abcdefgh\"", "{\"\xe6\x97\xa5\\u00e9 \": \"\", \"\xe6\x97\xa5\\u00e9 \": \"\"}",
+	"\"\xc0\xaf\\u0041abcdefgh\"", "\"\xc1\xbf\\u0041abcdefgh\"", "\"\xe0\x80\x80\\u0041abcdefgh\"", "\"\xe0\x9f\xbf\\u0041abcdefgh\"",
+	"\"\xed\xa0\x80\\u0041abcdefgh\"", "\"\xe6\x97\\u0041abcdefgh\"", "\"\xe6\x97\xa5\xa5\\u0041abcdefgh\"", "\"\xc3\xa9\xa9\\u0041abcdefgh\"",
+	"\"\xf0\x9f\x98\x80\\u0041abcdefgh\"", "\"\xe0\xa0\x80\\u0041abcdefgh\"", "\"\xed\x9f\xbf\\u0041abcdefgh\"", "\"\xc2\x80\\u0041abcdefgh\"",
 	// literals (compared as a word), and \u escapes (four hex digits at once)
 	`[true,false,null]`, `{"a":true,"b":false,"c":null}`, `[tru]`, `[trux]`, `[fals]`, `[falsx]`, `[falsE]`, `[nul]`, `[nulL]`,
 	`[Null]`, `[t]`, `[f`, `[n`, `fals`, `nulll`, `[truefalse]`, `[null,]`,
@@ -473,6 +496,37 @@ func TestDigitsWordMatchesALoop(t *testing.T) {
 		}
 		if v, n := digitsWord(binary.LittleEndian.Uint64(w[:])); v != wantV || n != wantN {
 			t.Fatalf("digitsWord(%q) = %d, %d; want %d, %d", w[:], v, n, wantV, wantN)
+		}
+	}
+}
+
+// shortUTF8 must accept no string of up to 8 bytes that utf8.Valid
+// refuses, of the bytes its word tests judge (leads and continuation bytes
+// of 2- and 3-byte characters, and bytes around them), whatever follows
+// them; and it must accept the shapes it is for.
+func TestShortUTF8MatchesUTF8Valid(t *testing.T) {
+	bytes := []byte{'a', 0x80, 0x9f, 0xa0, 0xa9, 0xbf, 0xc0, 0xc1, 0xc2, 0xc3, 0xdf, 0xe0, 0xe6, 0xed, 0xef, 0xf0, 0xf4, 0xff}
+	rng := rand.New(rand.NewSource(1))
+	var w [8]byte
+	for range 200000 {
+		n := 1 + rng.Intn(8)
+		for k := range w {
+			w[k] = bytes[rng.Intn(len(bytes))]
+		}
+		if rng.Intn(2) == 0 { // mostly valid text: characters of 2 and 3 bytes
+			s := []rune{'é', 'ж', '日', 'ࠀ', '\uffff', '\u0080', '\u07ff', '\ud7ff', '\ue000'}
+			copy(w[:], string([]rune{s[rng.Intn(len(s))], s[rng.Intn(len(s))], s[rng.Intn(len(s))]}))
+		}
+		x := binary.LittleEndian.Uint64(w[:])
+		if got, want := shortUTF8(x, n), utf8.Valid(w[:n]); got && !want {
+			t.Fatalf("shortUTF8(% x) = %v, utf8.Valid %v", w[:n], got, want)
+		}
+	}
+	for _, s := range []string{"é", "éж", "жжжж", "\u0080", "\u07ff\u07ff"} {
+		w = [8]byte{}
+		copy(w[:], s)
+		if !shortUTF8(binary.LittleEndian.Uint64(w[:]), len(s)) {
+			t.Errorf("shortUTF8(%q) = false", s)
 		}
 	}
 }

@@ -822,17 +822,25 @@ func plainLen(x, y uint64) int {
 // starts, or -1 (not reached: b is valid JSON).
 func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 	if all := b[:cap(b)]; i+32 <= len(all) {
-		// A short key whose first byte to look at is above 0x7f or an
-		// escape other than \u ("\né", "x\n"): its text holds a byte
-		// no name of a set has (see newKeySet), as written and decoded,
-		// so it names none; and when up to 8 bytes without a quote or a
-		// backslash end it, its end is found by one word test, without
-		// shortString's and name's calls.
+		// A key whose first byte to look at is above 0x7f or an
+		// escape other than \u ("\né", "x\n", "日\u00e9"): its text
+		// holds a byte no name of a set has (see newKeySet), as written
+		// and decoded, so it names none, without name's call or the
+		// decoding of its escapes; when up to 8 bytes without a quote
+		// or a backslash end it, its end is found by one word test,
+		// else by shortString (or skip).
 		q := i + 1 + plainLen(load64(all, i+1), load64(all, i+9))
 		if c := all[q]; c >= 0x80 || c == '\\' && all[q+1] != 'u' {
-			if k := q + int(c>>7^1)*2; all[k+bits.TrailingZeros64(needsLook(load64(all, k)))>>3] == '"' {
-				return -1, SkipSpace(b, SkipSpace(b, k+bits.TrailingZeros64(needsLook(load64(all, k)))>>3+1)+1)
+			k := q + int(c>>7^1)*2
+			if k += bits.TrailingZeros64(needsLook(load64(all, k)))>>3 + 1; all[k-1] != '"' {
+				if k = shortString(b, i); k < 0 {
+					k = d.skip(b, i)
+				}
+				if k < 0 {
+					return -1, -1
+				}
 			}
+			return -1, SkipSpace(b, SkipSpace(b, k)+1) // past ':'
 		}
 	}
 	k, escaped := shortPlain(b[:cap(b)], i), false

@@ -462,6 +462,7 @@ func FuzzPromptMatchesGJSONReading(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":[[1, 2 ,3],[4.0],[5e0,4294967295]]}`))
 	f.Add([]byte(`{"model":"m","prompt":["", "a\nb", "\u00e9", ""],"cache_salt":"s"}`))
 	f.Add([]byte(`{"model":"m","prompt":[7,8,9],"prompt":"last wins"}`))
+	f.Add([]byte(`{"model":"m","日\u00e9 ":"","prompt":"p","é\n":[1],"\n\u0070rompt":"no","` + strings.Repeat("é", 40) + `\n":0,"pr\u006fmpt":"decoded, last"}`))
 	p := newParser(f, `{}`)
 	ref := index.NewHasher(index.HashConfig{})
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -539,6 +540,10 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			// Strings of one escape alone, whose text is a view of
 			// unescapedText.
 			`[{"type":"text","text":"\/"},{"type":"text","text":"\b"},{"type":"text","text":"\f"},{"type":"text","text":"\r"},{"type":"text","text":"\t"},{"type":"image_url","image_url":{"url":"\n"}},{"type":"\""}]`,
+			// Keys with text other than ASCII or an escape other than \u
+			// first and more escapes after it, ending within the word
+			// test or not (long ones past a span table entry's length).
+			`[{"日\u00e9 ":"","type":"text","é\n\t\u0041":[1],"text":"after","\n\u0074ext":"no","日本語のキー\u0074ext\n":{"a":1},"é` + strings.Repeat("x", 70) + `\n":0,"\t` + strings.Repeat("\u0074", 12) + `":"no"},{"type":"text","é\"\"":"","text":"second"}]`,
 			`[{"type":"text","text":"\n日"},{"type":"text","text":"\nabcdefgh"},{"type":"text","text":"\nabcdefghi"},{"type":"text","text":"\u00e9x\n"},{"type":"image_url","image_url":{"url":"\n日"}}]`,
 			`[{"type":"image_url","x\n":0,"image\u005furl":{"url":"escaped first"},"image_url":{"url":"plain"}},{"type":"image_url","image_url":{"url":"plain first"},"image\u005furl":{"url":"escaped later"}},{"type":"input_audio","\u0069nput_audio":{"data":"escaped"},"input_audio":{"data":"plain"}}]`,
 		} {

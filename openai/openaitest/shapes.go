@@ -50,8 +50,22 @@ var Shapes = []Shape{
 	{"tokens", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":[`+strconv.Itoa(i+1)+`,`, "7", ",", `]}`)
 	}},
+	// Batches of token id 0, and with a space in each (as Python's
+	// json.dumps writes them): a batch that does not start with a digit
+	// 1-9 went through the validator's general path.
+	{"zero-id-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":[[`+strconv.Itoa(i+1)+`],`, "[0]", ",", `]}`)
+	}},
+	{"spaced-id-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":[[`+strconv.Itoa(i+1)+`],`, "[ 0]", ", ", `]}`)
+	}},
 	{"string-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"ab"`, ",", `]}`)
+	}},
+	// Batches of short strings other than ASCII: stringArray read such
+	// strings by scanString, one call per string.
+	{"non-ascii-string-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"é"`, ",", `]}`)
 	}},
 	{"tiny-messages", "/v1/chat/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`"},`, `{"role":"user","content":"hi"}`, ",", `]}`)
@@ -70,6 +84,12 @@ var Shapes = []Shape{
 	}},
 	{"unused-keys", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`",`, `"k":0`, ",", `}`)
+	}},
+	// Unused keys with text other than ASCII and an escape: a key that
+	// may name one of the parser's members when decoded is decoded, and
+	// this one never can.
+	{"escaped-non-ascii-keys", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`",`, `"日\u00e9 ": ""`, ",", `}`)
 	}},
 	{"unused-keys-in-message", "/v1/chat/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","messages":[{"role":"user","content":"`+strconv.Itoa(i)+`",`, `"k":0`, ",", `}]}`)
