@@ -417,11 +417,23 @@ func (d *jsonDoc) text(raw []byte) string {
 	} else {
 		escaped = hasBackslash(inner)
 	}
+	if escaped && len(inner) == 2 && unescapedByte[inner[1]] != 0 {
+		// One escape alone ("\n", "\\"): its byte in unescapedText,
+		// without unescape's call and the copy into the buffer.
+		u := int(unescapedByte[inner[1]])
+		inner, escaped = unsafe.Slice(unsafe.StringData(unescapedText[u:]), 1), false
+	}
 	if escaped { // the text is the unescaped copy
 		inner = d.unescape(inner)
 	}
 	return unsafeString(inner) // one return: in Wasm each is code of its own
 }
+
+// unescapedText holds every byte at its own index: text's string of one
+// byte an escape stands for is a view of it.
+const unescapedText = "\x00\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0f" +
+	"\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f" +
+	" !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]"
 
 // unescape returns the text of the inner bytes of a valid JSON string with
 // escapes, appended to the doc's buffer. Out of text, which every request

@@ -537,6 +537,9 @@ func TestParseToolCallsAndPartsMatchGJSONReading(t *testing.T) {
 			// to look at (above 0x7f, or an escape other than \u), some
 			// ending within 8 bytes after it, some not.
 			`[{"type":"text","\"":"\"","text":"after an escaped quote key","é\n":1,"\nabcdefghijk":{},"\\":[],"x\t\u0069mage_url":{"url":"no"}},{"é":"x","\/":0,"type":"image_url","image_url":{"url":"after"},"\r\u0069mage_url":{"url":"not this"}}]`,
+			// Strings of one escape alone, whose text is a view of
+			// unescapedText.
+			`[{"type":"text","text":"\/"},{"type":"text","text":"\b"},{"type":"text","text":"\f"},{"type":"text","text":"\r"},{"type":"text","text":"\t"},{"type":"image_url","image_url":{"url":"\n"}},{"type":"\""}]`,
 			// Keys with text other than ASCII or an escape other than \u
 			// first and more escapes after it, ending within the word
 			// test or not (long ones past a span table entry's length).
