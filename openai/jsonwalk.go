@@ -780,6 +780,9 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out []valueSpan) (end int
 				e = v + int(s.end-s.start) // a long string or a container, without skip's call
 			} else if v+1 < len(b) && (b[v] == '{' || b[v] == '[') && b[v+1] == b[v]+2 {
 				e = v + 2 // an empty container, which the table does not hold
+			} else if e = shortPlain(all, v); e >= 0 && v < len(b) && b[v] == '"' {
+				// a short plain string (shortPlain, inlined, is the next
+				// branch's e too), without skip's lookups
 			} else if e = d.skip(b, v); e < 0 {
 				return -1, plain, other
 			}
@@ -848,6 +851,28 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 				}
 			}
 			return -1, SkipSpace(b, SkipSpace(b, k)+1) // past ':'
+		} else if c == '\\' {
+			// A key with a \u escape ("a\u0062"): its end found one word
+			// test per escape (past it, needsLook finds the next quote or
+			// backslash; a \u escape's hex digits are neither), and only
+			// its decoded text can name one of the set (a name holds no
+			// backslash), without name's call on the raw bytes, or
+			// shortString's and hasBackslash's passes over it.
+			k := q
+			for k+16 <= len(all) && all[k] == '\\' {
+				if k += 2; all[k-1] == 'u' {
+					k += 4
+				}
+				k += bits.TrailingZeros64(needsLook(load64(all, k))) >> 3
+			}
+			if all[k] == '"' {
+				if n := k - i - 1; n >= set.minEscaped && n <= set.maxEscaped {
+					f = set.decodedName(b[i+1 : k])
+				} else {
+					f = -1
+				}
+				return f, SkipSpace(b, SkipSpace(b, k+1)+1) // past ':'
+			}
 		}
 	}
 	k, escaped := shortPlain(b[:cap(b)], i), false

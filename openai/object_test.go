@@ -39,6 +39,22 @@ func TestObjectMatchesTheMemberWalk(t *testing.T) {
 		}
 	}
 	keys = append(keys, `""`, `"k"`, `"\né"`, `"é"`, `"\\"`, `"a\"b"`, `"`+strings.Repeat("long_key_", 5)+`"`)
+	// Keys whose first byte to look at starts a \u escape (key's one-pass
+	// reading): every name spelled with escapes only, and escapes followed
+	// by other escapes, quotes, backslashes, text other than ASCII and
+	// runs of plain bytes shorter and longer than a word.
+	for _, s := range sets {
+		for _, n := range s.names {
+			var e strings.Builder
+			for k := 0; k < len(n); k++ {
+				e.WriteString(`\u00` + hexByte(n[k]))
+			}
+			keys = append(keys, `"`+e.String()+`"`, `"`+e.String()+`x"`)
+		}
+	}
+	keys = append(keys, `"a\u0062"`, `"\u0041"`, `"a\u0062\""`, `"a\u0062\\\u0063"`, `"a\u0062\n"`, `"a\u0062日本"`,
+		`"\u00e9\u00e9"`, `"\uD83D\uDE00"`, `"x\u0062`+strings.Repeat("y", 20)+`\u0063"`, `"x\u0062yyyyyyy\u0063z"`,
+		`"x\u0062yyyyyyyy"`, `"`+strings.Repeat("\u0061", 30)+`"`, `"0123456789abcdefgh\u0062"`)
 	values := []string{`"u"`, `""`, `"image_url"`, `"0123456789abcdef"`, `"0123456789abcdefg"`, `"\n"`, `"a\"b"`, `"日本"`,
 		`"` + strings.Repeat("x", 70) + `"`, `"` + strings.Repeat("\\n", 40) + `"`,
 		`0`, `-1`, `12.5e3`, `true`, `false`, `null`, `{}`, `[]`, `{"url":"u"}`, `[1,{"a":[]}]`, `{ }`, `[ ]`}
