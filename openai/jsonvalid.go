@@ -858,12 +858,15 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 			w := b[i : i+16 : i+16]
 			j := 1 + bits.TrailingZeros64(stopASCII(load64(w, 1))&highBits)>>3 // as in shortPlain
 			if w[j] >= utf8.RuneSelf {
-				// Text other than ASCII ("é", "日本"): its closing quote
+				// Text other than ASCII ("é", "日本"): its closing quote,
+				// or the backslash of an escape just before it ("éé\t"),
 				// found by needsLook, which passes such bytes, and the
-				// text checked by word tests (shortUTF8), else by
-				// utf8.Valid, where scanString and mixedRun per string
-				// cost several times more in Wasm.
-				if k := 1 + bits.TrailingZeros64(needsLook(load64(w, 1)))>>3; w[k] == '"' && (nonASCII == 0 || shortUTF8(load64(w, 1), k-1) || utf8.Valid(w[1:k])) {
+				// text before it checked by word tests (shortUTF8), else
+				// by utf8.Valid, where scanString and mixedRun per string,
+				// and appendUnescaped for an escaped one, cost several
+				// times more in Wasm. A backslash not so placed is taken
+				// no further here: the general way below reads it.
+				if k := 1 + bits.TrailingZeros64(needsLook(load64(w, 1)))>>3; (w[k] == '"' || w[k] == '\\') && (nonASCII == 0 || shortUTF8(load64(w, 1), k-1) || utf8.Valid(w[1:k])) {
 					j = k
 				}
 			}
@@ -933,11 +936,12 @@ func shortUTF8(x uint64, n int) bool {
 }
 
 // shortEscaped returns the index after the string starting at b[i] (a
-// quote) when it closes within 16 bytes and holds only ASCII and simple
-// escapes (no \u), with its text written to text[n:] and n moved past
-// it; or -1 and n for any other string (stringArray then scans it in
-// full). A prompt of short escaped strings ("\n") cost a scan and an
-// unescaping call per string.
+// quote) when it closes within 16 bytes and holds only ASCII, 2-byte
+// UTF-8 characters and simple escapes (no \u), with its text written to
+// text[n:] and n moved past it; or -1 and n for any other string
+// (stringArray then scans it in full). A prompt of short escaped strings ("\n", "é\né") cost a scan and
+// an unescaping call per string, and with 2-byte characters in them
+// (Latin with accents, Cyrillic, Greek), mixedRun's utf8.DecodeRune too.
 func shortEscaped(b []byte, i int, text []byte, n int) (int, int) {
 	m := n
 	for k := i + 1; k < len(b) && k <= i+16 && m < len(text); {
@@ -950,6 +954,10 @@ func shortEscaped(b []byte, i int, text []byte, n int) (int, int) {
 			}
 			text[m] = unescapedByte[b[k+1]]
 			m, k = m+1, k+2
+		case c >= 0xc2 && c < 0xe0 && k+1 < len(b) && b[k+1]&0xc0 == 0x80 && m+1 < len(text):
+			// A 2-byte character (C0 and C1 lead only overlong ones).
+			text[m], text[m+1] = c, b[k+1]
+			m, k = m+2, k+2
 		case c < 0x20 || c >= utf8.RuneSelf:
 			return -1, n
 		default:

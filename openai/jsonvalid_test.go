@@ -50,6 +50,29 @@ var jsonCases = []string{
 	"[\"p\",\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9a\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
 	"[\"p\",\"\xc3\xa9\\\\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xf4\x90\x80\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
 	"[\"p\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xe6\x97\xa5\xe6\x97\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	// short strings of characters other than ASCII and a simple escape
+	// before the closing quote (stringArray's word test), long enough for
+	// the table: valid, and with text before the escape that is not UTF-8
+	// (cut, overlong, a stray continuation byte, a surrogate), an escape
+	// that is not simple, or the escape elsewhere in the string
+	"[\"p\",\"\xc3\xa9\\n\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\\\"\",\"\xe6\x97\xa5\\\\\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc3\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc0\x80\\n\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc3\xa9\xa9\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xed\xa0\x80\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\\x\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc3\xa9\\u00e9\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\\n\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
+	"[\"p\",\"\xc3\xa9\\n\xc3\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\\\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
+	// and with the escape among 2-byte characters (shortEscaped), valid
+	// or not (overlong, a stray continuation byte, a cut character)
+	"[\"p\",\"\xc3\xa9\\n\xc3\xa9\\t\xd0\xb4\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xc1\xbf\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xc0\xaf\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xa9\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xc3a\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xe6\x97\xa5\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xc3\xa9\xe6\x97\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xdf\xbf\xc2\x80\\u00e9\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xc3\\n\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	"[\"p\",\"\\n\xc3\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\\n\xdf\xff\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
 	// a lone character of 2 or 3 bytes before an ASCII byte in a string
 	// the table does not read (scanString's word test), valid or not
 	"\"\xe6\x97\xa5\\u00e9 abcdefgh\"", "\"\xc3\xa9\\n\xc3\xa9\\u0041abcdefgh\"", "{\"\xe6\x97\xa5\\u00e9 \": \"\", \"\xe6\x97\xa5\\u00e9 \": \"\"}",

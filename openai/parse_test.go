@@ -646,13 +646,17 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 	p := newParser(t, `{}`)
 	ref := index.NewHasher(index.HashConfig{})
 	long := strings.Repeat(`"ab",""," c\nd \u00e9\ud83d\ude00","日本語のテキスト","`+strings.Repeat("x", 70)+`",`+
-		`"\n","abcdefgh\t","abcdefghi\t","\\","\"","a\/","\u0041","\n\n","a\nb",`, 30)
+		`"\n","abcdefgh\t","abcdefghi\t","\\","\"","a\/","\u0041","\n\n","a\nb",`+
+		`"éé\t","é\n","éééé\"","日\\","é\né","é\u00e9","ééééé\t","д\nд\tü","\nßß",`, 30)
 	for _, tc := range []struct {
 		prompt, param string // param: "" for accepted
 	}{
 		{"[" + long + `"end"]`, ""},
 		{"[" + long + `"\/"]`, ""},
 		{"[" + long + "\"\xff\"]", "-"},
+		{"[\"\xc3\\t\"," + long + `"end"]`, "-"},
+		{"[\"\xc0\x80\\n\"," + long + `"end"]`, "-"},
+		{"[\"\xc3\xa9\xa9\\t\"," + long + `"end"]`, "-"},
 		{"[" + long + `7]`, "prompt"},
 		{"[" + long + `"a" ]`, ""},
 	} {
@@ -665,8 +669,8 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 		case tc.param == "-" && err != errBodyNotUTF8:
 			t.Errorf("%.40s: error %v, want the UTF-8 one", tc.prompt, err)
 			continue
-		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[420]")):
-			t.Errorf("%.40s: error %v, want one naming %s[420]", tc.prompt, err, tc.param)
+		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[690]")):
+			t.Errorf("%.40s: error %v, want one naming %s[690]", tc.prompt, err, tc.param)
 			continue
 		case tc.param != "":
 			continue
