@@ -44,35 +44,35 @@ var jsonCases = []string{
 	// by a word test and utf8.Valid), long enough for the table, with a
 	// string that is not UTF-8 (cut, overlong, a surrogate, a stray
 	// continuation byte) or not closed within the word among them
-	"[\"p\",\"\xe6\x97\xa5\xe6\x9c\xac\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xc3\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc0\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xed\xa0\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"a\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9a\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc3\xa9\\\\n\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xf4\x90\x80\x80\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\xe6\x97\xa5\xe6\x97\"," + strings.Repeat("\"\xc3\xa9\",", 30) + "\"x\"]",
+	longArray("\"\xe6\x97\xa5\xe6\x9c\xac\"", "\"\xc3\xa9\""), longArray("\"\xc3\"", "\"\xc3\xa9\""),
+	longArray("\"\xc0\x80\"", "\"\xc3\xa9\""), longArray("\"\xed\xa0\x80\"", "\"\xc3\xa9\""),
+	longArray("\"a\x80\"", "\"\xc3\xa9\""), longArray("\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9\"", "\"\xc3\xa9\""),
+	longArray("\"\xf0\x9f\x98\x80\xc3\xa9\xc3\xa9a\"", "\"\xc3\xa9\""), longArray("\"\xc3\xa9\n\"", "\"\xc3\xa9\""),
+	longArray("\"\xc3\xa9\\\\n\"", "\"\xc3\xa9\""), longArray("\"\xf4\x90\x80\x80\"", "\"\xc3\xa9\""),
+	longArray("\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\"", "\"\xc3\xa9\""), longArray("\"\xe6\x97\xa5\xe6\x97\"", "\"\xc3\xa9\""),
 	// short strings of characters other than ASCII and a simple escape
 	// before the closing quote (stringArray's word test), long enough for
 	// the table: valid, and with text before the escape that is not UTF-8
 	// (cut, overlong, a stray continuation byte, a surrogate), an escape
 	// that is not simple, or the escape elsewhere in the string
-	"[\"p\",\"\xc3\xa9\\n\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\\\"\",\"\xe6\x97\xa5\\\\\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc3\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc0\x80\\n\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc3\xa9\xa9\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xed\xa0\x80\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\\t\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\\x\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc3\xa9\\u00e9\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\\n\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
-	"[\"p\",\"\xc3\xa9\\n\xc3\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]", "[\"p\",\"\xc3\xa9\\\"," + strings.Repeat("\"\xc3\xa9\xc3\xa9\\t\",", 30) + "\"x\"]",
+	longArray("\"\xc3\xa9\\n\",\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\\\"\",\"\xe6\x97\xa5\\\\\"", "\"\xc3\xa9\xc3\xa9\\t\""),
+	longArray("\"\xc3\\t\"", "\"\xc3\xa9\xc3\xa9\\t\""), longArray("\"\xc0\x80\\n\"", "\"\xc3\xa9\xc3\xa9\\t\""),
+	longArray("\"\xc3\xa9\xa9\\t\"", "\"\xc3\xa9\xc3\xa9\\t\""), longArray("\"\xed\xa0\x80\\t\"", "\"\xc3\xa9\xc3\xa9\\t\""),
+	longArray("\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\\t\"", "\"\xc3\xa9\xc3\xa9\\t\""), longArray("\"\xc3\xa9\\x\"", "\"\xc3\xa9\xc3\xa9\\t\""),
+	longArray("\"\xc3\xa9\\u00e9\"", "\"\xc3\xa9\xc3\xa9\\t\""), longArray("\"\xc3\xa9\\n\xc3\xa9\"", "\"\xc3\xa9\xc3\xa9\\t\""),
+	longArray("\"\xc3\xa9\\n\xc3\"", "\"\xc3\xa9\xc3\xa9\\t\""), longArray("\"\xc3\xa9\\\"", "\"\xc3\xa9\xc3\xa9\\t\""),
 	// and with the escape among 2-byte characters (shortEscaped), valid
 	// or not (overlong, a stray continuation byte, a cut character)
-	"[\"p\",\"\xc3\xa9\\n\xc3\xa9\\t\xd0\xb4\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xc1\xbf\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xc0\xaf\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xa9\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xc3a\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xe6\x97\xa5\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xc3\xa9\xe6\x97\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xdf\xbf\xc2\x80\\u00e9\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xc3\\n\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
-	"[\"p\",\"\\n\xc3\xc3\xa9\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]", "[\"p\",\"\\n\xdf\xff\"," + strings.Repeat("\"\xc3\xa9\\n\xc3\xa9\",", 30) + "\"x\"]",
+	longArray("\"\xc3\xa9\\n\xc3\xa9\\t\xd0\xb4\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xc1\xbf\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xc0\xaf\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xa9\xc3\xa9\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xc3a\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xe6\x97\xa5\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xc3\xa9\xe6\x97\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xdf\xbf\xc2\x80\\u00e9\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xc3\\n\"", "\"\xc3\xa9\\n\xc3\xa9\""),
+	longArray("\"\\n\xc3\xc3\xa9\"", "\"\xc3\xa9\\n\xc3\xa9\""), longArray("\"\\n\xdf\xff\"", "\"\xc3\xa9\\n\xc3\xa9\""),
 	// a lone character of 2 or 3 bytes before an ASCII byte in a string
 	// the table does not read (scanString's word test), valid or not
 	"\"\xe6\x97\xa5\\u00e9 abcdefgh\"", "\"\xc3\xa9\\n\xc3\xa9\\u0041abcdefgh\"", "{\"\xe6\x97\xa5\\u00e9 \": \"\", \"\xe6\x97\xa5\\u00e9 \": \"\"}",
@@ -106,6 +106,13 @@ var jsonCases = []string{
 	`[{"a":[1,2,3],"b":["x","y"]},{"c":[[1],[2]]}]`,
 	`[{]`, `[{"a"}]`, `[{"a":}]`, `[{"a":1,}]`, `[{"a":1]`, `[{"a":1}`, `[{"a":1}}`, `[{"a" 1}]`, `[{a:1}]`, `[{"a":1,"b"}]`,
 	`[{"a":{]}]`, `[{"a":[}]`, `[{"a":{}]`, `[{"a":1]}`, `[{,}]`, `[{"a":tru}]`, `[{"a":01}]`, `[{"a":"\x"}]`, "[{\"a\":\"\xff\"}]",
+}
+
+// longArray is a string array long enough for the validator's table (see
+// jsonSpans) whose first elements after "p" are first (one or more
+// strings, comma-separated) followed by 30 copies of fill.
+func longArray(first, fill string) string {
+	return `["p",` + first + "," + strings.Repeat(fill+",", 30) + `"x"]`
 }
 
 func TestValidJSONMatchesEncodingJSON(t *testing.T) {
