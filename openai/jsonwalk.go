@@ -655,7 +655,7 @@ func newKeySet(names []string, decoded, first []string) *keySet {
 			panic("openai: key set name " + name + " is longer than keyNameMax")
 		}
 		for _, c := range []byte(name) {
-			if c|0x20 < 'a' || c|0x20 > 'z' && c != '_' {
+			if !nameByte(c) {
 				panic("openai: key set name " + name + " holds a byte other than an ASCII letter or '_'")
 			}
 		}
@@ -682,6 +682,14 @@ func newKeySet(names []string, decoded, first []string) *keySet {
 		}
 	}
 }
+
+// nameByte reports whether c may be in a key set's name: an ASCII letter
+// or '_' (see newKeySet).
+func nameByte(c byte) bool { return c|0x20 >= 'a' && (c|0x20 <= 'z' || c == '_') }
+
+// mayDecode reports whether an escaped key of n bytes between its quotes
+// may decode to a name s matches decoded (see minEscaped).
+func (s *keySet) mayDecode(n int) bool { return n >= s.minEscaped && n <= s.maxEscaped }
 
 // name returns the index of the key b[i:i+n] in s, or -1. object has
 // its own copy for the short keys of compact members, without a call.
@@ -866,7 +874,7 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 				k += bits.TrailingZeros64(needsLook(load64(all, k))) >> 3
 			}
 			if all[k] == '"' {
-				if n := k - i - 1; n >= set.minEscaped && n <= set.maxEscaped {
+				if set.mayDecode(k - i - 1) {
 					f = set.decodedName(b[i+1 : k])
 				} else {
 					f = -1
@@ -885,7 +893,7 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 		if k < 0 {
 			return -1, -1
 		}
-		escaped = k-i-2 >= set.minEscaped && k-i-2 <= set.maxEscaped && hasBackslash(b[i+1:k-1])
+		escaped = set.mayDecode(k-i-2) && hasBackslash(b[i+1:k-1])
 	}
 	if f = set.name(b[:cap(b)], i+1, k-i-2); f < 0 && escaped {
 		f = set.decodedName(b[i+1 : k-1])
@@ -915,7 +923,7 @@ func (s *keySet) decodedName(raw []byte) int {
 			l, _ := unhex(raw[i+4])
 			c, i = h<<4|l, i+5
 		}
-		if c|0x20 < 'a' || c|0x20 > 'z' && c != '_' || n == keyNameMax {
+		if !nameByte(c) || n == keyNameMax {
 			return -1
 		}
 		buf[n] = c
