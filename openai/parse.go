@@ -809,6 +809,9 @@ var (
 	functionKeys = lookupKeys("name", "arguments")
 	urlKeys      = lookupKeys("url")
 	dataKeys     = lookupKeys("data")
+	// partValueKeys is the key set of the object a part of each type with
+	// one holds under its type's name (partFields).
+	partValueKeys = [len(partFields)]*keySet{partImage: urlKeys, partAudio: dataKeys}
 )
 
 // lookupKeys is the key set of names read as gjson's Get finds a member:
@@ -992,22 +995,20 @@ func (p *Parser) parts(content []byte, i int) *Error {
 		if jsonType(typ) != gjson.String {
 			return partError(i, j, ".type", "'%s.type' must be a string")
 		}
-		switch t := p.doc.str(typ, plain>>partType&1 != 0); partKind(t) {
+		t := p.doc.str(typ, plain>>partType&1 != 0)
+		switch k := partKind(t); k {
 		case partText:
 			if jsonType(text) != gjson.String {
 				return partError(i, j, ".text", "'%s.text' must be a string")
 			}
 			p.hasher.Text(p.doc.str(text, plain>>partText&1 != 0))
-		case partImage:
+		case partImage, partAudio:
+			// The object under the type's name, read for its one member
+			// (url, data) as gjson's Get finds it.
 			var v [1]valueSpan
-			img := f[partImage].in(content)
-			vp := p.doc.lookup(img, urlKeys, v[:])
-			p.hasher.Part("image_url", p.valueString(v[0].in(img), vp&1 != 0))
-		case partAudio:
-			var v [1]valueSpan
-			audio := f[partAudio].in(content)
-			vp := p.doc.lookup(audio, dataKeys, v[:])
-			p.hasher.Part("input_audio", p.valueString(v[0].in(audio), vp&1 != 0))
+			obj := f[k].in(content)
+			vp := p.doc.lookup(obj, partValueKeys[k], v[:])
+			p.hasher.Part(partFields[k], p.valueString(v[0].in(obj), vp&1 != 0))
 		default:
 			// Other part types shape the prompt too: hash them whole.
 			p.hasher.Part(t, unsafeString(content[at:end]))
