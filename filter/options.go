@@ -29,6 +29,14 @@ type Options struct {
 	started func(*routerPlugin)
 }
 
+// clock is Clock, or the real clock when it is nil.
+func (o Options) clock() func() time.Time {
+	if o.Clock == nil {
+		return time.Now
+	}
+	return o.Clock
+}
+
 // NewVMContextWith is NewVMContext with opts.
 func NewVMContextWith(build string, opts Options) types.VMContext {
 	return &vmContext{build: build, opts: opts}

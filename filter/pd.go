@@ -121,10 +121,7 @@ type pdStats struct {
 }
 
 func newPD(cfg *config.Config, opts Options) (*pdPlugin, error) {
-	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait, now: opts.Clock}
-	if p.now == nil {
-		p.now = time.Now
-	}
+	p := &pdPlugin{cfg: cfg, pd: cfg.PD, held: map[uint32]*pdStream{}, bodyWait: pdBodyWait, now: opts.clock()}
 	if opts.PDBodyWait > 0 {
 		p.bodyWait = opts.PDBodyWait
 	}

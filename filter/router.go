@@ -136,10 +136,7 @@ func rejectedCounter(reason string) metricCounter {
 }
 
 func newRouter(cfg *config.Config, handler *scorer.Handler, warnings []string, opts Options) (*routerPlugin, error) {
-	now := opts.Clock
-	if now == nil {
-		now = time.Now
-	}
+	now := opts.clock()
 	p := &routerPlugin{cfg: cfg, now: now, stepped: opts.Clock != nil, pos: map[string]int{},
 		hostVal: make([]byte, hostValSize), born: now(), bornMono: monoNanos()}
 	p.stats = routerStats{
