@@ -40,6 +40,13 @@ var jsonCases = []string{
 	"[[1]," + strings.Repeat("[0],", 30) + "[0]]", "[[1]," + strings.Repeat("[ 0],", 30) + "[0]]", "[[1]," + strings.Repeat("[0],", 30) + "[01]]",
 	"[[1]," + strings.Repeat("[0], ", 30) + "[0] ]", "[[1]," + strings.Repeat("[0] ,\n[\t0\r],", 30) + "[0]]", "[[1]," + strings.Repeat("[0],", 30) + "[ ]]",
 	"[" + strings.Repeat("0, ", 40) + "0]", "[" + strings.Repeat("0,", 40) + "00]", "[" + strings.Repeat("1,0,", 40) + "01,2]", "[[1]," + strings.Repeat("[0,10],", 30) + "[0,]]",
+	// token ids and batches spaced as Python's json.dumps writes them
+	// (spacedIDRun), long enough to leave idRun, with what ends a run in
+	// the middle of them (spaced, spacedBatches)
+	spaced("5"), spaced("5, "), spaced("05"), spaced("5 "), spaced("5,  6"), spaced("12345678, 9"), spaced("5, -6"),
+	spaced("1.5"), spaced("5 , 6"), spaced("5, [6]"), spaced("5]"), spaced("5, ]") + "]", spaced("5,\n6"),
+	spacedBatches("5"), spacedBatches("5], []"), spacedBatches("5, ], [6"), spacedBatches("5]], [6"), spacedBatches("5], [ 6"),
+	spacedBatches("5] , [6"), spacedBatches("5],[6"), spacedBatches("5], [00"), spacedBatches("5], 6, [7"), spacedBatches("5, 12345678"),
 	// arrays of short strings other than ASCII (stringArray reads them
 	// by a word test and utf8.Valid), long enough for the table, with a
 	// string that is not UTF-8 (cut, overlong, a surrogate, a stray
@@ -111,6 +118,17 @@ var jsonCases = []string{
 // longArray is a string array long enough for the validator's table (see
 // jsonSpans) whose first elements after "p" are first (one or more
 // strings, comma-separated) followed by 30 copies of fill.
+// spaced returns an array of token ids spaced as json.dumps writes them,
+// with mid among them; spacedBatches a batch of such arrays with mid in
+// one of them.
+func spaced(mid string) string {
+	return "[" + strings.Repeat("1, 22, ", 20) + mid + ", " + strings.Repeat("333, 4444444, ", 20) + "7]"
+}
+
+func spacedBatches(mid string) string {
+	return "[[" + strings.Repeat("1, 22], [", 20) + mid + "], [" + strings.Repeat("333, 4444444], [", 20) + "7]]"
+}
+
 func longArray(first, fill string) string {
 	return `["p",` + first + "," + strings.Repeat(fill+",", 30) + `"x"]`
 }

@@ -753,7 +753,9 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out []valueSpan) (end int
 				if s := &set.slots[keyHash(lo, hi, n, set.magic)]; s.n == n && s.lo == lo && s.hi == hi {
 					f = s.f
 				}
-				v = q + 2
+				if v = q + 2; all[v] == ' ' {
+					v++ // ": ", as Python's json.dumps writes it
+				}
 				switch w := uint16(all[v]) | uint16(all[v+1])<<8; {
 				case w&0xff == '"':
 					if m := v + 1 + plainLen(load64(all, v+1), load64(all, v+9)); all[m] == '"' {

@@ -610,6 +610,14 @@ func TestTokenRunsMatchTheReader(t *testing.T) {
 		// batches of ids of every length idBatchRun reads, and longer
 		{"[[" + strings.Repeat("1,22],[333,4444444],[55555,6],[7777777,88],[666666,", 100) + "9]]", true},
 		{"[[" + strings.Repeat("1,22],[333,4444444],[", 100) + "12345678,1],[2,3000000000]]", true},
+		// spaced as Python's json.dumps writes them (spacedIDRun), and
+		// with what ends such a run among them
+		{"[" + strings.Repeat("123, ", 400) + "7]", true},
+		{"[[" + strings.Repeat("1, 22], [333, 4444444], [55555, 6], [7777777, 88], [666666, ", 100) + "9]]", true},
+		{"[" + strings.Repeat("123, ", 400) + "12345678, 9,  10 , 4294967295]", true},
+		{"[[" + strings.Repeat("1, 22], [", 200) + "12345678, 1], [2, 3], [4,5],[6] , [ 7]]", true},
+		{"[" + strings.Repeat("123, ", 400) + "4294967296, 7]", false},
+		{"[[" + strings.Repeat("1, 22], [", 200) + "7], []]", false},
 	} {
 		body := []byte(`{"model":"m","prompt":` + tc.prompt + `}`)
 		_, err := p.Parse(body, Completions)

@@ -126,4 +126,17 @@ var Shapes = []Shape{
 	{"escaped-non-ascii-string-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"éé\t"`, ",", `]}`)
 	}},
+	// Prompts as Python's json.dumps writes them by default, with a space
+	// after each comma and colon (the spelling of clients built on
+	// requests or aiohttp): realistic token ids and batches of them, and
+	// tiny messages.
+	{"dumps-tokens", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "prompt": [`+strconv.Itoa(i+1)+`, `, "12345", ", ", `]}`)
+	}},
+	{"dumps-token-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "prompt": [[`+strconv.Itoa(i+1)+`, 1], `, "[1234, 5678]", ", ", `]}`)
+	}},
+	{"dumps-messages", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}, `, `{"role": "user", "content": "hi"}`, ", ", `]}`)
+	}},
 }
