@@ -808,8 +808,8 @@ func idBatchRun(b []byte, i int, ids []uint32, n int) (int, int) {
 //
 //go:noinline
 func spacedIDRun(b []byte, i int, ids []uint32, n int, nested bool) (int, int) {
-	if i < 1 || i >= len(b) || b[i] != ' ' || b[i-1] != ',' {
-		return i, n
+	if i < 1 || i+1 >= len(b) || b[i] != ' ' || b[i-1] != ',' || b[i+1]-'0' > 9 {
+		return i, n // (", ]" must reach that loop at its comma)
 	}
 	for i++; i+12 <= len(b) && n < len(ids); {
 		w := b[i : i+12 : i+12] // an id of up to 7 digits, "], [" and a digit: see idBatchRun

@@ -46,6 +46,7 @@ var jsonCases = []string{
 	spaced("5"), spaced("5, "), spaced("05"), spaced("5 "), spaced("5,  6"), spaced("12345678, 9"), spaced("5, -6"),
 	spaced("1.5"), spaced("5 , 6"), spaced("5, [6]"), spaced("5]"), spaced("5, ]") + "]", spaced("5,\n6"),
 	spacedBatches("5"), spacedBatches("5], []"), spacedBatches("5, ], [6"), spacedBatches("5]], [6"), spacedBatches("5], [ 6"),
+	"[[[0, ]],[],[]]", "[[[0, ]],[],[1]]", "[[0, 5, ]]" + strings.Repeat(" ", 12), "[[0, ],[1,2,3,4,5,6,7]]",
 	spacedBatches("5] , [6"), spacedBatches("5],[6"), spacedBatches("5], [00"), spacedBatches("5], 6, [7"), spacedBatches("5, 12345678"),
 	// arrays of short strings other than ASCII (stringArray reads them
 	// by a word test and utf8.Valid), long enough for the table, with a
