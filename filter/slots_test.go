@@ -370,58 +370,93 @@ type tickHost struct {
 // departedFreedOnTick checks, in a host with its own ticks, that a host
 // leaving the pushed set while a request is in flight on it keeps its slot,
 // and that once the request ends a tick frees it. The router's only static
-// endpoint is 192.0.2.1:8000; slow blocks until release.
-func departedFreedOnTick(t *testing.T, th tickHost, slow, other string, release func()) {
+// endpoint is 192.0.2.1:8000; a and b block until released.
+//
+// No sleep stands for "a tick or more": both a and b leave with a request
+// in flight, b's ends first, and the tick that frees b's slot is the proof
+// that a tick came and went; it judged a's slot in the same pass (one Sync
+// of the slot table) and must have kept it.
+func departedFreedOnTick(t *testing.T, th tickHost, a, b blocked, other string) {
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
-	ts := time.Now().UnixMilli()
-	if code := th.post("/.kvroute/v1/state", pushBody(ts, slow), auth); code != 200 {
-		t.Fatalf("push: %d", code)
-	}
-	done := make(chan int)
-	go func() { done <- th.post("/v1/completions", llamaCompletion, nil) }()
 	ix, err := index.New(th.store, index.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inFlight := func() bool {
-		ref, ok := ix.Lookup(slow)
-		l := ix.Loads(nil)
-		return ok && ref.Slot < len(l) && l[ref.Slot].InFlight == 1
+	hasSlot := func(addr string) bool {
+		_, ok := ix.Lookup(addr)
+		return ok
 	}
-	testenv.WaitFor(t, "the request to get in flight on the slow engine", inFlight)
-	freed := th.counter("kvroute.router.host_slots.freed")
-	if code := th.post("/.kvroute/v1/state", pushBody(ts+1, other), auth); code != 200 {
-		t.Fatalf("second push: %d", code)
-	}
-	time.Sleep(1500 * time.Millisecond) // a tick or more
-	if _, ok := ix.Lookup(slow); !ok {
-		t.Fatal("the departed engine lost its slot with a request in flight")
-	}
-	release()
-	select {
-	case code := <-done:
-		if code != 200 {
-			t.Fatalf("the request in flight ended with %d", code)
+	inFlight := func(addr string) func() bool {
+		return func() bool {
+			ref, ok := ix.Lookup(addr)
+			l := ix.Loads(nil)
+			return ok && ref.Slot < len(l) && l[ref.Slot].InFlight == 1
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the request in flight never ended")
 	}
-	testenv.WaitFor(t, "a tick to free the departed engine's slot after its request ended", func() bool {
-		_, ok := ix.Lookup(slow)
-		return !ok
-	})
+	ts := time.Now().UnixMilli()
+	// One request in flight on each: a is the only candidate, then b.
+	done := map[string]chan int{}
+	for i, e := range []blocked{a, b} {
+		if code := th.post("/.kvroute/v1/state", pushBody(ts+int64(i), e.addr), auth); code != 200 {
+			t.Fatalf("push of %s: %d", e.addr, code)
+		}
+		ch := make(chan int, 1)
+		done[e.addr] = ch
+		go func() { ch <- th.post("/v1/completions", llamaCompletion, nil) }()
+		testenv.WaitFor(t, "a request in flight on "+e.addr, inFlight(e.addr))
+	}
+	ended := func(e blocked) {
+		t.Helper()
+		e.release()
+		select {
+		case code := <-done[e.addr]:
+			if code != 200 {
+				t.Fatalf("the request in flight on %s ended with %d", e.addr, code)
+			}
+		case <-time.After(testenv.WaitTimeout):
+			t.Fatalf("the request in flight on %s never ended", e.addr)
+		}
+	}
+	freed := th.counter("kvroute.router.host_slots.freed")
+	if code := th.post("/.kvroute/v1/state", pushBody(ts+2, other), auth); code != 200 {
+		t.Fatalf("push of %s alone: %d", other, code)
+	}
+	if !hasSlot(a.addr) || !hasSlot(b.addr) {
+		t.Fatalf("a departed engine lost its slot at the push with a request in flight (%s: %v, %s: %v)", a.addr, hasSlot(a.addr), b.addr, hasSlot(b.addr))
+	}
+	ended(b)
+	testenv.WaitFor(t, "a tick to free "+b.addr+"'s slot after its request ended", func() bool { return !hasSlot(b.addr) })
+	if !hasSlot(a.addr) {
+		t.Fatal("the tick that freed the idle departed engine's slot also freed the one with a request in flight")
+	}
 	if got := th.counter("kvroute.router.host_slots.freed"); got != freed+1 {
-		t.Errorf("host_slots.freed went from %d to %d, want one more", freed, got)
+		t.Errorf("host_slots.freed went from %d to %d after the first tick, want one more", freed, got)
 	}
+	ended(a)
+	testenv.WaitFor(t, "a tick to free "+a.addr+"'s slot after its request ended", func() bool { return !hasSlot(a.addr) })
+	if got := th.counter("kvroute.router.host_slots.freed"); got != freed+2 {
+		t.Errorf("host_slots.freed went from %d to %d, want two more", freed, got)
+	}
+}
+
+// blocked is an engine from blockingUpstream.
+type blocked struct {
+	addr    string
+	release func()
+}
+
+func blockedEngine(t testing.TB) blocked {
+	addr, release := blockingUpstream(t)
+	return blocked{addr, release}
 }
 
 const tickConfig = `{"endpoints":[{"address":"192.0.2.1:8000"}],"fallbacks":0,"state":{"token":"` + stateToken + `"}}`
 
 // In the built module with wasmhost's ticks.
 func TestWasmDepartedHostSlotFreedOnTick(t *testing.T) {
-	slow, release := blockingUpstream(t)
+	a, b := blockedEngine(t), blockedEngine(t)
 	other := jsonUpstreams(t, 1, benchCompletion)[0]
-	h, url := startRouterConfig(t, []string{slow, other}, 1, tickConfig)
+	h, url := startRouterConfig(t, []string{a.addr, b.addr, other}, 1, tickConfig)
 	departedFreedOnTick(t, tickHost{
 		post: func(path, body string, hdr map[string]string) int {
 			code, _, _ := testenv.Call(t, "POST", url+path, body, hdr)
@@ -429,15 +464,15 @@ func TestWasmDepartedHostSlotFreedOnTick(t *testing.T) {
 		},
 		store:   hostStore{h},
 		counter: h.CounterValue,
-	}, slow, other, release)
+	}, a, b, other)
 }
 
 // In V8, whose ticks are node timers.
 func TestV8DepartedHostSlotFreedOnTick(t *testing.T) {
 	needV8(t)
-	slow, release := blockingUpstream(t)
+	a, b := blockedEngine(t), blockedEngine(t)
 	other := jsonUpstreams(t, 1, benchCompletion)[0]
-	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: []string{slow, other}, Configuration: tickConfig})
+	h, err := v8host.Start(v8host.Config{Module: testenv.ModulePath(t), RootID: RootRouter, Upstreams: []string{a.addr, b.addr, other}, Configuration: tickConfig})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,5 +494,5 @@ func TestV8DepartedHostSlotFreedOnTick(t *testing.T) {
 			}
 			return int64(st.Metrics[name].Value)
 		},
-	}, slow, other, release)
+	}, a, b, other)
 }
