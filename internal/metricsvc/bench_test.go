@@ -28,7 +28,7 @@ func BenchmarkAssemble(b *testing.B) {
 		s.hosts[addr] = &host{
 			ep: discovery.Endpoint{Address: addr, Role: "decode", Model: "llama-3-8b"}, attempted: true, lastOK: now,
 			sample: scrape.Sample{Waiting: i % 7, Running: i % 13, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 27000, Adapters: []string{"a", "b"}},
-			events: []*rankEvents{newRankEvents()},
+			events: []*rankEvents{newRankEvents(time.Now)},
 		}
 	}
 	var ours, base time.Duration

@@ -6,12 +6,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/metricsvc/cachestate"
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/kvevents"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
@@ -54,6 +56,24 @@ func TestRankEvictionIsPushedAsRankRemoval(t *testing.T) {
 	t.Run("listen", func(t *testing.T) { testEvictionPushed(t, kvevents.MapLayout, true, 1) })
 }
 
+// manualClock is a clock that moves only when told to.
+type manualClock struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+func (c *manualClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.at
+}
+
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.at = c.at.Add(d)
+}
+
 // vllmRanksText is a vLLM page of an engine with n data-parallel ranks.
 func vllmRanksText(n int) string {
 	var b strings.Builder
@@ -74,6 +94,10 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 		loc = snapshot.Location(eng.addr(), rank, rank+1)
 	}
 	gw := newGateway(t, "tok")
+	// The bridge's clock stands still until the test moves it: batches stay
+	// queued until their route is in, however slow the machine, and then
+	// drain together.
+	clock := &manualClock{at: time.Now()}
 	cfg := Config{
 		Source:         discovery.Fixed{{Address: eng.addr(), Model: "m"}},
 		ScrapeInterval: 50 * time.Millisecond,
@@ -82,6 +106,7 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 		Token:          push.StaticToken("tok"),
 		PushInterval:   10 * time.Second,
 		BridgeLag:      300 * time.Millisecond,
+		bridgeClock:    clock.now,
 	}
 	var pub *zmqPublisher
 	if listen {
@@ -122,7 +147,13 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	gw.waitState(t, "first", 3*time.Second, func(st snapshot.State) bool { h, _ := hostAt(st, eng.addr(), rank); return h.Healthy })
+	// A push listing the engine (its rank) as scraped: the service is up.
+	// Not its health, a wall-clock judgement (the last good scrape's age)
+	// that a loaded machine can flip and that the bridge does not read.
+	gw.waitState(t, "a push of the scraped engine", testenv.WaitTimeout, func(st snapshot.State) bool {
+		h, ok := hostAt(st, eng.addr(), rank)
+		return ok && h.ScrapedAtMs > 0
+	})
 
 	// The request: 8 kvroute blocks (2,048 canonical characters, 512
 	// tokens at 4 characters a token); the engine stores it as 32 blocks of
@@ -132,10 +163,48 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 	for i := range 32 {
 		engine = append(engine, uint64(5001+i))
 	}
+	bridge := func() *hostBridge {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		if h := svc.hosts[eng.addr()]; h != nil && rank < len(h.events) && h.events[rank] != nil {
+			return h.events[rank].bridge
+		}
+		return nil
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		if !testenv.Poll(5*time.Second, cond) {
+			var st cachestate.Stats
+			if b := bridge(); b != nil {
+				st = b.stats()
+			}
+			t.Fatalf("timed out waiting for %s; removals pushed: %+v; bridge %+v", what, gw.removals(), st)
+		}
+	}
+	// queued: a batch with an event of kind naming engine block h waits in
+	// the bridge's queue.
+	queued := func(kind kvevents.Kind, h uint64) func() bool {
+		return func() bool {
+			b := bridge()
+			if b == nil {
+				return false
+			}
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			for _, q := range b.queue {
+				for _, ev := range q.batch.Events {
+					if ev.Kind == kind && slices.Contains(ev.Hashes, kvevents.IntHash(h)) {
+						return true
+					}
+				}
+			}
+			return false
+		}
+	}
 	enc := kvevents.Encoder{Layout: layout, Rank: rank}
 	enc.Stored(kvevents.StoredEvent{Hashes: engine, BlockSize: 16, Tokens: 512})
 	pub.send(t, 1, slices.Clone(enc.Batch(1)))
-	time.Sleep(20 * time.Millisecond) // the batch is in the bridge's queue before the route
+	waitFor("the BlockStored batch in the bridge's queue, before the route", queued(kvevents.BlockStored, 5001))
 	report := fmt.Sprintf(`{"gateway":"gw-a","timestampMs":%d,"routes":[{"address":%q,"from":0,"chain":%q,"promptTokens":512}]}`,
 		time.Now().UnixMilli(), loc, encodeChain(chain))
 	if code := postReport(t, admin, "tok", report); code != 204 {
@@ -151,18 +220,13 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 	// And one of a block no route explains: nothing to push.
 	enc.Removed([]uint64{9999})
 	pub.send(t, 3, slices.Clone(enc.Batch(3)))
+	waitFor("the eviction batch in the bridge's queue", queued(kvevents.BlockRemoved, 5032))
+	waitFor("the unexplained eviction in the bridge's queue", queued(kvevents.BlockRemoved, 9999))
 
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		if !testenv.Poll(5*time.Second, cond) {
-			svc.mu.Lock()
-			h := svc.hosts[eng.addr()]
-			svc.mu.Unlock()
-			t.Fatalf("timed out waiting for %s; removals pushed: %+v; bridge %+v", what, gw.removals(), h.events[rank].bridge.stats())
-		}
-	}
+	// The lag passes: one drain bridges the three batches, and the one push
+	// that follows it carries every removal they imply.
+	clock.advance(cfg.BridgeLag)
 	waitFor("the removal", func() bool { return len(gw.removals()) > 0 })
-	time.Sleep(400 * time.Millisecond) // the unexplained batch's lag, and a push
 	rs := gw.removals()
 	want := index.HashConfig{}.WithDefaults().BlocksIn(12 * 16 * 4)
 	if want != 3 {

@@ -201,7 +201,7 @@ func (s *Service) serveReport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.reports.add(rep)
-	s.bridgeRoutes(&rep, time.Now())
+	s.bridgeRoutes(&rep, s.cfg.bridgeClock())
 	s.notify()
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -81,6 +81,12 @@ type Config struct {
 	Log  *slog.Logger
 	// ScrapeClient and PushClient override the HTTP clients (tests).
 	ScrapeClient, PushClient *http.Client
+
+	// bridgeClock is the cache-state bridge's clock (time.Now when nil): a
+	// batch's arrival, a route's arrival and the drain that compares them
+	// with BridgeLag all read it, so that a test can hold batches queued
+	// until their route is in, however slow its machine.
+	bridgeClock func() time.Time
 }
 
 // Service is one running cluster-metrics service.
@@ -155,6 +161,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.BridgeLag <= 0 {
 		cfg.BridgeLag = DefaultBridgeLag
+	}
+	if cfg.bridgeClock == nil {
+		cfg.bridgeClock = time.Now
 	}
 	for _, g := range cfg.Gateways {
 		if err := CheckGatewayURL(g); err != nil {
@@ -296,7 +305,7 @@ func (s *Service) startHost(e discovery.Endpoint) {
 	}
 	go loop.Run(hctx)
 	if e.KVEvents != "" || s.cfg.KVEventsListen != "" {
-		r0 := newRankEvents()
+		r0 := newRankEvents(s.cfg.bridgeClock)
 		h.events = []*rankEvents{r0}
 		h.sub = &kvevents.Subscriber{
 			Endpoint:       e.KVEvents,
@@ -333,13 +342,14 @@ type rankEvents struct {
 	bridge  *hostBridge          // precise cache state (bridge.go)
 	sub     *kvevents.Subscriber // connect mode: the rank's own subscriber
 	cancel  context.CancelFunc   // connect mode, ranks above 0
+	now     func() time.Time     // the bridge's clock (Config.bridgeClock)
 }
 
-func newRankEvents() *rankEvents {
-	return &rankEvents{tracker: &kvevents.Tracker{}, bridge: newHostBridge()}
+func newRankEvents(now func() time.Time) *rankEvents {
+	return &rankEvents{tracker: &kvevents.Tracker{}, bridge: newHostBridge(), now: now}
 }
 
-func (r *rankEvents) batch(b kvevents.Batch, _ kvevents.SeqResult) { r.bridge.batch(b, time.Now()) }
+func (r *rankEvents) batch(b kvevents.Batch, _ kvevents.SeqResult) { r.bridge.batch(b, r.now()) }
 
 // lost counts the rank's events lost for good: sequence gaps left after
 // replay and batches that could not be decoded.
@@ -372,7 +382,7 @@ func (s *Service) rankTracker(h *host, rank int) *kvevents.Tracker {
 		h.events = append(h.events, nil)
 	}
 	if h.events[rank] == nil {
-		h.events[rank] = newRankEvents()
+		h.events[rank] = newRankEvents(s.cfg.bridgeClock)
 		h.events[rank].sub = h.sub // listen mode: one socket for every rank
 	}
 	return h.events[rank].tracker
@@ -409,7 +419,7 @@ func (s *Service) followRanks(h *host, n int) {
 			s.log.Warn("cannot follow a data-parallel rank's KV events", "host", h.ep.Address, "rank", r, "err", errors.Join(err, rerr))
 			return
 		}
-		re := newRankEvents()
+		re := newRankEvents(s.cfg.bridgeClock)
 		ctx, cancel := context.WithCancel(h.ctx)
 		re.cancel = cancel
 		re.sub = &kvevents.Subscriber{
@@ -578,7 +588,7 @@ func (s *Service) assembleAndPublish(now time.Time) {
 	if !warm && now.Sub(started) < time.Second {
 		return
 	}
-	s.drainBridges(now)
+	s.drainBridges(s.cfg.bridgeClock())
 	reports, fresh := s.reports.take(now)
 	st.Gateways = reports
 	st.Removals = s.reports.takeRemovals()

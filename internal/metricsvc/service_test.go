@@ -900,7 +900,7 @@ func TestAppendRanksOneEntryPerRank(t *testing.T) {
 	h := snapshot.Host{Address: "10.0.0.1:8000", Healthy: true, Waiting: 8}
 	// Each rank's KV events are its own: rank 1 reported 2 blocks and a
 	// clear, rank 0 one block.
-	events := []*rankEvents{newRankEvents(), newRankEvents()}
+	events := []*rankEvents{newRankEvents(time.Now), newRankEvents(time.Now)}
 	now := time.Now()
 	events[0].tracker.Apply(0, kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: []kvevents.BlockHash{kvevents.IntHash(1)}}}}, now)
 	events[1].tracker.Apply(0, kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.AllBlocksCleared},
