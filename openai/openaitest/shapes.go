@@ -50,9 +50,10 @@ var Shapes = []Shape{
 	{"tokens", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":[`+strconv.Itoa(i+1)+`,`, "7", ",", `]}`)
 	}},
-	// Batches of token id 0, and with a space in each (as Python's
-	// json.dumps writes them): a batch that does not start with a digit
-	// 1-9 went through the validator's general path.
+	// Batches of token id 0, and with a space inside each batch: a batch
+	// that does not start with a digit 1-9 went through the validator's
+	// general path. (json.dumps writes spaces between values, not inside
+	// brackets: see the dumps shapes.)
 	{"zero-id-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":[[`+strconv.Itoa(i+1)+`],`, "[0]", ",", `]}`)
 	}},
