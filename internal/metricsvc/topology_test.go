@@ -1,8 +1,10 @@
 package metricsvc
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -63,12 +65,51 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 			RouteCluster: "engines",
 		})
 	}
-	_, urlA := gateway(true)
+	hostA, urlA := gateway(true)
 	hostB, urlB := gateway(true)
 	_, urlC := gateway(false) // the control: reports nothing, pushed nothing but state
+	// The service pushes to B through a relay that notes, per engine, the
+	// first block of every route B accepted (B applies a push's routes
+	// before it answers): the test waits for the push that carries A's
+	// route, however late A's report or that push comes.
+	var relayed sync.Map // engine address + first block hash: struct{}
+	relayB := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		req, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, urlB+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var st snapshot.State
+		if resp.StatusCode == http.StatusOK && json.Unmarshal(body, &st) == nil {
+			for _, g := range st.Gateways {
+				for _, rt := range g.Routes {
+					if c := decodeChain(rt.Chain); rt.From == 0 && len(c) > 0 {
+						relayed.Store(fmt.Sprint(rt.Address, " ", c[0]), struct{}{})
+					}
+				}
+			}
+		}
+		w.WriteHeader(resp.StatusCode)
+		w.Write(answer)
+	}))
+	t.Cleanup(relayB.Close)
+	firstBlocks := func() map[string]bool {
+		m := map[string]bool{}
+		relayed.Range(func(k, _ any) bool { m[k.(string)] = true; return true })
+		return m
+	}
 	svc, _, _ := startService(t, Config{
 		Source: fixed, ScrapeInterval: 50 * time.Millisecond, ScrapeTimeout: time.Second,
-		Gateways:     []string{urlA + "/.kvroute/v1/state", urlB + "/.kvroute/v1/state"},
+		Gateways:     []string{urlA + "/.kvroute/v1/state", relayB.URL + "/.kvroute/v1/state"},
 		Token:        push.StaticToken("s3cret"),
 		PushInterval: 200 * time.Millisecond,
 	})
@@ -92,21 +133,26 @@ func TestTwoGatewaysConvergeThroughReports(t *testing.T) {
 		t.Fatal("no engine served the request")
 		return -1
 	}
-	// Wait for the first push to reach both gateways.
-	testenv.Poll(testenv.WaitTimeout, func() bool { return len(svc.Snapshot().Hosts) >= 4 })
-	time.Sleep(300 * time.Millisecond)
+	testenv.WaitFor(t, "the first push to reach both gateways", func() bool {
+		return len(svc.Snapshot().Hosts) >= 4 && hostA.CounterValue("kvroute.router.state.pushes") > 0 && hostB.CounterValue("kvroute.router.state.pushes") > 0
+	})
 	const n = 8
 	followed, control := 0, 0
 	for i := range n {
 		prefix := fmt.Sprintf("Tenant %d handbook. ", i) + strings.Repeat(fmt.Sprintf("Section %d: be precise, cite, and keep answers short. ", i), 120)
-		pushes := hostB.CounterValue("kvroute.router.state.pushes")
+		before := firstBlocks()
 		a := send(urlA, prefix+"first question")
-		// A reports its route within a report interval (20 ms); the first
-		// push to B after the service merged it carries it. Two pushes to B
-		// after the request (200 ms apart) leave a push interval for that,
-		// however slow the machine: the first may have been built before.
-		testenv.WaitFor(t, "two pushes to gateway B", func() bool {
-			return hostB.CounterValue("kvroute.router.state.pushes") >= pushes+2
+		// A reports its route on its report tick; the service pushes it to
+		// B with its next snapshot. Wait for B to have accepted a route to
+		// A's engine with a first block new since the request: A's (each
+		// prompt's prefix is its own; B's routes come later).
+		testenv.WaitFor(t, "gateway B to accept gateway A's route of prompt "+fmt.Sprint(i), func() bool {
+			for k := range firstBlocks() {
+				if !before[k] && strings.HasPrefix(k, addrs[a]+" ") {
+					return true
+				}
+			}
+			return false
 		})
 		if send(urlB, prefix+"second question") == a {
 			followed++
