@@ -1,16 +1,19 @@
 package filter
 
 // Wasm tests of admission in kvroute.router: the built module in
-// internal/sim/wasmhost in front of live simulated engines. One engine and a
-// pending-prefill threshold of one token make "saturated" mean "a request
-// is in flight", so holding is deterministic.
+// internal/sim/wasmhost in front of one engine that answers when the test
+// lets it. A pending-prefill threshold of one token makes "saturated" mean
+// "a request is in flight", so holding is deterministic, and the test, not
+// the machine's speed, decides how long the engine stays busy.
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +22,6 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/kvroute/kvroute/filter/statnames"
-	"github.com/kvroute/kvroute/internal/sim/server"
 	"github.com/kvroute/kvroute/internal/sim/wasmhost"
 	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/internal/testenv/wasmhosttest"
@@ -43,14 +45,9 @@ func admissionModule(t testing.TB) []byte {
 // sets them.
 const operatorHeaders = `,"priorityHeader":"` + PriorityHeader + `","deadlineHeader":"` + DeadlineHeader + `"`
 
-func startAdmission(t *testing.T, workers int, admission string) (*wasmhost.Host, string) {
-	t.Helper()
-	// TimeScale 1: a request with max_tokens 40 takes a few hundred ms.
-	f := startFleet(t, server.Options{Replicas: 1, TimeScale: 1})
-	return startAdmissionAt(t, workers, f.Addrs(), admission)
-}
-
-// startAdmissionAt is startAdmission in front of the engines at addrs.
+// startAdmissionAt starts the router with admission on in front of the
+// engines at addrs: every request is held while any prompt token is
+// pending on them.
 func startAdmissionAt(t *testing.T, workers int, addrs []string, admission string) (*wasmhost.Host, string) {
 	t.Helper()
 	return wasmhosttest.Start(t, wasmhost.Config{
@@ -79,58 +76,104 @@ func noLeakedLoad(t *testing.T, h *wasmhost.Host) {
 }
 
 // With one worker the queue is global: every request held behind the first
-// completes, interactive ones first. With two workers each holds its own
-// queue: every request still completes, order holds only per worker.
+// is released to the engine, interactive ones first. With two workers each
+// holds its own queue: every request is still released, order holds only
+// per worker.
 func TestWasmAdmissionHeldRequestsResumeInPriorityOrder(t *testing.T) {
 	for _, workers := range []int{1, 2} {
 		t.Run(fmt.Sprint(workers, "workers"), func(t *testing.T) { heldRequestsResume(t, workers) })
 	}
 }
 
-func heldRequestsResume(t *testing.T, workers int) {
-	h, url := startAdmission(t, workers, `,"maxHeld":16`+operatorHeaders)
-	const n = 8
-	var wg sync.WaitGroup
+// gatedEngine answers every completion at once but the first, which it
+// holds until open is called, and notes the order requests reach it by
+// their prompt's index (admCompletion's i; -1 when unreadable).
+func gatedEngine(t *testing.T) (addr string, open func(), arrivals func() []int) {
+	t.Helper()
+	gate := make(chan struct{})
 	var mu sync.Mutex
-	var order []string
-	codes := make([]int, n)
-	for i := range n {
+	var seen []int
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		i := -1
+		fmt.Sscanf(gjson.GetBytes(body, "prompt").String(), "System prompt %d.", &i)
+		mu.Lock()
+		first := len(seen) == 0
+		seen = append(seen, i)
+		mu.Unlock()
+		if first {
+			<-gate
+		}
+		w.Header().Set("content-type", "application/json")
+		io.WriteString(w, benchCompletion)
+	}))
+	var once sync.Once
+	open = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(func() { open(); up.Close() })
+	arrivals = func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+	return up.Listener.Addr().String(), open, arrivals
+}
+
+func heldRequestsResume(t *testing.T, workers int) {
+	// The first request holds the engine until every other one is held,
+	// however long sending them takes; then each is released only once the
+	// one before it has its answer (a pending prompt token saturates), so
+	// the order they reach the engine is the order of release.
+	engine, open, arrivals := gatedEngine(t)
+	h, url := startAdmissionAt(t, workers, []string{engine}, `,"maxHeld":16`+operatorHeaders)
+	const n = 8
+	prio := func(i int) string {
+		if i%2 == 1 {
+			return "interactive"
+		}
+		return "batch"
+	}
+	var wg sync.WaitGroup
+	call := func(i int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			prio := "batch"
-			if i%2 == 1 {
-				prio = "interactive"
-			}
-			if i > 0 { // the first one goes straight through and holds the engine
-				testenv.WaitFor(t, "the first request in flight", func() bool { return h.CounterValue("kvroute.router.requests.routed") >= 1 })
-			}
-			maxTokens := 8
-			if i == 0 {
-				maxTokens = 80 // long enough for every other request to arrive and be held
-			}
-			code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(i, maxTokens), map[string]string{PriorityHeader: prio})
-			codes[i] = code
+			code, body, _ := testenv.Call(t, "POST", url+"/v1/completions", admCompletion(i, 8), map[string]string{PriorityHeader: prio(i)})
 			if code != 200 || gjson.Get(body, "choices.0.text").String() == "" {
-				t.Errorf("request %d (%s): %d %s", i, prio, code, body)
+				t.Errorf("request %d (%s): %d %s", i, prio(i), code, body)
 			}
-			mu.Lock()
-			order = append(order, prio)
-			mu.Unlock()
 		}()
 	}
+	call(0)
+	testenv.WaitFor(t, "the first request at the engine", func() bool { return len(arrivals()) == 1 })
+	heldTotal := func() int64 {
+		return h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "batch", "held_total")) + h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "interactive", "held_total"))
+	}
+	// One at a time, so that they are held in a known order (batch and
+	// interactive alternating): a queue that released them as they came
+	// would fail the order check every time.
+	for i := 1; i < n; i++ {
+		call(i)
+		testenv.WaitFor(t, fmt.Sprintf("request %d held", i), func() bool { return heldTotal() == int64(i) })
+	}
+	open()
 	wg.Wait()
-	held := h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "batch", "held_total")) + h.CounterValue(statnames.Tagged(statnames.Admission, statnames.TagBand, "interactive", "held_total"))
-	released := h.CounterValue(statnames.Admission + "released")
-	t.Logf("completion order %v; held %d, released %d", order, held, released)
-	if held < n/2 || released != held {
-		t.Fatalf("held %d, released %d: want at least %d held and every one released", held, released, n/2)
+	var order []string
+	for _, i := range arrivals() {
+		order = append(order, prio(i))
+	}
+	held, released := heldTotal(), h.CounterValue(statnames.Admission+"released")
+	t.Logf("order at the engine %v; held %d, released %d", order, held, released)
+	if held != n-1 || released != held {
+		t.Fatalf("held %d, released %d: want %d held and every one released", held, released, n-1)
 	}
 	if m, ok := h.Metric(statnames.Admission + "wait_us"); !ok || int64(len(m.Samples)) != held {
 		t.Errorf("wait_us histogram has %d samples, want one per held request (%d)", len(m.Samples), held)
 	}
+	if len(order) != n {
+		t.Errorf("the engine saw %d requests (%v), want %d", len(order), arrivals(), n)
+	}
 	if want := "[batch interactive interactive interactive interactive batch batch batch]"; workers == 1 && fmt.Sprint(order) != want {
-		t.Errorf("completion order %v, want %s (held interactive before held batch)", order, want)
+		t.Errorf("order at the engine %v, want %s (held interactive before held batch)", order, want)
 	}
 	noLeakedLoad(t, h)
 }
