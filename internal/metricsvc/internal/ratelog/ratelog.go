@@ -18,6 +18,8 @@ type Limiter struct {
 
 	mu   sync.Mutex
 	last map[string]entry
+	// now is the clock (tests); nil: time.Now.
+	now func() time.Time
 }
 
 type entry struct {
@@ -29,6 +31,9 @@ type entry struct {
 // Period ago; a written record carries the number suppressed since the last.
 func (l *Limiter) Log(log *slog.Logger, level slog.Level, key, msg string, args ...any) {
 	now := time.Now()
+	if l.now != nil {
+		now = l.now()
+	}
 	l.mu.Lock()
 	if l.last == nil {
 		l.last = make(map[string]entry)
