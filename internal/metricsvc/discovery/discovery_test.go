@@ -22,6 +22,25 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// lockedBuffer collects a logger's output for a test to read while the
+// source writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // updates records what a Source reports.
 type updates struct {
 	mu   sync.Mutex
@@ -112,14 +131,15 @@ func TestFileReload(t *testing.T) {
 	var u updates
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	src := &File{Path: path, Poll: 10 * time.Millisecond, Log: quiet()}
+	logs := &lockedBuffer{}
+	src := &File{Path: path, Poll: 10 * time.Millisecond, Log: slog.New(slog.NewTextHandler(logs, nil))}
 	go src.Run(ctx, u.add)
 	u.waitFor(t, "first list", func(e []Endpoint) bool { return addrs(e) == "127.0.0.1:8001" })
 	write("endpoints:\n  - address: 127.0.0.1:8001\n  - address: 127.0.0.1:8002\n    role: prefill\n")
 	u.waitFor(t, "reload", func(e []Endpoint) bool { return addrs(e) == "127.0.0.1:8001,127.0.0.1:8002" })
 	_, n := u.last()
 	write("endpoints:\n  - address: broken\n# longer so the size changes\n")
-	time.Sleep(100 * time.Millisecond)
+	testenv.WaitFor(t, "the invalid file read and refused", func() bool { return strings.Contains(logs.String(), "changed but is invalid") })
 	if eps, n2 := u.last(); n2 != n || len(eps) != 2 {
 		t.Errorf("invalid file replaced the list: %+v", eps)
 	}
@@ -129,9 +149,16 @@ func TestFileReload(t *testing.T) {
 }
 
 type fakeResolver struct {
-	mu  sync.Mutex
-	ips []string
-	err error
+	mu      sync.Mutex
+	ips     []string
+	err     error
+	lookups int
+}
+
+func (r *fakeResolver) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lookups
 }
 
 func (r *fakeResolver) set(err error, ips ...string) {
@@ -143,6 +170,7 @@ func (r *fakeResolver) set(err error, ips ...string) {
 func (r *fakeResolver) LookupIPAddr(ctx context.Context, host string) ([]net.IPAddr, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.lookups++
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -172,7 +200,9 @@ func TestDNSRefresh(t *testing.T) {
 	// a transient failure keeps the set
 	_, n := u.last()
 	r.set(&net.DNSError{Err: "server misbehaving", IsTemporary: true})
-	time.Sleep(60 * time.Millisecond)
+	// Two lookups since: the first failed one has been acted on.
+	from := r.count()
+	testenv.WaitFor(t, "two failed lookups", func() bool { return r.count() >= from+2 })
 	if eps, n2 := u.last(); n2 != n || len(eps) != 3 {
 		t.Errorf("temporary DNS failure changed the set: %+v", eps)
 	}
