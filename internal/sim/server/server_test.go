@@ -365,7 +365,15 @@ func TestSGLangBootstrapPairing(t *testing.T) {
 		json.NewDecoder(resp.Body).Decode(&decoded)
 		decodeEnd = time.Now()
 	})
-	time.Sleep(100 * time.Millisecond) // the decode side waits for its room
+	// The decode side is waiting for its room: its bootstrap GET made it
+	// on the prefill server, which has not seen the request yet.
+	testenv.WaitFor(t, "the decode side waiting for bootstrap room 424242", func() bool {
+		rs := &f.Servers[0].rooms
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		_, ok := rs.m[424242]
+		return ok
+	})
 	prefillStart := time.Now()
 	resp := post(t, pAddr, "/v1/completions", body)
 	io.Copy(io.Discard, resp.Body)
