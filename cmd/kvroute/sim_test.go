@@ -9,32 +9,15 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
-
-// lockedBuffer is stdout for a command running in another goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // freePortPair returns a port P such that P and P+1 are both free on
 // loopback (sim puts its replicas on consecutive ports).
@@ -59,9 +42,9 @@ func freePortPair(t *testing.T) int {
 
 // startSim runs `kvroute sim args...` until ctx ends and waits for it to
 // announce "serving". The returned channel yields the command's result.
-func startSim(t *testing.T, ctx context.Context, args ...string) (*lockedBuffer, <-chan error) {
+func startSim(t *testing.T, ctx context.Context, args ...string) (*testenv.LockedBuffer, <-chan error) {
 	t.Helper()
-	out := &lockedBuffer{}
+	out := &testenv.LockedBuffer{} // stdout of the command running in another goroutine
 	done := make(chan error, 1)
 	go func() { done <- execCLI(t, ctx, out, append([]string{"sim"}, args...)...) }()
 	deadline := time.After(15 * time.Second)

@@ -120,27 +120,9 @@ func (g *gateway) waitState(t *testing.T, what string, d time.Duration, cond fun
 	return st
 }
 
-// logSink collects the service's logs for assertions.
-type logSink struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func startService(t *testing.T, cfg Config) (*Service, *logSink, string) {
+func startService(t *testing.T, cfg Config) (*Service, *testenv.LockedBuffer, string) {
 	t.Helper()
-	sink := &logSink{}
+	sink := &testenv.LockedBuffer{} // the service's logs, for assertions
 	cfg.Log = slog.New(slog.NewTextHandler(sink, nil))
 	if cfg.Name == "" {
 		cfg.Name = "test"

@@ -78,6 +78,26 @@ func Poll(d time.Duration, cond func() bool) bool {
 	return true
 }
 
+// LockedBuffer is what another goroutine writes (a logger, a command's
+// output) and a test reads while it runs.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // WaitTimeout bounds WaitFor: long enough for a loaded 2-core machine,
 // short enough that a condition that never holds fails the test soon.
 const WaitTimeout = 10 * time.Second

@@ -22,25 +22,6 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// lockedBuffer collects a logger's output for a test to read while the
-// source writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // updates records what a Source reports.
 type updates struct {
 	mu   sync.Mutex
@@ -131,7 +112,7 @@ func TestFileReload(t *testing.T) {
 	var u updates
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &lockedBuffer{}
+	logs := &testenv.LockedBuffer{}
 	src := &File{Path: path, Poll: 10 * time.Millisecond, Log: slog.New(slog.NewTextHandler(logs, nil))}
 	go src.Run(ctx, u.add)
 	u.waitFor(t, "first list", func(e []Endpoint) bool { return addrs(e) == "127.0.0.1:8001" })
