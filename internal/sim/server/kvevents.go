@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -20,9 +21,11 @@ import (
 // subscriber that misses batches counts a gap, as with a vLLM configured
 // without replay_endpoint.
 type kvPublisher struct {
-	sock  zmq4.Socket
-	enc   kvevents.Encoder
-	seq   uint64
+	sock zmq4.Socket
+	enc  kvevents.Encoder
+	// seq is the next batch's sequence number: how many went out, which a
+	// test reads while the engine publishes.
+	seq   atomic.Uint64
 	topic []byte
 }
 
@@ -42,8 +45,7 @@ func (p *kvPublisher) endpoint() string { return "tcp://" + p.sock.Addr().String
 func (p *kvPublisher) publish(evs []sim.KVEvent, at time.Duration) {
 	sim.EncodeKVEvents(&p.enc, evs)
 	var seq [8]byte
-	binary.BigEndian.PutUint64(seq[:], p.seq)
-	p.seq++
+	binary.BigEndian.PutUint64(seq[:], p.seq.Add(1)-1)
 	// A send error (the socket closed under a stopping server) loses the
 	// batch, as a dead engine's would be.
 	// A copy: the encoder reuses its buffer, and the socket may send
