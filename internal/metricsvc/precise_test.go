@@ -1,6 +1,7 @@
 package metricsvc
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -138,7 +139,10 @@ func TestPullLogSince(t *testing.T) {
 			st.Gateways = append(st.Gateways, snapshot.GatewayReport{Gateway: gw, Load: []snapshot.HostLoad{{Address: "10.0.0.1:8000", InFlight: 3}}})
 		}
 		st.Removals = []snapshot.Removal{{Address: "10.0.0.1:8000", Chain: removal}}
-		return st, l.add(&st, now)
+		if n := l.add(&st, now); l.cursor() != l.id+"."+strconv.FormatUint(n, 10) {
+			t.Fatalf("push number %d, cursor %q", n, l.cursor())
+		}
+		return st, l.cursor()
 	}
 	_, c1 := push("a", "AQAAAAAAAAA=", false)
 	push("b", "AgAAAAAAAAA=", false)
@@ -173,6 +177,12 @@ func TestPullLogSince(t *testing.T) {
 	}
 	if got := l.since(last, "other.2"); len(got.Removals) != 3 {
 		t.Errorf("another instance's cursor: %d removals, want all 3 logged", len(got.Removals))
+	}
+	// A pushed gateway whose last push was the first gets the same, with
+	// no cursor (it does not pull).
+	got = l.sinceSeq(last, 1)
+	if gws, loads := routes(got); strings.Join(gws, ",") != "b,c" || loads != 1 || len(got.Removals) != 2 || got.Cursor != "" {
+		t.Errorf("pushed since the first push: routes of %v, %d load pictures, %d removals, cursor %q; want b,c, 1, 2, none", gws, loads, len(got.Removals), got.Cursor)
 	}
 }
 

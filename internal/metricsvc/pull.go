@@ -61,8 +61,9 @@ func newPullLog() *pullLog {
 	return &pullLog{id: hex.EncodeToString(b[:])}
 }
 
-// add logs one push's routes and removals and returns its cursor.
-func (l *pullLog) add(st *snapshot.State, now time.Time) string {
+// add logs one push's routes and removals and returns its sequence
+// number (its cursor's number).
+func (l *pullLog) add(st *snapshot.State, now time.Time) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.seq++
@@ -88,7 +89,7 @@ func (l *pullLog) add(st *snapshot.State, now time.Time) string {
 	}
 	clear(l.removals[:n])
 	l.removals = append(l.removals[:0], l.removals[n:]...)
-	return l.cursor()
+	return l.seq
 }
 
 func (l *pullLog) cursor() string { return l.id + "." + strconv.FormatUint(l.seq, 10) }
@@ -112,6 +113,15 @@ func (l *pullLog) since(st snapshot.State, cursor string) snapshot.State {
 			after = v
 		}
 	}
+	out := l.after(st, after)
+	out.Cursor = l.cursor()
+	return out
+}
+
+// after returns st with the routes and removals logged after push number
+// n in place of its own: what a gateway whose last push was the n-th
+// missed. The caller holds l.mu.
+func (l *pullLog) after(st snapshot.State, after uint64) snapshot.State {
 	out := st
 	out.Gateways = nil
 	for _, g := range st.Gateways {
@@ -130,6 +140,14 @@ func (l *pullLog) since(st snapshot.State, cursor string) snapshot.State {
 			out.Removals = append(out.Removals, r.r)
 		}
 	}
-	out.Cursor = l.cursor()
 	return out
+}
+
+// sinceSeq is since for a pushed gateway whose last delivered push was
+// the n-th (push.Pusher.PublishDelta): st with what it skipped, without a
+// cursor (it does not pull).
+func (l *pullLog) sinceSeq(st snapshot.State, n uint64) snapshot.State {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.after(st, n)
 }

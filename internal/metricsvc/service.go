@@ -601,12 +601,21 @@ func (s *Service) assembleAndPublish(now time.Time) {
 		s.log.Error("encoding snapshot", "err", err)
 		return
 	}
-	s.pulls.add(&st, now) // first: a pull in between finds the routes logged
+	seq := s.pulls.add(&st, now) // first: a pull in between finds the routes logged
 	s.mu.Lock()
 	s.published, s.lastPub, s.current = st.Hosts, now, st
 	s.mu.Unlock()
 	s.tel.published(st, changed)
-	s.pusher.Publish(body)
+	// A gateway that skips this push (busy with an earlier one, or
+	// failing) gets, with the next one it takes, the routes and removals
+	// of those it skipped, from the pull log.
+	s.pusher.PublishDelta(seq, body, func(n uint64) []byte {
+		b, err := json.Marshal(s.pulls.sinceSeq(st, n))
+		if err != nil {
+			return body
+		}
+		return b
+	})
 }
 
 // sameContent compares what a gateway acts on, leaving out the scrape

@@ -156,13 +156,15 @@ var (
 		"Failed pushes to the gateway since its last success.", []string{"gateway"}, nil)
 	descPushLatency = prometheus.NewDesc("kvroute_metrics_push_last_latency_seconds",
 		"Latency of the last successful push to the gateway.", []string{"gateway"}, nil)
+	descPushCaughtUp = prometheus.NewDesc("kvroute_metrics_push_caught_up_total",
+		"Pushes to the gateway that carried the routes and removals of pushes it had skipped (busy with an earlier push, or failing).", []string{"gateway"}, nil)
 )
 
 // pullCollector reads the KV trackers' and pusher's own counters.
 type pullCollector struct{ s *Service }
 
 func (c *pullCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descKV, descBridge, descCached, descKVUp, descListen, descPush, descPushFailing, descPushLatency} {
+	for _, d := range []*prometheus.Desc{descKV, descBridge, descCached, descKVUp, descListen, descPush, descPushFailing, descPushLatency, descPushCaughtUp} {
 		ch <- d
 	}
 }
@@ -232,5 +234,6 @@ func (c *pullCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descPushFailing, prometheus.GaugeValue, float64(g.Consecutive), g.URL)
 		ch <- prometheus.MustNewConstMetric(descPushLatency, prometheus.GaugeValue, g.LastLatency.Seconds(), g.URL)
+		ch <- prometheus.MustNewConstMetric(descPushCaughtUp, prometheus.CounterValue, float64(g.CaughtUp), g.URL)
 	}
 }

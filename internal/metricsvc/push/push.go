@@ -87,6 +87,9 @@ type GatewayStats struct {
 	LastError   string
 	// Latency of the last successful push.
 	LastLatency time.Duration
+	// CaughtUp counts pushes sent with the deltas of snapshots the gateway
+	// had skipped (PublishDelta).
+	CaughtUp uint64
 }
 
 // Pusher fans snapshots out to gateways.
@@ -113,6 +116,8 @@ type gateway struct {
 	mu     sync.Mutex
 	body   []byte
 	ver    uint64
+	seq    uint64                    // the body's sequence number (PublishDelta), 0 for none
+	since  func(after uint64) []byte // the body with the deltas after a sequence number, or nil
 	stats  GatewayStats
 	logLim ratelog.Limiter
 }
@@ -136,10 +141,21 @@ func New(urls []string, token TokenSource, client *http.Client, log *slog.Logger
 // Publish hands a new encoded snapshot to every gateway. It never blocks:
 // a gateway still busy with an earlier push takes this one next, skipping
 // any it had not started.
-func (p *Pusher) Publish(body []byte) {
+func (p *Pusher) Publish(body []byte) { p.PublishDelta(0, body, nil) }
+
+// PublishDelta is Publish for a snapshot that carries deltas, changes that
+// hold only in the push that carries them (the routes other gateways
+// reported, evicted blocks): a gateway that skips a push, because it was
+// still busy with an earlier one or failing, would never see that push's
+// deltas. seq numbers the snapshot (1, 2, ... in publishing order), and
+// since(n) encodes it with the deltas of every snapshot after the n-th
+// too: a gateway whose last delivered snapshot was the n-th and which
+// skipped some gets since(n) instead of body. A gateway that has had
+// nothing yet gets body, as a gateway that starts later would.
+func (p *Pusher) PublishDelta(seq uint64, body []byte, since func(n uint64) []byte) {
 	for _, g := range p.gws {
 		g.mu.Lock()
-		g.body = body
+		g.body, g.seq, g.since = body, seq, since
 		g.ver++
 		g.mu.Unlock()
 		select {
@@ -191,7 +207,7 @@ func (p *Pusher) deliver(ctx context.Context, g *gateway) {
 		after = time.After
 	}
 	backoff := minB
-	var sent uint64
+	var sent, sentSeq uint64 // the version and sequence number last delivered
 	for {
 		select {
 		case <-ctx.Done():
@@ -199,10 +215,16 @@ func (p *Pusher) deliver(ctx context.Context, g *gateway) {
 		case <-g.wake:
 		}
 		g.mu.Lock()
-		body, ver := g.body, g.ver
+		body, ver, seq, since := g.body, g.ver, g.seq, g.since
 		g.mu.Unlock()
 		if ver == sent || body == nil {
 			continue
+		}
+		if since != nil && sentSeq > 0 && seq > sentSeq+1 {
+			body = since(sentSeq) // the deltas of the snapshots skipped too
+			g.mu.Lock()
+			g.stats.CaughtUp++
+			g.mu.Unlock()
 		}
 		start := time.Now()
 		reason, err := p.send(ctx, g.url, body)
@@ -219,7 +241,7 @@ func (p *Pusher) deliver(ctx context.Context, g *gateway) {
 			if backoff > minB {
 				p.Log.Info("gateway accepts state again", "gateway", g.url)
 			}
-			sent = ver
+			sent, sentSeq = ver, seq
 			backoff = minB
 			continue
 		}

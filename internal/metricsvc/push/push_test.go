@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -238,5 +239,58 @@ func TestBackoffGrowsCapsAndResets(t *testing.T) {
 	testenv.WaitWithin(t, 5*time.Second, "the next failure's wait", func() bool { return len(recorded()) > failuresBeforeRecovery })
 	if got := recorded()[failuresBeforeRecovery]; got != 100*ms {
 		t.Errorf("wait after a success then a failure = %v, want 100ms (reset)", got)
+	}
+}
+
+// A gateway still taking one push when two more are published gets, with
+// the newest, the deltas of the one it skipped (PublishDelta's since), and
+// a gateway that skipped nothing gets the snapshot as published.
+func TestPushCatchesUpSkippedDeltas(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	entered, gate := make(chan struct{}, 8), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if string(b) == "2" { // held until the test has published 3 and 4
+			entered <- struct{}{}
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	got := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(bodies)
+	}
+	p := New([]string{srv.URL}, StaticToken("t"), nil, quiet())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Run(ctx)
+	publish := func(seq uint64) {
+		body := strconv.FormatUint(seq, 10)
+		p.PublishDelta(seq, []byte(body), func(n uint64) []byte { return []byte(body + " since " + strconv.FormatUint(n, 10)) })
+	}
+	publish(1)
+	testenv.WaitFor(t, "the first push", func() bool { return len(got()) == 1 })
+	publish(2)
+	<-entered // the gateway is taking push 2
+	publish(3)
+	publish(4)
+	close(gate)
+	testenv.WaitFor(t, "the pushes after the held one", func() bool { return len(got()) == 3 })
+	publish(5)
+	testenv.WaitFor(t, "the next push", func() bool { return len(got()) == 4 })
+	if want := []string{"1", "2", "4 since 2", "5"}; !slices.Equal(got(), want) {
+		t.Errorf("gateway got %q, want %q", got(), want)
+	}
+	if st := p.Stats()[0]; st.CaughtUp != 1 || st.OK != 4 {
+		t.Errorf("stats %+v, want 4 pushes, 1 caught up", st)
 	}
 }
