@@ -125,5 +125,6 @@
 //
 // Tests read what the module did with Metric, Metrics, CounterValue, Logs,
 // LogsContaining, SharedData, SharedDataKeys, Workers, VMFailures and
-// UpstreamRequests, and drive it with SetSharedData, Enqueue and FireTicks.
+// UpstreamRequests, and drive it with SetSharedData, Enqueue and FireTicks;
+// Config.Clock moves the module's wall clock without waiting for it.
 package wasmhost

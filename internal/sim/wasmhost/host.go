@@ -107,6 +107,24 @@ type Config struct {
 	// $XDG_CACHE_HOME/kvroute/wazero; "-" keeps the cache in memory only.
 	CompilationCacheDir string
 
+	// Clock, when set, is the proxy's wall clock: what
+	// proxy_get_current_time_nanoseconds answers and what WASI's realtime
+	// clock (time.Now in a Go module) reads. A test sets a clock it moves
+	// itself to step the module's time instead of sleeping through it:
+	// recency buckets, staleness and intervals the module keeps in wall
+	// time then pass as fast, and as exactly, as the test says. Nil is
+	// time.Now.
+	//
+	// Only the wall clock follows it. WASI's monotonic clock stays real:
+	// the module measures latencies with it (time.Since) and the Go runtime
+	// schedules by it, and both must see time pass. The host's call
+	// statistics stay on real time: they measure what the module costs.
+	// Ticks (proxy_set_tick_period_milliseconds) stay real timers too: a
+	// clock given as a function cannot schedule anything, so a test that
+	// moves the clock runs the ticks it wants with FireTicks, and the
+	// module's own checks against this clock decide what each tick does.
+	Clock func() time.Time
+
 	// PollOneoffUnsupported makes poll_oneoff answer ENOSYS, as Envoy
 	// releases without the poll_oneoff host fix do (golang/go#78513), to
 	// test modules built for them.
@@ -244,6 +262,9 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	if cfg.DelayedCloseTimeout <= 0 {
 		cfg.DelayedCloseTimeout = time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	if cfg.BufferLimitBytes <= 0 {
 		cfg.BufferLimitBytes = 1 << 20

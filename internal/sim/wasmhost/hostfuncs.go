@@ -661,7 +661,7 @@ func hSetTickPeriod(v *vm, p []uint64) Status {
 }
 
 func hGetCurrentTime(v *vm, p []uint64) Status {
-	if !v.mem.WriteUint64Le(u32(p[0]), uint64(time.Now().UnixNano())) {
+	if !v.mem.WriteUint64Le(u32(p[0]), uint64(v.h.cfg.Clock().UnixNano())) {
 		return StatusInvalidMemoryAccess
 	}
 	return StatusOK

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,6 +261,49 @@ func TestTicksPerRootContext(t *testing.T) {
 	h.FireTicks() // one per VM
 	if got := h.CounterValue("probe.ticks"); got < before+2 {
 		t.Errorf("FireTicks: %d -> %d, want +2 (two VMs)", before, got)
+	}
+}
+
+// Config.Clock is the module's wall clock, read either way
+// (proxy_get_current_time_nanoseconds and WASI's realtime clock, Go's
+// time.Now): moving it moves both at once, by exactly as much, while the
+// monotonic clock (time.Since) goes on measuring real time.
+func TestClockIsTheModulesWallClock(t *testing.T) {
+	var nanos atomic.Int64
+	nanos.Store(time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC).UnixNano())
+	_, url, up := probeHost(t, Filter{}, func(c *Config) {
+		c.Clock = func() time.Time { return time.Unix(0, nanos.Load()) }
+	})
+	read := func() (proxy, wasi, mono int64) {
+		t.Helper()
+		if r := do(t, "GET", url+"/v1/models", "", map[string]string{"x-probe-clock": "1"}); r.code != 200 {
+			t.Fatalf("status %d %q", r.code, r.body)
+		}
+		for _, f := range []struct {
+			h string
+			v *int64
+		}{{"x-probe-proxy-now", &proxy}, {"x-probe-wasi-now", &wasi}, {"x-probe-since-start", &mono}} {
+			n, err := strconv.ParseInt(up.lastHeader(f.h), 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", f.h, err)
+			}
+			*f.v = n
+		}
+		return proxy, wasi, mono
+	}
+	p1, w1, m1 := read()
+	if want := nanos.Load(); p1 != want || w1 != want {
+		t.Fatalf("proxy_get_current_time %d, time.Now %d; want both the clock's %d", p1, w1, want)
+	}
+	nanos.Add(int64(90 * time.Minute))
+	time.Sleep(10 * time.Millisecond)
+	p2, w2, m2 := read()
+	if p2-p1 != int64(90*time.Minute) || w2-w1 != int64(90*time.Minute) {
+		t.Errorf("after moving the clock 90 minutes: proxy_get_current_time moved %v, time.Now %v; want 90m0s both",
+			time.Duration(p2-p1), time.Duration(w2-w1))
+	}
+	if d := time.Duration(m2 - m1); d < 10*time.Millisecond || d >= 90*time.Minute {
+		t.Errorf("time.Since moved %v across a 10 ms wait while the wall clock moved 90 minutes; want the real time passed (the monotonic clock is not Config.Clock)", d)
 	}
 }
 

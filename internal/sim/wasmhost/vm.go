@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
 )
 
 // vm is one instance of the module: Envoy's per-worker Wasm VM. Every call
@@ -303,13 +304,20 @@ func checkModule(cm wazero.CompiledModule) error {
 	return nil
 }
 
+// walltime is WASI's realtime clock: Config.Clock, in the form wazero
+// asks for it.
+func (h *Host) walltime() (sec int64, nsec int32) {
+	t := h.cfg.Clock()
+	return t.Unix(), int32(t.Nanosecond())
+}
+
 func (h *Host) startVM(ctx context.Context, index int) (*vm, error) {
 	v := &vm{h: h, index: index, contexts: map[uint32]*wctx{}, metricIDs: map[uint32]*Metric{}}
 	v.ctx = context.WithValue(context.Background(), vmKey{}, v)
 	mc := wazero.NewModuleConfig().
 		WithName(fmt.Sprintf("vm-%d", index)).
 		WithStartFunctions(). // _initialize is called below, restricted like Envoy's startVm
-		WithSysWalltime().WithSysNanotime().WithRandSource(crand.Reader).
+		WithWalltime(h.walltime, sys.ClockResolution(time.Microsecond)).WithSysNanotime().WithRandSource(crand.Reader).
 		WithStdout(&lineLogger{v: v, level: LevelInfo}).
 		WithStderr(&lineLogger{v: v, level: LevelError})
 	keys := make([]string, 0, len(h.cfg.Env))
@@ -462,7 +470,8 @@ func (l *lineLogger) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Ticks: one timer per root context per VM, firing on_tick on that VM.
+// Ticks: one timer per root context per VM, firing on_tick on that VM,
+// on real time whatever Config.Clock says (see there for why).
 
 func (v *vm) setTick(root *wctx, period time.Duration) {
 	if root.tickStop != nil {

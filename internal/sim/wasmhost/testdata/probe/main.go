@@ -11,10 +11,15 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 )
 
 func main() {}
+
+// started is when the module started, on the monotonic clock as well as
+// the wall clock: time.Since(started) reads the monotonic one.
+var started = time.Now()
 
 // With PROBE_INIT_CALL set (vm_config.environment_variables), the module
 // calls the host while _initialize runs, which Envoy forbids.
@@ -71,6 +76,9 @@ func proxyHTTPCall(up unsafe.Pointer, us uint32, hp unsafe.Pointer, hs uint32, b
 
 //go:wasmimport env proxy_set_effective_context
 func proxySetEffectiveContext(id uint32) uint32
+
+//go:wasmimport env proxy_get_current_time_nanoseconds
+func proxyGetCurrentTime(ret unsafe.Pointer) uint32
 
 //go:wasmimport env proxy_get_property
 func proxyGetProperty(pp unsafe.Pointer, ps uint32, retPtr, retSize unsafe.Pointer) uint32
@@ -255,6 +263,13 @@ func onRequestHeaders(id, n, eos uint32) uint32 {
 	_, s.configProbe = buffer(7)
 	if v, _ := header(0, "x-probe-abi"); v != "" {
 		setHeader(0, "x-probe-abi-result", abiBattery())
+	}
+	if v, _ := header(0, "x-probe-clock"); v != "" {
+		var now uint64
+		proxyGetCurrentTime(unsafe.Pointer(&now))
+		setHeader(0, "x-probe-proxy-now", strconv.FormatUint(now, 10))
+		setHeader(0, "x-probe-wasi-now", strconv.FormatInt(time.Now().UnixNano(), 10))
+		setHeader(0, "x-probe-since-start", strconv.FormatInt(int64(time.Since(started)), 10))
 	}
 	if v, _ := header(0, "x-probe-trap"); v != "" {
 		panic("probe: trap requested")
