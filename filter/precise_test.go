@@ -34,10 +34,11 @@ import (
 //   - once the pushed state is stale (the metrics service down), the
 //     capacity model is back: recording B ages A out again, and
 //     state.precise_dropped counts the fallback.
+//
+// The proxy's clock is a wasmhosttest.Clock the test moves: the buckets
+// and the staleness are the proxy's time, so they pass at once and
+// exactly, however loaded the machine.
 func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out recency buckets and a stale state: about 6 s")
-	}
 	promptA := strings.Repeat("a quick brown fox jumps over the lazy dog ", 100)
 	promptB := strings.Repeat("b quick brown fox jumps over the lazy dog ", 100)
 	promptD := strings.Repeat("d quick brown fox jumps over the lazy dog ", 100)
@@ -48,14 +49,15 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, n, n)
 	addrs := jsonUpstreams(t, 1, resp)
 	const staleMs = 5000
-	h, url := startRouter(t, addrs, 1, fmt.Sprintf(`,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":%q,"staleAfterMs":%d}`, stateToken, staleMs))
+	clock := wasmhosttest.NewClock(time.Now())
+	h, url := startRouterClock(t, addrs, 1, fmt.Sprintf(`{%s,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":%q,"staleAfterMs":%d}}`,
+		endpointsJSON(addrs), stateToken, staleMs), clock)
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
 	// 16-token blocks x 105: 1,680 tokens of KV; A, B and D are about
 	// 1,050 tokens each, C 2,100.
 	push := func(precise bool) time.Time {
 		t.Helper()
-		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
-		now := time.Now()
+		now := clock.Advance(time.Millisecond) // a newer stamp than the state in force
 		st := fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q,"blockSize":16,"numGpuBlocks":105,"preciseCacheState":%t}]}`,
 			now.UnixMilli(), addrs[0], precise)
 		if code, r, _ := testenv.Call(t, "POST", url+"/.kvroute/v1/state", st, auth); code != 200 {
@@ -68,7 +70,7 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 		got, _ := predictedCached(t, h, url, `{"model":"m","prompt":"`+prompt+`","max_tokens":2}`)
 		return got
 	}
-	bucket := func() { time.Sleep(1100 * time.Millisecond) } // the index's recency buckets are 1 s
+	bucket := func() { clock.Advance(1100 * time.Millisecond) } // the index's recency buckets are 1 s
 
 	push(false)
 	predicted(promptA)
@@ -79,33 +81,24 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 		t.Fatalf("capacity model: after B and D, A predicted %d cached tokens; want it aged out (the capacity holds %d of A's, B's and D's %d)", got, 1680, 3*n)
 	}
 
+	// Three buckets (3.3 s of the proxy's time) pass below while the state
+	// pushed now stays fresh (staleAfterMs 5 s).
 	pushedAt := push(true)
-	// The precise-mode predictions below hold only while the state is
-	// fresh: a machine so loaded that it went stale skips the test rather
-	// than failing it.
-	fresh := func() {
-		t.Helper()
-		if d := time.Since(pushedAt); d >= staleMs*time.Millisecond {
-			t.Skipf("the machine is too slow for this test: %v passed since the push, the state went stale", d)
-		}
-	}
 	bucket()
 	predicted(promptB)
 	bucket()
 	whole := predicted(promptA)
-	fresh()
 	if whole < int64(n)*3/4 {
 		t.Fatalf("precise cache state: after B, A predicted %d cached tokens; want about %d (no capacity model)", whole, n)
 	}
 	bucket()
 	predicted(promptC) // D, B, A and C: twice the capacity and more
-	got := predicted(promptB)
-	fresh()
-	if got > int64(n)/2 {
+	if got := predicted(promptB); got > int64(n)/2 {
 		t.Fatalf("precise cache state: after D, B, A and C (%d tokens, over twice the capacity), B predicted %d cached tokens; want it aged out by the backstop", 5*n, got)
 	}
 
-	time.Sleep(time.Until(pushedAt.Add(staleMs*time.Millisecond + 200*time.Millisecond)))
+	// Just past staleAfterMs since the push:
+	clock.Advance(pushedAt.Add(staleMs*time.Millisecond + time.Millisecond).Sub(clock.Now()))
 	predicted(promptB) // stale: the capacity model is back, and B's record ages A out
 	if got := predicted(promptA); got > whole/2 {
 		t.Fatalf("stale state: after B, A predicted %d cached tokens; want it aged out by the capacity model again", got)

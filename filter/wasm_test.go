@@ -74,12 +74,23 @@ func startRouter(t testing.TB, addrs []string, workers int, cfg string) (*wasmho
 // given, its endpoints other than the cluster's addresses if need be.
 func startRouterConfig(t testing.TB, addrs []string, workers int, config string) (*wasmhost.Host, string) {
 	t.Helper()
-	return wasmhosttest.Start(t, wasmhost.Config{
+	return startRouterClock(t, addrs, workers, config, nil)
+}
+
+// startRouterClock is startRouterConfig on a host whose wall clock is
+// clock, which the test moves itself (nil: the real clock).
+func startRouterClock(t testing.TB, addrs []string, workers int, config string, clock *wasmhosttest.Clock) (*wasmhost.Host, string) {
+	t.Helper()
+	cfg := wasmhost.Config{
 		Module: testenv.Module(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true,
 			Configuration: config}},
 		Clusters: map[string][]string{"engines": addrs}, RouteCluster: "engines",
-	})
+	}
+	if clock != nil {
+		cfg.Clock = clock.Now
+	}
+	return wasmhosttest.Start(t, cfg)
 }
 
 // servedBy posts body (a chat completion) to the router at url with the
