@@ -401,12 +401,15 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 		io.WriteString(w, snapshot)
 	}))
 	t.Cleanup(metrics.Close) // after the host's, which Start registers next
+	// The pull interval is kept in the proxy's time: this clock's.
+	clock := wasmhosttest.NewClock(time.Now())
 	h, url := wasmhosttest.Start(t, wasmhost.Config{
 		Module: testenv.Module(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, Configuration: `{` + endpointsJSON(eng.addrs[:1]) +
 			`,"bodyRouting":false,"strategy":"round_robin","fallbacks":0,"state":{"token":"` + stateToken + `","pull":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
 		Clusters:     map[string][]string{"engines": eng.addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
 		RouteCluster: "engines",
+		Clock:        clock.Now,
 	})
 	h.FireTicks()
 	// Both workers' answers taken (the callback returned), so the count of
@@ -415,6 +418,7 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 		return callCount(h, "proxy_on_http_call_response") >= 2
 	})
 	stored := h.CounterValue("kvroute.router.state.pulls") // 1, or 2 when both workers' answers raced
+	clock.Advance(110 * time.Millisecond)                  // the pull interval
 	h.FireTicks()                                          // the same snapshot again: nothing newer to store
 	testenv.WaitFor(t, "the second round of pulls answered", func() bool {
 		return callCount(h, "proxy_on_http_call_response") >= 4

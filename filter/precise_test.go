@@ -135,11 +135,14 @@ func TestWasmPulledStateCarriesRoutesAndRemovals(t *testing.T) {
 		io.WriteString(w, state)
 	}))
 	t.Cleanup(metrics.Close)
+	// The proxy's clock, which the pull interval is kept in, moves when
+	// the test says.
+	clock := wasmhosttest.NewClock(time.Now())
 	serve := func(extra string) {
-		time.Sleep(2 * time.Millisecond) // a newer stamp than the state in force
+		now := clock.Advance(time.Millisecond) // a newer stamp than the state in force
 		mu.Lock()
 		defer mu.Unlock()
-		state = fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, time.Now().UnixMilli(), addrs[0], addrs[1], extra)
+		state = fmt.Sprintf(`{"version":1,"timestampMs":%d,"hosts":[{"address":%q},{"address":%q}]%s}`, now.UnixMilli(), addrs[0], addrs[1], extra)
 		asked = asked[:0]
 	}
 	h, url := wasmhosttest.Start(t, wasmhost.Config{
@@ -148,18 +151,19 @@ func TestWasmPulledStateCarriesRoutesAndRemovals(t *testing.T) {
 			`,"strategy":"kv_cache_aware","fallbacks":0,"state":{"token":"` + stateToken + `","pull":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
 		Clusters:     map[string][]string{"engines": addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
 		RouteCluster: "engines",
+		Clock:        clock.Now,
 	})
 	pull := func() {
 		t.Helper()
 		before := h.CounterValue("kvroute.router.state.pulls")
-		time.Sleep(110 * time.Millisecond) // the pull interval
+		clock.Advance(110 * time.Millisecond) // the pull interval
 		h.FireTicks()
 		testenv.WaitFor(t, "a pulled state stored", func() bool { return h.CounterValue("kvroute.router.state.pulls") > before })
 	}
 	predicted := func() (int64, string) { t.Helper(); return predictedCached(t, h, url, body) }
 
 	serve(fmt.Sprintf(`,"cursor":"svc1.7","gateways":[{"gateway":"other","timestampMs":%d,"routes":[{"address":%q,"chain":%q,"promptTokens":%d}]}]`,
-		time.Now().UnixMilli(), addrs[0], b64, n))
+		clock.Now().UnixMilli(), addrs[0], b64, n))
 	pull()
 	whole, to := predicted()
 	if to != addrs[0] || whole <= 0 {
@@ -243,12 +247,14 @@ func TestWasmReportCarriesCalibratedCharsPerToken(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(metrics.Close)
+	clock := wasmhosttest.NewClock(time.Now()) // the report interval is the proxy's time
 	h, url := wasmhosttest.Start(t, wasmhost.Config{
 		Module: testenv.Module(t), VMID: "kvroute", Workers: 1, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: `{` + endpointsJSON(addrs) +
 			`,"fallbacks":0,"state":{"token":"` + stateToken + `","report":{"cluster":"kvroute_metrics","intervalMs":100}}}`}},
 		Clusters:     map[string][]string{"engines": addrs, "kvroute_metrics": {metrics.Listener.Addr().String()}},
 		RouteCluster: "engines",
+		Clock:        clock.Now,
 	})
 	body := `{"model":"m","prompt":"` + prompt + `","max_tokens":1}`
 	for i := range 2 {
@@ -259,7 +265,7 @@ func TestWasmReportCarriesCalibratedCharsPerToken(t *testing.T) {
 		testenv.WaitFor(t, "the response's usage", func() bool { return h.CounterValue("kvroute.router.feedback.responses") > responses })
 	}
 	testenv.WaitFor(t, "both routes reported", func() bool {
-		time.Sleep(110 * time.Millisecond)
+		clock.Advance(110 * time.Millisecond) // a report is due
 		h.FireTicks()
 		mu.Lock()
 		defer mu.Unlock()
