@@ -81,6 +81,10 @@ func Poll(d time.Duration, cond func() bool) bool {
 // LockedBuffer is what another goroutine writes (a logger, a command's
 // output) and a test reads while it runs.
 type LockedBuffer struct {
+	// Max, when above 0, keeps only the first Max bytes written: the
+	// output of a process that runs for the whole test (a host's stderr).
+	Max int
+
 	mu sync.Mutex
 	b  strings.Builder
 }
@@ -88,6 +92,10 @@ type LockedBuffer struct {
 func (l *LockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.Max > 0 && l.b.Len()+len(p) > l.Max {
+		l.b.Write(p[:max(0, l.Max-l.b.Len())])
+		return len(p), nil
+	}
 	return l.b.Write(p)
 }
 

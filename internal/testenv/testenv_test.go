@@ -73,3 +73,20 @@ func TestCallSendsJSONWithHeadersAndReturnsTheAnswer(t *testing.T) {
 		t.Errorf("Drain of a failed request failed with %q, want the request's error", msg)
 	}
 }
+
+// A LockedBuffer with Max keeps the first Max bytes and tells its writer
+// every write succeeded (a child process's stderr must never block or fail
+// on it); without Max it keeps everything.
+func TestLockedBufferKeepsTheFirstMaxBytes(t *testing.T) {
+	capped, whole := &LockedBuffer{Max: 5}, &LockedBuffer{}
+	for _, w := range []string{"abc", "defg", "hi"} {
+		for _, b := range []*LockedBuffer{capped, whole} {
+			if n, err := b.Write([]byte(w)); n != len(w) || err != nil {
+				t.Fatalf("Write(%q) = %d, %v", w, n, err)
+			}
+		}
+	}
+	if capped.String() != "abcde" || whole.String() != "abcdefghi" {
+		t.Errorf("capped %q, whole %q; want %q and %q", capped.String(), whole.String(), "abcde", "abcdefghi")
+	}
+}

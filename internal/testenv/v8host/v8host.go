@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testenv"
 )
 
 //go:embed host.mjs
@@ -65,7 +67,7 @@ type Host struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	dir    string
-	stderr *lockedBuffer
+	stderr *testenv.LockedBuffer
 	once   sync.Once
 }
 
@@ -151,7 +153,7 @@ func Start(cfg Config) (*Host, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	h := &Host{dir: dir, stderr: &lockedBuffer{}}
+	h := &Host{dir: dir, stderr: &testenv.LockedBuffer{Max: 1 << 20}}
 	args := []string{"--no-liftoff", "--no-warnings"}
 	if cfg.CompileEagerly {
 		args = append(args, "--no-wasm-lazy-compilation")
@@ -280,24 +282,4 @@ func (h *Host) SharedData(key string) ([]byte, uint32, bool, error) {
 		return nil, 0, false, fmt.Errorf("v8host: admin shared data: %w", err)
 	}
 	return e.Value, e.CAS, true, nil
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len() < 1<<20 {
-		l.b.Write(p)
-	}
-	return len(p), nil
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
