@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/metricsvc/discovery"
 	"github.com/kvroute/kvroute/internal/metricsvc/push"
+	"github.com/kvroute/kvroute/internal/testenv"
 	"github.com/kvroute/kvroute/snapshot"
 )
 
@@ -128,5 +129,57 @@ func TestReportRetriedIsTakenOnce(t *testing.T) {
 	b.add(rep("a", 7))
 	if b.Received != 6 {
 		t.Fatalf("a gateway back after it was forgotten: its report was refused")
+	}
+}
+
+// A gateway that missed pushes (failing while two reports went out, each
+// in a push of its own) gets both reports' routes once it takes pushes
+// again, not only the last push's: routes go out once, and the pusher
+// keeps only the newest snapshot per gateway.
+func TestGatewayThatMissedPushesGetsTheirRoutes(t *testing.T) {
+	eng := newFakeEngine(t, vllmText(1, 1))
+	gw := newGateway(t, "tok")
+	svc, _, admin := startService(t, Config{
+		Source:         discovery.Fixed{{Address: eng.addr()}},
+		ScrapeInterval: 50 * time.Millisecond,
+		ScrapeTimeout:  time.Second,
+		Gateways:       []string{gw.url()},
+		Token:          push.StaticToken("tok"),
+		PushInterval:   10 * time.Second,
+	})
+	gw.waitState(t, "the first push", 3*time.Second, func(st snapshot.State) bool { h, _ := hostOf(st, eng.addr()); return h.Healthy })
+	routed := func(sts ...snapshot.State) map[string]bool {
+		m := map[string]bool{}
+		for _, st := range sts {
+			for _, r := range st.Gateways {
+				if len(r.Routes) > 0 {
+					m[r.Gateway] = true
+				}
+			}
+		}
+		return m
+	}
+	report := func(gateway, chain string) {
+		t.Helper()
+		body := `{"gateway":"` + gateway + `","timestampMs":` + itoa(time.Now().UnixMilli()) + `,"routes":[{"address":"` + eng.addr() + `","from":0,"chain":"` + chain + `"}]}`
+		if got := postReport(t, admin, "tok", body); got != http.StatusNoContent {
+			t.Fatalf("report: status %d", got)
+		}
+		testenv.WaitFor(t, gateway+"'s routes published", func() bool { return routed(svc.Snapshot())[gateway] })
+	}
+	_, before := gw.latest()
+	gw.status.Store(http.StatusServiceUnavailable)
+	report("gw-a", "AQAAAAAAAAA=")
+	report("gw-b", "AgAAAAAAAAA=")
+	gw.status.Store(0)
+	var after map[string]bool
+	testenv.WaitFor(t, "gw-b's routes at the gateway", func() bool {
+		gw.mu.Lock()
+		after = routed(gw.accepted[before:]...)
+		gw.mu.Unlock()
+		return after["gw-b"]
+	})
+	if !after["gw-a"] {
+		t.Fatalf("the gateway took pushes again and got routes of %v, not gw-a's, which went out while it failed", after)
 	}
 }
