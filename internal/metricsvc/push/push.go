@@ -220,19 +220,26 @@ func (p *Pusher) deliver(ctx context.Context, g *gateway) {
 		if ver == sent || body == nil {
 			continue
 		}
-		if since != nil && sentSeq > 0 && seq > sentSeq+1 {
+		caughtUp := since != nil && sentSeq > 0 && seq > sentSeq+1
+		if caughtUp {
 			body = since(sentSeq) // the deltas of the snapshots skipped too
-			g.mu.Lock()
-			g.stats.CaughtUp++
-			g.mu.Unlock()
 		}
 		start := time.Now()
 		reason, err := p.send(ctx, g.url, body)
 		if ctx.Err() != nil {
 			return
 		}
+		if err == nil || reason == "older" {
+			// A gateway that holds a newer snapshot (another service
+			// replica pushed it) refuses this one but takes its deltas
+			// all the same: they are not sent to it again.
+			sentSeq = seq
+		}
 		g.mu.Lock()
 		if err == nil {
+			if caughtUp {
+				g.stats.CaughtUp++
+			}
 			g.stats.OK++
 			g.stats.Consecutive = 0
 			g.stats.LastOK = time.Now()
@@ -241,7 +248,7 @@ func (p *Pusher) deliver(ctx context.Context, g *gateway) {
 			if backoff > minB {
 				p.Log.Info("gateway accepts state again", "gateway", g.url)
 			}
-			sent, sentSeq = ver, seq
+			sent = ver
 			backoff = minB
 			continue
 		}

@@ -251,6 +251,13 @@ func TestPushCatchesUpSkippedDeltas(t *testing.T) {
 	entered, gate := make(chan struct{}, 8), make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
+		if string(b) == "6" { // a newer snapshot is in force: refused, its deltas taken
+			mu.Lock()
+			bodies = append(bodies, "6 refused")
+			mu.Unlock()
+			http.Error(w, "older", http.StatusConflict)
+			return
+		}
 		if string(b) == "2" { // held until the test has published 3 and 4
 			entered <- struct{}{}
 			select {
@@ -287,10 +294,17 @@ func TestPushCatchesUpSkippedDeltas(t *testing.T) {
 	testenv.WaitFor(t, "the pushes after the held one", func() bool { return len(got()) == 3 })
 	publish(5)
 	testenv.WaitFor(t, "the next push", func() bool { return len(got()) == 4 })
-	if want := []string{"1", "2", "4 since 2", "5"}; !slices.Equal(got(), want) {
-		t.Errorf("gateway got %q, want %q", got(), want)
+	// A push refused as older (409) was taken for its deltas: the one after
+	// it goes as published.
+	publish(6)
+	testenv.WaitFor(t, "the refused push", func() bool { return len(got()) >= 5 })
+	publish(7)
+	testenv.WaitFor(t, "the push after the refused one", func() bool { b := got(); return b[len(b)-1] != "6 refused" })
+	b := got()
+	if want := []string{"1", "2", "4 since 2", "5", "6 refused"}; !slices.Equal(b[:5], want) || b[len(b)-1] != "7" {
+		t.Errorf("gateway got %q, want %q, then 6 refused again until 7 went as published", b, want)
 	}
-	if st := p.Stats()[0]; st.CaughtUp != 1 || st.OK != 4 {
-		t.Errorf("stats %+v, want 4 pushes, 1 caught up", st)
+	if st := p.Stats()[0]; st.CaughtUp != 1 || st.OK != 5 {
+		t.Errorf("stats %+v, want 5 pushes, 1 caught up", st)
 	}
 }
