@@ -32,8 +32,9 @@ import (
 //     removals, not the capacity, say what it evicted; past twice the
 //     capacity (C, twice A's size, after B and A) the oldest, B, goes;
 //   - once the pushed state is stale (the metrics service down), the
-//     capacity model is back: recording B ages A out again, and
-//     state.precise_dropped counts the fallback.
+//     capacity model is back: recording C, more than the capacity, ages
+//     B out, which the precise mode would keep; state.precise_dropped
+//     counts the fallback.
 //
 // The proxy's clock is a wasmhosttest.Clock the test moves: the buckets
 // and the staleness are the proxy's time, so they pass at once and
@@ -99,9 +100,14 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 
 	// Just past staleAfterMs since the push:
 	clock.Advance(pushedAt.Add(staleMs*time.Millisecond + time.Millisecond).Sub(clock.Now()))
-	predicted(promptB) // stale: the capacity model is back, and B's record ages A out
-	if got := predicted(promptA); got > whole/2 {
-		t.Fatalf("stale state: after B, A predicted %d cached tokens; want it aged out by the capacity model again", got)
+	// Stale: the capacity model is back. C alone is more than the
+	// capacity, so C's record ages B out; the precise mode would keep B,
+	// C and B being under twice the capacity.
+	predicted(promptB)
+	bucket()
+	predicted(promptC)
+	if got := predicted(promptB); got > int64(n)/2 {
+		t.Fatalf("stale state: after C (%d tokens, more than the capacity), B predicted %d cached tokens; want it aged out by the capacity model again", 2*n, got)
 	}
 	if v := h.CounterValue("kvroute.router.state.precise_dropped"); v != 1 {
 		t.Errorf("state.precise_dropped = %d, want 1", v)
