@@ -862,8 +862,9 @@ func digitsWord(x uint64) (v uint64, n int) {
 	return z, n
 }
 
-// stringArray is intArrays for an array of strings separated by commas
-// without spaces (a prompt sent as strings), with the table rec: it returns
+// stringArray is intArrays for an array of strings separated by commas,
+// without spaces or with the one json.dumps writes after each (a prompt
+// sent as strings), with the table rec: it returns
 // the index after the array starting at b[i], or -1 for any other array or
 // a string it must refuse (the caller's general way then finds why). A long
 // array goes in the table, and the text of its strings, unescaped and
@@ -943,9 +944,14 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 				}
 			}
 		}
-		// A comma and the next string, or the end of the array.
+		// A comma and the next string (also after the space json.dumps
+		// writes), or the end of the array.
 		if e+1 < len(b) && b[e] == ',' && b[e+1] == '"' {
 			i = e + 1
+			continue
+		}
+		if e+2 < len(b) && b[e] == ',' && b[e+1] == ' ' && b[e+2] == '"' {
+			i = e + 2
 			continue
 		}
 		if e < len(b) && b[e] == ']' {

@@ -47,6 +47,10 @@ var jsonCases = []string{
 	spaced("1.5"), spaced("5 , 6"), spaced("5, [6]"), spaced("5]"), spaced("5, ]") + "]", spaced("5,\n6"),
 	spacedBatches("5"), spacedBatches("5], []"), spacedBatches("5, ], [6"), spacedBatches("5]], [6"), spacedBatches("5], [ 6"),
 	"[[[0, ]],[],[]]", "[[[0, ]],[],[1]]", "[[0, 5, ]]" + strings.Repeat(" ", 12), "[[0, ],[1,2,3,4,5,6,7]]",
+	// strings spaced as json.dumps writes them (stringArray), with what
+	// ends such a run among them
+	"[\"p\", " + strings.Repeat(`"ab", "\n", "é", `, 12) + `"x"]`, "[\"p\", " + strings.Repeat(`"ab", "\n", `, 12) + `"x", ]`,
+	"[\"p\", " + strings.Repeat(`"ab", "\n", `, 12) + `"x",  "y", "z" , 7, "\x"]`, "[\"p\", " + strings.Repeat(`"ab", `, 12) + "\"\x01\", \"y\"]",
 	spacedBatches("5] , [6"), spacedBatches("5],[6"), spacedBatches("5], [00"), spacedBatches("5], 6, [7"), spacedBatches("5, 12345678"),
 	// arrays of short strings other than ASCII (stringArray reads them
 	// by a word test and utf8.Valid), long enough for the table, with a

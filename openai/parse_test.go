@@ -667,6 +667,10 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 		{"[\"\xc3\xa9\xa9\\t\"," + long + `"end"]`, "-"},
 		{"[" + long + `7]`, "prompt"},
 		{"[" + long + `"a" ]`, ""},
+		// spaced as json.dumps writes them, and with other spaces among them
+		{"[" + strings.ReplaceAll(long, `",`, `", `) + `"end"]`, ""},
+		{"[" + strings.ReplaceAll(long, `",`, `", `) + `"a",  "b", "c" , "d",` + "\n\"e\", \"\xff\"]", "-"},
+		{"[" + strings.ReplaceAll(long, `",`, `", `) + `7]`, "prompt"},
 	} {
 		body := []byte(`{"model":"m","prompt":` + tc.prompt + `}`)
 		_, err := p.Parse(body, Completions)
@@ -695,5 +699,9 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 	// The last case has a space before its bracket: no run, the reader's way.
 	if _, err := p.Parse([]byte(`{"model":"m","prompt":[`+long+`"end"]}`), Completions); err != nil || len(p.doc.textRuns) != 1 {
 		t.Errorf("the validating pass gathered %d texts (error %v), want 1", len(p.doc.textRuns), err)
+	}
+	// Spaced as json.dumps writes them, the strings make one run too.
+	if _, err := p.Parse([]byte(`{"model":"m","prompt":[`+strings.ReplaceAll(long, `",`, `", `)+`"end"]}`), Completions); err != nil || len(p.doc.textRuns) != 1 {
+		t.Errorf("spaced: the validating pass gathered %d texts (error %v), want 1", len(p.doc.textRuns), err)
 	}
 }

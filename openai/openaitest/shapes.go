@@ -129,13 +129,20 @@ var Shapes = []Shape{
 	}},
 	// Prompts as Python's json.dumps writes them by default, with a space
 	// after each comma and colon (the spelling of clients built on
-	// requests or aiohttp): realistic token ids and batches of them, and
-	// tiny messages.
+	// requests or aiohttp): realistic token ids and batches of them,
+	// string batches (also of escapes: the costliest unit of a search that
+	// ran after the others were made cheap) and tiny messages.
 	{"dumps-tokens", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model": "m", "prompt": [`+strconv.Itoa(i+1)+`, `, "12345", ", ", `]}`)
 	}},
 	{"dumps-token-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model": "m", "prompt": [[`+strconv.Itoa(i+1)+`, 1], `, "[1234, 5678]", ", ", `]}`)
+	}},
+	{"dumps-string-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "prompt": ["`+strconv.Itoa(i)+`", `, `"ab"`, ", ", `]}`)
+	}},
+	{"dumps-escaped-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "prompt": ["`+strconv.Itoa(i)+`", `, `"\n"`, ", ", `]}`)
 	}},
 	{"dumps-messages", "/v1/chat/completions", func(n, i int) string {
 		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}, `, `{"role": "user", "content": "hi"}`, ", ", `]}`)
