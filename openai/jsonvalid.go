@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -945,7 +946,7 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 			}
 		}
 		// A comma and the next string (also after the space json.dumps
-		// writes), or the end of the array.
+		// writes, or any whitespace), or the end of the array.
 		if e+1 < len(b) && b[e] == ',' && b[e+1] == '"' {
 			i = e + 1
 			continue
@@ -953,6 +954,12 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 		if e+2 < len(b) && b[e] == ',' && b[e+1] == ' ' && b[e+2] == '"' {
 			i = e + 2
 			continue
+		}
+		if e+1 < len(b) && b[e] == ',' && jsonSpace[b[e+1]] {
+			if k := quoteAfterSpace(b, e+1); k > 0 {
+				i = k
+				continue
+			}
 		}
 		if e < len(b) && b[e] == ']' {
 			end = e + 1
@@ -967,6 +974,20 @@ func stringArray(b []byte, i int, rec *jsonSpans, nonASCII uint64) int {
 	}
 	rec.textBuf = rec.textBuf[:keep]
 	return end
+}
+
+// quoteAfterSpace returns the index of the quote that the whitespace from
+// b[i] runs up to, or -1 when something else ends it: stringArray's next
+// string after whitespace other than json.dumps's one space. Not inlined:
+// rare, and SkipSpace's loop inside stringArray's made batches spaced as
+// json.dumps writes them 25% slower in Wasm.
+//
+//go:noinline
+func quoteAfterSpace(b []byte, i int) int {
+	if i = SkipSpace(b, i); i < len(b) && b[i] == '"' {
+		return i
+	}
+	return -1
 }
 
 // shortUTF8 reports whether the n bytes (1 to 8) x starts with (the
@@ -984,12 +1005,13 @@ func shortUTF8(x uint64, n int) bool {
 }
 
 // shortEscaped returns the index after the string starting at b[i] (a
-// quote) when it closes within 16 bytes and holds only ASCII, 2-byte
-// UTF-8 characters and simple escapes (no \u), with its text written to
-// text[n:] and n moved past it; or -1 and n for any other string
-// (stringArray then scans it in full). A prompt of short escaped strings ("\n", "é\né") cost a scan and
-// an unescaping call per string, and with 2-byte characters in them
-// (Latin with accents, Cyrillic, Greek), mixedRun's utf8.DecodeRune too.
+// quote) when it closes within 16 bytes and holds only ASCII, 2- and
+// 3-byte UTF-8 characters and escapes (\u ones but surrogates), with its
+// text written to text[n:] and n moved past it; or -1 and n for any other
+// string (stringArray then scans it in full). A prompt of short escaped
+// strings ("\n", "é\né", "\"é日", "\u00e9") cost a scan and an unescaping
+// call per string, and with characters other than ASCII in them, mixedRun's
+// utf8.DecodeRune too: up to 60 times plain text in Wasm.
 func shortEscaped(b []byte, i int, text []byte, n int) (int, int) {
 	m := n
 	for k := i + 1; k < len(b) && k <= i+16 && m < len(text); {
@@ -997,15 +1019,35 @@ func shortEscaped(b []byte, i int, text []byte, n int) (int, int) {
 		case c == '"':
 			return k + 1, m
 		case c == '\\':
-			if k+1 >= len(b) || unescapedByte[b[k+1]] == 0 {
+			if k+1 >= len(b) {
 				return -1, n
 			}
-			text[m] = unescapedByte[b[k+1]]
-			m, k = m+1, k+2
+			if u := unescapedByte[b[k+1]]; u != 0 {
+				text[m] = u
+				m, k = m+1, k+2
+				continue
+			}
+			// \u and four hex digits, written as appendUnescaped writes
+			// them; a surrogate (one of a pair, or alone) the general way.
+			if b[k+1] != 'u' || k+6 > len(b) || !isHex4(b[k+2:]) || m+utf8.UTFMax > len(text) {
+				return -1, n
+			}
+			r := hex4(b[k+2:])
+			if utf16.IsSurrogate(r) {
+				return -1, n
+			}
+			m, k = m+utf8.EncodeRune(text[m:], r), k+6
 		case c >= 0xc2 && c < 0xe0 && k+1 < len(b) && b[k+1]&0xc0 == 0x80 && m+1 < len(text):
 			// A 2-byte character (C0 and C1 lead only overlong ones).
 			text[m], text[m+1] = c, b[k+1]
 			m, k = m+2, k+2
+		case c >= 0xe0 && c < 0xf0 && k+2 < len(b) && b[k+1]&0xc0 == 0x80 && b[k+2]&0xc0 == 0x80 && m+2 < len(text) &&
+			(c != 0xe0 || b[k+1] >= 0xa0) && (c != 0xed || b[k+1] < 0xa0):
+			// A 3-byte character (after E0 the second byte is A0 to BF,
+			// else the character is overlong; after ED, 80 to 9F, else it
+			// is a surrogate).
+			text[m], text[m+1], text[m+2] = c, b[k+1], b[k+2]
+			m, k = m+3, k+3
 		case c < 0x20 || c >= utf8.RuneSelf:
 			return -1, n
 		default:

@@ -47,6 +47,15 @@ var jsonCases = []string{
 	spaced("1.5"), spaced("5 , 6"), spaced("5, [6]"), spaced("5]"), spaced("5, ]") + "]", spaced("5,\n6"),
 	spacedBatches("5"), spacedBatches("5], []"), spacedBatches("5, ], [6"), spacedBatches("5]], [6"), spacedBatches("5], [ 6"),
 	"[[[0, ]],[],[]]", "[[[0, ]],[],[1]]", "[[0, 5, ]]" + strings.Repeat(" ", 12), "[[0, ],[1,2,3,4,5,6,7]]",
+	// short strings with an escape and 3-byte characters or a \u escape
+	// (shortEscaped), valid and not: overlong, surrogate, cut, and \u
+	// surrogates (the general way)
+	longArray("\"\\\"\xe6\x97\xa5\"", "\"\\\"\xc3\xa9\xe6\x97\xa5\""), longArray("\"\\\"\xe0\x80\x80\"", "\"\\\"\xc3\xa9\xe6\x97\xa5\""),
+	longArray("\"\\\"\xed\xa0\x80\"", "\"\\\"\xc3\xa9\xe6\x97\xa5\""), longArray("\"\\\"\xe6\x97\"", "\"\\\"\xc3\xa9\xe6\x97\xa5\""),
+	longArray("\"\\\"\xef\xbf\xbf\xe0\xa0\x80\"", "\"\\\"\xc3\xa9\xe6\x97\xa5\""), longArray("\"\\\"\xe6\x97\xa5\x80\"", "\"\\\"\xc3\xa9\xe6\x97\xa5\""),
+	longArray(`"\u00e9\u65e5"`, `"\\\u00e9\n"`), longArray(`"\ud83d\ude00"`, `"\\\u00e9\n"`), longArray(`"\ud83d"`, `"\\\u00e9\n"`),
+	longArray(`"\u00g9"`, `"\\\u00e9\n"`), longArray(`"\u00e"`, `"\\\u00e9\n"`), longArray(`"\u0000\u001f"`, `"\\\u00e9\n"`),
+	"[\"p\",\t" + strings.Repeat(`"\\\u00e9\n",`+"\t", 30) + `"x"]`, "[\"p\",\n" + strings.Repeat(`"ab",`+"\r\n ", 30) + `"x"]`,
 	// strings spaced as json.dumps writes them (stringArray), with what
 	// ends such a run among them
 	"[\"p\", " + strings.Repeat(`"ab", "\n", "é", `, 12) + `"x"]`, "[\"p\", " + strings.Repeat(`"ab", "\n", `, 12) + `"x", ]`,

@@ -655,7 +655,8 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 	ref := index.NewHasher(index.HashConfig{})
 	long := strings.Repeat(`"ab",""," c\nd \u00e9\ud83d\ude00","日本語のテキスト","`+strings.Repeat("x", 70)+`",`+
 		`"\n","abcdefgh\t","abcdefghi\t","\\","\"","a\/","\u0041","\n\n","a\nb",`+
-		`"éé\t","é\n","éééé\"","日\\","é\né","é\u00e9","ééééé\t","д\nд\tü","\nßß",`, 30)
+		`"éé\t","é\n","éééé\"","日\\","é\né","é\u00e9","ééééé\t","д\nд\tü","\nßß",`+
+		`"\"é日","日\u00e9","\u65e5\n","\t\u0000","\\\u00e9\n","\ud83d\ude00!","\"\uffff",`, 30)
 	for _, tc := range []struct {
 		prompt, param string // param: "" for accepted
 	}{
@@ -681,8 +682,8 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 		case tc.param == "-" && err != errBodyNotUTF8:
 			t.Errorf("%.40s: error %v, want the UTF-8 one", tc.prompt, err)
 			continue
-		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[690]")):
-			t.Errorf("%.40s: error %v, want one naming %s[690]", tc.prompt, err, tc.param)
+		case tc.param != "" && tc.param != "-" && (err == nil || err.Param != tc.param || !strings.Contains(err.Message, "prompt[900]")):
+			t.Errorf("%.40s: error %v, want one naming %s[900]", tc.prompt, err, tc.param)
 			continue
 		case tc.param != "":
 			continue
@@ -699,6 +700,10 @@ func TestTextRunsMatchTheReader(t *testing.T) {
 	// The last case has a space before its bracket: no run, the reader's way.
 	if _, err := p.Parse([]byte(`{"model":"m","prompt":[`+long+`"end"]}`), Completions); err != nil || len(p.doc.textRuns) != 1 {
 		t.Errorf("the validating pass gathered %d texts (error %v), want 1", len(p.doc.textRuns), err)
+	}
+	// Separated by other whitespace too.
+	if _, err := p.Parse([]byte(`{"model":"m","prompt":[`+strings.ReplaceAll(long, `",`, "\",\t\n")+`"end"]}`), Completions); err != nil || len(p.doc.textRuns) != 1 {
+		t.Errorf("tabs and newlines: the validating pass gathered %d texts (error %v), want 1", len(p.doc.textRuns), err)
 	}
 	// Spaced as json.dumps writes them, the strings make one run too.
 	if _, err := p.Parse([]byte(`{"model":"m","prompt":[`+strings.ReplaceAll(long, `",`, `", `)+`"end"]}`), Completions); err != nil || len(p.doc.textRuns) != 1 {

@@ -127,6 +127,15 @@ var Shapes = []Shape{
 	{"escaped-non-ascii-string-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"éé\t"`, ",", `]}`)
 	}},
+	// String batches the search ranked first once the spaced ones were
+	// cheap: an escape before 2- and 3-byte characters, and \u escapes
+	// after a tab.
+	{"escaped-cjk-string-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"\"é日"`, ",", `]}`)
+	}},
+	{"tabbed-u-escape-batches", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, "\t"+`"\\\u00e9\n"`, ",", `]}`)
+	}},
 	// Prompts as Python's json.dumps writes them by default, with a space
 	// after each comma and colon (the spelling of clients built on
 	// requests or aiohttp): realistic token ids and batches of them,
