@@ -127,6 +127,13 @@ var Shapes = []Shape{
 	{"escaped-non-ascii-string-batches", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":["`+strconv.Itoa(i)+`",`, `"éé\t"`, ",", `]}`)
 	}},
+	// Text parts whose texts and a repeated type are surrogate pairs
+	// ("\ud83d\ude00"): the costliest unit of the search in the Wasm host
+	// once the string batches below were made cheap.
+	{"surrogate-pair-parts", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"`+strconv.Itoa(i)+`"},`,
+			`{"text":"\ud83d\ude00a","type":"text","type":"\ud83d\ude00"}`, ",", `]}]}`)
+	}},
 	// String batches the search ranked first once the spaced ones were
 	// cheap: an escape before 2- and 3-byte characters, and \u escapes
 	// after a tab.
