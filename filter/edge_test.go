@@ -402,7 +402,7 @@ func TestWasmHeaderOnlyPullsState(t *testing.T) {
 	}))
 	t.Cleanup(metrics.Close) // after the host's, which Start registers next
 	// The pull interval is kept in the proxy's time: this clock's.
-	clock := wasmhosttest.NewClock(time.Now())
+	clock := testenv.NewClock(time.Now())
 	h, url := wasmhosttest.Start(t, wasmhost.Config{
 		Module: testenv.Module(t), VMID: "kvroute", Workers: 2, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, Configuration: `{` + endpointsJSON(eng.addrs[:1]) +

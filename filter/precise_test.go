@@ -36,7 +36,7 @@ import (
 //     B out, which the precise mode would keep; state.precise_dropped
 //     counts the fallback.
 //
-// The proxy's clock is a wasmhosttest.Clock the test moves: the buckets
+// The proxy's clock is a testenv.Clock the test moves: the buckets
 // and the staleness are the proxy's time, so they pass at once and
 // exactly, however loaded the machine.
 func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
@@ -50,7 +50,7 @@ func TestWasmPreciseCacheStateReplacesCapacityModel(t *testing.T) {
 	resp := fmt.Sprintf(`{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, n, n)
 	addrs := jsonUpstreams(t, 1, resp)
 	const staleMs = 5000
-	clock := wasmhosttest.NewClock(time.Now())
+	clock := testenv.NewClock(time.Now())
 	h, url := startRouterClock(t, addrs, 1, fmt.Sprintf(`{%s,"fallbacks":0,"strategy":"kv_cache_aware","state":{"token":%q,"staleAfterMs":%d}}`,
 		endpointsJSON(addrs), stateToken, staleMs), clock)
 	auth := map[string]string{"authorization": "Bearer " + stateToken}
@@ -143,7 +143,7 @@ func TestWasmPulledStateCarriesRoutesAndRemovals(t *testing.T) {
 	t.Cleanup(metrics.Close)
 	// The proxy's clock, which the pull interval is kept in, moves when
 	// the test says.
-	clock := wasmhosttest.NewClock(time.Now())
+	clock := testenv.NewClock(time.Now())
 	serve := func(extra string) {
 		now := clock.Advance(time.Millisecond) // a newer stamp than the state in force
 		mu.Lock()
@@ -253,7 +253,7 @@ func TestWasmReportCarriesCalibratedCharsPerToken(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(metrics.Close)
-	clock := wasmhosttest.NewClock(time.Now()) // the report interval is the proxy's time
+	clock := testenv.NewClock(time.Now()) // the report interval is the proxy's time
 	h, url := wasmhosttest.Start(t, wasmhost.Config{
 		Module: testenv.Module(t), VMID: "kvroute", Workers: 1, Dispatch: wasmhost.DispatchStream,
 		Filters: []wasmhost.Filter{{RootID: RootRouter, AllowOnHeadersStopIteration: true, Configuration: `{` + endpointsJSON(addrs) +

@@ -79,7 +79,7 @@ func startRouterConfig(t testing.TB, addrs []string, workers int, config string)
 
 // startRouterClock is startRouterConfig on a host whose wall clock is
 // clock, which the test moves itself (nil: the real clock).
-func startRouterClock(t testing.TB, addrs []string, workers int, config string, clock *wasmhosttest.Clock) (*wasmhost.Host, string) {
+func startRouterClock(t testing.TB, addrs []string, workers int, config string, clock *testenv.Clock) (*wasmhost.Host, string) {
 	t.Helper()
 	cfg := wasmhost.Config{
 		Module: testenv.Module(t), VMID: "kvroute", Workers: workers, Dispatch: wasmhost.DispatchStream,

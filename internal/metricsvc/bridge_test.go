@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -56,24 +55,6 @@ func TestRankEvictionIsPushedAsRankRemoval(t *testing.T) {
 	t.Run("listen", func(t *testing.T) { testEvictionPushed(t, kvevents.MapLayout, true, 1) })
 }
 
-// manualClock is a clock that moves only when told to.
-type manualClock struct {
-	mu sync.Mutex
-	at time.Time
-}
-
-func (c *manualClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.at
-}
-
-func (c *manualClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.at = c.at.Add(d)
-}
-
 // vllmRanksText is a vLLM page of an engine with n data-parallel ranks.
 func vllmRanksText(n int) string {
 	var b strings.Builder
@@ -97,7 +78,7 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 	// The bridge's clock stands still until the test moves it: batches stay
 	// queued until their route is in, however slow the machine, and then
 	// drain together.
-	clock := &manualClock{at: time.Now()}
+	clock := testenv.NewClock(time.Now())
 	cfg := Config{
 		Source:         discovery.Fixed{{Address: eng.addr(), Model: "m"}},
 		ScrapeInterval: 50 * time.Millisecond,
@@ -106,7 +87,7 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 		Token:          push.StaticToken("tok"),
 		PushInterval:   10 * time.Second,
 		BridgeLag:      300 * time.Millisecond,
-		bridgeClock:    clock.now,
+		bridgeClock:    clock.Now,
 	}
 	var pub *zmqPublisher
 	if listen {
@@ -225,7 +206,7 @@ func testEvictionPushed(t *testing.T, layout kvevents.Layout, listen bool, rank 
 
 	// The lag passes: one drain bridges the three batches, and the one push
 	// that follows it carries every removal they imply.
-	clock.advance(cfg.BridgeLag)
+	clock.Advance(cfg.BridgeLag)
 	waitFor("the removal", func() bool { return len(gw.removals()) > 0 })
 	rs := gw.removals()
 	want := index.HashConfig{}.WithDefaults().BlocksIn(12 * 16 * 4)

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -210,3 +211,25 @@ func Drain(tb testing.TB, resp *http.Response, err error) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// Clock is a wall clock a test moves itself: for wasmhost.Config.Clock (the
+// proxy's time) and for the clocks the metrics service's parts take in
+// tests. It stands still between calls to Advance, so what code computes
+// from the time (which recency bucket a record falls in, whether a pushed
+// state is stale, whether an interval or a lag passed) is exact however
+// slow the machine, and a test steps through seconds at once. Safe for
+// concurrent use: the host reads it from every worker.
+type Clock struct{ nanos atomic.Int64 }
+
+// NewClock returns a Clock reading start.
+func NewClock(start time.Time) *Clock {
+	c := &Clock{}
+	c.nanos.Store(start.UnixNano())
+	return c
+}
+
+// Now is the clock's reading; pass it (c.Now) where a clock is taken.
+func (c *Clock) Now() time.Time { return time.Unix(0, c.nanos.Load()) }
+
+// Advance moves the clock d forward and returns the new reading.
+func (c *Clock) Advance(d time.Duration) time.Time { return time.Unix(0, c.nanos.Add(int64(d))) }
