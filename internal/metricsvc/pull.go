@@ -144,7 +144,7 @@ func (l *pullLog) after(st snapshot.State, after uint64) snapshot.State {
 }
 
 // sinceSeq is since for a pushed gateway whose last delivered push was
-// the n-th (push.Pusher.PublishDelta): st with what it skipped, without a
+// the n-th (push.Pusher.Publish): st with what it skipped, without a
 // cursor (it does not pull).
 func (l *pullLog) sinceSeq(st snapshot.State, n uint64) snapshot.State {
 	l.mu.Lock()

@@ -609,7 +609,7 @@ func (s *Service) assembleAndPublish(now time.Time) {
 	// A gateway that skips this push (busy with an earlier one, or
 	// failing) gets, with the next one it takes, the routes and removals
 	// of those it skipped, from the pull log.
-	s.pusher.PublishDelta(seq, body, func(n uint64) []byte {
+	s.pusher.Publish(seq, body, func(n uint64) []byte {
 		b, err := json.Marshal(s.pulls.sinceSeq(st, n))
 		if err != nil {
 			return body

@@ -88,7 +88,7 @@ type GatewayStats struct {
 	// Latency of the last successful push.
 	LastLatency time.Duration
 	// CaughtUp counts pushes sent with the deltas of snapshots the gateway
-	// had skipped (PublishDelta).
+	// had skipped (Publish's since).
 	CaughtUp uint64
 }
 
@@ -116,7 +116,7 @@ type gateway struct {
 	mu     sync.Mutex
 	body   []byte
 	ver    uint64
-	seq    uint64                    // the body's sequence number (PublishDelta), 0 for none
+	seq    uint64                    // the body's sequence number (Publish), 0 for none
 	since  func(after uint64) []byte // the body with the deltas after a sequence number, or nil
 	stats  GatewayStats
 	logLim ratelog.Limiter
@@ -141,18 +141,18 @@ func New(urls []string, token TokenSource, client *http.Client, log *slog.Logger
 // Publish hands a new encoded snapshot to every gateway. It never blocks:
 // a gateway still busy with an earlier push takes this one next, skipping
 // any it had not started.
-func (p *Pusher) Publish(body []byte) { p.PublishDelta(0, body, nil) }
-
-// PublishDelta is Publish for a snapshot that carries deltas, changes that
-// hold only in the push that carries them (the routes other gateways
-// reported, evicted blocks): a gateway that skips a push, because it was
-// still busy with an earlier one or failing, would never see that push's
-// deltas. seq numbers the snapshot (1, 2, ... in publishing order), and
-// since(n) encodes it with the deltas of every snapshot after the n-th
-// too: a gateway whose last delivered snapshot was the n-th and which
-// skipped some gets since(n) instead of body. A gateway that has had
-// nothing yet gets body, as a gateway that starts later would.
-func (p *Pusher) PublishDelta(seq uint64, body []byte, since func(n uint64) []byte) {
+//
+// A snapshot may carry deltas, changes that hold only in the push that
+// carries them (the routes other gateways reported, evicted blocks): a
+// gateway that skips a push, because it was still busy with an earlier
+// one or failing, would never see that push's deltas. seq numbers the
+// snapshot (1, 2, ... in publishing order), and since(n) encodes it with
+// the deltas of every snapshot after the n-th too: a gateway whose last
+// delivered snapshot was the n-th and which skipped some gets since(n)
+// instead of body. A gateway that has had nothing yet gets body, as a
+// gateway that starts later would. A snapshot without deltas passes 0
+// and nil.
+func (p *Pusher) Publish(seq uint64, body []byte, since func(n uint64) []byte) {
 	for _, g := range p.gws {
 		g.mu.Lock()
 		g.body, g.seq, g.since = body, seq, since

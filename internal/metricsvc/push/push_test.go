@@ -97,14 +97,14 @@ func TestPushTokenAndIsolation(t *testing.T) {
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
 
-	p.Publish([]byte(`{"v":1}`))
+	p.Publish(0, []byte(`{"v":1}`), nil)
 	testenv.WaitFor(t, "good gateway", func() bool { b, _ := good.last(); return b == `{"v":1}` })
 	// The slow gateway's push ends only at the 3 s timeout: serialized
 	// behind it, the good gateway would get its push after that failure.
 	if st := p.Stats()[0]; st.OK != 0 || st.Failed != 0 {
 		t.Errorf("good gateway got the push only after the slow one's ended (%+v): the slow one delayed it", st)
 	}
-	p.Publish([]byte(`{"v":2}`))
+	p.Publish(0, []byte(`{"v":2}`), nil)
 	testenv.WaitFor(t, "second push", func() bool { b, _ := good.last(); return b == `{"v":2}` })
 
 	testenv.WaitWithin(t, 10*time.Second, "failures counted", func() bool {
@@ -142,7 +142,7 @@ func TestPushRetriesWithoutNewPublish(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go p.Run(ctx)
-	p.Publish([]byte("x"))
+	p.Publish(0, []byte("x"), nil)
 	testenv.WaitWithin(t, 10*time.Second, "a few failures", func() bool { return p.Stats()[0].Failed >= 3 })
 	g.status.Store(0)
 	// The gateway records the body before its answer reaches the pusher:
@@ -221,7 +221,7 @@ func TestBackoffGrowsCapsAndResets(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go p.Run(ctx)
-	p.Publish([]byte("first"))
+	p.Publish(0, []byte("first"), nil)
 	testenv.WaitWithin(t, 5*time.Second, "delivery after the failures", func() bool { _, n := g.last(); return n == 1 })
 
 	ms := time.Millisecond
@@ -235,7 +235,7 @@ func TestBackoffGrowsCapsAndResets(t *testing.T) {
 
 	// Fail again: the wait starts over at 100 ms, not at the 10 s cap.
 	g.status.Store(503)
-	p.Publish([]byte("second"))
+	p.Publish(0, []byte("second"), nil)
 	testenv.WaitWithin(t, 5*time.Second, "the next failure's wait", func() bool { return len(recorded()) > failuresBeforeRecovery })
 	if got := recorded()[failuresBeforeRecovery]; got != 100*ms {
 		t.Errorf("wait after a success then a failure = %v, want 100ms (reset)", got)
@@ -243,7 +243,7 @@ func TestBackoffGrowsCapsAndResets(t *testing.T) {
 }
 
 // A gateway still taking one push when two more are published gets, with
-// the newest, the deltas of the one it skipped (PublishDelta's since), and
+// the newest, the deltas of the one it skipped (Publish's since), and
 // a gateway that skipped nothing gets the snapshot as published.
 func TestPushCatchesUpSkippedDeltas(t *testing.T) {
 	var mu sync.Mutex
@@ -282,7 +282,7 @@ func TestPushCatchesUpSkippedDeltas(t *testing.T) {
 	go p.Run(ctx)
 	publish := func(seq uint64) {
 		body := strconv.FormatUint(seq, 10)
-		p.PublishDelta(seq, []byte(body), func(n uint64) []byte { return []byte(body + " since " + strconv.FormatUint(n, 10)) })
+		p.Publish(seq, []byte(body), func(n uint64) []byte { return []byte(body + " since " + strconv.FormatUint(n, 10)) })
 	}
 	publish(1)
 	testenv.WaitFor(t, "the first push", func() bool { return len(got()) == 1 })
