@@ -45,8 +45,8 @@ func fail(path, format string, args ...any) *Error {
 // Decode validates an encoded snapshot, as a gateway's state endpoint
 // receives it (a push) or its pull reads it, and returns it with Version
 // checked and every chain decoded into its Hashes; Source, a report's Seq
-// and a route's CharsPerToken, which no gateway reads, are left out. The error is an *Error, whose text is the
-// push's 400 message.
+// and a route's CharsPerToken, which no gateway reads, are left out. The
+// error is an *Error, whose text is the push's 400 message.
 func Decode(body []byte) (State, error) {
 	var st State
 	if len(body) == 0 {
