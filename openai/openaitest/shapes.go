@@ -163,4 +163,19 @@ var Shapes = []Shape{
 	{"dumps-messages", "/v1/chat/completions", func(n, i int) string {
 		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}, `, `{"role": "user", "content": "hi"}`, ", ", `]}`)
 	}},
+	// Chat as such clients send it: Python's json.dumps escapes every
+	// character other than ASCII as \u by default (ensure_ascii), so a
+	// prompt in Chinese arrives six bytes of escape per character; and
+	// answers of a few lines, each line ending in an escaped newline.
+	{"dumps-cjk-text", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "prompt": "`+strconv.Itoa(i)+` `, `\u4f60\u597d\uff0c\u8bf7\u95ee`, " ", `"}`)
+	}},
+	{"dumps-cjk-messages", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}, `,
+			`{"role": "user", "content": "`+strings.Repeat(`\u4f60\u597d\uff0c\u8bf7\u95ee `, 8)+`"}`, ", ", `]}`)
+	}},
+	{"dumps-chat", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}, `,
+			`{"role": "assistant", "content": "`+strings.Repeat(`Sure, here is the answer.\n`, 8)+`"}`, ", ", `]}`)
+	}},
 }
