@@ -1032,7 +1032,7 @@ func shortEscaped(b []byte, i int, text []byte, n int) (int, int) {
 			if b[k+1] != 'u' || k+6 > len(b) || !isHex4(b[k+2:]) || m+utf8.UTFMax > len(text) {
 				return -1, n
 			}
-			r := hex4(b[k+2:])
+			r := rune(hex4(b, k+2))
 			if utf16.IsSurrogate(r) {
 				return -1, n
 			}

@@ -13,3 +13,21 @@ func load64(b []byte, i int) uint64 {
 	_ = b[i+7] // bounds: one check for the eight bytes
 	return *(*uint64)(unsafe.Pointer(&b[i]))
 }
+
+// load32 is load64 for b[i:i+4].
+func load32(b []byte, i int) uint32 {
+	_ = b[i+3]
+	return *(*uint32)(unsafe.Pointer(&b[i]))
+}
+
+// store64 writes x to b[i:i+8] as a little-endian word, as load64 reads.
+func store64(b []byte, i int, x uint64) {
+	_ = b[i+7]
+	*(*uint64)(unsafe.Pointer(&b[i])) = x
+}
+
+// store32 is store64 for b[i:i+4].
+func store32(b []byte, i int, x uint32) {
+	_ = b[i+3]
+	*(*uint32)(unsafe.Pointer(&b[i])) = x
+}
