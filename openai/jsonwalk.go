@@ -495,17 +495,30 @@ func appendUnescaped(dst, s []byte) []byte {
 		out = growText(out, len(s)+8)
 	}
 	out = out[:cap(out)]
+	// s and out read and written by word without a bounds test per word
+	// (loadAt, storeAt), the indexes covered by the loop conditions and a
+	// test of out's length per run.
+	sp, op := unsafe.Pointer(unsafe.SliceData(s)), unsafe.Pointer(unsafe.SliceData(out))
 	for i := 0; i < len(s); {
 		if s[i] != '\\' {
-			// A run of plain bytes: each word of 8 stored where its
-			// bytes go, then searched for a backslash (a copy per run
-			// cost a call in Wasm).
-			k := i
+			// A run of plain bytes: each word stored where its bytes go,
+			// then searched for a backslash (a copy per run cost a call
+			// in Wasm); s[k] goes to out[o+k].
+			k, o := i, n-i
+			_ = out[o+len(s)+7] // out[o+i : o+len(s)+8], as n+8 <= o+i+8
+			for k+16 <= len(s) {
+				x, y := loadAt(sp, k), loadAt(sp, k+8)
+				storeAt(op, o+k, x)
+				storeAt(op, o+k+8, y)
+				if backslashes(x)|backslashes(y) != 0 {
+					break
+				}
+				k += 16
+			}
 			for k+8 <= len(s) {
-				x := load64(s, k)
-				store64(out, n+k-i, x)
-				z := x ^ ('\\' * ones)
-				if m := (z - ones) &^ z & (0x80 * ones); m != 0 {
+				x := loadAt(sp, k)
+				storeAt(op, o+k, x)
+				if m := backslashes(x); m != 0 {
 					k += bits.TrailingZeros64(m) >> 3
 					goto escape
 				}
@@ -514,24 +527,23 @@ func appendUnescaped(dst, s []byte) []byte {
 			if k < len(s) && len(s) >= 8 {
 				// Fewer than 8 bytes left: the last word of s, shifted
 				// down to them (the zeros shifted in are no backslash).
-				x := load64(s, len(s)-8) >> (64 - 8*uint(len(s)-k))
-				store64(out, n+k-i, x)
-				z := x ^ ('\\' * ones)
-				if m := (z - ones) &^ z & (0x80 * ones); m != 0 {
+				x := loadAt(sp, len(s)-8) >> (64 - 8*uint(len(s)-k))
+				storeAt(op, o+k, x)
+				if m := backslashes(x); m != 0 {
 					k += bits.TrailingZeros64(m) >> 3
 				} else {
 					k = len(s)
 				}
 			}
 			for k < len(s) && s[k] != '\\' {
-				out[n+k-i] = s[k]
+				out[o+k] = s[k]
 				k++
 			}
 		escape:
-			n, i = n+k-i, k
-			if i+1 >= len(s) {
-				break // the end (i+1 == len(s) is not reached: s is valid)
-			}
+			n, i = o+k, k
+		}
+		if i+1 >= len(s) {
+			break // the end (i+1 == len(s) is not reached: s is valid)
 		}
 		if u := unescapedByte[s[i+1]]; u != 0 {
 			out[n] = u
@@ -540,13 +552,14 @@ func appendUnescaped(dst, s []byte) []byte {
 			// step: the backslashes tested together, the four escaped
 			// bytes looked up and their product tested for a zero (no
 			// \u escape among them), and written as one word.
-			for i+8 <= len(s) && load64(s, i)&0x00ff00ff00ff00ff == '\\'*0x0001000100010001 {
-				x := load64(s, i)
+			for i+8 <= len(s) && loadAt(sp, i)&0x00ff00ff00ff00ff == '\\'*0x0001000100010001 {
+				x := loadAt(sp, i)
 				u0, u1, u2, u3 := unescapedByte[byte(x>>8)], unescapedByte[byte(x>>24)], unescapedByte[byte(x>>40)], unescapedByte[byte(x>>56)]
 				if uint32(u0)*uint32(u1)*uint32(u2)*uint32(u3) == 0 {
 					break
 				}
-				store32(out, n, uint32(u0)|uint32(u1)<<8|uint32(u2)<<16|uint32(u3)<<24)
+				_ = out[n+3]
+				storeAt32(op, n, uint32(u0)|uint32(u1)<<8|uint32(u2)<<16|uint32(u3)<<24)
 				n, i = n+4, i+8
 			}
 			continue
@@ -558,41 +571,50 @@ func appendUnescaped(dst, s []byte) []byte {
 		// ASCII from json.dumps is nothing else), each written as UTF-8
 		// in one word.
 		for {
-			r := hex4(s, i+2)
+			r := hexWord(loadAt32(sp, i+2)) // i+6 <= len(s)
 			i += 6
+			_ = out[n+3]
 			switch {
 			case r < 0x80:
 				out[n] = byte(r)
 				n++
 			case r < 0x800:
-				store32(out, n, 0x80c0|r>>6|r&0x3f<<8)
+				storeAt32(op, n, 0x80c0|r>>6|r&0x3f<<8)
 				n += 2
 			case r&0xf800 != 0xd800: // no surrogate
-				store32(out, n, 0x8080e0|r>>12|r>>6&0x3f<<8|r&0x3f<<16)
+				storeAt32(op, n, 0x8080e0|r>>12|r>>6&0x3f<<8|r&0x3f<<16)
 				n += 3
 			default:
 				// Half a surrogate pair: the \u escape after it, if any,
 				// is the other half (as gjson reads it, whatever it is).
 				r2 := uint32(0)
-				if i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-					r2 = hex4(s, i+2)
+				if i+6 <= len(s) && loadAt16(sp, i) == '\\'|'u'<<8 {
+					r2 = hexWord(loadAt32(sp, i+2))
 					i += 6
 				}
 				if r < 0xdc00 && r2&0xfc00 == 0xdc00 {
 					r = 0x10000 + (r-0xd800)<<10 + (r2 - 0xdc00)
-					store32(out, n, 0x808080f0|r>>18|r>>12&0x3f<<8|r>>6&0x3f<<16|r&0x3f<<24)
+					storeAt32(op, n, 0x808080f0|r>>18|r>>12&0x3f<<8|r>>6&0x3f<<16|r&0x3f<<24)
 					n += 4
 				} else {
-					store32(out, n, 0xbdbfef) // U+FFFD, as utf16.DecodeRune and utf8.EncodeRune
+					storeAt32(op, n, 0xbdbfef) // U+FFFD, as utf16.DecodeRune and utf8.EncodeRune
 					n += 3
 				}
 			}
-			if i+6 > len(s) || s[i] != '\\' || s[i+1] != 'u' {
+			if i+6 > len(s) || loadAt16(sp, i) != '\\'|'u'<<8 {
 				break
 			}
 		}
 	}
 	return out[:n]
+}
+
+// backslashes has the high bit of each byte of x that is a backslash, up
+// to the first (a borrow may set the bits of bytes after it).
+func backslashes(x uint64) uint64 {
+	const ones = 0x0101010101010101
+	z := x ^ ('\\' * ones)
+	return (z - ones) &^ z & (0x80 * ones)
 }
 
 // growText returns b with room for n more bytes. Out of appendUnescaped,
@@ -608,8 +630,10 @@ var unescapedByte = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\
 // hex4 reads the four hex digits at s[i:] (the validator has checked
 // them) with word arithmetic: a digit's value is its low four bits, plus
 // 9 for a letter (bit 6 set), and the four values are packed two by two.
-func hex4(s []byte, i int) uint32 {
-	x := load32(s, i)
+func hex4(s []byte, i int) uint32 { return hexWord(load32(s, i)) }
+
+// hexWord is hex4 for the four digits as a little-endian word.
+func hexWord(x uint32) uint32 {
 	v := x&0x0f0f0f0f + 9*(x>>6&0x01010101)
 	v = (v<<4 | v>>8) & 0x00ff00ff
 	return v&0xff<<8 | v>>16

@@ -154,7 +154,7 @@ func TestUnescapeRunsOfEscapes(t *testing.T) {
 // appendUnescaped writes \u escapes and plain runs by whole words: runs
 // of \u escapes of 1-, 2- and 3-byte characters (lower- and upper-case
 // hex), surrogate pairs, lone or badly paired halves (U+FFFD, taking the
-// \u escape after a half as gjson does), and plain runs of 0 to 17 bytes
+// \u escape after a half as gjson does), and plain runs of 0 to 40 bytes
 // between them must decode as gjson decodes them, with the string at the
 // very end of its buffer (a read past it panics) and after texts of
 // every length in a buffer with or without room.
@@ -172,7 +172,7 @@ func TestUnescapeWords(t *testing.T) {
 				sb.WriteString(escapes[rng.Intn(len(escapes))])
 			}
 			if rng.Intn(4) > 0 {
-				sb.WriteString("abcdefghijklmnopq"[:rng.Intn(18)]) // a plain run
+				sb.WriteString("abcdefghijklmnopqrstuvwxyz0123456789ABCDE"[:rng.Intn(18+23*rng.Intn(2))]) // a plain run
 			}
 		}
 		inner := []byte(sb.String())
