@@ -266,7 +266,12 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// 148,118 bytes entered, the second with the runtime's random number
 	// functions): 1 MiB bodies of tiny messages, text parts, image parts
 	// and tool calls cost 30 to 40 % less, the searched worst 20 % less.
-	const maxDistinct, maxBytes, maxCalls = 142, 146 << 10, 650
+	// The validator's loop for what follows an escape (scanString: a \u
+	// escape by one word test, text between escapes 16 bytes per step) is
+	// 581 bytes more (149,481 to 150,062 bytes entered): 1 MiB of CJK
+	// text escaped as json.dumps writes it validates 3 times faster in
+	// Wasm, and costs a fifth less to route.
+	const maxDistinct, maxBytes, maxCalls = 142, 147 << 10, 650
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}
