@@ -249,6 +249,10 @@ func FuzzWalkerMatchesGJSON(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"a\"b\\u00e9"}],"x":[1,{"y":[]}]}`))
 	f.Add([]byte(`{"messages":[{"role":"system","content":"` + strings.Repeat("long \\\"text\\\" ", 20) + `"},{"content":[` +
 		`{"type":"text","text":"` + strings.Repeat("x", 100) + `"}]}],"prompt":[` + strings.Repeat("1,", 60) + `2]}`))
+	// Text as json.dumps escapes it: runs of \u escapes of CJK, surrogate
+	// pairs and halves, lines ending in \n.
+	f.Add([]byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat(`\u4f60\u597d\uff0c\u8bf7\u95ee `, 4) +
+		`\ud83d\ude00\u00e9\ud83d \ude00x"}, {"role": "assistant", "content": "` + strings.Repeat(`Sure, here is the answer.\n`, 3) + `"}]}`))
 	var spans jsonSpans
 	f.Fuzz(func(t *testing.T, b []byte) {
 		valid := validJSON(b)

@@ -571,6 +571,25 @@ func appendUnescaped(dst, s []byte) []byte {
 		// ASCII from json.dumps is nothing else), each written as UTF-8
 		// in one word.
 		for {
+			if i+16 <= len(s) {
+				// Two escapes of 3-byte characters (CJK text) in one
+				// step: their eight hex digits read as one word and both
+				// characters' UTF-8 written as one.
+				x, y := loadAt(sp, i), loadAt(sp, i+8)
+				if uint16(x>>48) == '\\'|'u'<<8 {
+					v := hex8(x>>16&0xffffffff | y<<32)
+					if f1, f2 := v&0xf800, v>>32&0xf800; f1 != 0 && f1 != 0xd800 && f2 != 0 && f2 != 0xd800 {
+						t := 0x008080e0008080e0 | v>>12&0x0000000f0000000f | v>>6&0x0000003f0000003f<<8 | v&0x0000003f0000003f<<16
+						_ = out[n+7]
+						storeAt(op, n, t&0xffffff|t>>32<<24)
+						n, i = n+6, i+12
+						if i+6 > len(s) || uint16(y>>32) != '\\'|'u'<<8 {
+							break
+						}
+						continue
+					}
+				}
+			}
 			r := hexWord(loadAt32(sp, i+2)) // i+6 <= len(s)
 			i += 6
 			_ = out[n+3]
@@ -631,6 +650,14 @@ var unescapedByte = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\
 // them) with word arithmetic: a digit's value is its low four bits, plus
 // 9 for a letter (bit 6 set), and the four values are packed two by two.
 func hex4(s []byte, i int) uint32 { return hexWord(load32(s, i)) }
+
+// hex8 is hexWord for two escapes' digits in one word: the first's value
+// in its low 16 bits, the second's in bits 32 to 47.
+func hex8(x uint64) uint64 {
+	v := x&0x0f0f0f0f0f0f0f0f + 9*(x>>6&0x0101010101010101)
+	v = (v<<4 | v>>8) & 0x00ff00ff00ff00ff
+	return (v<<8 | v>>16) & 0x0000ffff0000ffff
+}
 
 // hexWord is hex4 for the four digits as a little-endian word.
 func hexWord(x uint32) uint32 {
