@@ -100,7 +100,7 @@ func (s *jsonSpans) scan(b []byte) bool {
 // arrays, and strings of up to 11 bytes of plain ASCII, escapes and 2-
 // and 3-byte characters (keys, roles, small values) never leave it (a \u
 // escape's digits are checked in one step out of the table, which then
-// reads on: see jsonAfterU). A
+// reads on: see afterU). A
 // state tells the kind of container its value is in, so a comma needs no
 // look at the stack. An object that is an element of an array (a message,
 // a content part, a tool call) is read by the table from its opening
@@ -181,18 +181,26 @@ scan:
 			// A \u escape in a short string (a key spelt "a\u0062"): its
 			// digits checked here, and the table reads on: leaving it for
 			// scanString made a body of such members take twice as long
-			// to validate in Wasm.
-			if u := jsonAfterU[n]; u != 0 && b[i] == 'u' && isHex4(b[i+1:]) {
-				s, i = u, i+5
+			// to validate in Wasm. Not when another escape follows (a
+			// surrogate pair): that string seldom fits the table, and
+			// leaving it twice cost more than scanString's reading it.
+			nb := jsonStringBytes[n]
+			if w := b[i:]; nb&afterU != 0 && len(w) > 5 && w[0] == 'u' && w[5] != '\\' && hexDigit[w[1]]&hexDigit[w[2]]&hexDigit[w[3]]&hexDigit[w[4]] != 0 {
+				s, i = s-row(maxStringBytes-5), i+5 // the plain state 5 bytes on
 				continue
 			}
 			// A string the table does not finish: from its quote, k
-			// plain bytes back (the state counts them).
-			q := i // a string at the top level: the table leaves at its quote
+			// plain bytes back (the state counts them); after a backslash
+			// scanString reads on from it, the table having checked the
+			// bytes before ("\ud83d\ude00": the second escape).
+			q, from := i, i // a string at the top level: the table leaves at its quote
 			if n >= stString {
-				q = i - int(jsonStringBytes[n]) - 1
+				q = i - int(nb&^(afterU|afterEscape)) - 1
+				if from = q; nb&afterEscape != 0 {
+					from = i - 2
+				}
 			}
-			e, escaped := scanString(b, q, nonASCII)
+			e, escaped := scanString(b, from, nonASCII)
 			if e < 0 {
 				failedAt = e
 				break scan
@@ -339,6 +347,14 @@ const (
 	actCloseEmpty = 0xfff3 // '}' or ']' after its opener and whitespace
 	actFail       = 0xffff
 )
+
+// afterEscape marks, in jsonStringBytes, a string state after a
+// backslash, and afterU one whose string still fits the table with a \u
+// escape's 'u' and four hex digits more: scanJSONWith checks those and
+// goes on in the plain state 5 bytes on. (Bits of an existing table: a
+// table of its own moved other body shapes' costs by up to a quarter in
+// Wasm, with where it fell.)
+const afterEscape, afterU = 0x40, 0x80
 
 // strKinds are the kinds of string states by where the string is: the
 // state after its closing quote, and the kind of container it is in.
@@ -489,7 +505,7 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonAfterString, jsonNumberEnds = fun
 	// rest, and any string in doubt (a 4-byte character, a byte that is
 	// not UTF-8 there), by scanString from the quote, which also decides
 	// what it accepts. A \u escape leaves the table at its 'u', and
-	// scanJSONWith checks its digits and reads on (jsonAfterU) while the
+	// scanJSONWith checks its digits and reads on (afterU) while the
 	// string fits the table.
 	for kind, sk := range strKinds {
 		state := func(sub, k int) int { return stString + kind*stringKind + sub*maxStringBytes + k }
@@ -505,6 +521,12 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonAfterString, jsonNumberEnds = fun
 			for k := 0; k < maxStringBytes; k++ {
 				st := state(sub, k)
 				in[st], strBytes[st], afterStr[st] = uint8(sk.in), uint8(k), uint16(sk.end)
+				if sub == strEscape {
+					strBytes[st] |= afterEscape
+					if k+5 < maxStringBytes {
+						strBytes[st] |= afterU
+					}
+				}
 				r := row(st)
 				for c := 0; c < 0x100; c++ {
 					r[c] = actString
@@ -561,20 +583,6 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonAfterString, jsonNumberEnds = fun
 		}
 	}
 	return classed, in, strBytes, afterStr, ends
-}()
-
-// jsonAfterU is, by state number, for a string state after a backslash,
-// the state after a \u escape's 'u' and four hex digits when the string
-// still fits the table (see scanJSONWith's actString), as a row offset;
-// 0 for every other state.
-var jsonAfterU = func() (t [1 << (16 - rowBits)]uint16) {
-	for kind := range strKinds {
-		at := stString + kind*stringKind
-		for k := 0; k+5 < maxStringBytes; k++ {
-			t[at+strEscape*maxStringBytes+k] = row(at + strPlain*maxStringBytes + k + 5)
-		}
-	}
-	return t
 }()
 
 // jsonByteClass is the class of each byte in jsonStates: the bytes one

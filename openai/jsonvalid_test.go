@@ -163,17 +163,18 @@ func escapeRuns() []string {
 }
 
 // shortUEscapes are short strings with a \u escape (the validator's table
-// reads one while the string fits it: see jsonAfterU) after each number of
+// reads one while the string fits it: see afterU) after each number of
 // bytes up to the table's length and past it, valid and not (a bad hex
-// digit in each place, too few digits), after an escaped quote or not,
-// followed by text (also text that takes the string past the table's
-// length, or into the span table's) or another escape, as every kind of
-// key and value the table's states tell apart, and cut at the end of the
-// document.
+// digit in each place, too few digits; and escapes the table leaves for
+// scanString at, which reads on from their backslash), after an escaped
+// quote or not, followed by text (also text that takes the string past
+// the table's length, or into the span table's) or another escape, as
+// every kind of key and value the table's states tell apart, and cut at
+// the end of the document.
 func shortUEscapes() []string {
 	var cases []string
 	for p := 0; p <= maxStringBytes; p++ {
-		for _, esc := range []string{`\u0062`, `\uD83D`, `\ug062`, `\u0g62`, `\u00g2`, `\u006g`, `\u006`, `\u`, `\u006"`} {
+		for _, esc := range []string{`\u0062`, `\uD83D`, `\ug062`, `\u0g62`, `\u00g2`, `\u006g`, `\u006`, `\u`, `\u006"`, `\b`, `\x`, `\b\u0062`} {
 			for _, after := range []string{``, `b`, `\n`, `\u0041`, "\x01", "\xc3\xa9", "\xff", strings.Repeat("b", 20), strings.Repeat("b", 70) + `\n`} {
 				str := `"` + strings.Repeat("a", p) + esc + after + `"`
 				if p >= 2 {
