@@ -266,7 +266,11 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// 148,118 bytes entered, the second with the runtime's random number
 	// functions): 1 MiB bodies of tiny messages, text parts, image parts
 	// and tool calls cost 30 to 40 % less, the searched worst 20 % less.
-	const maxDistinct, maxBytes, maxCalls = 142, 146 << 10, 650
+	// object's reading of a short string value with two escapes in its
+	// loop (rather than by skip and shortString) is 58 bytes more (149,481
+	// to 149,539 bytes entered): text parts of surrogate pairs cost 27 %
+	// less.
+	const maxDistinct, maxBytes, maxCalls = 142, 147 << 10, 650
 	if distinct > maxDistinct {
 		t.Errorf("a routed request enters %d of the module's functions, budget %d", distinct, maxDistinct)
 	}
