@@ -1,11 +1,13 @@
 package openai
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/openai/openaitest"
+	"github.com/tidwall/gjson"
 )
 
 // floorSink keeps the floors' loops from being optimised away.
@@ -19,8 +21,10 @@ var floorSink int
 // a loop that looks at each byte once and counts commas ("byte-loop", over
 // flat token ids), reading the token ids out of their digits without any
 // validation ("tokens-read"), and the hasher alone for the token ids
-// ("tokens-hash") and for the tiny messages ("messages-hash"). Run in
-// Wasm, where the ratios matter:
+// ("tokens-hash") and for the tiny messages ("messages-hash"). Beside
+// them, what the libraries made for the job cost to validate alone, in
+// the same units: gjson's and encoding/json's Valid over the plain text
+// itself and over the tiny messages. Run in Wasm, where the ratios matter:
 //
 //	go build -o /tmp/wasmexec ./index/internal/wasmexec
 //	GOOS=wasip1 GOARCH=wasm go test -tags kvroute_hoststore -exec /tmp/wasmexec -run '^$' -bench ShapeFloors -benchtime 20x ./openai/
@@ -38,6 +42,7 @@ func BenchmarkShapeFloors(b *testing.B) {
 			messages = []byte(s.Body(size, 0))
 		}
 	}
+	var valid func(bool)
 	ids := make([]uint32, 0, len(tokens)/2)
 	readIDs := func() {
 		ids = ids[:0]
@@ -76,8 +81,17 @@ func BenchmarkShapeFloors(b *testing.B) {
 				h.Message("user", "hi")
 			}
 		}},
+		{"gjson-valid-text", func() { valid(gjson.ValidBytes(text)) }},
+		{"gjson-valid-messages", func() { valid(gjson.ValidBytes(messages)) }},
+		{"json-valid-text", func() { valid(json.Valid(text)) }},
+		{"json-valid-messages", func() { valid(json.Valid(messages)) }},
 	}
 	p := newParser(b, `{}`)
+	valid = func(ok bool) {
+		if !ok {
+			b.Fatal("a library refused a shape's body")
+		}
+	}
 	for _, f := range floors {
 		b.Run(f.name, func(b *testing.B) {
 			// CPU time when the host tells it (on a shared machine wall

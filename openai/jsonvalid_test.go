@@ -13,7 +13,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-var jsonCases = []string{
+var jsonCases = append([]string{
 	`{}`, `[]`, `""`, `0`, `-0`, `1.5e-3`, `true`, `false`, `null`, ` {"a" : [1, 2.0, -3e+2, "x\"\\\/\b\f\n\r\t\u00e9", true, false, null, {}, []]} `,
 	`{"a":{"b":{"c":[[[]]]}}}`, `[1,[2,[3]]]`, `{"a":1,"b":2}`, "\"\xff\"",
 	// invalid
@@ -127,6 +127,39 @@ var jsonCases = []string{
 	`[{"a":[1,2,3],"b":["x","y"]},{"c":[[1],[2]]}]`,
 	`[{]`, `[{"a"}]`, `[{"a":}]`, `[{"a":1,}]`, `[{"a":1]`, `[{"a":1}`, `[{"a":1}}`, `[{"a" 1}]`, `[{a:1}]`, `[{"a":1,"b"}]`,
 	`[{"a":{]}]`, `[{"a":[}]`, `[{"a":{}]`, `[{"a":1]}`, `[{,}]`, `[{"a":tru}]`, `[{"a":01}]`, `[{"a":"\x"}]`, "[{\"a\":\"\xff\"}]",
+}, escapeRuns()...)
+
+// escapeRuns are strings in which escapes follow one another with text
+// between them (scanString reads what follows an escape a word at a time):
+// runs of \u escapes as json.dumps writes text other than ASCII, and lines
+// ending in \n, each broken at every byte of a word by a bad \u escape (a
+// bad hex digit in each place, too few digits), another escape, a control
+// character, a byte that is not UTF-8 or is, text of each length up to 40
+// bytes, or the closing quote; each string at the end of the document or
+// with a long string after it, and cut at the end of the buffer.
+func escapeRuns() []string {
+	runs := []string{strings.Repeat(`\u4f60\u597d\uff0c\u8bf7\u95ee `, 3), strings.Repeat(`Sure, here is the answer.\n`, 3), strings.Repeat(`\ud83d\ude00`, 6)}
+	breaks := []string{`\u12g4`, `\ug234`, `\u1g34`, `\u123g`, `\u123`, `\u12"`, `\u"`, `\x`, `\"`, `\\u0041`, `\\`, `\/\b\f\r\t`,
+		"\x01", "\\n\x01", "\\u00e9\x1f", "\xff", "\\n\xff", "\\u00e9\xc3", "\xc3\xa9", "\\u00e9\xe6\x97\xa5", "\xed\xa0\x80", "\xf0\x9f\x98\x80",
+		`"`, `\n"`, `\u0041"`, `\ud83d"`, `"x`}
+	for n := 1; n <= 40; n++ {
+		breaks = append(breaks, strings.Repeat("x", n))
+	}
+	var cases []string
+	for _, run := range runs {
+		for _, br := range breaks {
+			for k := 0; k < 8; k++ {
+				s := `"` + strings.Repeat("a", k) + run + br + run + `"`
+				cases = append(cases, s, `[`+s+`,"`+strings.Repeat("y", 30)+`"]`)
+			}
+		}
+		// Cut at the end of the buffer, after the run and a \u escape
+		// with fewer than four digits, or a backslash.
+		for _, end := range []string{``, `\`, `\u`, `\u4`, `\u4f`, `\u4f6`, `\u4f60`, `\n`, `\u4f60"`} {
+			cases = append(cases, `"`+run+end, `["`+run+end)
+		}
+	}
+	return cases
 }
 
 // longArray is a string array long enough for the validator's table (see
@@ -190,6 +223,10 @@ func FuzzWalkerMatchesGJSON(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"a\"b\\u00e9"}],"x":[1,{"y":[]}]}`))
 	f.Add([]byte(`{"messages":[{"role":"system","content":"` + strings.Repeat("long \\\"text\\\" ", 20) + `"},{"content":[` +
 		`{"type":"text","text":"` + strings.Repeat("x", 100) + `"}]}],"prompt":[` + strings.Repeat("1,", 60) + `2]}`))
+	// Text as json.dumps escapes it: runs of \u escapes of CJK, surrogate
+	// pairs and halves, lines ending in \n.
+	f.Add([]byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat(`\u4f60\u597d\uff0c\u8bf7\u95ee `, 4) +
+		`\ud83d\ude00\u00e9\ud83d \ude00x"}, {"role": "assistant", "content": "` + strings.Repeat(`Sure, here is the answer.\n`, 3) + `"}]}`))
 	var spans jsonSpans
 	f.Fuzz(func(t *testing.T, b []byte) {
 		valid := validJSON(b)
@@ -590,5 +627,27 @@ func TestShortUTF8MatchesUTF8Valid(t *testing.T) {
 		if !shortUTF8(binary.LittleEndian.Uint64(w[:]), len(s)) {
 			t.Errorf("shortUTF8(%q) = false", s)
 		}
+	}
+}
+
+// hex4Word agrees with isHex4 on every byte in each place of a word of hex
+// digits, and on a spread of other words.
+func TestHex4Word(t *testing.T) {
+	check := func(w [4]byte) {
+		if got, want := hex4Word(binary.LittleEndian.Uint32(w[:])), isHex4(w[:]); got != want {
+			t.Fatalf("hex4Word(%q) = %v, isHex4 %v", w, got, want)
+		}
+	}
+	for c := 0; c < 256; c++ {
+		for p := range 4 {
+			for _, f := range []byte{'0', '9', 'a', 'f', 'A', 'F'} {
+				w := [4]byte{f, f, f, f}
+				w[p] = byte(c)
+				check(w)
+			}
+		}
+	}
+	for x := uint64(0); x < 1<<32; x += 7919 {
+		check([4]byte{byte(x), byte(x >> 8), byte(x >> 16), byte(x >> 24)})
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"unicode/utf16"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -443,8 +441,8 @@ const unescapedText = "\x00\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0
 //go:noinline
 func (d *jsonDoc) unescape(inner []byte) []byte {
 	n := len(d.unesc)
-	if cap(d.unesc)-n < len(inner) { // a text is never longer than its escaped form
-		d.unesc = growText(d.unesc, len(inner))
+	if cap(d.unesc)-n < len(inner)+8 { // as appendUnescaped needs, so that it does not grow it again
+		d.unesc = growText(d.unesc, len(inner)+8)
 	}
 	// d.unesc is resliced, not assigned: only its length is stored, where
 	// storing its pointer is a write barrier's test and, while the
@@ -480,76 +478,162 @@ func (d *jsonDoc) unescape(inner []byte) []byte {
 // JSON string, decoded exactly as gjson decodes it (a \u escape of half a
 // surrogate pair takes the \u escape after it as the other half, and
 // decodes to U+FFFD when the two are no pair or there is none). Real
-// prompts nearly always hold escapes (every newline is one), and gjson's
-// byte-at-a-time unescape and its copies cost several times more in Wasm.
-// Here the runs between escapes are found
-// 8 bytes per step and copied whole, into a buffer reused across requests.
+// prompts nearly always hold escapes (every newline is one, and every
+// character other than ASCII as json.dumps writes it by default), and
+// gjson's byte-at-a-time unescape and its copies cost several times more
+// in Wasm. Here everything is written by whole words, with no call.
 func appendUnescaped(dst, s []byte) []byte {
 	const ones = 0x0101010101010101
 	// out[:n] is the text so far, written by index into a buffer grown
-	// first (a text is never longer than its escaped form, and a \u
-	// escape's UTF-8 never longer than its six bytes): an append per
-	// escape, and a copy of each empty run between two escapes, cost more
-	// than the escapes in Wasm.
+	// first: a text is never longer than its escaped form, so n never
+	// passes the start of the bytes of s yet to read (relative to where
+	// the text started), and with 8 bytes more a word stored at n always
+	// fits. Words are stored ahead of the text, and what passes its end
+	// is written over next.
 	n, out := len(dst), dst
-	if cap(out)-n < len(s) {
-		out = growText(out, len(s))
+	if cap(out)-n < len(s)+8 {
+		out = growText(out, len(s)+8)
 	}
 	out = out[:cap(out)]
-	for len(s) > 0 {
-		// k: the next backslash, 8 bytes per step (none needed when s
-		// starts with one: escapes often follow each other).
-		k := 0
-		for s[0] != '\\' && k+8 <= len(s) {
-			z := binary.LittleEndian.Uint64(s[k:]) ^ ('\\' * ones)
-			if m := (z - ones) &^ z & (0x80 * ones); m != 0 {
-				k += bits.TrailingZeros64(m) >> 3
-				break
+	// s and out read and written by word without a bounds test per word
+	// (loadAt, storeAt), the indexes covered by the loop conditions and a
+	// test of out's length per run.
+	sp, op := unsafe.Pointer(unsafe.SliceData(s)), unsafe.Pointer(unsafe.SliceData(out))
+	for i := 0; i < len(s); {
+		if s[i] != '\\' {
+			// A run of plain bytes: each word stored where its bytes go,
+			// then searched for a backslash (a copy per run cost a call
+			// in Wasm); s[k] goes to out[o+k].
+			k, o := i, n-i
+			_ = out[o+len(s)+7] // out[o+i : o+len(s)+8], as n+8 <= o+i+8
+			for k+16 <= len(s) {
+				x, y := loadAt(sp, k), loadAt(sp, k+8)
+				storeAt(op, o+k, x)
+				storeAt(op, o+k+8, y)
+				if backslashes(x)|backslashes(y) != 0 {
+					break
+				}
+				k += 16
 			}
-			k += 8
+			for k+8 <= len(s) {
+				x := loadAt(sp, k)
+				storeAt(op, o+k, x)
+				if m := backslashes(x); m != 0 {
+					k += bits.TrailingZeros64(m) >> 3
+					goto escape
+				}
+				k += 8
+			}
+			if k < len(s) && len(s) >= 8 {
+				// Fewer than 8 bytes left: the last word of s, shifted
+				// down to them (the zeros shifted in are no backslash).
+				x := loadAt(sp, len(s)-8) >> (64 - 8*uint(len(s)-k))
+				storeAt(op, o+k, x)
+				if m := backslashes(x); m != 0 {
+					k += bits.TrailingZeros64(m) >> 3
+				} else {
+					k = len(s)
+				}
+			}
+			for k < len(s) && s[k] != '\\' {
+				out[o+k] = s[k]
+				k++
+			}
+		escape:
+			n, i = o+k, k
 		}
-		for k < len(s) && s[k] != '\\' {
-			k++
+		if i+1 >= len(s) {
+			break // the end (i+1 == len(s) is not reached: s is valid)
 		}
-		if k > 0 {
-			n += copy(out[n:], s[:k])
-		}
-		if k+1 >= len(s) {
-			break // the end (k+1 == len(s) is not reached: s is valid)
-		}
-		c := s[k+1]
-		s = s[k+2:]
-		if u := unescapedByte[c]; u != 0 {
+		if u := unescapedByte[s[i+1]]; u != 0 {
 			out[n] = u
-			n++
+			n, i = n+1, i+2
 			// Escapes that follow one another ("\n\n\n\n"), four per
 			// step: the backslashes tested together, the four escaped
 			// bytes looked up and their product tested for a zero (no
 			// \u escape among them), and written as one word.
-			for len(s) >= 8 && load64(s, 0)&0x00ff00ff00ff00ff == '\\'*0x0001000100010001 {
-				x := load64(s, 0)
+			for i+8 <= len(s) && loadAt(sp, i)&0x00ff00ff00ff00ff == '\\'*0x0001000100010001 {
+				x := loadAt(sp, i)
 				u0, u1, u2, u3 := unescapedByte[byte(x>>8)], unescapedByte[byte(x>>24)], unescapedByte[byte(x>>40)], unescapedByte[byte(x>>56)]
 				if uint32(u0)*uint32(u1)*uint32(u2)*uint32(u3) == 0 {
 					break
 				}
-				binary.LittleEndian.PutUint32(out[n:], uint32(u0)|uint32(u1)<<8|uint32(u2)<<16|uint32(u3)<<24)
-				n += 4
-				s = s[8:]
+				_ = out[n+3]
+				storeAt32(op, n, uint32(u0)|uint32(u1)<<8|uint32(u2)<<16|uint32(u3)<<24)
+				n, i = n+4, i+8
 			}
 			continue
 		}
-		if c != 'u' || len(s) < 4 {
+		if s[i+1] != 'u' || i+6 > len(s) {
 			break // not reached: s is valid
 		}
-		r := hex4(s)
-		s = s[4:]
-		if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
-			r = utf16.DecodeRune(r, hex4(s[2:]))
-			s = s[6:]
+		// \u escapes, as many as follow one another (text other than
+		// ASCII from json.dumps is nothing else), each written as UTF-8
+		// in one word.
+		for {
+			if i+16 <= len(s) {
+				// Two escapes of 3-byte characters (CJK text) in one
+				// step: their eight hex digits read as one word and both
+				// characters' UTF-8 written as one.
+				x, y := loadAt(sp, i), loadAt(sp, i+8)
+				if uint16(x>>48) == '\\'|'u'<<8 {
+					v := hex8(x>>16&0xffffffff | y<<32)
+					if f1, f2 := v&0xf800, v>>32&0xf800; f1 != 0 && f1 != 0xd800 && f2 != 0 && f2 != 0xd800 {
+						t := 0x008080e0008080e0 | v>>12&0x0000000f0000000f | v>>6&0x0000003f0000003f<<8 | v&0x0000003f0000003f<<16
+						_ = out[n+7]
+						storeAt(op, n, t&0xffffff|t>>32<<24)
+						n, i = n+6, i+12
+						if i+6 > len(s) || uint16(y>>32) != '\\'|'u'<<8 {
+							break
+						}
+						continue
+					}
+				}
+			}
+			r := hexWord(loadAt32(sp, i+2)) // i+6 <= len(s)
+			i += 6
+			_ = out[n+3]
+			switch {
+			case r < 0x80:
+				out[n] = byte(r)
+				n++
+			case r < 0x800:
+				storeAt32(op, n, 0x80c0|r>>6|r&0x3f<<8)
+				n += 2
+			case r&0xf800 != 0xd800: // no surrogate
+				storeAt32(op, n, 0x8080e0|r>>12|r>>6&0x3f<<8|r&0x3f<<16)
+				n += 3
+			default:
+				// Half a surrogate pair: the \u escape after it, if any,
+				// is the other half (as gjson reads it, whatever it is).
+				r2 := uint32(0)
+				if i+6 <= len(s) && loadAt16(sp, i) == '\\'|'u'<<8 {
+					r2 = hexWord(loadAt32(sp, i+2))
+					i += 6
+				}
+				if r < 0xdc00 && r2&0xfc00 == 0xdc00 {
+					r = 0x10000 + (r-0xd800)<<10 + (r2 - 0xdc00)
+					storeAt32(op, n, 0x808080f0|r>>18|r>>12&0x3f<<8|r>>6&0x3f<<16|r&0x3f<<24)
+					n += 4
+				} else {
+					storeAt32(op, n, 0xbdbfef) // U+FFFD, as utf16.DecodeRune and utf8.EncodeRune
+					n += 3
+				}
+			}
+			if i+6 > len(s) || loadAt16(sp, i) != '\\'|'u'<<8 {
+				break
+			}
 		}
-		n += utf8.EncodeRune(out[n:], r)
 	}
 	return out[:n]
+}
+
+// backslashes has the high bit of each byte of x that is a backslash, up
+// to the first (a borrow may set the bits of bytes after it).
+func backslashes(x uint64) uint64 {
+	const ones = 0x0101010101010101
+	z := x ^ ('\\' * ones)
+	return (z - ones) &^ z & (0x80 * ones)
 }
 
 // growText returns b with room for n more bytes. Out of appendUnescaped,
@@ -562,21 +646,24 @@ func growText(b []byte, n int) []byte { return slices.Grow(b, n) }
 // the others).
 var unescapedByte = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
-// hex4 reads the four hex digits at the start of s.
-func hex4(s []byte) rune {
-	var r rune
-	for _, c := range s[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		default:
-			c -= 'A' - 10
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
+// hex4 reads the four hex digits at s[i:] (the validator has checked
+// them) with word arithmetic: a digit's value is its low four bits, plus
+// 9 for a letter (bit 6 set), and the four values are packed two by two.
+func hex4(s []byte, i int) uint32 { return hexWord(load32(s, i)) }
+
+// hex8 is hexWord for two escapes' digits in one word: the first's value
+// in its low 16 bits, the second's in bits 32 to 47.
+func hex8(x uint64) uint64 {
+	v := x&0x0f0f0f0f0f0f0f0f + 9*(x>>6&0x0101010101010101)
+	v = (v<<4 | v>>8) & 0x00ff00ff00ff00ff
+	return (v<<8 | v>>16) & 0x0000ffff0000ffff
+}
+
+// hexWord is hex4 for the four digits as a little-endian word.
+func hexWord(x uint32) uint32 {
+	v := x&0x0f0f0f0f + 9*(x>>6&0x01010101)
+	v = (v<<4 | v>>8) & 0x00ff00ff
+	return v&0xff<<8 | v>>16
 }
 
 // keySet is the member names one kind of object is read for (a request,

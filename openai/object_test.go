@@ -254,6 +254,43 @@ func TestUnescapeRunsOfEscapes(t *testing.T) {
 	}
 }
 
+// appendUnescaped writes \u escapes and plain runs by whole words: runs
+// of \u escapes of 1-, 2- and 3-byte characters (lower- and upper-case
+// hex), surrogate pairs, lone or badly paired halves (U+FFFD, taking the
+// \u escape after a half as gjson does), and plain runs of 0 to 40 bytes
+// between them must decode as gjson decodes them, with the string at the
+// very end of its buffer (a read past it panics) and after texts of
+// every length in a buffer with or without room.
+func TestUnescapeWords(t *testing.T) {
+	rng := rand.New(rand.NewSource(12))
+	escapes := []string{
+		`\u0041`, `\u007f`, `\u0000`, `\u00e9`, `\u00C9`, `\u07ff`, `\u0800`, `\u4f60`, `\u597D`, `\uff0c`, `\uFFFF`, `\ue000`,
+		`\ud83d\ude00`, `\uD83D\uDE00`, `\udbff\udfff`, `\ud800\udc00`, `\ud83d`, `\ude00`, `\udbff`, `\udc00`,
+		`\ud83d\u0041`, `\ud83d\ud83d`, `\ude00\ud83d`, `\ude00\u4f60`, `\n`, `\"`, `\\`, `\t`,
+	}
+	for trial := 0; trial < 20000; trial++ {
+		var sb strings.Builder
+		for n := rng.Intn(12); n >= 0; n-- {
+			for m := rng.Intn(4); m >= 0; m-- { // a run of escapes
+				sb.WriteString(escapes[rng.Intn(len(escapes))])
+			}
+			if rng.Intn(4) > 0 {
+				sb.WriteString("abcdefghijklmnopqrstuvwxyz0123456789ABCDE"[:rng.Intn(18+23*rng.Intn(2))]) // a plain run
+			}
+		}
+		inner := []byte(sb.String())
+		want := gjson.Parse(`"` + sb.String() + `"`).Str
+		pre := []byte("0123456789abcdef"[:rng.Intn(17)])
+		dst := pre
+		if rng.Intn(2) == 0 {
+			dst = slices.Grow(pre, len(inner)+8)
+		}
+		if got := string(appendUnescaped(dst, inner)); got != string(pre)+want {
+			t.Fatalf("appendUnescaped(%q) = %q, gjson %q", inner, got[len(pre):], want)
+		}
+	}
+}
+
 // decodedName must find the name an escaped key decodes to exactly as
 // decoding the key as JSON and looking its text up would, for the names a
 // set matches decoded: \u escapes of letters, of '_', of other bytes and
