@@ -97,8 +97,10 @@ func (s *jsonSpans) scan(b []byte) bool {
 // byte's class. The loop that reads it is about the cheapest Go's Wasm
 // output has, two lookups per byte, four bytes per loop step and no other
 // branch: whitespace, colons, commas, numbers, literals, empty objects and
-// arrays, and strings of up to 11 bytes of plain ASCII, simple escapes and
-// 2- and 3-byte characters (keys, roles, small values) never leave it. A
+// arrays, and strings of up to 11 bytes of plain ASCII, escapes and 2-
+// and 3-byte characters (keys, roles, small values) never leave it (a \u
+// escape's digits are checked in one step out of the table, which then
+// reads on: see jsonAfterU). A
 // state tells the kind of container its value is in, so a comma needs no
 // look at the stack. An object that is an element of an array (a message,
 // a content part, a tool call) is read by the table from its opening
@@ -108,7 +110,7 @@ func (s *jsonSpans) scan(b []byte) bool {
 // their end in the span table (see jsonSpans). The loop leaves the table
 // (an action: actFirst and up) only for a bracket of any other non-empty
 // container, which the stack and the span table must see, and for a
-// longer string or one the table does not read (\u, a 4-byte character,
+// longer string or one the table does not read (\b, a 4-byte character,
 // a byte that is not UTF-8 there), which scanString reads from its quote,
 // 16 to 128 bytes per step (the state counts the bytes since the quote). A
 // value the table reads costs one lookup per byte, where a test and a call
@@ -176,6 +178,14 @@ scan:
 		n := s >> rowBits // the state's number, for the tables by state
 		switch a {
 		case actString:
+			// A \u escape in a short string (a key spelt "a\u0062"): its
+			// digits checked here, and the table reads on: leaving it for
+			// scanString made a body of such members take twice as long
+			// to validate in Wasm.
+			if u := jsonAfterU[n]; u != 0 && b[i] == 'u' && isHex4(b[i+1:]) {
+				s, i = u, i+5
+				continue
+			}
 			// A string the table does not finish: from its quote, k
 			// plain bytes back (the state counts them).
 			q := i // a string at the top level: the table leaves at its quote
@@ -476,9 +486,11 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonAfterString, jsonNumberEnds = fun
 	// Strings: up to maxStringBytes-1 bytes of plain ASCII, simple
 	// escapes other than \b and 2- and 3-byte UTF-8 characters without
 	// the lead bytes that restrict what follows (E0, ED) in the table; the
-	// rest, and any string in doubt (a \u escape, a 4-byte character, a
-	// byte that is not UTF-8 there), by scanString from the quote, which
-	// also decides what it accepts.
+	// rest, and any string in doubt (a 4-byte character, a byte that is
+	// not UTF-8 there), by scanString from the quote, which also decides
+	// what it accepts. A \u escape leaves the table at its 'u', and
+	// scanJSONWith checks its digits and reads on (jsonAfterU) while the
+	// string fits the table.
 	for kind, sk := range strKinds {
 		state := func(sub, k int) int { return stString + kind*stringKind + sub*maxStringBytes + k }
 		// next is the state sub with one byte more than k, or the
@@ -549,6 +561,20 @@ var jsonStates, jsonInOf, jsonStringBytes, jsonAfterString, jsonNumberEnds = fun
 		}
 	}
 	return classed, in, strBytes, afterStr, ends
+}()
+
+// jsonAfterU is, by state number, for a string state after a backslash,
+// the state after a \u escape's 'u' and four hex digits when the string
+// still fits the table (see scanJSONWith's actString), as a row offset;
+// 0 for every other state.
+var jsonAfterU = func() (t [1 << (16 - rowBits)]uint16) {
+	for kind := range strKinds {
+		at := stString + kind*stringKind
+		for k := 0; k+5 < maxStringBytes; k++ {
+			t[at+strEscape*maxStringBytes+k] = row(at + strPlain*maxStringBytes + k + 5)
+		}
+	}
+	return t
 }()
 
 // jsonByteClass is the class of each byte in jsonStates: the bytes one

@@ -127,7 +127,7 @@ var jsonCases = append([]string{
 	`[{"a":[1,2,3],"b":["x","y"]},{"c":[[1],[2]]}]`,
 	`[{]`, `[{"a"}]`, `[{"a":}]`, `[{"a":1,}]`, `[{"a":1]`, `[{"a":1}`, `[{"a":1}}`, `[{"a" 1}]`, `[{a:1}]`, `[{"a":1,"b"}]`,
 	`[{"a":{]}]`, `[{"a":[}]`, `[{"a":{}]`, `[{"a":1]}`, `[{,}]`, `[{"a":tru}]`, `[{"a":01}]`, `[{"a":"\x"}]`, "[{\"a\":\"\xff\"}]",
-}, escapeRuns()...)
+}, append(escapeRuns(), shortUEscapes()...)...)
 
 // escapeRuns are strings in which escapes follow one another with text
 // between them (scanString reads what follows an escape a word at a time):
@@ -157,6 +157,32 @@ func escapeRuns() []string {
 		// with fewer than four digits, or a backslash.
 		for _, end := range []string{``, `\`, `\u`, `\u4`, `\u4f`, `\u4f6`, `\u4f60`, `\n`, `\u4f60"`} {
 			cases = append(cases, `"`+run+end, `["`+run+end)
+		}
+	}
+	return cases
+}
+
+// shortUEscapes are short strings with a \u escape (the validator's table
+// reads one while the string fits it: see jsonAfterU) after each number of
+// bytes up to the table's length and past it, valid and not (a bad hex
+// digit in each place, too few digits), after an escaped quote or not,
+// followed by text (also text that takes the string past the table's
+// length, or into the span table's) or another escape, as every kind of
+// key and value the table's states tell apart, and cut at the end of the
+// document.
+func shortUEscapes() []string {
+	var cases []string
+	for p := 0; p <= maxStringBytes; p++ {
+		for _, esc := range []string{`\u0062`, `\uD83D`, `\ug062`, `\u0g62`, `\u00g2`, `\u006g`, `\u006`, `\u`, `\u006"`} {
+			for _, after := range []string{``, `b`, `\n`, `\u0041`, "\x01", "\xc3\xa9", "\xff", strings.Repeat("b", 20), strings.Repeat("b", 70) + `\n`} {
+				str := `"` + strings.Repeat("a", p) + esc + after + `"`
+				if p >= 2 {
+					str = `"\"` + str[3:] // an escaped quote first
+				}
+				cases = append(cases, str, `{`+str+`:1}`, `{"k":`+str+`}`, `[`+str+`]`, `[{`+str+`:1}]`, `[{"k":`+str+`}]`,
+					`{"k":{`+str+`:[`+str+`]},`+str+`:2}`)
+			}
+			cases = append(cases, `{"`+strings.Repeat("a", p)+esc, `[{"k":"`+strings.Repeat("a", p)+esc)
 		}
 	}
 	return cases
