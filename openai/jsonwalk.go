@@ -825,7 +825,7 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out []valueSpan) (end int
 	i = SkipSpace(b, i+1)
 	for i < len(b) && b[i] == '"' {
 		f, v, e, short := -1, 0, -1, false // the key's name in set, and the value's start and end
-		if i+48 <= len(all) {
+		if i+64 <= len(all) {
 			// The compact member of a short plain key (up to 16 bytes,
 			// found by two word tests) and its colon right after it, read
 			// with one test for the quote and the colon and one for the
@@ -848,13 +848,23 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out []valueSpan) (end int
 					if m := v + 1 + plainLen(load64(all, v+1), load64(all, v+9)); all[m] == '"' {
 						e, short = m+1, true
 					} else if all[m] == '\\' {
-						// One escape, then up to 8 bytes without a quote, a
-						// backslash or a control character (any above 0x7f)
-						// before the closing quote ("\\", "...\n", "\n日",
-						// "\u00e9"): no byte before that quote is an
-						// unescaped backslash, so it ends the string.
-						if k := m + 2 + bits.TrailingZeros64(needsLook(load64(all, m+2)))>>3; all[k] == '"' {
-							e = k + 1
+						// Up to two escapes, each followed by up to 8 bytes
+						// without a quote, a backslash or a control character
+						// (any above 0x7f), before the closing quote ("\\",
+						// "...\n", "\n日", "\u00e9", "\ud83d\ude00a"): k
+						// steps over each backslash and the byte after it (a
+						// \u escape's hex digits are plain bytes), so it is
+						// never on an escaped byte, and a quote there ends
+						// the string. m+24 is within the guard above (m is
+						// at most i+37); the string is shorter than
+						// minSpanString, so not in the span table.
+						w := all[m : m+24] // one bounds check for the reads below
+						k := 2 + bits.TrailingZeros64(needsLook(load64(w, 2)))>>3
+						if w[k] == '\\' {
+							k += 2 + bits.TrailingZeros64(needsLook(load64(w, k+2)))>>3
+						}
+						if w[k] == '"' {
+							e = m + k + 1
 						}
 					}
 				case w == '{'|'}'<<8 || w == '['|']'<<8:

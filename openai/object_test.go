@@ -56,6 +56,7 @@ func TestObjectMatchesTheMemberWalk(t *testing.T) {
 		`"\u00e9\u00e9"`, `"\uD83D\uDE00"`, `"x\u0062`+strings.Repeat("y", 20)+`\u0063"`, `"x\u0062yyyyyyy\u0063z"`,
 		`"x\u0062yyyyyyyy"`, `"`+strings.Repeat("\u0061", 30)+`"`, `"0123456789abcdefgh\u0062"`)
 	values := []string{`"u"`, `""`, `"image_url"`, `"0123456789abcdef"`, `"0123456789abcdefg"`, `"\n"`, `"a\"b"`, `"日本"`,
+		`"\ud83d\ude00a"`, `"a\\"`, `"\\\""`, `"\n12345678\t"`, `"\n123456789\t"`,
 		`"` + strings.Repeat("x", 70) + `"`, `"` + strings.Repeat("\\n", 40) + `"`,
 		`0`, `-1`, `12.5e3`, `true`, `false`, `null`, `{}`, `[]`, `{"url":"u"}`, `[1,{"a":[]}]`, `{ }`, `[ ]`}
 	ws := func() string { return []string{"", "", "", " ", "\n\t", "  "}[rng.Intn(6)] }
@@ -122,6 +123,108 @@ func TestObjectMatchesTheMemberWalk(t *testing.T) {
 			if plain>>f&1 != 0 && (got[f][0] != '"' || strings.ContainsRune(string(got[f]), '\\') || d.str(got[f], true) != ref.text(got[f])) {
 				t.Fatalf("%s in %q: %s = %q is not plain", s.names, body, s.names[f], got[f])
 			}
+		}
+	}
+}
+
+// object reads a string value with escapes on its fast path when up to
+// two escapes, each followed by up to 8 plain bytes, end it: the value it
+// finds, and its text, must be gjson's for every such string and its
+// near misses (a quote escaped right before the closing one, escaped
+// backslashes before it, a third escape, plain runs of 8 and 9 bytes), as
+// the first, a middle and the last member, duplicated, and however near
+// the end of the body the object sits; and a key spelled with escapes
+// names a member only for the names a set matches decoded.
+func TestObjectReadsEscapedValues(t *testing.T) {
+	values := []string{`"\\"`, `"a\\"`, `"a\""`, `"\""`, `"\"\\"`, `"\\\""`, `"\\\\"`, `"\n日"`, `"\u00e9"`,
+		`"\ud83d\ude00"`, `"\ud83d\ude00a"`, `"\ud83d\ude00\n"`, `"x\n\t\r"`, `"\n12345678\n"`, `"\n123456789\n"`,
+		`"\n12345678\n12345678"`, `"\n12345678\n123456789"`, `"\n\"12345678"`, `"\u4f60\u597d"`, `"\u4f60\u597d\uff0c"`,
+		`"日本\n"`, `"0123456789abcdef\n"`, `"0123456789abcde\"\\"`, `"\/\/é"`, `"0123456789abcdef\n12345678\n12345678"`, `"` + strings.Repeat(`\n`, 30) + `"`,
+		`"` + strings.Repeat(`\n`, 31) + `"`, `"` + strings.Repeat(`\u00e9`, 11) + `"`}
+	for _, v := range values {
+		if !gjson.Valid(v) {
+			t.Fatalf("test value %s is not JSON", v)
+		}
+		want := gjson.Parse(v).String()
+		objs := []string{
+			`{"text":` + v + `}`,
+			`{"text":` + v + `,"type":"text"}`,
+			`{"type":"text","text":` + v + `,"x":1}`,
+			`{"type": "text", "text": ` + v + `}`,
+			`{"text":"u","type":"text","text":` + v + `}`,       // the last text wins
+			`{"text":` + v + `,"type":"text","type":` + v + `}`, // and the last type
+			`{"0123456789abcdef": ` + v + `,"text":` + v + `}`,  // the longest key the loop reads
+		}
+		for _, obj := range objs {
+			for pad := 0; pad <= 70; pad++ {
+				// Clipped: the word tests read up to cap(body).
+				body := slices.Clip([]byte(`{"o":` + obj + `}` + strings.Repeat(" ", pad)))
+				var spans jsonSpans
+				if !scanJSON(body, &spans) {
+					t.Fatalf("test body is not JSON: %s", body)
+				}
+				d := &jsonDoc{jsonSpans: spans, base: cap(body)}
+				var f [len(partFields)]valueSpan
+				at := len(`{"o":`)
+				end, plain, _ := d.object(body, at, partKeys, f[:])
+				if end != at+len(obj) {
+					t.Fatalf("object(%s) ends at %d, want %d", obj, end, at+len(obj))
+				}
+				if got := d.str(f[partText].in(body), plain>>partText&1 != 0); got != want {
+					t.Fatalf("object(%s): text %q, gjson %q", obj, got, want)
+				}
+				// gjson's Get takes the first member of a name, object the
+				// last type: the last one's text as gjson reads it.
+				var lastType string
+				gjson.Parse(obj).ForEach(func(k, val gjson.Result) bool {
+					if k.String() == "type" {
+						lastType = val.String()
+					}
+					return true
+				})
+				got := ""
+				if f[partType].e != 0 {
+					got = d.str(f[partType].in(body), plain>>partType&1 != 0)
+				}
+				if got != lastType {
+					t.Fatalf("object(%s): type %q, want the last one, %q", obj, got, lastType)
+				}
+			}
+		}
+	}
+	// Escaped keys: the request's names match decoded, a part's type and
+	// text only as written; image_url decoded, and its first member wins.
+	cases := []struct {
+		set   *keySet
+		obj   string
+		field int
+		want  string // "" for no member found
+	}{
+		{partKeys, `{"t\u0065xt":"\ud83d\ude00","type":"text"}`, partText, ""},
+		{partKeys, `{"t\u0065xt":"\ud83d\ude00","text":"\n\n"}`, partText, "\n\n"},
+		{partKeys, `{"image_\u0075rl":"\ud83d\ude00a","image_url":"b"}`, partImage, "😀a"},
+		{partKeys, `{"image_url":"\n\"","image_\u0075rl":"b"}`, partImage, "\n\""},
+		{requestKeys, `{"m\u006fdel":"\u00e9\n","stream":true}`, fieldModel, "é\n"},
+		{requestKeys, `{"model":"a","m\u006fdel":"\\\""}`, fieldModel, `\"`},
+	}
+	for _, c := range cases {
+		body := []byte(`{"o":` + c.obj + `}` + strings.Repeat(" ", 64))
+		var spans jsonSpans
+		if !scanJSON(body, &spans) {
+			t.Fatalf("test body is not JSON: %s", body)
+		}
+		d := &jsonDoc{jsonSpans: spans, base: cap(body)}
+		out := make([]valueSpan, 64)[:len(partFields)]
+		if c.set == requestKeys {
+			out = out[:firstClientOnly]
+		}
+		_, plain, _ := d.object(body, len(`{"o":`), c.set, out)
+		got := ""
+		if out[c.field].e != 0 {
+			got = d.str(out[c.field].in(body), plain>>c.field&1 != 0)
+		}
+		if got != c.want {
+			t.Fatalf("object(%s): %q, want %q", c.obj, got, c.want)
 		}
 	}
 }
