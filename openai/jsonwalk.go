@@ -685,6 +685,10 @@ type keySet struct {
 	// spelling is longer than the name (an escape is at least 2 bytes for
 	// 1) and at most 6 bytes per byte of it.
 	minEscaped, maxEscaped int
+	// decodedLens has bit n when a name decoded matches is n bytes long:
+	// key rejects a key of \u escapes whose text is no such length
+	// without decoding it.
+	decodedLens uint64
 }
 
 // keyNameMax bounds the length of a key set's names (decodedName decodes
@@ -730,6 +734,7 @@ func newKeySet(names []string, decoded, first []string) *keySet {
 		s.minEscaped = min(s.minEscaped, len(d)+1)
 		s.decoded |= 1 << slices.Index(names, d)
 		s.maxEscaped = max(s.maxEscaped, 6*len(d))
+		s.decodedLens |= 1 << len(d)
 	}
 	for _, d := range first {
 		s.first |= 1 << slices.Index(names, d)
@@ -965,15 +970,19 @@ func (d *jsonDoc) key(b []byte, i int, set *keySet) (f, v int) {
 			// its decoded text can name one of the set (a name holds no
 			// backslash), without name's call on the raw bytes, or
 			// shortString's and hasBackslash's passes over it.
-			k := q
+			// n: the length of its text if every escape is a \u00XX one
+			// (the only escape a name's spelling may hold): a key whose n
+			// no name decoded matches names none, without decodedName.
+			k, n := q, q-i-1
 			for k+16 <= len(all) && all[k] == '\\' {
-				if k += 2; all[k-1] == 'u' {
+				if k, n = k+2, n+1; all[k-1] == 'u' {
 					k += 4
 				}
-				k += bits.TrailingZeros64(needsLook(load64(all, k))) >> 3
+				t := bits.TrailingZeros64(needsLook(load64(all, k))) >> 3
+				k, n = k+t, n+t
 			}
 			if all[k] == '"' {
-				if set.mayDecode(k - i - 1) {
+				if set.decodedLens>>(uint(n)&63)&1 != 0 && uint(n) < 64 {
 					f = set.decodedName(b[i+1 : k])
 				} else {
 					f = -1

@@ -206,6 +206,8 @@ func TestObjectReadsEscapedValues(t *testing.T) {
 		{partKeys, `{"image_url":"\n\"","image_\u0075rl":"b"}`, partImage, "\n\""},
 		{requestKeys, `{"m\u006fdel":"\u00e9\n","stream":true}`, fieldModel, "é\n"},
 		{requestKeys, `{"model":"a","m\u006fdel":"\\\""}`, fieldModel, `\"`},
+		{requestKeys, `{"a\u0062":"\n","\u006d\u006f\u0064\u0065\u006c":"\u00e9"}`, fieldModel, "é"},
+		{requestKeys, `{"model":"a","mo\u0064el\u0020":"b","m\u006fdel\n":"c"}`, fieldModel, "a"},
 	}
 	for _, c := range cases {
 		body := []byte(`{"o":` + c.obj + `}` + strings.Repeat(" ", 64))
