@@ -178,4 +178,17 @@ var Shapes = []Shape{
 		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}, `,
 			`{"role": "assistant", "content": "`+strings.Repeat(`Sure, here is the answer.\n`, 8)+`"}`, ", ", `]}`)
 	}},
+	// Agent loops, as json.dumps writes them: turns of an assistant
+	// message that calls a tool (its arguments JSON in a string, every
+	// quote escaped) and the tool's answer (JSON in a string too), and
+	// the tool definitions (JSON schemas: small nested objects) every
+	// request of such a loop carries.
+	{"agent-turns", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}, `,
+			`{"role": "assistant", "content": null, "tool_calls": [{"id": "call_8f2a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]}, {"role": "tool", "tool_call_id": "call_8f2a", "content": "{\"temperature\": 21, \"sky\": \"clear\", \"wind_kmh\": 12}"}`, ", ", `]}`)
+	}},
+	{"tool-schemas", "/v1/chat/completions", func(n, i int) string {
+		return Fill(n, `{"model": "m", "messages": [{"role": "user", "content": "`+strconv.Itoa(i)+`"}], "tools": [`,
+			`{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a given city.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}`, ", ", `]}`)
+	}},
 }
