@@ -312,10 +312,12 @@ func numberEnd(b []byte, i int) int {
 // shortString returns the index after the string starting at b[i] (a
 // quote) when it ends within minSpanString bytes, and -1 otherwise (the
 // caller then looks it up in the span table, or scans it in full). Eight
-// bytes per step (needsLook finds the first byte to look at) up to the
-// first escape, then byte by byte: for a short string cheaper than the
-// full scan's setup, and a short string with an escape (a URL's "\/", a
-// "\n") is never in the table, whose binary search it paid for each time.
+// bytes per step (needsLook finds the first byte to look at), an escape
+// stepped over whole and the search going on by words after it: escaped
+// JSON in a string (a tool call's arguments, "{\"city\": ...}") has an
+// escape every few bytes. For a short string cheaper than the full scan's
+// setup, and a short string with an escape (a URL's "\/", a "\n") is
+// never in the table, whose binary search it paid for each time.
 // b must be valid JSON from i on: the byte after a backslash is never
 // the string's end.
 func shortString(b []byte, i int) int {
@@ -327,20 +329,28 @@ func shortString(b []byte, i int) int {
 	if end > len(b) {
 		end = len(b)
 	}
-	for ; j+8 <= end; j += 8 {
-		if m := needsLook(binary.LittleEndian.Uint64(b[j:])); m != 0 {
-			j += bits.TrailingZeros64(m) >> 3
-			break
+	for j < end {
+		if j+8 <= len(b) {
+			// needsLook's lowest flag is exact: b[j] is then the first
+			// byte to look at (past end when the string ends later).
+			m := needsLook(binary.LittleEndian.Uint64(b[j:]))
+			if m == 0 {
+				j += 8
+				continue
+			}
+			if j += bits.TrailingZeros64(m) >> 3; j >= end {
+				break
+			}
 		}
-	}
-	for ; j < end; j++ {
 		switch c := b[j]; {
 		case c == '"':
 			return j + 1
 		case c == '\\':
-			j++ // the escaped byte (a \u escape's hex digits are no quote)
+			j += 2 // and the escaped byte (a \u escape's hex digits are no quote)
 		case c < 0x20:
 			return -1
+		default:
+			j++ // the last bytes of b, one at a time
 		}
 	}
 	return -1
@@ -872,6 +882,8 @@ func (d *jsonDoc) object(b []byte, i int, set *keySet, out []valueSpan) (end int
 							e = m + k + 1
 						}
 					}
+				case w == 'n'|'u'<<8:
+					e = v + 4 // null ("content": null beside tool calls), without skip's call
 				case w == '{'|'}'<<8 || w == '['|']'<<8:
 					e = v + 2 // an empty container, which the span table does not hold
 				}

@@ -58,6 +58,7 @@ func TestObjectMatchesTheMemberWalk(t *testing.T) {
 	values := []string{`"u"`, `""`, `"image_url"`, `"0123456789abcdef"`, `"0123456789abcdefg"`, `"\n"`, `"a\"b"`, `"日本"`,
 		`"\ud83d\ude00a"`, `"a\\"`, `"\\\""`, `"\n12345678\t"`, `"\n123456789\t"`,
 		`"` + strings.Repeat("x", 70) + `"`, `"` + strings.Repeat("\\n", 40) + `"`,
+		`"{\"city\": \"Paris\", \"unit\": \"celsius\"}"`, `"{\"temperature\": 21, \"sky\": \"clear\", \"wind_kmh\": 12}"`,
 		`0`, `-1`, `12.5e3`, `true`, `false`, `null`, `{}`, `[]`, `{"url":"u"}`, `[1,{"a":[]}]`, `{ }`, `[ ]`}
 	ws := func() string { return []string{"", "", "", " ", "\n\t", "  "}[rng.Intn(6)] }
 	for trial := 0; trial < 20000; trial++ {
@@ -354,3 +355,34 @@ func TestDecodedNameMatchesDecoding(t *testing.T) {
 }
 
 func hex2(c byte) string { return string("0123456789abcdef"[c>>4]) + string("0123456789abcdef"[c&15]) }
+
+// shortString steps over escapes whole and goes on by words: strings of
+// many escapes (escaped JSON, runs of escaped quotes and backslashes, \u
+// escapes) at every length around minSpanString and every distance from
+// the end of b end where skipString ends them, or give -1 when they end
+// past minSpanString bytes.
+func TestShortStringManyEscapes(t *testing.T) {
+	rng := rand.New(rand.NewSource(11))
+	pieces := []string{`\"`, `\\`, `\n`, `\u00e9`, `\/`, `a`, `bc`, `: `, `日`, `0123456789`}
+	for trial := 0; trial < 20000; trial++ {
+		var sb strings.Builder
+		sb.WriteByte('"')
+		for n := rng.Intn(24); n > 0; n-- {
+			sb.WriteString(pieces[rng.Intn(len(pieces))])
+		}
+		sb.WriteByte('"')
+		str := sb.String()
+		b := []byte(str + []string{"", "}", `, "k": 1}`, strings.Repeat(" ", 9)}[rng.Intn(4)])
+		full := skipString(b, 0)
+		if full != len(str) {
+			t.Fatalf("test string %q: skipString %d", b, full)
+		}
+		want := full
+		if full > minSpanString+1 {
+			want = -1
+		}
+		if got := shortString(b, 0); got != want {
+			t.Fatalf("shortString(%q) = %d, want %d", b, got, want)
+		}
+	}
+}
