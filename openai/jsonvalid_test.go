@@ -127,7 +127,18 @@ var jsonCases = append([]string{
 	`[{"a":[1,2,3],"b":["x","y"]},{"c":[[1],[2]]}]`,
 	`[{]`, `[{"a"}]`, `[{"a":}]`, `[{"a":1,}]`, `[{"a":1]`, `[{"a":1}`, `[{"a":1}}`, `[{"a" 1}]`, `[{a:1}]`, `[{"a":1,"b"}]`,
 	`[{"a":{]}]`, `[{"a":[}]`, `[{"a":{}]`, `[{"a":1]}`, `[{,}]`, `[{"a":tru}]`, `[{"a":01}]`, `[{"a":"\x"}]`, "[{\"a\":\"\xff\"}]",
+	// arrays of strings: in a member of the top-level object (stringArray)
+	// and deeper (the stack and the table), empty, short and long, brackets
+	// mismatched at each depth
+	toolSchema, `{"tools": [` + toolSchema + `, ` + toolSchema + `]}`, `{"a": ["x", "y"], "b": {"c": ["x"], "d": [[], ["y", []]]}}`,
+	`{"a": {"b": ["x", "y"}}`, `{"a": {"b": ["x", "y"]]}`, `{"a": {"b": ["x", "y",]}}`, `{"a": {"b": ["x" "y"]}}`, `{"a": {"b": [,"x"]}}`,
+	`[{"a": {"b": ["x"}}]`, `[{"a": ["x"]]]`, `[{"a": ["x"}]`, `{"a": [["x"}]}`, `{"a": [{"b": ["x", "y"]}, ["z"]]}`,
+	`{"a": {"b": [` + strings.Repeat(`"abcdefgh", `, 10) + `"x"]}}`, `{"a": {"b": [` + strings.Repeat(`"abcdefgh", `, 10) + `"x"}}`,
 }, append(escapeRuns(), shortUEscapes()...)...)
+
+// toolSchema is a tool definition as json.dumps writes it: objects nested
+// five deep in an element of an array, and short arrays of strings in them.
+const toolSchema = `{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a given city.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}`
 
 // escapeRuns are strings in which escapes follow one another with text
 // between them (scanString reads what follows an escape a word at a time):
@@ -375,6 +386,39 @@ func TestScanJSONRecordsSpans(t *testing.T) {
 	// A failed pass leaves nothing a walker could trust beyond the body.
 	if scanJSON([]byte(`{"a":[`), &spans) {
 		t.Fatal("truncated document accepted")
+	}
+}
+
+// Arrays of strings below a member of the top-level object go the way of
+// other containers (the stack and the span table): each has an entry, and
+// only a prompt's strings are gathered as text. Every truncation of a body
+// of tool schemas is refused.
+func TestScanJSONNestedStringArrays(t *testing.T) {
+	long := strings.Repeat(`"abcdefgh", `, 10) + `"x"`
+	b := []byte(`{"prompt": [` + long + `], "tools": [{"p": {"enum": [` + long + `], "r": ["city"]}}]}`)
+	spans := jsonSpans{checkUTF8: true}
+	if !scanJSON(b, &spans) {
+		t.Fatal("valid document rejected")
+	}
+	var got []string
+	for _, s := range spans.spans {
+		got = append(got, string(b[s.start:s.end]))
+	}
+	want := []string{string(b), "[" + long + "]", `[{"p": {"enum": [` + long + `], "r": ["city"]}}]`, `{"enum": [` + long + `], "r": ["city"]}`, "[" + long + "]", `["city"]`}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("spans\n%q\nwant\n%q", got, want)
+	}
+	if len(spans.textRuns) != 1 || spans.textRuns[0].start != int32(strings.Index(string(b), "[")) {
+		t.Errorf("text runs %v, want the prompt's alone", spans.textRuns)
+	}
+	body := `{"model": "m", "tools": [` + toolSchema + `, ` + toolSchema + `]}`
+	for n := range len(body) {
+		if scanJSON([]byte(body[:n]), &spans) {
+			t.Fatalf("truncated at %d accepted: %q", n, body[:n])
+		}
+	}
+	if !scanJSON([]byte(body), &spans) {
+		t.Fatal("tool schemas rejected")
 	}
 }
 
