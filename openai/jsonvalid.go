@@ -97,7 +97,7 @@ func (s *jsonSpans) scan(b []byte) bool {
 // byte's class. The loop that reads it is about the cheapest Go's Wasm
 // output has, two lookups per byte, four bytes per loop step and no other
 // branch: whitespace, colons, commas, numbers, literals, empty objects and
-// arrays, and strings of up to 11 bytes of plain ASCII, escapes and 2-
+// arrays, and strings of up to 15 bytes of plain ASCII, escapes and 2-
 // and 3-byte characters (keys, roles, small values) never leave it (a \u
 // escape's digits are checked in one step out of the table, which then
 // reads on: see afterU). A
@@ -325,7 +325,7 @@ const (
 	// after a backslash (strEscape), or inside a UTF-8 character with one
 	// or two bytes to come (strCont1, strCont2).
 	stString                                = stNumber + 4*inStride
-	maxStringBytes                          = 12
+	maxStringBytes                          = 16
 	strPlain, strEscape, strCont1, strCont2 = 0, 1, 2, 3
 	stringKind                              = 4 * maxStringBytes
 	// After an opening bracket ({ or [, one state of each per kind of
