@@ -20,18 +20,6 @@ func load32(b []byte, i int) uint32 {
 	return *(*uint32)(unsafe.Pointer(&b[i]))
 }
 
-// store64 writes x to b[i:i+8] as a little-endian word, as load64 reads.
-func store64(b []byte, i int, x uint64) {
-	_ = b[i+7]
-	*(*uint64)(unsafe.Pointer(&b[i])) = x
-}
-
-// store32 is store64 for b[i:i+4].
-func store32(b []byte, i int, x uint32) {
-	_ = b[i+3]
-	*(*uint32)(unsafe.Pointer(&b[i])) = x
-}
-
 // The loads and stores at p+i below have no bounds test: for indexes a
 // test or loop condition before them has covered, where a test per word
 // costs a compare and a branch in Wasm.
