@@ -101,7 +101,7 @@ func clampU32(n int) uint32 {
 	if n <= 0 {
 		return 0
 	}
-	if n > 1<<31 {
+	if uint(n) > 1<<31 {
 		return 1 << 31
 	}
 	return uint32(n)

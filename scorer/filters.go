@@ -1,6 +1,7 @@
 package scorer
 
 import (
+	"math"
 	"slices"
 
 	"github.com/kvroute/kvroute/config"
@@ -40,7 +41,7 @@ func init() {
 		"the imbalance guard: drops hosts whose token work exceeds the best host's by more than absoluteTokens AND by more than relative times; work is outstanding tokens plus, with basis cost, this request's uncached tokens there, less prefixCredit times the tokens of this request the host holds",
 		func(p *config.Params) Plugin {
 			return &loadGuard{
-				absTokens:    float64(p.Int("absoluteTokens", 32768, 0, 1<<40)),
+				absTokens:    float64(p.Int("absoluteTokens", 32768, 0, math.MaxInt32)),
 				rel:          p.Float("relative", 1.5, 1, 1000),
 				decodeWeight: p.Float("decodeWeight", 0.05, 0, 100),
 				queuedTokens: float64(p.Int("waitingTokens", 0, 0, 1<<30)),
