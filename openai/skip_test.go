@@ -1,0 +1,97 @@
+package openai
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/openai/openaitest"
+)
+
+func TestSkipStructure(t *testing.T) {
+	for _, s := range openaitest.Shapes {
+		body := s.Body(1<<16, 1)
+		for pad := range 9 {
+			b := []byte(body + strings.Repeat(" ", pad) + `,"x"]`)
+			if e := skipStructure(b, 0); e != len(body) {
+				t.Errorf("%s pad %d: end %d, want %d", s.Name, pad, e, len(body))
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	atoms := []string{`"a"`, `"\\"`, `"\""`, `"\\\""`, `"\\\\"`, `"]}"`, `"[{"`, `1`, `null`, `"日\\u00e9"`, `"\\\\\\\\\\\""`, `" \\\\ "`}
+	var gen func(d int) string
+	gen = func(d int) string {
+		if d > 4 || r.IntN(3) == 0 {
+			return atoms[r.IntN(len(atoms))]
+		}
+		n := r.IntN(5)
+		var sb strings.Builder
+		obj := r.IntN(2) == 0
+		if obj {
+			sb.WriteByte('{')
+		} else {
+			sb.WriteByte('[')
+		}
+		for k := range n {
+			if k > 0 {
+				sb.WriteByte(',')
+			}
+			if obj {
+				sb.WriteString(atoms[r.IntN(len(atoms))*0+[]int{0, 1, 2, 3, 4, 5, 6, 9, 10, 11}[r.IntN(10)]] + ":")
+			}
+			sb.WriteString(gen(d + 1))
+		}
+		if obj {
+			sb.WriteByte('}')
+		} else {
+			sb.WriteByte(']')
+		}
+		return sb.String()
+	}
+	for range 20000 {
+		v := gen(0)
+		if v[0] != '{' && v[0] != '[' {
+			continue
+		}
+		if !validJSON([]byte(v)) {
+			t.Fatalf("generated invalid %s", v)
+		}
+		pre := strings.Repeat(" ", r.IntN(9))
+		b := []byte(pre + v + `]}"x"` + strings.Repeat("[", r.IntN(9)))
+		if e := skipStructure(b, len(pre)); e != len(pre)+len(v) {
+			t.Fatalf("%q: end %d, want %d", b, e, len(pre)+len(v))
+		}
+	}
+}
+
+func BenchmarkShapeSkip(b *testing.B) {
+	const size = 1 << 20
+	text := []byte(openaitest.Shapes[0].Body(size, 0))
+	p := newParser(b, `{}`)
+	for _, s := range openaitest.Shapes {
+		body := []byte(s.Body(size, 0))
+		b.Run(s.Name, func(b *testing.B) {
+			now := cpuNow
+			if now() == 0 {
+				start := time.Now()
+				now = func() time.Duration { return time.Since(start) }
+			}
+			var tText, tShape time.Duration
+			for range b.N {
+				start := now()
+				if _, err := p.Parse(text, Completions); err != nil {
+					b.Fatal(err.Message)
+				}
+				mid := now()
+				if skipStructure(body, 0) != len(body) {
+					b.Fatal("wrong end")
+				}
+				tText, tShape = tText+mid-start, tShape+now()-mid
+			}
+			b.ReportMetric(float64(tShape)/float64(tText), "x-text")
+			b.ReportMetric(float64(tShape)/float64(b.N)/1e6, "ms")
+		})
+	}
+}
