@@ -345,15 +345,18 @@ func fanOut(b testing.TB, clients, n int, send func(j int) error) {
 }
 
 // postOK posts a JSON body and fails unless the answer is 200.
-func postOK(client *http.Client, url, body string) error {
+func postOK(client *http.Client, url, body string) error { return postStatus(client, url, body, 200) }
+
+// postStatus is postOK for a request that must get status.
+func postStatus(client *http.Client, url, body string, status int) error {
 	resp, err := client.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {
 		return err
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return fmt.Errorf("status %d", resp.StatusCode)
+	if resp.StatusCode != status {
+		return fmt.Errorf("status %d, want %d", resp.StatusCode, status)
 	}
 	return nil
 }

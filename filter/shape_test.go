@@ -40,9 +40,9 @@ func BenchmarkBodyShapesInWasm(b *testing.B) {
 		}
 		return wall, cpu
 	}
-	sendShapes(b, 2, func(b *testing.B, path, body string) (time.Duration, time.Duration) {
+	sendShapes(b, 2, func(b *testing.B, path, body string, status int) (time.Duration, time.Duration) {
 		w0, c0 := bodyTime()
-		if err := postOK(client, url+path, body); err != nil {
+		if err := postStatus(client, url+path, body, status); err != nil {
 			b.Fatalf("%s: %v", path, err)
 		}
 		w1, c1 := bodyTime()
@@ -76,9 +76,9 @@ func BenchmarkBodyShapesInV8(b *testing.B) {
 		}
 		return s.PerCallback["request_body"]
 	}
-	sendShapes(b, 3, func(b *testing.B, path, body string) (time.Duration, time.Duration) {
+	sendShapes(b, 3, func(b *testing.B, path, body string, status int) (time.Duration, time.Duration) {
 		t0 := bodyTime()
-		if err := postOK(client, h.Filtered+path, body); err != nil {
+		if err := postStatus(client, h.Filtered+path, body, status); err != nil {
 			b.Fatalf("%s: %v", path, err)
 		}
 		return bodyTime() - t0, 0
@@ -92,24 +92,28 @@ func BenchmarkBodyShapesInV8(b *testing.B) {
 // of both and the shape's over the plain text's, "x-text": of CPU time when
 // the host tells it (wall-x-text then the ratio of wall times), else of
 // wall time.
-func sendShapes(b *testing.B, warm int, send func(b *testing.B, path, body string) (wall, cpu time.Duration)) {
+func sendShapes(b *testing.B, warm int, send func(b *testing.B, path, body string, status int) (wall, cpu time.Duration)) {
 	const size = 1 << 20
 	text := openaitest.Shapes[0]
 	seq := 0
 	for _, s := range openaitest.Shapes[1:] {
 		b.Run(s.Name, func(b *testing.B) {
+			status := 200
+			if s.Refused() {
+				status = 400
+			}
 			for range warm {
 				seq++
-				send(b, text.Path, text.Body(size, seq))
-				send(b, s.Path, s.Body(size, seq))
+				send(b, text.Path, text.Body(size, seq), 200)
+				send(b, s.Path, s.Body(size, seq), status)
 			}
 			var wText, wShape, cText, cShape time.Duration
 			b.ResetTimer()
 			for range b.N {
 				seq++
-				w, c := send(b, text.Path, text.Body(size, seq))
+				w, c := send(b, text.Path, text.Body(size, seq), 200)
 				wText, cText = wText+w, cText+c
-				w, c = send(b, s.Path, s.Body(size, seq))
+				w, c = send(b, s.Path, s.Body(size, seq), status)
 				wShape, cShape = wShape+w, cShape+c
 			}
 			ms := func(d time.Duration) float64 { return float64(d) / float64(b.N) / float64(time.Millisecond) }

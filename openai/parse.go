@@ -154,6 +154,9 @@ type Parser struct {
 	// walking the messages, a message and its content does not rescan the
 	// prompt at each level. Its buffers are kept for the next body.
 	doc jsonDoc
+	// The first pass over a body: the view of it doc reads (see
+	// readBudget).
+	trim trimmer
 
 	// models holds the model names seen, so that a parsed request owns its
 	// Model without a copy per request: the body it came from is reused
@@ -318,6 +321,23 @@ func (p *Parser) WithoutClientOnly(body []byte) []byte {
 func (p *Parser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
+	if len(p.trim.cuts) > 0 {
+		// The parser read a view of body (see readBudget): its members
+		// are those trim found, in body.
+		for _, m := range p.trim.members {
+			k := body[m.key:stringEnd(body, m.key)]
+			if fieldOf(p.keyText(k), requestFields[:]) >= firstClientOnly {
+				continue
+			}
+			if !first {
+				out = append(out, ',')
+			}
+			out = append(out, body[m.key:m.end]...)
+			first = false
+		}
+		p.out = append(out, '}')
+		return p.out
+	}
 	obj := body[SkipSpace(body, 0):]
 	for i := SkipSpace(obj, 1); ; {
 		k, v, next, ok := p.doc.member(obj, i)
@@ -349,6 +369,12 @@ func (p *Parser) dropClientOnly(body []byte) []byte {
 func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	if len(body) == 0 {
 		return r, errEmptyBody
+	}
+	// The structure first, to read no more of it than the budget covers
+	// (see readBudget): body is the view from here on.
+	body, err := p.trim.trim(body)
+	if err != nil {
+		return r, err
 	}
 	// One pass checks JSON and UTF-8 (in strings; everything else must be
 	// ASCII); see scanError for a body it rejects.
@@ -420,7 +446,6 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	}
 
 	p.hasher.Reset(r.Model, r.Adapter, salt)
-	var err *Error
 	if kind == Chat {
 		err = p.chat(&fields)
 	} else {
@@ -431,6 +456,12 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	}
 	h := p.hasher
 	r.PromptTokens, r.Chain, r.Tokens, r.PromptChars = h.PromptTokens(), h.Blocks(), h, h.Len()
+	if p.trim.removed > 0 {
+		// The elements left out, at a character per byte of their JSON:
+		// what load and admission count the request's prompt as.
+		r.PromptChars += p.trim.removed
+		r.PromptTokens += p.trim.removed / index.DefaultCharsPerToken
+	}
 	r.ClientOnly = p.dropped
 	return r, nil
 }

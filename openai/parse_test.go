@@ -2,6 +2,7 @@ package openai
 
 import (
 	"fmt"
+	"math"
 	"math/rand"
 	"slices"
 	"strings"
@@ -298,7 +299,13 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 	ws := func() string { return []string{"", " ", "\n  ", "\t"}[rng.Intn(4)] }
 	ref := index.NewHasher(index.HashConfig{})
 	p := newParser(t, `{}`)
+	p.trim.budget = math.MaxInt / 2 // the whole body: what gjson reads
+	// q reads each body under a small budget (see readBudget): a prefix of
+	// the prompt, the same model and max_tokens.
+	q := newParser(t, `{}`)
+	cutBodies := 0
 	for trial := 0; trial < 400; trial++ {
+		q.trim.budget = 1 << (6 + rng.Intn(10))
 		var body strings.Builder
 		model := []string{`"llama-3-8b"`, `"m\u00e9"`, `"mod\"el"`}[rng.Intn(3)]
 		body.WriteString("{" + ws() + `"model"` + ws() + ":" + ws() + model + ws())
@@ -446,6 +453,22 @@ func TestParseMatchesGJSONReading(t *testing.T) {
 		if mt := doc.Get("max_tokens"); mt.Exists() && int64(r.MaxTokens) != int64(mt.Num) {
 			t.Fatalf("trial %d: max_tokens %d, gjson %v", trial, r.MaxTokens, mt.Num)
 		}
+		rq, qerr := q.Parse(b, kind)
+		if qerr != nil {
+			t.Fatalf("trial %d: with a budget of %d: %s\n%.300s", trial, q.trim.budget, qerr.Message, b)
+		}
+		cut := q.hasher.Blocks()
+		if full := ref.Blocks(); len(cut) > len(full) || len(cut) > 0 && !slices.Equal(cut[:len(cut)-1], full[:len(cut)-1]) ||
+			rq.Model != r.Model || rq.MaxTokens != r.MaxTokens || len(q.trim.cuts) == 0 && !slices.Equal(cut, full) {
+			t.Fatalf("trial %d: with a budget of %d (%d cuts): %d blocks, model %q, max_tokens %d; the whole body: %d blocks, %q, %d\n%.300s",
+				trial, q.trim.budget, len(q.trim.cuts), len(cut), rq.Model, rq.MaxTokens, len(full), r.Model, r.MaxTokens, b)
+		}
+		if len(q.trim.cuts) > 0 {
+			cutBodies++
+		}
+	}
+	if cutBodies < 100 {
+		t.Errorf("%d of 400 bodies cut under the small budgets: the prefix check hardly ran", cutBodies)
 	}
 }
 

@@ -3,54 +3,62 @@ package openai
 import "math/bits"
 
 // eqBytes has bit 7 of each byte of x set exactly where that byte is c
-// (c*0x01...01 in pattern).
+// (pattern is c*0x0101010101010101).
 func eqBytes(x, pattern uint64) uint64 {
 	const low7 = 0x7f7f7f7f7f7f7f7f
 	t := x ^ pattern
 	return ^(((t & low7) + low7) | t) & highBits
 }
 
-// gather packs the high bits of m's bytes into the low 8 bits.
+// gather packs the high bits of m's bytes into its low 8 bits (byte k's
+// as bit k).
 func gather(m uint64) uint64 { return (m >> 7) * 0x0102040810204080 >> 56 }
 
-// skipStructure returns the index just past the container whose opening
-// bracket is b[i], reading only its structure: quotes (and the escapes
-// before them) and brackets outside strings, eight bytes a step. b must be
-// valid JSON there; -1 when the container does not end in b.
-func skipStructure(b []byte, i int) int {
+// structureEnd returns the index just past the bracket that closes the
+// depth containers b[i] is in (depth 0: the container whose opening
+// bracket is b[i]; b[i] is not in a string), reading only the structure:
+// quotes (less those escapes take) and brackets outside strings, eight
+// bytes a step. It checks nothing else: -1 when the containers do not end
+// in b.
+//
+// With allowance >= 0 it also returns what the bytes read cost by the
+// read budget's measure (see readBudget: a byte outside strings 1, a
+// string stringCost, a bracket bracketCost), and gives up (end -1) once
+// that passes allowance.
+func structureEnd(b []byte, i, depth, allowance int) (end, cost int) {
 	const ones = 0x0101010101010101
-	depth := 0
-	var inStr, escCarry uint64 // inStr: 0xff when the word before ended in a string; escCarry: 1 when its last byte escapes the next
+	var inStr, carry uint64 // inStr: 0xff when the word before ended in a string; carry: 1 when its last byte escapes the next
 	for ; i+8 <= len(b); i += 8 {
 		w := load64(b, i)
-		q := gather(eqBytes(w, '"'*ones))
-		bs := gather(eqBytes(w, '\\'*ones))
-		if bs|escCarry != 0 {
-			// The bytes an odd run of backslashes escapes (simdjson's
-			// find_escaped, on 8 bits).
-			const even = 0x55
-			bs &^= escCarry
-			follows := bs<<1 | escCarry
-			odd := bs &^ even &^ follows
-			seq := odd + bs
-			escCarry = seq >> 8 & 1
-			escaped := (even ^ (seq << 1)) & follows & 0xff
+		q, bs := gather(eqBytes(w, '"'*ones)), gather(eqBytes(w, '\\'*ones))
+		if bs|carry != 0 {
+			var escaped uint64
+			escaped, carry = escapes(bs, carry)
 			q &^= escaped
 		}
-		// In a string from each opening quote up to its closing one.
+		// In a string from each opening quote up to its closing one: a
+		// running parity of the quotes.
 		p := q ^ q<<1
 		p ^= p << 2
-		p ^= p << 4
-		p = (p ^ inStr) & 0xff
+		p = (p ^ p<<4 ^ inStr) & 0xff
 		inStr = -(p >> 7) & 0xff
+		// Brackets: '{' and '[' are one byte with 0x20 set, as are '}' and ']'.
 		v := w | 0x20*ones
-		open := gather(eqBytes(v, '{'*ones)) &^ p
-		cls := gather(eqBytes(v, '}'*ones)) &^ p
+		open, cls := gather(eqBytes(v, '{'*ones))&^p, gather(eqBytes(v, '}'*ones))&^p
+		if allowance >= 0 {
+			cost += 8 - bits.OnesCount64(p) + bits.OnesCount64(q)*(stringCost/2) + bits.OnesCount64(open|cls)*bracketCost
+			if cost > allowance {
+				return -1, cost
+			}
+		}
 		if open|cls == 0 {
 			continue
 		}
-		if depth-bits.OnesCount64(cls) > 0 {
-			depth += bits.OnesCount64(open) - bits.OnesCount64(cls)
+		// Whether the depth reaches 0 in this word: by the lowest it
+		// goes, nibble by nibble.
+		lo, hi := nibbleDepth[open&15|cls&15<<4], nibbleDepth[open>>4|cls>>4<<4]
+		if depth+int(min(lo.low, lo.net+hi.low)) > 0 {
+			depth += int(lo.net + hi.net)
 			continue
 		}
 		for m := open | cls; m != 0; m &= m - 1 {
@@ -58,32 +66,59 @@ func skipStructure(b []byte, i int) int {
 			if open>>k&1 != 0 {
 				depth++
 			} else if depth--; depth == 0 {
-				return i + k + 1
+				return i + k + 1, cost
 			}
 		}
 	}
 	// The last bytes one at a time.
-	in, esc := inStr != 0, escCarry != 0
+	in, esc := inStr != 0, carry != 0
 	for ; i < len(b); i++ {
-		c := b[i]
-		switch {
+		switch c := b[i]; {
 		case esc:
 			esc = false
 		case in:
-			if c == '\\' {
-				esc = true
-			} else if c == '"' {
-				in = false
-			}
+			esc, in = c == '\\', c != '"'
 		case c == '"':
 			in = true
 		case c == '{' || c == '[':
 			depth++
 		case c == '}' || c == ']':
 			if depth--; depth == 0 {
-				return i + 1
+				return i + 1, cost
 			}
 		}
 	}
-	return -1
+	return -1, cost
 }
+
+// escapes returns the bytes of a word that backslashes escape, from its
+// backslashes bs (8 bits, byte k as bit k) and carry (1 when its first
+// byte is escaped by the word before), and the carry into the next word:
+// the byte after each odd run of backslashes (simdjson's find_escaped, on
+// 8 bits).
+func escapes(bs, carry uint64) (escaped, next uint64) {
+	const even = 0x55
+	bs &^= carry
+	follows := bs<<1 | carry
+	seq := bs&^even&^follows + bs
+	return (even ^ seq<<1) & follows & 0xff, seq >> 8 & 1
+}
+
+// nibbleDepth is, for four bytes' opening brackets (bits 0-3) and closing
+// ones (bits 4-7), the change of depth across them and the lowest change
+// after any of them.
+var nibbleDepth = func() (t [256]struct{ net, low int8 }) {
+	for k := range t {
+		d, low := int8(0), int8(0)
+		for b := range 4 {
+			if k>>b&1 != 0 {
+				d++
+			} else if k>>(b+4)&1 != 0 {
+				d--
+			}
+			low = min(low, d)
+		}
+		t[k].net, t[k].low = d, low
+	}
+	return t
+}()

@@ -14,7 +14,7 @@ func TestSkipStructure(t *testing.T) {
 		body := s.Body(1<<16, 1)
 		for pad := range 9 {
 			b := []byte(body + strings.Repeat(" ", pad) + `,"x"]`)
-			if e := skipStructure(b, 0); e != len(body) {
+			if e := end0(b, 0); e != len(body) {
 				t.Errorf("%s pad %d: end %d, want %d", s.Name, pad, e, len(body))
 			}
 		}
@@ -60,7 +60,7 @@ func TestSkipStructure(t *testing.T) {
 		}
 		pre := strings.Repeat(" ", r.IntN(9))
 		b := []byte(pre + v + `]}"x"` + strings.Repeat("[", r.IntN(9)))
-		if e := skipStructure(b, len(pre)); e != len(pre)+len(v) {
+		if e := end0(b, len(pre)); e != len(pre)+len(v) {
 			t.Fatalf("%q: end %d, want %d", b, e, len(pre)+len(v))
 		}
 	}
@@ -85,7 +85,7 @@ func BenchmarkShapeSkip(b *testing.B) {
 					b.Fatal(err.Message)
 				}
 				mid := now()
-				if skipStructure(body, 0) != len(body) {
+				if end0(body, 0) != len(body) {
 					b.Fatal("wrong end")
 				}
 				tText, tShape = tText+mid-start, tShape+now()-mid
@@ -95,3 +95,5 @@ func BenchmarkShapeSkip(b *testing.B) {
 		})
 	}
 }
+
+func end0(b []byte, i int) int { e, _ := structureEnd(b, i, 0, -1); return e }

@@ -21,6 +21,15 @@ type Shape struct {
 	Body func(n, i int) string
 }
 
+// Refused reports whether kvroute answers a body of this shape of 256 KiB
+// or more with a 400 rather than routing it: more top-level members than
+// it reads, or objects holding more members than its read budget lets it
+// read (see openai's readBudget). Its benchmarks then measure the cost of
+// the refusal.
+func (s Shape) Refused() bool { return refused[s.Name] }
+
+var refused = map[string]bool{"unused-keys": true, "escaped-non-ascii-keys": true, "escaped-letter-keys": true, "unused-keys-in-message": true}
+
 // Fill returns head, then unit repeated (with sep between) until the body
 // is about n bytes, then tail.
 func Fill(n int, head, unit, sep, tail string) string {
