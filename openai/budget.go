@@ -54,7 +54,7 @@ const (
 
 var (
 	errTooManyMembers = BadRequest("", "the request body has more than 4096 top-level members")
-	errTooDeep        = BadRequest("", "the request body nests arrays and objects more than 512 deep")
+	errTooDeep        = BadRequest("", "the request body nests arrays and objects more than 512 deep (its object counts as one)")
 	errTooComplex     = BadRequest("", "the request body's objects hold more than 128 KiB of keys, numbers and short strings; kvroute reads long arrays in part but objects whole: send fewer members")
 )
 
@@ -65,10 +65,6 @@ type cut struct {
 	zero     bool
 }
 
-// memberSpan is a top-level member of the body: body[key:end], from its
-// key's opening quote to the end of its value.
-type memberSpan struct{ key, end int }
-
 // trimmer is the first pass over a body (see readBudget).
 type trimmer struct {
 	// budget is the budget in force (readBudget when 0; tests set
@@ -77,9 +73,8 @@ type trimmer struct {
 
 	cost    int // the structure read so far, by the measure above
 	cuts    []cut
-	members []memberSpan // the last body's top-level members, when it was cut
-	removed int          // bytes of array elements left out
-	view    []byte       // the view, when it is not the body
+	removed int    // bytes of array elements left out
+	view    []byte // the view, when it is not the body
 	err     *Error
 }
 
@@ -88,7 +83,7 @@ type trimmer struct {
 // that is not structured as a JSON object is returned as is, for the
 // parser to say what is wrong with it.
 func (t *trimmer) trim(body []byte) ([]byte, *Error) {
-	t.cost, t.cuts, t.members, t.removed, t.err = 0, t.cuts[:0], t.members[:0], 0, nil
+	t.cost, t.cuts, t.removed, t.err = 0, t.cuts[:0], 0, nil
 	if t.budget == 0 {
 		t.budget = readBudget
 	}
@@ -100,8 +95,9 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 	if i >= len(body) || body[i] != '{' {
 		return body, nil
 	}
+	n := 0 // members
 	for i = SkipSpace(body, i+1); i < len(body) && body[i] == '"'; {
-		if len(t.members) == maxMembers {
+		if n++; n > maxMembers {
 			return nil, errTooManyMembers
 		}
 		k := i
@@ -118,7 +114,9 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 		if routedKey(body[k+1 : ke-1]) {
 			e = t.value(body, v, 1)
 		} else if e = valueEnd(body, v); e > v+2 && (body[v] == '{' || body[v] == '[') {
-			t.cuts = append(t.cuts, cut{v, e, true})
+			t.leaveOut(v, e, true)
+		} else if e == tooDeep {
+			t.err = errTooDeep
 		}
 		if e < 0 {
 			if t.err != nil {
@@ -126,7 +124,6 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 			}
 			return body, nil
 		}
-		t.members = append(t.members, memberSpan{k, e})
 		if i = SkipSpace(body, e); i < len(body) && body[i] == ',' {
 			i = SkipSpace(body, i+1)
 		}
@@ -134,6 +131,23 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 	if len(t.cuts) == 0 {
 		return body, nil
 	}
+	return t.cut(body), nil
+}
+
+// leaveOut adds body[from:to] to what the view leaves out (replaced by 0
+// when zero). Out of line: an append is a few hundred bytes of Wasm.
+//
+//go:noinline
+func (t *trimmer) leaveOut(from, to int, zero bool) {
+	t.cuts = append(t.cuts, cut{from, to, zero})
+}
+
+// cut returns the view of body without t.cuts. Out of line: most bodies
+// have none, and each function a request enters costs it (see
+// docs/performance.md, "The Wasm cost model").
+//
+//go:noinline
+func (t *trimmer) cut(body []byte) []byte {
 	view, at := t.view[:0], 0
 	for _, c := range t.cuts {
 		view = append(view, body[at:c.from]...)
@@ -149,7 +163,7 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 		view = append(view[:len(view):len(view)], make([]byte, viewSlack)...)[:len(view)]
 	}
 	t.view = view
-	return view, nil
+	return view
 }
 
 // routedKey reports whether a top-level key (its bytes between the
@@ -176,11 +190,12 @@ func (t *trimmer) value(b []byte, i, depth int) int {
 	case '[', '{':
 		// Whole when it fits in what is left of the budget (one scan of
 		// its structure), else element by element or member by member.
-		if e, cost := structureEnd(b, i, 0, max(t.budget-t.cost, 0)); e >= 0 {
+		e, cost := structureEnd(b, i, 0, maxNesting-depth, max(t.budget-t.cost, 0))
+		if e >= 0 {
 			t.cost += cost
 			return e
 		}
-		if depth > maxNesting {
+		if e == tooDeep || depth >= maxNesting {
 			t.err = errTooDeep
 			return -1
 		}
@@ -201,11 +216,14 @@ func (t *trimmer) array(b []byte, i, depth int) int {
 	for last := -1; i < len(b); {
 		if last >= 0 && t.cost >= t.budget {
 			// The rest of the array: left out, up to its bracket.
-			e, _ := structureEnd(b, i, 1, -1)
+			e, _ := structureEnd(b, i, 1, maxNesting-depth, -1)
 			if e < 0 {
+				if e == tooDeep {
+					t.err = errTooDeep
+				}
 				return -1
 			}
-			t.cuts = append(t.cuts, cut{from: last, to: e - 1})
+			t.leaveOut(last, e-1, false)
 			return e
 		}
 		if c := b[i]; c-'0' <= 9 {
@@ -267,13 +285,15 @@ func (t *trimmer) object(b []byte, i, depth int) int {
 	return -1
 }
 
-// valueEnd returns the end of the value at b[i] from its structure alone.
+// valueEnd returns the end of the value at b[i], a member of the
+// top-level object, from its structure alone (tooDeep for one nested past
+// maxNesting).
 func valueEnd(b []byte, i int) int {
 	switch b[i] {
 	case '"':
 		return stringEnd(b, i)
 	case '[', '{':
-		e, _ := structureEnd(b, i, 0, -1)
+		e, _ := structureEnd(b, i, 0, maxNesting-1, -1)
 		return e
 	}
 	return scalarEnd(b, i)

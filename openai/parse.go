@@ -322,18 +322,27 @@ func (p *Parser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
 	if len(p.trim.cuts) > 0 {
-		// The parser read a view of body (see readBudget): its members
-		// are those trim found, in body.
-		for _, m := range p.trim.members {
-			k := body[m.key:stringEnd(body, m.key)]
-			if fieldOf(p.keyText(k), requestFields[:]) >= firstClientOnly {
-				continue
+		// The parser read a view of body (see readBudget), whose span
+		// table does not fit body: its members found again from their
+		// structure, in body.
+		obj := body[SkipSpace(body, 0):]
+		for i := SkipSpace(obj, 1); i < len(obj) && obj[i] == '"'; {
+			k := stringEnd(obj, i)
+			v := SkipSpace(obj, SkipSpace(obj, k)+1) // past ':'
+			e := valueEnd(obj, v)
+			if e < 0 {
+				break // not reached: body was parsed
 			}
-			if !first {
-				out = append(out, ',')
+			if fieldOf(p.keyText(obj[i:k]), requestFields[:]) < firstClientOnly {
+				if !first {
+					out = append(out, ',')
+				}
+				out = append(out, obj[i:e]...)
+				first = false
 			}
-			out = append(out, body[m.key:m.end]...)
-			first = false
+			if i = SkipSpace(obj, e); i < len(obj) && obj[i] == ',' {
+				i = SkipSpace(obj, i+1)
+			}
 		}
 		p.out = append(out, '}')
 		return p.out

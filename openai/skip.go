@@ -21,11 +21,13 @@ func gather(m uint64) uint64 { return (m >> 7) * 0x0102040810204080 >> 56 }
 // bytes a step. It checks nothing else: -1 when the containers do not end
 // in b.
 //
+// It returns tooDeep when the depth passes deepest.
+//
 // With allowance >= 0 it also returns what the bytes read cost by the
 // read budget's measure (see readBudget: a byte outside strings 1, a
 // string stringCost, a bracket bracketCost), and gives up (end -1) once
 // that passes allowance.
-func structureEnd(b []byte, i, depth, allowance int) (end, cost int) {
+func structureEnd(b []byte, i, depth, deepest, allowance int) (end, cost int) {
 	const ones = 0x0101010101010101
 	var inStr, carry uint64 // inStr: 0xff when the word before ended in a string; carry: 1 when its last byte escapes the next
 	for ; i+8 <= len(b); i += 8 {
@@ -52,11 +54,30 @@ func structureEnd(b []byte, i, depth, allowance int) (end, cost int) {
 			}
 		}
 		if open|cls == 0 {
+			if inStr != 0 && i+16 <= len(b) && eqBytes(load64(b, i+8), '"'*ones) == 0 {
+				// A string that goes on past the next word (a prompt, a
+				// message's text): its end by stringEnd's long steps,
+				// which find its closing quote from the quote search and
+				// the backslashes before it, whatever carry says.
+				e := stringEnd(b, i+7)
+				if e < 0 {
+					return -1, cost
+				}
+				if allowance >= 0 {
+					if cost += stringCost / 2; cost > allowance { // its closing quote
+						return -1, cost
+					}
+				}
+				i, inStr, carry = e-8, 0, 0 // the loop adds 8
+			}
 			continue
 		}
 		// Whether the depth reaches 0 in this word: by the lowest it
 		// goes, nibble by nibble.
 		lo, hi := nibbleDepth[open&15|cls&15<<4], nibbleDepth[open>>4|cls>>4<<4]
+		if depth+int(max(lo.high, lo.net+hi.high)) > deepest {
+			return tooDeep, cost
+		}
 		if depth+int(min(lo.low, lo.net+hi.low)) > 0 {
 			depth += int(lo.net + hi.net)
 			continue
@@ -81,7 +102,9 @@ func structureEnd(b []byte, i, depth, allowance int) (end, cost int) {
 		case c == '"':
 			in = true
 		case c == '{' || c == '[':
-			depth++
+			if depth++; depth > deepest {
+				return tooDeep, cost
+			}
 		case c == '}' || c == ']':
 			if depth--; depth == 0 {
 				return i + 1, cost
@@ -104,21 +127,24 @@ func escapes(bs, carry uint64) (escaped, next uint64) {
 	return (even ^ seq<<1) & follows & 0xff, seq >> 8 & 1
 }
 
+// tooDeep is structureEnd's end for containers nested past its deepest.
+const tooDeep = -2
+
 // nibbleDepth is, for four bytes' opening brackets (bits 0-3) and closing
-// ones (bits 4-7), the change of depth across them and the lowest change
-// after any of them.
-var nibbleDepth = func() (t [256]struct{ net, low int8 }) {
+// ones (bits 4-7), the change of depth across them and the lowest and
+// highest change after any of them.
+var nibbleDepth = func() (t [256]struct{ net, low, high int8 }) {
 	for k := range t {
-		d, low := int8(0), int8(0)
+		d, low, high := int8(0), int8(0), int8(0)
 		for b := range 4 {
 			if k>>b&1 != 0 {
 				d++
 			} else if k>>(b+4)&1 != 0 {
 				d--
 			}
-			low = min(low, d)
+			low, high = min(low, d), max(high, d)
 		}
-		t[k].net, t[k].low = d, low
+		t[k] = struct{ net, low, high int8 }{d, low, high}
 	}
 	return t
 }()

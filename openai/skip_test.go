@@ -20,7 +20,8 @@ func TestSkipStructure(t *testing.T) {
 		}
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	atoms := []string{`"a"`, `"\\"`, `"\""`, `"\\\""`, `"\\\\"`, `"]}"`, `"[{"`, `1`, `null`, `"日\\u00e9"`, `"\\\\\\\\\\\""`, `" \\\\ "`}
+	atoms := []string{`"a"`, `"\\"`, `"\""`, `"\\\""`, `"\\\\"`, `"]}"`, `"[{"`, `1`, `null`, `"日\\u00e9"`, `"\\\\\\\\\\\""`, `" \\\\ "`,
+		`"` + strings.Repeat("long text ", 5) + `"`, `"` + strings.Repeat(`x\"[{`, 9) + `"`, `"` + strings.Repeat("y", 23) + `\\\\"`, `"` + strings.Repeat(`\\`, 17) + `\""`}
 	var gen func(d int) string
 	gen = func(d int) string {
 		if d > 4 || r.IntN(3) == 0 {
@@ -96,4 +97,4 @@ func BenchmarkShapeSkip(b *testing.B) {
 	}
 }
 
-func end0(b []byte, i int) int { e, _ := structureEnd(b, i, 0, -1); return e }
+func end0(b []byte, i int) int { e, _ := structureEnd(b, i, 0, maxNesting, -1); return e }
