@@ -21,7 +21,10 @@ var floorSink int
 // a loop that looks at each byte once and counts commas ("byte-loop", over
 // flat token ids), reading the token ids out of their digits without any
 // validation ("tokens-read"), and the hasher alone for the token ids
-// ("tokens-hash") and for the tiny messages ("messages-hash"). Beside
+// ("tokens-hash") and for the tiny messages ("messages-hash"), the read
+// budget's structure scan over the tiny messages ("structure-messages",
+// what the part of a body past the budget costs per byte) and its first pass
+// over the plain text ("first-pass-text", what the budget adds to it). Beside
 // them, what the libraries made for the job cost to validate alone, in
 // the same units: gjson's and encoding/json's Valid over the plain text
 // itself and over the tiny messages. Run in Wasm, where the ratios matter:
@@ -56,6 +59,7 @@ func BenchmarkShapeFloors(b *testing.B) {
 	}
 	readIDs()
 	h := index.NewHasher(index.HashConfig{})
+	var trim trimmer
 	nMessages := len(messages) / len(`{"role":"user","content":"hi"},`)
 	floors := []struct {
 		name string
@@ -79,6 +83,16 @@ func BenchmarkShapeFloors(b *testing.B) {
 			h.Reset("m", "", "")
 			for range nMessages {
 				h.Message("user", "hi")
+			}
+		}},
+		{"structure-messages", func() {
+			if e, _ := structureEnd(messages, 0, 0, maxNesting, -1); e != len(messages) {
+				b.Fatal("structureEnd missed the end of the tiny messages")
+			}
+		}},
+		{"first-pass-text", func() {
+			if _, err := trim.trim(text); err != nil {
+				b.Fatal(err.Message)
 			}
 		}},
 		{"gjson-valid-text", func() { valid(gjson.ValidBytes(text)) }},

@@ -23,6 +23,7 @@ func (p *Parser) Scrub(body []byte) (clean []byte, ok bool) {
 		return nil, true // nearly every body: one pass over its bytes, no JSON walk
 	}
 	p.doc.checkUTF8 = true
+	p.trim.cuts = p.trim.cuts[:0] // the whole body is read here, not a view of it (see dropClientOnly)
 	if !p.doc.scan(body) {
 		return nil, !MayHoldClientOnly(body)
 	}

@@ -142,11 +142,12 @@ var shapeSlots = []shapeSlot{
 // TestBodyShapeSearch searches, natively, for the body shape with the
 // highest parse cost per byte relative to plain text: random units of
 // small JSON values in each slot of shapeSlots, each repeated through a
-// 64 KiB body, timed against a plain-text body in the same loop. It prints
+// 1 MiB body (so that the read budget cuts it, as it cuts the benchmarks'
+// bodies), timed against a plain-text body in the same loop. It prints
 // the costliest units; the worst is "searched-worst" in bodyShapes, which
 // BenchmarkBodyShapesInWasm measures in the Wasm host (native costs rank
 // shapes, the Wasm host's differ). Set KVROUTE_SHAPE_SEARCH to a number of
-// candidates to run it (about 10 ms each).
+// candidates to run it (about 20 ms each).
 //
 //	KVROUTE_SHAPE_SEARCH=3000 go test ./openai -run BodyShapeSearch -v
 func TestBodyShapeSearch(t *testing.T) {
@@ -154,7 +155,7 @@ func TestBodyShapeSearch(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set KVROUTE_SHAPE_SEARCH=<candidates> to search")
 	}
-	const size = 64 << 10
+	const size = 1 << 20
 	p := newParser(t, `{}`)
 	// cost returns the best of a few parses' time per byte of body.
 	cost := func(body []byte, path string) (float64, bool) {

@@ -4,7 +4,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvroute/kvroute/openai/openaitest"
 )
@@ -64,36 +63,6 @@ func TestSkipStructure(t *testing.T) {
 		if e := end0(b, len(pre)); e != len(pre)+len(v) {
 			t.Fatalf("%q: end %d, want %d", b, e, len(pre)+len(v))
 		}
-	}
-}
-
-func BenchmarkShapeSkip(b *testing.B) {
-	const size = 1 << 20
-	text := []byte(openaitest.Shapes[0].Body(size, 0))
-	p := newParser(b, `{}`)
-	for _, s := range openaitest.Shapes {
-		body := []byte(s.Body(size, 0))
-		b.Run(s.Name, func(b *testing.B) {
-			now := cpuNow
-			if now() == 0 {
-				start := time.Now()
-				now = func() time.Duration { return time.Since(start) }
-			}
-			var tText, tShape time.Duration
-			for range b.N {
-				start := now()
-				if _, err := p.Parse(text, Completions); err != nil {
-					b.Fatal(err.Message)
-				}
-				mid := now()
-				if end0(body, 0) != len(body) {
-					b.Fatal("wrong end")
-				}
-				tText, tShape = tText+mid-start, tShape+now()-mid
-			}
-			b.ReportMetric(float64(tShape)/float64(tText), "x-text")
-			b.ReportMetric(float64(tShape)/float64(b.N)/1e6, "ms")
-		})
 	}
 }
 

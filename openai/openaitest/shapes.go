@@ -107,6 +107,11 @@ var Shapes = []Shape{
 	{"unused-containers", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`","x":[`, `{"a":[]}`, ",", `]}`)
 	}},
+	// Brackets: arrays nested eight deep, each a container of its own
+	// (the token-id and string fast paths take none of them).
+	{"nested-arrays", "/v1/completions", func(n, i int) string {
+		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i)+`","x":[`, `[[[[[[[[0]]]]]]]]`, ",", `]}`)
+	}},
 	{"escapes", "/v1/completions", func(n, i int) string {
 		return Fill(n, `{"model":"m","prompt":"`+strconv.Itoa(i), `\n`, "", `"}`)
 	}},
