@@ -190,7 +190,7 @@ func (t *trimmer) value(b []byte, i, depth int) int {
 	case '[', '{':
 		// Whole when it fits in what is left of the budget (one scan of
 		// its structure), else element by element or member by member.
-		e, cost := structureEnd(b, i, 0, maxNesting-depth, max(t.budget-t.cost, 0))
+		e, cost := structureCost(b, i, maxNesting-depth, max(t.budget-t.cost, 0))
 		if e >= 0 {
 			t.cost += cost
 			return e
@@ -216,7 +216,7 @@ func (t *trimmer) array(b []byte, i, depth int) int {
 	for last := -1; i < len(b); {
 		if last >= 0 && t.cost >= t.budget {
 			// The rest of the array: left out, up to its bracket.
-			e, _ := structureEnd(b, i, 1, maxNesting-depth, -1)
+			e := structureEnd(b, i, 1, maxNesting-depth)
 			if e < 0 {
 				if e == tooDeep {
 					t.err = errTooDeep
@@ -293,7 +293,7 @@ func valueEnd(b []byte, i int) int {
 	case '"':
 		return stringEnd(b, i)
 	case '[', '{':
-		e, _ := structureEnd(b, i, 0, maxNesting-1, -1)
+		e := structureEnd(b, i, 0, maxNesting-1)
 		return e
 	}
 	return scalarEnd(b, i)

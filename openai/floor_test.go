@@ -86,7 +86,7 @@ func BenchmarkShapeFloors(b *testing.B) {
 			}
 		}},
 		{"structure-messages", func() {
-			if e, _ := structureEnd(messages, 0, 0, maxNesting, -1); e != len(messages) {
+			if e := structureEnd(messages, 0, 0, maxNesting); e != len(messages) {
 				b.Fatal("structureEnd missed the end of the tiny messages")
 			}
 		}},

@@ -19,15 +19,12 @@ func gather(m uint64) uint64 { return (m >> 7) * 0x0102040810204080 >> 56 }
 // bracket is b[i]; b[i] is not in a string), reading only the structure:
 // quotes (less those escapes take) and brackets outside strings, eight
 // bytes a step. It checks nothing else: -1 when the containers do not end
-// in b.
+// in b, tooDeep when they nest past deepest.
 //
-// It returns tooDeep when the depth passes deepest.
-//
-// With allowance >= 0 it also returns what the bytes read cost by the
-// read budget's measure (see readBudget: a byte outside strings 1, a
-// string stringCost, a bracket bracketCost), and gives up (end -1) once
-// that passes allowance.
-func structureEnd(b []byte, i, depth, deepest, allowance int) (end, cost int) {
+// Its word's masks are written out here and in structureCost rather than
+// in a function of their own, which Go does not inline: in Go's Wasm
+// output a call in the loop made it twice as slow.
+func structureEnd(b []byte, i, depth, deepest int) int {
 	const ones = 0x0101010101010101
 	var inStr, carry uint64 // inStr: 0xff when the word before ended in a string; carry: 1 when its last byte escapes the next
 	for ; i+8 <= len(b); i += 8 {
@@ -44,55 +41,112 @@ func structureEnd(b []byte, i, depth, deepest, allowance int) (end, cost int) {
 		p ^= p << 2
 		p = (p ^ p<<4 ^ inStr) & 0xff
 		inStr = -(p >> 7) & 0xff
-		// Brackets: '{' and '[' are one byte with 0x20 set, as are '}' and ']'.
+		// '{' and '[' are one byte with 0x20 set, as are '}' and ']'.
 		v := w | 0x20*ones
 		open, cls := gather(eqBytes(v, '{'*ones))&^p, gather(eqBytes(v, '}'*ones))&^p
-		if allowance >= 0 {
-			cost += 8 - bits.OnesCount64(p) + bits.OnesCount64(q)*(stringCost/2) + bits.OnesCount64(open|cls)*bracketCost
-			if cost > allowance {
-				return -1, cost
+		if open|cls == 0 {
+			continue
+		}
+		if nOpen, nClose := bits.OnesCount64(open), bits.OnesCount64(cls); depth > nClose && depth+nOpen <= deepest {
+			depth += nOpen - nClose // it neither closes nor goes too deep here
+			continue
+		}
+		// Brackets at a low depth (batches of token ids, small objects
+		// after a cut): the lowest and highest depth in the word, four
+		// bytes a lookup.
+		lo, hi := nibbleDepth[(open&15|cls&15<<4)&0xff], nibbleDepth[(open>>4|cls>>4<<4)&0xff]
+		if depth+int(min(lo.low, lo.net+hi.low)) > 0 && depth+int(max(lo.high, lo.net+hi.high)) <= deepest {
+			depth += int(lo.net + hi.net)
+			continue
+		}
+		for m := open | cls; m != 0; m &= m - 1 { // as brackets does, without its call
+			k := bits.TrailingZeros64(m)
+			if open>>k&1 == 0 {
+				if depth--; depth == 0 {
+					return i + k + 1
+				}
+			} else if depth++; depth > deepest {
+				return tooDeep
 			}
+		}
+	}
+	return structureTail(b, i, depth, deepest, inStr != 0, carry != 0)
+}
+
+// structureCost is structureEnd for the container whose opening bracket
+// is b[i] that also returns what it costs by the read budget's measure
+// (see readBudget: a byte outside strings 1, a string stringCost, a
+// bracket bracketCost), and gives up (end -1) once that passes allowance.
+// A string that goes on past the word after it (a prompt, a message's
+// text) is stepped over by stringEnd's long steps.
+func structureCost(b []byte, i, deepest, allowance int) (end, cost int) {
+	const ones = 0x0101010101010101
+	var inStr, carry uint64
+	depth := 0
+	for ; i+8 <= len(b); i += 8 {
+		w := load64(b, i)
+		q, bs := gather(eqBytes(w, '"'*ones)), gather(eqBytes(w, '\\'*ones))
+		if bs|carry != 0 {
+			var escaped uint64
+			escaped, carry = escapes(bs, carry)
+			q &^= escaped
+		}
+		p := q ^ q<<1
+		p ^= p << 2
+		p = (p ^ p<<4 ^ inStr) & 0xff
+		inStr = -(p >> 7) & 0xff
+		v := w | 0x20*ones
+		open, cls := gather(eqBytes(v, '{'*ones))&^p, gather(eqBytes(v, '}'*ones))&^p
+		if cost += 8 - bits.OnesCount64(p) + bits.OnesCount64(q)*(stringCost/2) + bits.OnesCount64(open|cls)*bracketCost; cost > allowance {
+			return -1, cost
 		}
 		if open|cls == 0 {
 			if inStr != 0 && i+16 <= len(b) && eqBytes(load64(b, i+8), '"'*ones) == 0 {
-				// A string that goes on past the next word (a prompt, a
-				// message's text): its end by stringEnd's long steps,
-				// which find its closing quote from the quote search and
-				// the backslashes before it, whatever carry says.
+				// stringEnd finds the closing quote from the quote
+				// search and the backslashes before it, whatever carry
+				// says.
 				e := stringEnd(b, i+7)
 				if e < 0 {
 					return -1, cost
 				}
-				if allowance >= 0 {
-					if cost += stringCost / 2; cost > allowance { // its closing quote
-						return -1, cost
-					}
-				}
+				cost += stringCost / 2      // its closing quote
 				i, inStr, carry = e-8, 0, 0 // the loop adds 8
 			}
 			continue
 		}
-		// Whether the depth reaches 0 in this word: by the lowest it
-		// goes, nibble by nibble.
-		lo, hi := nibbleDepth[open&15|cls&15<<4], nibbleDepth[open>>4|cls>>4<<4]
-		if depth+int(max(lo.high, lo.net+hi.high)) > deepest {
+		e, d := brackets(open, cls, depth, deepest)
+		if e > 0 {
+			return i + e, cost
+		} else if e < 0 {
 			return tooDeep, cost
 		}
-		if depth+int(min(lo.low, lo.net+hi.low)) > 0 {
-			depth += int(lo.net + hi.net)
-			continue
-		}
-		for m := open | cls; m != 0; m &= m - 1 {
-			k := bits.TrailingZeros64(m)
-			if open>>k&1 != 0 {
-				depth++
-			} else if depth--; depth == 0 {
-				return i + k + 1, cost
+		depth = d
+	}
+	return structureTail(b, i, depth, deepest, inStr != 0, carry != 0), cost
+}
+
+// brackets applies a word's opening and closing brackets (bit k for byte
+// k) to depth: the byte after the bracket that brings it to 0 (1 to 8),
+// or -1 for the one that takes it past deepest, or 0 and the new depth.
+func brackets(open, cls uint64, depth, deepest int) (end, newDepth int) {
+	if nOpen, nClose := bits.OnesCount64(open), bits.OnesCount64(cls); depth > nClose && depth+nOpen <= deepest {
+		return 0, depth + nOpen - nClose // it neither closes nor goes too deep here
+	}
+	for m := open | cls; m != 0; m &= m - 1 {
+		k := bits.TrailingZeros64(m)
+		if open>>k&1 == 0 {
+			if depth--; depth == 0 {
+				return k + 1, 0
 			}
+		} else if depth++; depth > deepest {
+			return -1, 0
 		}
 	}
-	// The last bytes one at a time.
-	in, esc := inStr != 0, carry != 0
+	return 0, depth
+}
+
+// structureTail is structureEnd for the last bytes, one at a time.
+func structureTail(b []byte, i, depth, deepest int, in, esc bool) int {
 	for ; i < len(b); i++ {
 		switch c := b[i]; {
 		case esc:
@@ -103,15 +157,15 @@ func structureEnd(b []byte, i, depth, deepest, allowance int) (end, cost int) {
 			in = true
 		case c == '{' || c == '[':
 			if depth++; depth > deepest {
-				return tooDeep, cost
+				return tooDeep
 			}
 		case c == '}' || c == ']':
 			if depth--; depth == 0 {
-				return i + 1, cost
+				return i + 1
 			}
 		}
 	}
-	return -1, cost
+	return -1
 }
 
 // escapes returns the bytes of a word that backslashes escape, from its
@@ -144,7 +198,7 @@ var nibbleDepth = func() (t [256]struct{ net, low, high int8 }) {
 			}
 			low, high = min(low, d), max(high, d)
 		}
-		t[k] = struct{ net, low, high int8 }{d, low, high}
+		t[k].net, t[k].low, t[k].high = d, low, high
 	}
 	return t
 }()

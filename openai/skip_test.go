@@ -66,4 +66,4 @@ func TestSkipStructure(t *testing.T) {
 	}
 }
 
-func end0(b []byte, i int) int { e, _ := structureEnd(b, i, 0, maxNesting, -1); return e }
+func end0(b []byte, i int) int { return structureEnd(b, i, 0, maxNesting) }
