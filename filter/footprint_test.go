@@ -281,9 +281,9 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// (with the validator's change beside them) are 84 bytes more (150,483
 	// to 150,567): a body of agent turns (tool calls with escaped JSON
 	// arguments, "content": null) costs 8% less. The read budget's first
-	// pass (openai's trimmer: trim, value, structureEnd, stringEnd and
-	// routedKey) is 5 functions and 12 KB more (150,567 to 162,819 bytes
-	// entered): it bounds what a 1 MiB body of any shape costs at under 5
+	// pass (openai's trimmer: trim, value, structureCost, stringEnd and
+	// routedKey) is about 5 functions and 12 KB more (150,567 to 162,925
+	// bytes entered): it bounds what a 1 MiB body of any shape costs at under 5
 	// times plain text, where bodies of small objects cost up to 31 times.
 	const maxDistinct, maxBytes, maxCalls = 148, 166 << 10, 650
 	if distinct > maxDistinct {
