@@ -195,9 +195,9 @@ func TestWasmShippedWasmPluginPrefixKeyAffinity(t *testing.T) {
 		t.Fatalf("the shipped WasmPlugin no longer runs header-only with a prefix key header: %s", conf)
 	}
 	_, url := startConfig(t, eng.addrs, false, conf)
-	// Twelve keys: with six, all landing on one of the three engines
-	// (the engines' ports, and so the hash's picks, change per run) came
-	// about once in 250 runs.
+	// Twelve keys: six all land on one of the three engines about once in
+	// 250 runs (the engines' ports, and so the hash's picks, change per
+	// run), twelve about once in 170,000.
 	const keys, per = 12, 4
 	for i := range keys * per {
 		key := fmt.Sprintf("tenant-%d-system-prompt-sha256-%064d", i%keys, i%keys)
