@@ -58,6 +58,11 @@ var (
 	errTooComplex     = BadRequest("", "the request body's objects hold more than 128 KiB of keys, numbers and short strings; kvroute reads long arrays in part but objects whole: send fewer members")
 )
 
+// memberSpan is a top-level member of the body: body[key:end], from its
+// key's opening quote to the end of its value (offsets: a body is less
+// than 2 GiB).
+type memberSpan struct{ key, end int32 }
+
 // cut is a part of the body the parser's view leaves out: body[from:to],
 // replaced by "0" when zero (a member's value).
 type cut struct {
@@ -76,6 +81,12 @@ type trimmer struct {
 	removed int    // bytes of array elements left out
 	view    []byte // the view, when it is not the body
 	err     *Error
+	// The body's top-level members, members[:n], for dropClientOnly when
+	// the view is not the body (its span table is the view's). An array,
+	// not a slice: each append is a few hundred bytes of Wasm in trim.
+	members *[maxMembers]memberSpan
+	n       int
+	cutBody bool // whether trim returned a view that is not the body
 }
 
 // trim returns the view of body the parser reads (body itself when
@@ -83,7 +94,7 @@ type trimmer struct {
 // that is not structured as a JSON object is returned as is, for the
 // parser to say what is wrong with it.
 func (t *trimmer) trim(body []byte) ([]byte, *Error) {
-	t.cost, t.cuts, t.removed, t.err = 0, t.cuts[:0], 0, nil
+	t.cost, t.cuts, t.removed, t.err, t.cutBody = 0, t.cuts[:0], 0, nil, false
 	if t.budget == 0 {
 		t.budget = readBudget
 	}
@@ -95,9 +106,12 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 	if i >= len(body) || body[i] != '{' {
 		return body, nil
 	}
-	n := 0 // members
-	for i = SkipSpace(body, i+1); i < len(body) && body[i] == '"'; {
-		if n++; n > maxMembers {
+	if t.members == nil {
+		t.members = new([maxMembers]memberSpan)
+	}
+	t.n = 0
+	for i = SkipSpace(body, i+1); i < len(body) && body[i] == '"'; t.n++ {
+		if t.n == maxMembers {
 			return nil, errTooManyMembers
 		}
 		k := i
@@ -124,6 +138,7 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 			}
 			return body, nil
 		}
+		t.members[t.n] = memberSpan{int32(k), int32(e)}
 		if i = SkipSpace(body, e); i < len(body) && body[i] == ',' {
 			i = SkipSpace(body, i+1)
 		}
@@ -131,6 +146,7 @@ func (t *trimmer) trim(body []byte) ([]byte, *Error) {
 	if len(t.cuts) == 0 {
 		return body, nil
 	}
+	t.cutBody = true
 	return t.cut(body), nil
 }
 

@@ -321,27 +321,17 @@ func (p *Parser) WithoutClientOnly(body []byte) []byte {
 func (p *Parser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
-	if len(p.trim.cuts) > 0 {
+	if p.trim.cutBody {
 		// The parser read a view of body (see readBudget), whose span
-		// table does not fit body: its members found again from their
-		// structure, in body.
-		obj := body[SkipSpace(body, 0):]
-		for i := SkipSpace(obj, 1); i < len(obj) && obj[i] == '"'; {
-			k := stringEnd(obj, i)
-			v := SkipSpace(obj, SkipSpace(obj, k)+1) // past ':'
-			e := valueEnd(obj, v)
-			if e < 0 {
-				break // not reached: body was parsed
-			}
-			if fieldOf(p.keyText(obj[i:k]), requestFields[:]) < firstClientOnly {
+		// table does not fit body: its members as trim found them.
+		for _, m := range p.trim.members[:p.trim.n] {
+			raw := body[m.key:m.end]
+			if fieldOf(p.keyText(raw[:stringEnd(raw, 0)]), requestFields[:]) < firstClientOnly {
 				if !first {
 					out = append(out, ',')
 				}
-				out = append(out, obj[i:e]...)
+				out = append(out, raw...)
 				first = false
-			}
-			if i = SkipSpace(obj, e); i < len(obj) && obj[i] == ',' {
-				i = SkipSpace(obj, i+1)
 			}
 		}
 		p.out = append(out, '}')
@@ -465,7 +455,7 @@ func (p *Parser) Parse(body []byte, kind Endpoint) (r Request, _ *Error) {
 	}
 	h := p.hasher
 	r.PromptTokens, r.Chain, r.Tokens, r.PromptChars = h.PromptTokens(), h.Blocks(), h, h.Len()
-	if p.trim.removed > 0 {
+	if p.trim.removed > 0 { // (only in a view)
 		// The elements left out, at a character per byte of their JSON:
 		// what load and admission count the request's prompt as.
 		r.PromptChars += p.trim.removed

@@ -15,21 +15,30 @@ var ErrClientFieldsUnreadable = BadRequest("", "the request body is not valid JS
 
 // scrub returns body without its top-level gateway-only members, padded
 // with spaces to its length, or nil when it has none. ok is false when the
-// body is not valid JSON here and may spell one of them. The result is
+// body may spell one of them and is not valid JSON here (in what the read
+// budget reads of it) or is refused by the read budget. The result is
 // reused by the next call.
 func (p *Parser) Scrub(body []byte) (clean []byte, ok bool) {
 	p.dropped = 0
 	if !MayHoldClientOnly(body) {
 		return nil, true // nearly every body: one pass over its bytes, no JSON walk
 	}
-	p.doc.checkUTF8 = true
-	p.trim.cuts = p.trim.cuts[:0] // the whole body is read here, not a view of it (see dropClientOnly)
-	if !p.doc.scan(body) {
-		return nil, !MayHoldClientOnly(body)
+	// The view the read budget leaves (see readBudget), as the router
+	// reads a request: what it leaves out is the engine's to check, and
+	// the top-level members are the body's. A body it refuses (more
+	// members than it reads, nesting too deep) may hide a member: refused
+	// here too.
+	view, err := p.trim.trim(body)
+	if err != nil {
+		return nil, false
 	}
-	p.doc.base, p.doc.next = cap(body), 1
+	p.doc.checkUTF8 = true
+	if !p.doc.scan(view) {
+		return nil, false // it may spell one: MayHoldClientOnly above
+	}
+	p.doc.base, p.doc.next = cap(view), 1
 	p.doc.unesc = p.doc.unesc[:0]
-	obj := body[SkipSpace(body, 0):]
+	obj := view[SkipSpace(view, 0):]
 	if obj[0] != '{' {
 		return nil, true
 	}
