@@ -282,7 +282,7 @@ func TestWasmCodeFootprint(t *testing.T) {
 	// to 150,567): a body of agent turns (tool calls with escaped JSON
 	// arguments, "content": null) costs 8% less. The read budget's first
 	// pass (openai's trimmer: trim, value, structureCost, stringEnd and
-	// routedKey) is about 5 functions and 12 KB more (150,567 to 162,925
+	// routedKey) is about 5 functions and 11 KB more (150,567 to 161,789
 	// bytes entered): it bounds what a 1 MiB body of any shape costs at under 5
 	// times plain text, where bodies of small objects cost up to 31 times.
 	const maxDistinct, maxBytes, maxCalls = 148, 166 << 10, 650
