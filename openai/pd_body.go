@@ -27,20 +27,26 @@ type Member struct {
 	raw []byte
 }
 
-// members lists a valid JSON object's top-level members in one pass, with
-// the validator's string skipping (gjson walks strings byte by byte, which
-// Go compiled to Wasm pays dearly for on a long prompt). The raw slices
-// alias body.
-func members(body []byte, dst []Member) []Member {
+// members lists a valid JSON object's top-level members in one pass,
+// each value stepped over by its structure (structureEnd: eight bytes a
+// step, where gjson walks strings byte by byte, which Go compiled to Wasm
+// pays dearly for on a long prompt). The raw slices alias body. false for
+// an object of more members than the router reads (maxMembers) or nested
+// past maxNesting: each member is a string made, and the router refuses
+// such a body.
+func members(body []byte, dst []Member) ([]Member, bool) {
 	dst = dst[:0]
 	i := SkipSpace(body, 0) + 1 // past '{'
 	for {
 		i = SkipSpace(body, i)
 		if i >= len(body) || body[i] != '"' {
-			return dst // '}'
+			return dst, true // '}'
+		}
+		if len(dst) == maxMembers {
+			return nil, false
 		}
 		start := i
-		i = skipString(body, i)
+		i = stringEnd(body, i)
 		key := body[start+1 : i-1]
 		var name string
 		if bytes.IndexByte(key, '\\') >= 0 {
@@ -49,8 +55,8 @@ func members(body []byte, dst []Member) []Member {
 			name = string(key)
 		}
 		i = SkipSpace(body, i) + 1 // past ':'
-		if i = skipJSONValue(body, SkipSpace(body, i)); i < 0 {
-			return dst // not reached: body was validated
+		if i = valueEnd(body, SkipSpace(body, i)); i < 0 {
+			return nil, false // nested too deep (body was validated)
 		}
 		dst = append(dst, Member{key: name, raw: body[start:i]})
 		i = SkipSpace(body, i)
@@ -99,7 +105,7 @@ func ParseObject(body []byte) ([]Member, bool) {
 	if !jsonObject(body) {
 		return nil, false
 	}
-	return members(body, make([]Member, 0, 16)), true
+	return members(body, make([]Member, 0, 16))
 }
 
 func hasMember(ms []Member, key string) bool {
