@@ -96,6 +96,9 @@ type pdPlugin struct {
 	bodyWait time.Duration
 	now      func() time.Time // Options.Clock, or time.Now
 	warned   bool             // the allow_on_headers_stop_iteration error was logged
+	// reader lists the members of each client body (its buffers are this
+	// worker's, kept for the next body).
+	reader openai.ObjectReader
 }
 
 type pdStats struct {
@@ -311,7 +314,7 @@ func (s *pdStream) OnHttpRequestBody(bodySize int, endOfStream bool) (action typ
 		return types.ActionContinue
 	}
 	s.body = body
-	ms, ok := openai.ParseObject(body)
+	ms, ok := s.plugin.reader.Members(body)
 	if !ok {
 		s.phase = phaseResumed
 		s.fallback(reasonBody)

@@ -108,6 +108,42 @@ func ParseObject(body []byte) ([]Member, bool) {
 	return members(body, make([]Member, 0, 16))
 }
 
+// ObjectReader lists the members of a client's request body as the router
+// reads a request: through the read budget's first pass (see readBudget),
+// validating only what it keeps, so that no body shape costs kvroute.pd
+// much more than plain text of its size. Scope: one worker (its buffers
+// are kept for the next body).
+type ObjectReader struct {
+	trim  trimmer
+	spans jsonSpans
+}
+
+// Members is ParseObject for a client's body: false for one that is not a
+// JSON object in what the budget keeps, or that the budget refuses (more
+// than maxMembers top-level members, nesting past maxNesting, objects past
+// its limit), which then goes on without a prefill, as a body that is not
+// JSON does. What the budget leaves out is not validated: the engines are.
+func (r *ObjectReader) Members(body []byte) ([]Member, bool) {
+	view, err := r.trim.trim(body)
+	if err != nil {
+		return nil, false
+	}
+	if i := SkipSpace(view, 0); i >= len(view) || view[i] != '{' || !scanJSON(view, &r.spans) {
+		return nil, false
+	}
+	ms := make([]Member, 0, r.trim.n)
+	for _, m := range r.trim.members[:r.trim.n] {
+		raw := body[m.key:m.end]
+		key := raw[:stringEnd(raw, 0)]
+		name := string(key[1 : len(key)-1])
+		if bytes.IndexByte(key, '\\') >= 0 {
+			name = gjson.ParseBytes(key).Str // escaped key: "str\u0065am" is "stream"
+		}
+		ms = append(ms, Member{key: name, raw: raw})
+	}
+	return ms, true
+}
+
 func hasMember(ms []Member, key string) bool {
 	for _, m := range ms {
 		if m.key == key {
