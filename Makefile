@@ -96,7 +96,7 @@ FUZZMINIMIZE ?= 2s
 FUZZFLAGS ?= -fuzzminimizetime $(FUZZMINIMIZE)
 
 fuzz:
-	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzValidJSON FuzzWalkerMatchesGJSON FuzzScrub FuzzCachedTokensAcrossChunks; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./openai || exit 1; done
+	for f in FuzzParseRequest FuzzPromptMatchesGJSONReading FuzzValidJSON FuzzWalkerMatchesGJSON FuzzScrub FuzzReadBudget FuzzCachedTokensAcrossChunks; do $(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime 30s $(FUZZFLAGS) ./openai || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshot$$' -fuzztime 30s $(FUZZFLAGS) ./snapshot
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime 30s $(FUZZFLAGS) ./config
 	$(GO) test -run '^$$' -fuzz '^FuzzParseORCA$$' -fuzztime 30s $(FUZZFLAGS) ./health
