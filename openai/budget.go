@@ -81,9 +81,10 @@ type trimmer struct {
 	removed int    // bytes of array elements left out
 	view    []byte // the view, when it is not the body
 	err     *Error
-	// The body's top-level members, members[:n], for dropClientOnly when
-	// the view is not the body (its span table is the view's). An array,
-	// not a slice: each append is a few hundred bytes of Wasm in trim.
+	// The body's top-level members, members[:n], in body (the span table
+	// is the view's): what scrub and dropClientOnly read keys from. An
+	// array, not a slice: each append is a few hundred bytes of Wasm in
+	// trim.
 	members *[maxMembers]memberSpan
 	n       int
 	cutBody bool // whether trim returned a view that is not the body
@@ -186,10 +187,8 @@ func (t *trimmer) cut(body []byte) []byte {
 // quotes) may be one the parser reads: one of requestFields before the
 // client-only ones, or any key with an escape, which may decode to one.
 func routedKey(k []byte) bool {
-	for _, c := range k {
-		if c == '\\' {
-			return true
-		}
+	if hasBackslash(k) {
+		return true
 	}
 	f := fieldOf(unsafeString(k), requestFields[:])
 	return f >= 0 && f < firstClientOnly
@@ -309,8 +308,7 @@ func valueEnd(b []byte, i int) int {
 	case '"':
 		return stringEnd(b, i)
 	case '[', '{':
-		e := structureEnd(b, i, 0, maxNesting-1)
-		return e
+		return structureEnd(b, i, 0, maxNesting-1)
 	}
 	return scalarEnd(b, i)
 }

@@ -314,49 +314,32 @@ func (p *Parser) WithoutClientOnly(body []byte) []byte {
 	return p.dropClientOnly(body)
 }
 
-// dropClientOnly is WithoutClientOnly for a body with client-only members. It
-// finds them by walking the members again, as parse did: parse only counts
-// them, so that the many bodies without any record no member list (each
-// function entered costs a request: docs/performance.md).
+// dropClientOnly is WithoutClientOnly for a body with client-only members.
+// It copies the other members as the read budget's first pass found them
+// in body (trimmer.members), whether or not the parser read a view of it:
+// parse only counts them, so that the many bodies without any record no
+// member list (each function entered costs a request: docs/performance.md).
 func (p *Parser) dropClientOnly(body []byte) []byte {
 	out := append(p.out[:0], '{')
 	first := true
-	if p.trim.cutBody {
-		// The parser read a view of body (see readBudget), whose span
-		// table does not fit body: its members as trim found them.
-		for _, m := range p.trim.members[:p.trim.n] {
-			raw := body[m.key:m.end]
-			if fieldOf(p.keyText(raw[:stringEnd(raw, 0)]), requestFields[:]) < firstClientOnly {
-				if !first {
-					out = append(out, ',')
-				}
-				out = append(out, raw...)
-				first = false
+	for _, m := range p.trim.members[:p.trim.n] {
+		if raw := body[m.key:m.end]; !p.clientOnly(raw) {
+			if !first {
+				out = append(out, ',')
 			}
+			out = append(out, raw...)
+			first = false
 		}
-		p.out = append(out, '}')
-		return p.out
-	}
-	obj := body[SkipSpace(body, 0):]
-	for i := SkipSpace(obj, 1); ; {
-		k, v, next, ok := p.doc.member(obj, i)
-		if !ok {
-			break
-		}
-		// obj[i:end] is the member: `"key": value`.
-		start, end := i, cap(obj)-cap(v)+len(v)
-		i = next
-		if fieldOf(p.doc.text(k), requestFields[:]) >= firstClientOnly {
-			continue
-		}
-		if !first {
-			out = append(out, ',')
-		}
-		out = append(out, obj[start:end]...)
-		first = false
 	}
 	p.out = append(out, '}')
 	return p.out
+}
+
+// clientOnly reports whether the member raw (from its key's quote) is a
+// client-only one (see firstClientOnly), its key read as the engine's JSON
+// decoder reads it.
+func (p *Parser) clientOnly(raw []byte) bool {
+	return fieldOf(p.keyText(raw[:stringEnd(raw, 0)]), requestFields[:]) >= firstClientOnly
 }
 
 // parse validates body for kind and feeds its prompt to the hasher. r is

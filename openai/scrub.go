@@ -36,26 +36,19 @@ func (p *Parser) Scrub(body []byte) (clean []byte, ok bool) {
 	if !p.doc.scan(view) {
 		return nil, false // it may spell one: MayHoldClientOnly above
 	}
-	p.doc.base, p.doc.next = cap(view), 1
-	p.doc.unesc = p.doc.unesc[:0]
-	obj := view[SkipSpace(view, 0):]
-	if obj[0] != '{' {
+	if view[SkipSpace(view, 0)] != '{' {
 		return nil, true
 	}
-	for i := SkipSpace(obj, 1); ; {
-		k, _, next, more := p.doc.member(obj, i)
-		if !more {
-			break
-		}
-		i = next
-		if fieldOf(p.doc.text(k), requestFields[:]) >= firstClientOnly {
+	// The top-level members as the first pass found them in body.
+	p.doc.unesc = p.doc.unesc[:0]
+	for _, m := range p.trim.members[:p.trim.n] {
+		if p.clientOnly(body[m.key:m.end]) {
 			p.dropped++
 		}
 	}
 	if p.dropped == 0 {
 		return nil, true
 	}
-	p.doc.next = 1
 	out := p.dropClientOnly(body)
 	for len(out) < len(body) {
 		out = append(out, ' ')
