@@ -133,10 +133,6 @@ func (d *jsonDoc) run(runs []tokenRun, v []byte) (tokenRun, bool) {
 var numberByte = [256]bool{'0': true, '1': true, '2': true, '3': true, '4': true, '5': true, '6': true,
 	'7': true, '8': true, '9': true, '-': true, '+': true, '.': true, 'e': true, 'E': true}
 
-// skipJSONValue returns the index after the value starting at b[i], or -1.
-// b must hold valid JSON from i on.
-func skipJSONValue(b []byte, i int) int { return (*jsonDoc)(nil).skip(b, i) }
-
 func (d *jsonDoc) skip(b []byte, i int) int {
 	e := -1 // the value's end: one return, as in member
 	if i >= len(b) {

@@ -47,13 +47,7 @@ func members(body []byte, dst []Member) ([]Member, bool) {
 		}
 		start := i
 		i = stringEnd(body, i)
-		key := body[start+1 : i-1]
-		var name string
-		if bytes.IndexByte(key, '\\') >= 0 {
-			name = gjson.Parse(string(body[start:i])).Str // escaped key: "str\u0065am" is "stream"
-		} else {
-			name = string(key)
-		}
+		name := memberName(body[start:i])
 		i = SkipSpace(body, i) + 1 // past ':'
 		if i = valueEnd(body, SkipSpace(body, i)); i < 0 {
 			return nil, false // nested too deep (body was validated)
@@ -134,14 +128,18 @@ func (r *ObjectReader) Members(body []byte) ([]Member, bool) {
 	ms := make([]Member, 0, r.trim.n)
 	for _, m := range r.trim.members[:r.trim.n] {
 		raw := body[m.key:m.end]
-		key := raw[:stringEnd(raw, 0)]
-		name := string(key[1 : len(key)-1])
-		if bytes.IndexByte(key, '\\') >= 0 {
-			name = gjson.ParseBytes(key).Str // escaped key: "str\u0065am" is "stream"
-		}
-		ms = append(ms, Member{key: name, raw: raw})
+		ms = append(ms, Member{key: memberName(raw[:stringEnd(raw, 0)]), raw: raw})
 	}
 	return ms, true
+}
+
+// memberName is the text of a member's key (key holds its quotes), decoded
+// as the engine's JSON decoder reads it: "str\u0065am" is "stream".
+func memberName(key []byte) string {
+	if bytes.IndexByte(key, '\\') >= 0 {
+		return gjson.ParseBytes(key).Str
+	}
+	return string(key[1 : len(key)-1])
 }
 
 func hasMember(ms []Member, key string) bool {
