@@ -59,16 +59,15 @@ func structureEnd(b []byte, i, depth, deepest int) int {
 			depth += int(lo.net + hi.net)
 			continue
 		}
-		for m := open | cls; m != 0; m &= m - 1 { // as brackets does, without its call
-			k := bits.TrailingZeros64(m)
-			if open>>k&1 == 0 {
-				if depth--; depth == 0 {
-					return i + k + 1
-				}
-			} else if depth++; depth > deepest {
-				return tooDeep
-			}
+		// The word that closes the containers or goes too deep: rare, so
+		// brackets' call costs nothing here.
+		e, d := brackets(open, cls, depth, deepest)
+		if e > 0 {
+			return i + e
+		} else if e < 0 {
+			return tooDeep
 		}
+		depth = d
 	}
 	return structureTail(b, i, depth, deepest, inStr != 0, carry != 0)
 }
